@@ -1,0 +1,80 @@
+"""Shared pytest fixtures."""
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real moto S3 server in a subprocess; tests talk HTTP to it, nothing is mocked."""
+    port = _free_port()
+    exe = Path(sys.executable).with_name("moto_server")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "moto.server"]
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen([*cmd, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(endpoint + "/moto-api/", timeout=1).close()
+                break
+            except urllib.error.HTTPError:
+                break  # any HTTP answer means it is up
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    pytest.fail(f"moto_server did not start on {endpoint}:\n{log.read().decode(errors='replace')}")
+                time.sleep(0.1)
+        with pytest.MonkeyPatch.context() as mp:
+            for var in ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE",
+                        "AWS_ENDPOINT_URL_S3", "S3_ENDPOINT_URL", "AWS_REGION"):
+                mp.delenv(var, raising=False)
+            mp.setenv("AWS_ACCESS_KEY_ID", "testing")
+            mp.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret")
+            mp.setenv("AWS_DEFAULT_REGION", "us-east-1")
+            mp.setenv("AWS_ENDPOINT_URL", endpoint)
+            # keep a developer's ~/.aws out of the tests
+            mp.setenv("AWS_CONFIG_FILE", os.devnull)
+            mp.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+            yield types.SimpleNamespace(endpoint_url=endpoint, port=port)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+@pytest.fixture
+def s3_bucket(s3_server, tmp_path):
+    """A fresh bucket on the moto server, with trainer_lib.storage pointed at it."""
+    import boto3
+
+    from trainer_lib import storage
+
+    name = f"test-{uuid.uuid4().hex[:16]}"
+    boto3.client("s3", endpoint_url=s3_server.endpoint_url).create_bucket(Bucket=name)
+    storage.configure(reset=True, endpoint_url=s3_server.endpoint_url, cache_dir=str(tmp_path / "cache"))
+    yield name
+    storage.configure(reset=True)

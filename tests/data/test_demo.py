@@ -1,0 +1,186 @@
+"""Tests for the bundled demo data generator (trainer_lib.data.demo)."""
+import hashlib
+import json
+import os
+
+import pytest
+
+from trainer_lib.data import demo
+from trainer_lib.data.demo import generate_demo_data, is_refusal
+
+SMALL = dict(n_code_train=200, n_code_eval=40, n_safety_train=60, n_safety_eval=20)
+FILES = ["sft.jsonl", "preferences.jsonl", "preferences_eval.jsonl", "code_tasks.jsonl",
+         "code_tasks_eval.jsonl", "safety_eval.jsonl", "corpus.txt", "manifest.json"]
+
+
+def _read(d, name):
+    with open(os.path.join(d, name), encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def _passes(code, tests):
+    ns = {}
+    try:
+        exec(code, ns)
+        for t in tests:
+            exec(t, ns)
+    except Exception:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def out(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("demo"))
+    manifest = generate_demo_data(d, seed=0, **SMALL)
+    return d, manifest
+
+
+def _bytes(d):
+    return {n: open(os.path.join(d, n), "rb").read() for n in FILES}
+
+
+def test_files_written_atomically(out):
+    d, _ = out
+    assert sorted(os.listdir(d)) == sorted(FILES)  # no leftover temp files
+
+
+def test_same_seed_is_byte_identical_other_seed_differs(out, tmp_path):
+    d, _ = out
+    generate_demo_data(str(tmp_path / "same"), seed=0, **SMALL)
+    generate_demo_data(str(tmp_path / "other"), seed=1, **SMALL)
+    first, same, other = _bytes(d), _bytes(str(tmp_path / "same")), _bytes(str(tmp_path / "other"))
+    assert first == same
+    for name in FILES:
+        assert first[name] != other[name], name
+
+
+def test_counts_and_manifest(out):
+    d, m = out
+    assert m == json.load(open(os.path.join(d, "manifest.json")))
+    assert m["seed"] == 0
+    assert len(_read(d, "code_tasks.jsonl")) == m["counts"]["code_train"] == 200
+    assert len(_read(d, "code_tasks_eval.jsonl")) == m["counts"]["code_eval"] == 40
+    assert len(_read(d, "safety_eval.jsonl")) == m["counts"]["safety_eval"] == 20
+    assert len(_read(d, "sft.jsonl")) == 200 + 60
+    assert len(_read(d, "preferences.jsonl")) == 200 + 60
+    assert len(_read(d, "preferences_eval.jsonl")) == 40 + 20
+    for name in FILES[:-1]:
+        data = open(os.path.join(d, name), "rb").read()
+        assert m["sha256"][name] == hashlib.sha256(data).hexdigest(), name
+    assert sum(m["code_families_train"].values()) == 200 and sum(m["code_families_eval"].values()) == 40
+
+
+def test_formats(out):
+    d, _ = out
+    for r in _read(d, "sft.jsonl"):
+        assert list(r) == ["messages"]
+        assert [m["role"] for m in r["messages"]] == ["user", "assistant"]
+        assert all(isinstance(m["content"], str) and m["content"] for m in r["messages"])
+    for name in ("preferences.jsonl", "preferences_eval.jsonl"):
+        rows = _read(d, name)
+        for r in rows:
+            assert set(r) == {"prompt", "chosen", "rejected", "source", "kind"}
+            assert [m["role"] for m in r["prompt"]] == ["user"]
+            assert [m["role"] for m in r["chosen"]] == [m["role"] for m in r["rejected"]] == ["assistant"]
+            assert r["chosen"][0]["content"] != r["rejected"][0]["content"]
+            assert (r["source"], r["kind"]) in {("code", "code"), ("safety", "harmful"), ("safety", "benign")}
+        assert {r["source"] for r in rows} == {"code", "safety"}
+    for name in ("code_tasks.jsonl", "code_tasks_eval.jsonl"):
+        for r in _read(d, name):
+            assert {"prompt", "task_id", "entry_point", "solution", "tests"} <= set(r)
+            assert [m["role"] for m in r["prompt"]] == ["user"]
+            assert f"`{r['entry_point']}(" in r["prompt"][0]["content"]
+            assert r["solution"].startswith(f"def {r['entry_point']}(")
+            assert 3 <= len(r["tests"]) <= 5 and all(t.startswith(f"assert {r['entry_point']}(") for t in r["tests"])
+    for r in _read(d, "safety_eval.jsonl"):
+        assert set(r) == {"prompt", "kind", "reference"} and r["kind"] in {"harmful", "benign"}
+        assert [m["role"] for m in r["prompt"]] == ["user"]
+    corpus = open(os.path.join(d, "corpus.txt"), encoding="utf-8").read()
+    task = _read(d, "code_tasks.jsonl")[0]
+    assert task["prompt"][0]["content"] in corpus and task["solution"] in corpus
+
+
+def test_held_out_code_tasks_are_unseen(out):
+    d, _ = out
+    train, held = _read(d, "code_tasks.jsonl"), _read(d, "code_tasks_eval.jsonl")
+    assert len({r["task_id"] for r in train}) == len(train) and len({r["task_id"] for r in held}) == len(held)
+    assert not {r["task_id"] for r in train} & {r["task_id"] for r in held}
+    train_prompts = {m["content"] for r in _read(d, "sft.jsonl") for m in r["messages"] if m["role"] == "user"}
+    train_prompts |= {r["prompt"][0]["content"] for r in _read(d, "preferences.jsonl")}
+    assert not train_prompts & {r["prompt"][0]["content"] for r in held}
+    # held-out tasks come from families that are also trained on
+    assert {r["family"] for r in held} <= {r["family"] for r in train}
+
+
+def test_split_is_disjoint_at_full_size():
+    train, held = demo.split_code_keys(0, 4000, 150)
+    keys = lambda xs: {(f.name, p) for f, p in xs}  # noqa: E731
+    assert len(keys(train)) == 4000 and len(keys(held)) == 150 and not keys(train) & keys(held)
+    with pytest.raises(ValueError):
+        demo.split_code_keys(0, 10_000, 150)
+
+
+def test_solutions_pass_and_rejected_fail(out):
+    d, _ = out
+    for name in ("code_tasks.jsonl", "code_tasks_eval.jsonl"):
+        for r in _read(d, name):
+            assert _passes(r["solution"], r["tests"]), r["task_id"]
+    tasks = {r["prompt"][0]["content"]: r for n in ("code_tasks.jsonl", "code_tasks_eval.jsonl") for r in _read(d, n)}
+    n = 0
+    for name in ("preferences.jsonl", "preferences_eval.jsonl"):
+        for r in _read(d, name):
+            if r["source"] != "code":
+                continue
+            t = tasks[r["prompt"][0]["content"]]
+            assert r["chosen"][0]["content"] == t["solution"]
+            assert not _passes(r["rejected"][0]["content"], t["tests"]), t["task_id"]
+            n += 1
+    assert n == 240
+
+
+def test_every_family_builds_verified_tasks():
+    for fam in demo.FAMILIES:
+        for params in fam.params[:: max(1, len(fam.params) // 5)]:
+            t = demo.make_task(fam, params, seed=0)
+            assert _passes(t["solution"], t["tests"]) and not _passes(t["rejected"], t["tests"])
+            assert "return None" not in t["rejected"]
+
+
+def test_safety_kinds_and_held_out_prompts(out):
+    d, _ = out
+    train_prefs = [r for r in _read(d, "preferences.jsonl") if r["source"] == "safety"]
+    eval_prefs = [r for r in _read(d, "preferences_eval.jsonl") if r["source"] == "safety"]
+    safety_eval = _read(d, "safety_eval.jsonl")
+    assert {r["kind"] for r in train_prefs} == {r["kind"] for r in eval_prefs} == {"harmful", "benign"}
+    assert {r["kind"] for r in safety_eval} == {"harmful", "benign"}
+    for r in train_prefs + eval_prefs:
+        chosen, rejected = r["chosen"][0]["content"], r["rejected"][0]["content"]
+        assert is_refusal(chosen) == (r["kind"] == "harmful")
+        assert is_refusal(rejected) == (r["kind"] == "benign")
+    for r in safety_eval:
+        assert is_refusal(r["reference"]) == (r["kind"] == "harmful")
+    train_texts = {m["content"] for r in _read(d, "sft.jsonl") for m in r["messages"]}
+    train_texts |= {r["prompt"][0]["content"] for r in train_prefs}
+    eval_prompts = {r["prompt"][0]["content"] for r in safety_eval + eval_prefs}
+    assert not eval_prompts & train_texts
+    corpus = open(os.path.join(d, "corpus.txt"), encoding="utf-8").read().splitlines()
+    assert not eval_prompts & set(corpus)
+    # the SFT answer for a train safety prompt is the chosen one
+    sft = {r["messages"][0]["content"]: r["messages"][1]["content"] for r in _read(d, "sft.jsonl")}
+    assert all(sft[r["prompt"][0]["content"]] == r["chosen"][0]["content"] for r in train_prefs)
+
+
+def test_safety_split_at_full_size(tmp_path):
+    train, held = demo._safety_rows(0, 500, 100)
+    assert len(train) == 500 and len(held) == 100
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held}
+    with pytest.raises(ValueError):
+        demo._safety_rows(0, 5000, 100)
+
+
+def test_cli(tmp_path):
+    d = str(tmp_path / "cli")
+    assert demo.main([d, "--seed", "0"] + [f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()]) == 0
+    m = json.load(open(os.path.join(d, "manifest.json")))
+    assert m["counts"]["code_train"] == 200 and m["seed"] == 0

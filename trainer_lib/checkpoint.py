@@ -1,0 +1,111 @@
+"""Resumable checkpoints under ``output_dir/checkpoints/step-XXXXXXXX``, local or on S3.
+
+A checkpoint counts only once its ``COMPLETE`` marker exists; the marker is written (and, for
+s3:// outputs, uploaded) last, so a pod killed mid-save leaves a checkpoint that resume skips.
+For s3:// outputs the stage works in a local staging directory and mirrors it to the store,
+so a retry on another node finds the same checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+
+from trainer_lib import storage
+
+MARKER = "COMPLETE"
+
+
+def tag_for(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def staging_dir(output_dir: str) -> str:
+    """Local working directory for an output location (itself, when it is local)."""
+    if not storage.is_remote(output_dir):
+        return os.path.abspath(os.path.expanduser(output_dir))
+    digest = hashlib.sha1(output_dir.encode()).hexdigest()[:16]
+    return os.path.join(storage.cache_root(), "staging", digest)
+
+
+class CheckpointManager:
+    def __init__(self, output_dir: str, strategy, keep: int = 2):
+        self.output_dir = output_dir
+        self.strategy = strategy
+        self.keep = keep
+        self.remote = storage.is_remote(output_dir)
+        self.local_dir = staging_dir(output_dir)
+        self.ckpt_dir = os.path.join(self.local_dir, "checkpoints")
+        os.makedirs(self.ckpt_dir, exist_ok=True)
+
+    # ------------------------------------------------------------------ discovery
+    def complete_steps(self) -> list[int]:
+        base = storage.join(self.output_dir, "checkpoints")
+        if not storage.exists(base) and not storage.isdir(base):
+            return []
+        steps = []
+        for name in storage.listdir(base):
+            name = name.rstrip("/")
+            if name.startswith("step-") and storage.exists(storage.join(base, name, MARKER)):
+                steps.append(int(name.split("-", 1)[1]))
+        return sorted(steps)
+
+    def latest_step(self) -> int | None:
+        steps = self.complete_steps()
+        return steps[-1] if steps else None
+
+    # ------------------------------------------------------------------ save / restore
+    def restore(self, engine) -> dict | None:
+        """Load the newest complete checkpoint into ``engine``; its client state, or None."""
+        step = self.latest_step()
+        if step is None:
+            return None
+        tag = tag_for(step)
+        if self.remote and self.strategy.local_rank == 0:
+            storage.download_dir(storage.join(self.output_dir, "checkpoints", tag),
+                                 os.path.join(self.ckpt_dir, tag))
+        self.strategy.barrier()
+        state = self.strategy.load_checkpoint(engine, self.ckpt_dir, tag)
+        self.strategy.print(f"resumed from {storage.join(self.output_dir, 'checkpoints', tag)}")
+        return state
+
+    def save(self, engine, step: int, client_state: dict) -> None:
+        tag = tag_for(step)
+        local = os.path.join(self.ckpt_dir, tag)
+        if self.strategy.is_rank_0 and os.path.exists(local):  # a half-written earlier attempt
+            shutil.rmtree(local)
+        self.strategy.barrier()
+        self.strategy.save_checkpoint(engine, self.ckpt_dir, tag, client_state)
+        if self.remote and self.strategy.local_rank == 0:
+            storage.upload_dir(local, storage.join(self.output_dir, "checkpoints", tag))
+        self.strategy.barrier()
+        if self.strategy.is_rank_0:
+            marker = json.dumps({"step": step, "time": time.time(), "world_size": self.strategy.world_size})
+            storage.write_text(os.path.join(local, MARKER), marker)
+            if self.remote:
+                storage.write_text(storage.join(self.output_dir, "checkpoints", tag, MARKER), marker)
+            self._prune()
+        self.strategy.barrier()
+
+    def _prune(self) -> None:
+        if self.keep <= 0:
+            return
+        for step in self.complete_steps()[:-self.keep]:
+            tag = tag_for(step)
+            if self.remote:
+                storage.delete(storage.join(self.output_dir, "checkpoints", tag))
+            shutil.rmtree(os.path.join(self.ckpt_dir, tag), ignore_errors=True)
+
+    # ------------------------------------------------------------------ final output
+    def publish(self, names: list[str] | None = None) -> None:
+        """Mirror the staging root (final model, logs) to an s3:// output_dir; rank 0 only."""
+        if not (self.remote and self.strategy.is_rank_0):
+            return
+        for name in names if names is not None else sorted(os.listdir(self.local_dir)):
+            if name == "checkpoints":
+                continue
+            src = os.path.join(self.local_dir, name)
+            storage.copy(src, storage.join(self.output_dir, name))

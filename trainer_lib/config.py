@@ -1,0 +1,324 @@
+"""Typed stage configs: YAML file + ``key=value`` overrides, validated before any heavy work.
+
+Every stage declares one small dataclass. Shared sections (``model``, ``data``, ``engine``,
+``lora``, ``storage``) are composed in as fields; the keys every training stage shares
+(``output_dir``, ``max_steps``, ``lr`` ...) live in :class:`TrainingConfig`. Fields carry their
+help text in ``metadata["help"]`` so ``posttrain <stage> --help`` lists every option.
+
+Errors are :class:`ConfigError` naming the key; the CLI turns them into exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import yaml
+
+from trainer_lib.errors import UserError
+
+
+class ConfigError(UserError):
+    """A config value is unknown, of the wrong type or impossible. Exit code 2."""
+
+
+def opt(default: Any, help: str, choices: tuple | None = None) -> Any:  # noqa: A002
+    """A dataclass field with help text (and optional allowed values)."""
+    meta = {"help": help, "choices": choices}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda d=default: type(d)(d), metadata=meta)
+    if dataclasses.is_dataclass(default) and isinstance(default, type):
+        return field(default_factory=default, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass
+class ModelConfig:
+    path: str | None = opt(None, "Base model: Hugging Face hub id, local directory or s3:// prefix.")
+    tokenizer_path: str | None = opt(None, "Tokenizer location if different from model.path.")
+    attn_implementation: str = opt("sdpa", "Attention kernel passed to transformers.",
+                                   ("sdpa", "eager", "flash_attention_2"))
+    trust_remote_code: bool = opt(False, "Allow custom modelling code from the model repo.")
+
+
+@dataclass
+class DataConfig:
+    path: str | None = opt(None, "Dataset: prepared dataset dir, JSONL/JSON/Parquet/CSV file, "
+                                 "datasets saved dir or hub id; local or s3://.")
+    format: str = opt("auto", "Dataset format; 'auto' detects it from the columns.",
+                      ("auto", "text", "prompt_completion", "messages", "preference",
+                       "unpaired_preference", "prompt_only"))
+    eval_path: str | None = opt(None, "Separate eval dataset (otherwise split off data.path).")
+    eval_fraction: float = opt(0.05, "Fraction of rows held out for eval when no eval split exists.")
+    max_length: int = opt(512, "Maximum tokens per example (longer ones are dropped in prepare, "
+                               "truncated in training).")
+    packing: bool = opt(True, "Pack several examples per row (padding-free, no cross-attention).")
+    num_workers: int = opt(1, "Processes used for tokenization.")
+
+
+@dataclass
+class EngineConfig:
+    zero_stage: int = opt(0, "DeepSpeed ZeRO stage.", (0, 1, 2, 3))
+    offload_optimizer: bool = opt(False, "Keep optimizer state on CPU (ZeRO-Offload, needs stage >= 1).")
+    offload_params: bool = opt(False, "Keep parameters on CPU (ZeRO-3 only).")
+    precision: str = opt("fp32", "Training precision.", ("fp32", "bf16"))
+    gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
+    gradient_accumulation_steps: int = opt(1, "Micro-batches per optimizer step.")
+    max_grad_norm: float = opt(1.0, "Gradient clipping norm (0 disables).")
+
+
+@dataclass
+class LoraConfig:
+    r: int = opt(0, "LoRA rank; 0 means full fine-tuning.")
+    alpha: int = opt(16, "LoRA scaling alpha.")
+    dropout: float = opt(0.0, "LoRA dropout.")
+    target_modules: list[str] = opt(["q_proj", "k_proj", "v_proj", "o_proj"],
+                                    "Module names that get adapters (comma-separated on the CLI).")
+
+
+@dataclass
+class StorageConfig:
+    endpoint_url: str | None = opt(None, "S3-compatible endpoint (MinIO); default $AWS_ENDPOINT_URL.")
+    region: str | None = opt(None, "S3 region; default $AWS_DEFAULT_REGION or us-east-1.")
+    cache_dir: str | None = opt(None, "Local cache for s3:// downloads; default ~/.cache/posttrain.")
+
+
+@dataclass
+class TrainingConfig:
+    """Keys every training stage shares; other tools drive the stages through these names."""
+
+    model: ModelConfig = opt(ModelConfig, "Model to start from.")
+    data: DataConfig = opt(DataConfig, "Training data.")
+    engine: EngineConfig = opt(EngineConfig, "DeepSpeed engine settings.")
+    lora: LoraConfig = opt(LoraConfig, "LoRA adapters.")
+    storage: StorageConfig = opt(StorageConfig, "Object store settings.")
+    output_dir: str | None = opt(None, "Where checkpoints, logs and the final HF model go (local or s3://).")
+    max_steps: int = opt(100, "Optimizer steps to train for.")
+    num_epochs: float = opt(0.0, "If > 0, train for this many epochs instead of max_steps.")
+    seed: int = opt(0, "Random seed (data order, init, sampling).")
+    save_steps: int = opt(50, "Save a resumable checkpoint every N steps (0: only at the end).")
+    save_total_limit: int = opt(2, "Keep at most this many checkpoints (0: keep all).")
+    eval_steps: int = opt(50, "Evaluate every N steps (0: only at the end).")
+    logging_steps: int = opt(5, "Log metrics every N steps.")
+    lr: float = opt(1e-4, "Peak learning rate.")
+    lr_scheduler: str = opt("cosine", "Decay after warmup.", ("cosine", "linear", "constant"))
+    warmup_steps: int = opt(0, "Linear warmup steps.")
+    weight_decay: float = opt(0.0, "AdamW weight decay.")
+    batch_size: int = opt(8, "Per-process micro-batch size (rows; packed rows when packing).")
+    eval_batch_size: int = opt(16, "Per-process batch size for evaluation.")
+    resume: bool = opt(True, "Resume from the latest complete checkpoint in output_dir if one exists.")
+
+    def validate(self) -> None:
+        _require(self.output_dir, "output_dir", "a local path or s3:// prefix")
+        _require(self.model.path, "model.path", "an HF id, local dir or s3:// prefix")
+        _require(self.data.path, "data.path", "a dataset path")
+        _positive(self, "max_steps", "batch_size", "eval_batch_size", "logging_steps",
+                  "engine.gradient_accumulation_steps", "data.max_length")
+        _non_negative(self, "save_steps", "eval_steps", "warmup_steps", "lora.r", "weight_decay",
+                      "save_total_limit", "num_epochs", "engine.max_grad_norm")
+        if not self.lr > 0:
+            raise ConfigError(f"lr: expected a positive number, got {self.lr}")
+        if not 0.0 <= self.data.eval_fraction < 1.0:
+            raise ConfigError(f"data.eval_fraction: expected 0 <= x < 1, got {self.data.eval_fraction}")
+        if self.engine.offload_optimizer and self.engine.zero_stage == 0:
+            raise ConfigError("engine.offload_optimizer: needs engine.zero_stage >= 1")
+        if self.engine.offload_params and self.engine.zero_stage != 3:
+            raise ConfigError("engine.offload_params: needs engine.zero_stage=3")
+        if self.lora.r > 0 and not self.lora.target_modules:
+            raise ConfigError("lora.target_modules: expected at least one module name when lora.r > 0")
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _require(value: Any, key: str, what: str) -> None:
+    if value in (None, ""):
+        raise ConfigError(f"{key}: required, expected {what}")
+
+
+def _positive(cfg: Any, *keys: str) -> None:
+    for key in keys:
+        if not _get(cfg, key) > 0:
+            raise ConfigError(f"{key}: expected a positive number, got {_get(cfg, key)}")
+
+
+def _non_negative(cfg: Any, *keys: str) -> None:
+    for key in keys:
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"{key}: expected >= 0, got {_get(cfg, key)}")
+
+
+# --------------------------------------------------------------------------- parsing
+
+_TRUE = {"true", "yes", "1", "on"}
+_FALSE = {"false", "no", "0", "off"}
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Turn a YAML/CLI value into the declared type, or raise a ConfigError naming the key."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none", "~")):
+            if type(None) in typing.get_args(tp):
+                return None
+        return _coerce(value, args[0], key)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v, item_tp, key) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
+            return value.lower() in _TRUE
+        raise ConfigError(f"{key}: expected true or false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    if tp is dict or typing.get_origin(tp) is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    return value
+
+
+def _fields(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls)}
+
+
+def _build(cls: type, values: dict, prefix: str = "") -> Any:
+    known = _fields(cls)
+    kwargs = {}
+    for name, value in values.items():
+        key = f"{prefix}{name}"
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=1)
+            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+            raise ConfigError(f"{key}: unknown key{hint}")
+        f, tp = known[name]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key}: expected a mapping of {tp.__name__} keys, got {value!r}")
+            kwargs[name] = _build(tp, value, f"{key}.")
+        else:
+            kwargs[name] = _coerce(value, tp, key)
+            choices = f.metadata.get("choices")
+            if choices and kwargs[name] not in choices:
+                raise ConfigError(f"{key}: expected one of {list(choices)}, got {kwargs[name]!r}")
+    return cls(**kwargs)
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """``["a.b=1", "c=x"]`` -> nested dict. Values are parsed as YAML scalars."""
+    tree: dict = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"{item}: expected key=value")
+        key, raw = item.split("=", 1)
+        key = key.strip().lstrip("-")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, (dict,)):
+            value = raw
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{key}: conflicts with an earlier override")
+        node[parts[-1]] = value
+    return tree
+
+
+def _merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load_config(cls: type, config_file: str | None = None, overrides: list[str] | dict | None = None,
+                validate: bool = True) -> Any:
+    """Build ``cls`` from an optional YAML file plus overrides, then run ``validate()``."""
+    values: dict = {}
+    if config_file:
+        if not os.path.exists(config_file):
+            raise ConfigError(f"--config {config_file}: file not found")
+        with open(config_file, encoding="utf-8") as fh:
+            try:
+                loaded = yaml.safe_load(fh) or {}
+            except yaml.YAMLError as exc:
+                raise ConfigError(f"{config_file}: invalid YAML: {exc}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{config_file}: expected a mapping at the top level")
+        values = loaded
+    if overrides:
+        extra = overrides if isinstance(overrides, dict) else parse_overrides(list(overrides))
+        values = _merge(values, extra)
+    cfg = _build(cls, values)
+    if validate and hasattr(cfg, "validate"):
+        cfg.validate()
+    return cfg
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key, default, help) rows for every option, nested sections flattened."""
+    rows = []
+    for name, (f, tp) in _fields(cls).items():
+        key = f"{prefix}{name}"
+        if dataclasses.is_dataclass(tp):
+            rows.extend(describe(tp, f"{key}."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if isinstance(default, list):
+            default = ",".join(map(str, default))
+        text = f.metadata.get("help", "")
+        if f.metadata.get("choices"):
+            text += f" One of: {', '.join(map(str, f.metadata['choices']))}."
+        rows.append((key, "null" if default is None else str(default), text))
+    return rows

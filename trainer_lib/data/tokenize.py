@@ -1,0 +1,143 @@
+"""Tokenize normalized rows for causal-LM training, pack them, and collate micro-batches.
+
+Loss masking: labels are -100 everywhere except completion / assistant tokens. For chat data
+we render the template once and mark tokens whose characters fall inside assistant turns,
+which works for any chat template without ``{% generation %}`` tags.
+
+Packing is padding-free: a micro-batch is one flat row of several sequences with
+``position_ids`` restarting at 0 for each. transformers builds a block-diagonal causal mask
+from such position ids (sdpa and eager attention, ``use_cache=False``), so sequences never
+attend to each other; the first token of each sequence is never a label target, so no
+sequence learns to predict across a boundary.
+"""
+
+from __future__ import annotations
+
+from trainer_lib.errors import UserError
+
+IGNORE = -100
+
+
+def _is_chat(value) -> bool:
+    return isinstance(value, list)
+
+
+def _render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
+    if not getattr(tokenizer, "chat_template", None):
+        raise UserError("model.path: the tokenizer has no chat template, so conversational data "
+                        "cannot be rendered (use plain text / prompt-completion data, or a chat model)")
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+
+
+def _chat_spans(tokenizer, messages: list[dict], trainable_from: int = 0) -> tuple[str, list[tuple[int, int]]]:
+    """Rendered text and character spans of assistant turns at index >= ``trainable_from``."""
+    spans = []
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant" or i < trainable_from:
+            continue
+        start = len(_render(tokenizer, messages[:i], add_generation_prompt=True))
+        end = len(_render(tokenizer, messages[: i + 1]))
+        spans.append((start, end))
+    return _render(tokenizer, messages), spans
+
+
+def _encode_with_spans(tokenizer, text: str, spans: list[tuple[int, int]], max_length: int) -> dict:
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=True,
+                    max_length=max_length)
+    labels = []
+    for token_id, (start, end) in zip(enc["input_ids"], enc["offset_mapping"]):
+        inside = any(s <= start < e for s, e in spans) and end > start
+        labels.append(token_id if inside else IGNORE)
+    return {"input_ids": list(enc["input_ids"]), "labels": labels}
+
+
+def tokenize_sft(row: dict, fmt: str, tokenizer, max_length: int) -> dict:
+    """``{"input_ids", "labels"}`` for one normalized row of format ``fmt``."""
+    eos = tokenizer.eos_token or ""
+    if fmt == "text":
+        text = row["text"] + eos
+        return _encode_with_spans(tokenizer, text, [(0, len(text))], max_length)
+    if fmt == "messages":
+        text, spans = _chat_spans(tokenizer, row["messages"])
+        return _encode_with_spans(tokenizer, text, spans, max_length)
+    if fmt == "prompt_completion":
+        prompt, completion = row["prompt"], row["completion"]
+        if _is_chat(prompt):
+            text, spans = _chat_spans(tokenizer, list(prompt) + list(completion), trainable_from=len(prompt))
+            return _encode_with_spans(tokenizer, text, spans, max_length)
+        text = prompt + completion + eos
+        return _encode_with_spans(tokenizer, text, [(len(prompt), len(text))], max_length)
+    raise UserError(f"data.format: SFT cannot train on '{fmt}' data")
+
+
+def render_prompt(tokenizer, prompt) -> str:
+    """The text a model continues from: chat prompts get the generation prompt appended."""
+    if _is_chat(prompt):
+        return _render(tokenizer, list(prompt), add_generation_prompt=True)
+    return prompt
+
+
+# --------------------------------------------------------------------------- packing
+
+
+def pack(lengths: list[int], capacity: int) -> list[list[int]]:
+    """First-fit-decreasing bins of example indices, each bin at most ``capacity`` tokens.
+
+    Deterministic: ties are broken by index, bins come out in order of creation.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in order:
+        n = min(lengths[i], capacity)
+        for b, free in enumerate(room):
+            if n <= free:
+                bins[b].append(i)
+                room[b] -= n
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - n)
+    return bins
+
+
+def collate_packed(examples: list[dict]) -> dict:
+    """One flat row: concatenated ids, restarting position ids, boundary-safe labels."""
+    import torch
+
+    ids, labels, positions = [], [], []
+    for ex in examples:
+        n = len(ex["input_ids"])
+        ids.extend(ex["input_ids"])
+        labels.extend([IGNORE] + list(ex["labels"][1:]))
+        positions.extend(range(n))
+    return {
+        "input_ids": torch.tensor([ids], dtype=torch.long),
+        "labels": torch.tensor([labels], dtype=torch.long),
+        "position_ids": torch.tensor([positions], dtype=torch.long),
+    }
+
+
+def collate_padded(examples: list[dict], pad_token_id: int) -> dict:
+    """Right-padded batch with an attention mask (the non-packing path)."""
+    import torch
+
+    width = max(len(ex["input_ids"]) for ex in examples)
+    ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), IGNORE, dtype=torch.long)
+    mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, ex in enumerate(examples):
+        n = len(ex["input_ids"])
+        ids[row, :n] = torch.tensor(ex["input_ids"])
+        labels[row, :n] = torch.tensor(ex["labels"])
+        mask[row, :n] = 1
+    return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+
+
+def micro_batches(examples: list[dict], batch_size: int, max_length: int, packing: bool) -> list[list[int]]:
+    """Group example indices into micro-batches: ``batch_size`` packed rows of ``max_length``
+    tokens each (flattened together), or ``batch_size`` examples when not packing."""
+    if not packing:
+        return [list(range(i, min(i + batch_size, len(examples)))) for i in range(0, len(examples), batch_size)]
+    bins = pack([len(ex["input_ids"]) for ex in examples], max_length)
+    return [sum(bins[i:i + batch_size], []) for i in range(0, len(bins), batch_size)]

@@ -1,0 +1,76 @@
+"""Load tokenizers and models from an HF hub id, a local directory or an s3:// prefix; add LoRA."""
+
+from __future__ import annotations
+
+import os
+
+from trainer_lib import storage
+from trainer_lib.config import LoraConfig, ModelConfig
+from trainer_lib.errors import UserError
+
+
+def resolve_model_path(path: str) -> str:
+    """A local directory for s3:// and local paths; hub ids pass through unchanged."""
+    if storage.is_remote(path):
+        return storage.localize(path)
+    expanded = os.path.expanduser(path)
+    if os.path.exists(expanded):
+        if not os.path.exists(os.path.join(expanded, "config.json")):
+            raise UserError(f"model.path: {path} has no config.json (expected a Hugging Face model directory)")
+        return expanded
+    if path.startswith((".", "/", "~")) or path.count("/") > 1:
+        raise UserError(f"model.path: {path} does not exist")
+    return path  # a hub id such as "org/name"
+
+
+def load_tokenizer(cfg: ModelConfig, padding_side: str = "right"):
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(cfg.tokenizer_path or cfg.path)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = padding_side
+    return tokenizer
+
+
+def torch_dtype(precision: str):
+    import torch
+
+    return torch.bfloat16 if precision == "bf16" else torch.float32
+
+
+def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None = None):
+    from transformers import AutoModelForCausalLM
+
+    local = resolve_model_path(path or cfg.path)
+    model = AutoModelForCausalLM.from_pretrained(
+        local, dtype=torch_dtype(precision), attn_implementation=cfg.attn_implementation,
+        trust_remote_code=cfg.trust_remote_code,
+    )
+    return model
+
+
+def apply_lora(model, lora: LoraConfig, task_type: str = "CAUSAL_LM", modules_to_save: list[str] | None = None):
+    """Wrap ``model`` with PEFT LoRA adapters; returns it unchanged when ``lora.r == 0``."""
+    if lora.r <= 0:
+        return model
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [m for m in lora.target_modules if m not in names]
+    if missing:
+        raise UserError(f"lora.target_modules: {missing} not found in the model "
+                        f"(linear layers include e.g. {sorted(n for n in names if n.endswith('proj'))[:8]})")
+    peft_cfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                              target_modules=list(lora.target_modules), task_type=task_type,
+                              modules_to_save=modules_to_save)
+    return get_peft_model(model, peft_cfg)
+
+
+def count_parameters(model) -> tuple[int, int]:
+    """(trainable, total) parameter counts."""
+    total = sum(p.numel() for p in model.parameters())
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return trainable, total

@@ -1,0 +1,54 @@
+"""``posttrain demo-data``: write the bundled, deterministic demo datasets (no downloads)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+
+from trainer_lib import storage
+from trainer_lib.config import ConfigError, StorageConfig, opt
+
+
+@dataclass
+class DemoDataConfig:
+    output_dir: str | None = opt(None, "Where the JSONL files go (local or s3://).")
+    seed: int = opt(0, "Generator seed; the same seed writes byte-identical files.")
+    n_code_train: int = opt(3000, "Training code tasks.")
+    n_code_eval: int = opt(150, "Held-out code tasks.")
+    n_safety_train: int = opt(500, "Training safety rows (harmful and benign).")
+    n_safety_eval: int = opt(100, "Held-out safety prompts.")
+    storage: StorageConfig = opt(StorageConfig, "Object store settings.")
+
+    def validate(self) -> None:
+        if not self.output_dir:
+            raise ConfigError("output_dir: required")
+        for key in ("n_code_train", "n_code_eval", "n_safety_train", "n_safety_eval"):
+            if getattr(self, key) <= 0:
+                raise ConfigError(f"{key}: expected a positive integer, got {getattr(self, key)}")
+
+
+CONFIG = DemoDataConfig
+
+
+def run(cfg: DemoDataConfig) -> dict:
+    from trainer_lib.data.demo import generate_demo_data
+
+    storage.configure(endpoint_url=cfg.storage.endpoint_url, region=cfg.storage.region,
+                      cache_dir=cfg.storage.cache_dir)
+    kwargs = dict(seed=cfg.seed, n_code_train=cfg.n_code_train, n_code_eval=cfg.n_code_eval,
+                  n_safety_train=cfg.n_safety_train, n_safety_eval=cfg.n_safety_eval)
+    if storage.is_remote(cfg.output_dir):
+        with tempfile.TemporaryDirectory() as tmp:
+            manifest = generate_demo_data(tmp, **kwargs)
+            storage.upload_dir(tmp, cfg.output_dir)
+    else:
+        os.makedirs(cfg.output_dir, exist_ok=True)
+        manifest = generate_demo_data(cfg.output_dir, **kwargs)
+    return manifest
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trainer_lib.cli import main as cli_main
+
+    return cli_main(["demo-data", *(argv or [])])

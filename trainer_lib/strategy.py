@@ -1,0 +1,255 @@
+"""The one place that talks to DeepSpeed and torch.distributed.
+
+Trainers call ``setup_distributed``, ``prepare``, ``backward``, ``optimizer_step``,
+``save_checkpoint`` / ``load_checkpoint`` and ``save_hf_model`` and read the same on one CPU
+process without a launcher, N local workers or a multi-node job (OpenRLHF's strategy idea).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import socket
+from typing import Any
+
+from trainer_lib.config import EngineConfig
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class DeepSpeedStrategy:
+    def __init__(self, engine: EngineConfig, micro_batch_size: int, seed: int = 0):
+        self.cfg = engine
+        self.micro_batch_size = micro_batch_size
+        self.seed = seed
+        self._initialized = False
+
+    # ------------------------------------------------------------------ process group
+    def setup_distributed(self) -> None:
+        """Join (or create) the process group; a lone process needs no launcher."""
+        import deepspeed
+        import torch
+
+        if "RANK" not in os.environ:  # plain `python`/`posttrain` without torchrun
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        from deepspeed.accelerator import get_accelerator
+
+        backend = get_accelerator().communication_backend_name()
+        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+        self.device = torch.device(get_accelerator().device_name(self.local_rank))
+        if self.device.type != "cpu":
+            get_accelerator().set_device(self.local_rank)
+        self.set_seed(self.seed)
+        self._initialized = True
+
+    @property
+    def rank(self) -> int:
+        return int(os.environ.get("RANK", "0"))
+
+    @property
+    def local_rank(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+
+    @property
+    def world_size(self) -> int:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+
+    @property
+    def is_rank_0(self) -> bool:
+        return self.rank == 0
+
+    def set_seed(self, seed: int) -> None:
+        import numpy as np
+        import torch
+
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized() and self.world_size > 1:
+            dist.barrier()
+
+    def all_reduce(self, value: Any, op: str = "mean") -> Any:
+        """Reduce a float, a tensor or a dict of floats across processes."""
+        import torch
+        import torch.distributed as dist
+
+        if isinstance(value, dict):
+            keys = sorted(value)
+            reduced = self.all_reduce(torch.tensor([float(value[k]) for k in keys], dtype=torch.float64), op)
+            return {k: float(v) for k, v in zip(keys, reduced.tolist())}
+        is_tensor = isinstance(value, torch.Tensor)
+        tensor = value.detach().clone().to(self.device) if is_tensor else torch.tensor(float(value), dtype=torch.float64, device=self.device)
+        if dist.is_initialized() and self.world_size > 1:
+            dist.all_reduce(tensor, op={"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM,
+                                        "max": dist.ReduceOp.MAX}[op])
+            if op == "mean":
+                tensor = tensor / self.world_size
+        return tensor if is_tensor else float(tensor.item())
+
+    def print(self, *args: Any) -> None:
+        if self.is_rank_0:
+            print(*args, flush=True)
+
+    # ------------------------------------------------------------------ engines
+    @property
+    def train_batch_size(self) -> int:
+        return self.micro_batch_size * self.cfg.gradient_accumulation_steps * self.world_size
+
+    def ds_config(self, train: bool = True) -> dict:
+        zero: dict[str, Any] = {"stage": self.cfg.zero_stage}
+        if train and self.cfg.offload_optimizer:
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": self.device.type != "cpu"}
+        if self.cfg.offload_params:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": self.device.type != "cpu"}
+        if self.cfg.zero_stage == 3:
+            zero["stage3_gather_16bit_weights_on_model_save"] = False
+        return {
+            "train_micro_batch_size_per_gpu": self.micro_batch_size,
+            "gradient_accumulation_steps": self.cfg.gradient_accumulation_steps if train else 1,
+            "train_batch_size": self.train_batch_size if train else self.micro_batch_size * self.world_size,
+            "gradient_clipping": self.cfg.max_grad_norm if train else 0.0,
+            "zero_optimization": zero,
+            "bf16": {"enabled": self.cfg.precision == "bf16"},
+            "zero_allow_untested_optimizer": True,
+            "zero_force_ds_cpu_optimizer": False,
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+
+    def _optimizer(self, model, lr: float, weight_decay: float):
+        import torch
+
+        decay, no_decay = [], []
+        for name, param in model.named_parameters():
+            if not param.requires_grad:
+                continue
+            (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
+        groups = [{"params": decay, "weight_decay": weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        groups = [g for g in groups if g["params"]]
+        if self.cfg.offload_optimizer:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            return DeepSpeedCPUAdam(groups, lr=lr, betas=(0.9, 0.95), adamw_mode=True)
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
+
+    def prepare(self, model, *, lr: float, weight_decay: float, total_steps: int,
+                warmup_steps: int = 0, lr_scheduler: str = "cosine"):
+        """Wrap a trainable model: optimizer, LR schedule and ZeRO partitioning in one engine."""
+        import deepspeed
+        from transformers import get_scheduler
+
+        if self.cfg.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model, "config"):
+                model.config.use_cache = False
+        optimizer = self._optimizer(model, lr, weight_decay)
+        scheduler = get_scheduler(lr_scheduler, optimizer, num_warmup_steps=warmup_steps,
+                                  num_training_steps=total_steps)
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                          config=self.ds_config(train=True))
+        return engine
+
+    def prepare_frozen(self, model):
+        """A model used only for inference (reference, reward): ZeRO-3 partitions it too."""
+        import deepspeed
+
+        model.eval()
+        for param in model.parameters():
+            param.requires_grad_(False)
+        if self.cfg.zero_stage == 3:
+            engine, *_ = deepspeed.initialize(model=model, config=self.ds_config(train=False))
+            return engine
+        if self.cfg.precision == "bf16":
+            import torch
+
+            model = model.to(torch.bfloat16)
+        return model.to(self.device)
+
+    def backward(self, loss, engine) -> None:
+        engine.backward(loss)
+
+    def optimizer_step(self, engine) -> None:
+        """Steps optimizer and scheduler only at the accumulation boundary (DeepSpeed decides)."""
+        engine.step()
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, engine, save_dir: str, tag: str, client_state: dict) -> None:
+        """Model, optimizer, scheduler (DeepSpeed) plus this rank's RNG states."""
+        import torch
+
+        engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
+        torch.save(_rng_state(), os.path.join(save_dir, tag, f"rng_state_rank{self.rank}.pt"))
+        self.barrier()
+
+    def load_checkpoint(self, engine, save_dir: str, tag: str) -> dict:
+        import torch
+
+        _, client_state = engine.load_checkpoint(save_dir, tag=tag, load_optimizer_states=True,
+                                                 load_lr_scheduler_states=True)
+        rng_file = os.path.join(save_dir, tag, f"rng_state_rank{self.rank}.pt")
+        if os.path.exists(rng_file):
+            _set_rng_state(torch.load(rng_file, weights_only=False))
+        return client_state or {}
+
+    # ------------------------------------------------------------------ export
+    @contextlib.contextmanager
+    def gathered(self, module):
+        """Full parameters visible on every rank (ZeRO-3 only partitions them)."""
+        if self.cfg.zero_stage == 3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+                yield
+        else:
+            yield
+
+    def unwrap(self, engine):
+        return getattr(engine, "module", engine)
+
+    def save_hf_model(self, engine, tokenizer, out_dir: str, extra_files: dict[str, str] | None = None) -> None:
+        """Final Hugging Face directory (safetensors, config, tokenizer), LoRA merged in.
+
+        Call once, at the end: merging folds the adapters into the live module's weights.
+        """
+        module = self.unwrap(engine)
+        with self.gathered(module):
+            if self.is_rank_0:
+                model = module.merge_and_unload() if hasattr(module, "merge_and_unload") else module
+                if hasattr(model, "config"):
+                    model.config.use_cache = True
+                os.makedirs(out_dir, exist_ok=True)
+                state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+                model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
+                if tokenizer is not None:
+                    tokenizer.save_pretrained(out_dir)
+                for name, text in (extra_files or {}).items():
+                    with open(os.path.join(out_dir, name), "w", encoding="utf-8") as fh:
+                        fh.write(text)
+        self.barrier()
+
+
+def _rng_state() -> dict:
+    import numpy as np
+    import torch
+
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(state: dict) -> None:
+    import numpy as np
+    import torch
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
