@@ -17,6 +17,7 @@ import time
 from trainer_lib import storage
 
 MARKER = "COMPLETE"
+LOG_FILE = "metrics.jsonl"
 
 
 def tag_for(step: int) -> str:
@@ -67,6 +68,9 @@ class CheckpointManager:
         if self.remote and self.strategy.local_rank == 0:
             storage.download_dir(storage.join(self.output_dir, "checkpoints", tag),
                                  os.path.join(self.ckpt_dir, tag))
+            metrics = storage.join(self.output_dir, LOG_FILE)
+            if self.strategy.is_rank_0 and storage.exists(metrics):  # keep the curve of earlier attempts
+                storage.download_file(metrics, os.path.join(self.local_dir, LOG_FILE))
         self.strategy.barrier()
         state = self.strategy.load_checkpoint(engine, self.ckpt_dir, tag)
         self.strategy.print(f"resumed from {storage.join(self.output_dir, 'checkpoints', tag)}")
@@ -87,6 +91,9 @@ class CheckpointManager:
             storage.write_text(os.path.join(local, MARKER), marker)
             if self.remote:
                 storage.write_text(storage.join(self.output_dir, "checkpoints", tag, MARKER), marker)
+                log = os.path.join(self.local_dir, LOG_FILE)
+                if os.path.exists(log):
+                    storage.upload_file(log, storage.join(self.output_dir, LOG_FILE))
             self._prune()
         self.strategy.barrier()
 

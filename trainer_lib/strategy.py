@@ -181,7 +181,14 @@ class DeepSpeedStrategy:
 
     def optimizer_step(self, engine) -> None:
         """Steps optimizer and scheduler only at the accumulation boundary (DeepSpeed decides)."""
+        if self.cfg.zero_stage == 0 and engine.is_gradient_accumulation_boundary():
+            self._grad_norm = _local_grad_norm(engine.module)  # ZeRO-0 does not record it
         engine.step()
+
+    def grad_norm(self, engine) -> float:
+        """Global gradient norm of the last optimizer step (before clipping)."""
+        norm = engine.get_global_grad_norm() if self.cfg.zero_stage else getattr(self, "_grad_norm", None)
+        return float(norm) if norm is not None else float("nan")
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, engine, save_dir: str, tag: str, client_state: dict) -> None:
@@ -237,6 +244,13 @@ class DeepSpeedStrategy:
                     with open(os.path.join(out_dir, name), "w", encoding="utf-8") as fh:
                         fh.write(text)
         self.barrier()
+
+
+def _local_grad_norm(module) -> float:
+    import torch
+
+    norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
+    return float(torch.stack(norms).norm()) if norms else 0.0
 
 
 def _rng_state() -> dict:

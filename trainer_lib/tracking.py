@@ -24,6 +24,7 @@ class Tracker:
         if not enabled:
             return
         os.makedirs(log_dir, exist_ok=True)
+        _truncate_after(os.path.join(log_dir, "metrics.jsonl"), initial_step)
         self._file = open(os.path.join(log_dir, "metrics.jsonl"), "a", encoding="utf-8")
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -65,6 +66,17 @@ class Tracker:
         if self._writer is not None:
             self._writer.close()
         self._file.close()
+
+
+def _truncate_after(path: str, step: int) -> None:
+    """A resumed run replays the steps after its checkpoint: drop their earlier records."""
+    if not os.path.exists(path):
+        return
+    kept = [r for r in read_metrics(path) if step > 0 and r.get("step", 0) <= step]
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.writelines(json.dumps(r) + "\n" for r in kept)
+    os.replace(tmp, path)
 
 
 def _plain(value: Any) -> Any:

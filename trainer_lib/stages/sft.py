@@ -10,7 +10,6 @@ schedules; at the end write a Hugging Face model at the root of ``output_dir``.
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from trainer_lib import storage
 from trainer_lib.config import TrainingConfig
 from trainer_lib.errors import UserError
+from trainer_lib.schedule import MicroBatchSchedule, total_steps
 
 SFT_FORMATS = ("text", "prompt_completion", "messages")
 
@@ -28,40 +28,6 @@ class SFTConfig(TrainingConfig):
 
 
 CONFIG = SFTConfig
-
-
-class MicroBatchSchedule:
-    """Which micro-batch each (step, accumulation slot, rank) trains on.
-
-    Micro-batch ``k = (step * accumulation + slot) * world + rank`` of an endless stream that
-    reshuffles every epoch with ``seed + epoch``. So 2 processes at accumulation 1 see exactly
-    the batches 1 process sees at accumulation 2, and a resumed run continues where it stopped.
-    """
-
-    def __init__(self, num_batches: int, accumulation: int, world_size: int, seed: int):
-        self.num_batches, self.accumulation, self.world, self.seed = num_batches, accumulation, world_size, seed
-        self._perms: dict[int, list[int]] = {}
-
-    def batches_per_step(self) -> int:
-        return self.accumulation * self.world
-
-    def index(self, step: int, slot: int, rank: int) -> tuple[int, int]:
-        """(epoch, micro-batch id) for one slot."""
-        import random
-
-        k = (step * self.accumulation + slot) * self.world + rank
-        epoch, pos = divmod(k, self.num_batches)
-        if epoch not in self._perms:
-            perm = list(range(self.num_batches))
-            random.Random(self.seed * 1_000_003 + epoch).shuffle(perm)
-            self._perms = {epoch: perm}
-        return epoch, self._perms[epoch][pos]
-
-
-def total_steps(cfg: TrainingConfig, num_batches: int, batches_per_step: int) -> int:
-    if cfg.num_epochs > 0:
-        return max(1, math.ceil(cfg.num_epochs * num_batches / batches_per_step))
-    return cfg.max_steps
 
 
 def make_collate(cfg: TrainingConfig, pad_token_id: int):
@@ -162,7 +128,7 @@ def run(cfg: SFTConfig) -> dict:
             metrics = strategy.all_reduce({"loss": window_loss / n})
             tokens = strategy.all_reduce(float(window_tokens), op="sum")
             tracker.log(done, {**metrics, "lr": engine.get_lr()[0], "epoch": epoch,
-                               "grad_norm": _grad_norm(engine), "tokens_per_s": tokens / max(elapsed, 1e-9)})
+                               "grad_norm": strategy.grad_norm(engine), "tokens_per_s": tokens / max(elapsed, 1e-9)})
             window_loss, window_tokens, window_start = 0.0, 0, time.time()
         if evals and cfg.eval_steps and done % cfg.eval_steps == 0 and done != steps:
             tracker.log(done, {"loss": evaluate_loss(engine, strategy, evals, eval_groups, collate)}, split="eval")
@@ -184,11 +150,6 @@ def run(cfg: SFTConfig) -> dict:
     ckpt.publish()
     strategy.barrier()
     return summary
-
-
-def _grad_norm(engine) -> float:
-    norm = engine.get_global_grad_norm()
-    return float(norm) if norm is not None else float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:
