@@ -78,3 +78,58 @@ def s3_bucket(s3_server, tmp_path):
     storage.configure(reset=True, endpoint_url=s3_server.endpoint_url, cache_dir=str(tmp_path / "cache"))
     yield name
     storage.configure(reset=True)
+
+
+# --------------------------------------------------------------------------- tiny models and data
+
+CHAT_ROWS = [
+    ("What is two plus two?", "Four."),
+    ("Name a color.", "Blue."),
+    ("Say hello.", "Hello there!"),
+    ("Write a Python function add_one(x).", "def add_one(x):\n    return x + 1"),
+    ("Write a Python function double(x).", "def double(x):\n    return x * 2"),
+    ("Is the sky green?", "No, the sky is blue."),
+]
+
+
+@pytest.fixture(scope="session")
+def chat_jsonl(tmp_path_factory) -> str:
+    """A small conversational SFT dataset (JSONL of messages), repeated so a model can fit it."""
+    import json
+
+    path = tmp_path_factory.mktemp("data") / "chat.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        for i in range(48):
+            q, a = CHAT_ROWS[i % len(CHAT_ROWS)]
+            fh.write(json.dumps({"messages": [{"role": "user", "content": q},
+                                              {"role": "assistant", "content": a}]}) + "\n")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    """A 2-layer Llama with a BPE tokenizer trained on the test corpus, in HF format."""
+    from trainer_lib.models.tiny import make_tiny_model
+
+    texts = [q + " " + a for q, a in CHAT_ROWS] * 20
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    return make_tiny_model(str(out), texts, vocab_size=300, num_layers=2, hidden_size=64, seed=0)
+
+
+@pytest.fixture(scope="session")
+def demo_dir(tmp_path_factory) -> str:
+    """The bundled demo datasets at small sizes."""
+    from trainer_lib.data.demo import generate_demo_data
+
+    out = tmp_path_factory.mktemp("demo")
+    generate_demo_data(str(out), seed=0, n_code_train=200, n_code_eval=20, n_safety_train=60, n_safety_eval=20)
+    return str(out)
+
+
+def clean_env() -> dict:
+    """Environment for a child process that must start its own process group (no RANK etc.)."""
+    drop = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+            "TORCHELASTIC_RUN_ID", "GROUP_RANK", "ROLE_RANK"}
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env["POSTTRAIN_NO_PROGRESS"] = "1"
+    return env

@@ -84,7 +84,7 @@ def run_stage(name: str, argv: list[str]) -> int:
         from trainer_lib.config import to_dict
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         return 0
-    if args.nproc > 1 and "LOCAL_RANK" not in os.environ:
+    if args.nproc > 1 and "TORCHELASTIC_RUN_ID" not in os.environ:  # not yet inside torchrun
         from trainer_lib.launch import launch_workers
 
         return launch_workers(args.nproc, ["-m", "trainer_lib.cli", name, *argv_without_nproc(argv)])
