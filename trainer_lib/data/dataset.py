@@ -371,23 +371,6 @@ def build_dataset(data_cfg, seed: int, *, tokenizer=None, drop_empty: bool = Tru
 # --------------------------------------------------------------------------- training stages
 
 
-def load_tokenizer(model_cfg):
-    """``AutoTokenizer`` of ``model.tokenizer_path`` or ``model.path`` (None when neither)."""
-    path = getattr(model_cfg, "tokenizer_path", None) or getattr(model_cfg, "path", None)
-    if not path:
-        return None
-    from transformers import AutoTokenizer
-
-    from trainer_lib import storage
-
-    try:
-        local = storage.localize(path) if storage.is_remote(path) else path
-        return AutoTokenizer.from_pretrained(
-            local, trust_remote_code=bool(getattr(model_cfg, "trust_remote_code", False)))
-    except (OSError, ValueError) as exc:
-        raise UserError(f"model.path: could not load a tokenizer from {path}: {exc}") from None
-
-
 def read_prepared_stats(path: str) -> dict:
     from trainer_lib import storage
 

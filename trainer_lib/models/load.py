@@ -9,25 +9,28 @@ from trainer_lib.config import LoraConfig, ModelConfig
 from trainer_lib.errors import UserError
 
 
-def resolve_model_path(path: str) -> str:
+def resolve_model_path(path: str, key: str = "model.path") -> str:
     """A local directory for s3:// and local paths; hub ids pass through unchanged."""
     if storage.is_remote(path):
         return storage.localize(path)
     expanded = os.path.expanduser(path)
     if os.path.exists(expanded):
-        if not os.path.exists(os.path.join(expanded, "config.json")):
-            raise UserError(f"model.path: {path} has no config.json (expected a Hugging Face model directory)")
         return expanded
     if path.startswith((".", "/", "~")) or path.count("/") > 1:
-        raise UserError(f"model.path: {path} does not exist")
+        raise UserError(f"{key}: {path} does not exist")
     return path  # a hub id such as "org/name"
 
 
 def load_tokenizer(cfg: ModelConfig, padding_side: str = "right"):
     from transformers import AutoTokenizer
 
-    path = resolve_model_path(cfg.tokenizer_path or cfg.path)
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=cfg.trust_remote_code)
+    source = cfg.tokenizer_path or cfg.path
+    key = "model.tokenizer_path" if cfg.tokenizer_path else "model.path"
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(source, key),
+                                                  trust_remote_code=cfg.trust_remote_code)
+    except (OSError, ValueError) as exc:
+        raise UserError(f"{key}: could not load a tokenizer from {source}: {exc}") from None
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = padding_side
@@ -43,12 +46,13 @@ def torch_dtype(precision: str):
 def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None = None):
     from transformers import AutoModelForCausalLM
 
-    local = resolve_model_path(path or cfg.path)
-    model = AutoModelForCausalLM.from_pretrained(
-        local, dtype=torch_dtype(precision), attn_implementation=cfg.attn_implementation,
-        trust_remote_code=cfg.trust_remote_code,
-    )
-    return model
+    source = path or cfg.path
+    try:
+        return AutoModelForCausalLM.from_pretrained(
+            resolve_model_path(source), dtype=torch_dtype(precision),
+            attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code)
+    except OSError as exc:  # not a model directory, unknown hub id, missing weights
+        raise UserError(f"model.path: could not load a causal LM from {source}: {exc}") from None
 
 
 def apply_lora(model, lora: LoraConfig, task_type: str = "CAUSAL_LM", modules_to_save: list[str] | None = None):

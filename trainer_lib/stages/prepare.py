@@ -115,13 +115,14 @@ def _write_remote(dd, stats: dict, output_dir: str) -> None:
 
 def run(cfg: PrepareConfig) -> dict:
     from trainer_lib import storage
-    from trainer_lib.data.dataset import build_dataset, load_tokenizer
+    from trainer_lib.data.dataset import build_dataset
+    from trainer_lib.models.load import load_tokenizer
 
     storage.configure(endpoint_url=cfg.storage.endpoint_url, region=cfg.storage.region,
                       cache_dir=cfg.storage.cache_dir)
     if not storage.is_remote(cfg.output_dir):
         _check_target(os.path.abspath(os.path.expanduser(cfg.output_dir)))  # fail before the work
-    tokenizer = load_tokenizer(cfg.model)
+    tokenizer = load_tokenizer(cfg.model) if (cfg.model.path or cfg.model.tokenizer_path) else None
     dd, stats = build_dataset(cfg.data, cfg.seed, tokenizer=tokenizer, drop_empty=cfg.drop_empty,
                               drop_duplicates=cfg.drop_duplicates, max_rows=cfg.max_rows)
     if tokenizer is not None:

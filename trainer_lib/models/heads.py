@@ -1,0 +1,78 @@
+"""Reward models: a causal-LM backbone with a scalar head, in the format reward models are shared in.
+
+The model is ``AutoModelForSequenceClassification`` with ``num_labels=1`` (for Llama:
+``LlamaForSequenceClassification``, head ``score``), so the saved directory loads with
+``AutoModelForSequenceClassification.from_pretrained(OUT)`` anywhere. The reward of a sequence is
+the head's output at its last non-pad token; ``config.pad_token_id`` is set so that batched,
+right-padded inputs pick that token. Reward statistics from a reference set are stored in
+``config.json`` (``reward_mean``, ``reward_std``) and in ``reward_stats.json`` next to it, so
+RL stages can normalize (and clip) rewards with :func:`normalize_rewards`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from trainer_lib.config import LoraConfig, ModelConfig
+
+STATS_FILE = "reward_stats.json"
+#: The scalar head of ``*ForSequenceClassification`` models (trained in full under LoRA).
+HEAD_MODULES = ["score"]
+
+
+def load_reward_model(cfg: ModelConfig, pad_token_id: int, precision: str = "fp32", path: str | None = None):
+    """A causal-LM checkpoint (new, randomly initialised head) or an existing reward model."""
+    from transformers import AutoModelForSequenceClassification
+
+    from trainer_lib.models.load import resolve_model_path, torch_dtype
+
+    model = AutoModelForSequenceClassification.from_pretrained(
+        resolve_model_path(path or cfg.path), num_labels=1, dtype=torch_dtype(precision),
+        attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code,
+    )
+    model.config.pad_token_id = pad_token_id
+    return model
+
+
+def apply_reward_lora(model, lora: LoraConfig):
+    """LoRA on the backbone, the scalar head trained in full (``modules_to_save``)."""
+    from trainer_lib.models.load import apply_lora
+
+    return apply_lora(model, lora, task_type="SEQ_CLS", modules_to_save=HEAD_MODULES)
+
+
+def score(model, batch: dict):
+    """Rewards ``(N,)`` for a batch with ``input_ids``/``attention_mask`` (float32)."""
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
+    return out.logits.squeeze(-1).float()
+
+
+def reward_stats(rewards) -> dict:
+    """Mean and (population) std of a 1-D tensor of rewards."""
+    return {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(unbiased=False)),
+            "count": int(rewards.numel())}
+
+
+def store_stats(model, stats: dict) -> None:
+    """Record reward statistics in the model's ``config.json`` (saved with it)."""
+    model.config.update({"reward_mean": stats["reward_mean"], "reward_std": stats["reward_std"]})
+
+
+def load_stats(model_dir: str) -> dict | None:
+    """``reward_stats.json`` of a saved reward model, else ``reward_mean``/``reward_std`` from its
+    ``config.json``; None when it has neither."""
+    for name in (STATS_FILE, "config.json"):
+        path = os.path.join(model_dir, name)
+        if os.path.exists(path):
+            with open(path, encoding="utf-8") as fh:
+                data = json.load(fh)
+            if "reward_mean" in data and "reward_std" in data:
+                return {"reward_mean": data["reward_mean"], "reward_std": data["reward_std"]}
+    return None
+
+
+def normalize_rewards(rewards, mean: float, std: float, clip: float | None = None, eps: float = 1e-6):
+    """``(r - mean) / std``, optionally clipped to ``[-clip, clip]`` (e.g. ``clip=1``)."""
+    normalized = (rewards - mean) / max(std, eps)
+    return normalized.clamp(-clip, clip) if clip is not None else normalized
