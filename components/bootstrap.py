@@ -1,0 +1,60 @@
+"""bootstrap: the embedded default, or a pass-through of the user's base model and dataset.
+
+* ``base_model`` empty: train a tokenizer on the bundled demo corpus and save a tiny random
+  model into ``model`` (``tiny-model`` stage).
+* ``dataset`` empty: the demo's ``sft.jsonl`` becomes ``data``.
+* Otherwise the given location (HF id, local dir, s3:// prefix) is recorded in the artifact's
+  metadata (``source``) and nothing is copied; downstream reads ``source`` or the path.
+
+``demo`` always holds the whole demo dataset directory (preferences, code tasks, safety
+prompts) for the stages that evaluate on it.
+"""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Model, Output
+
+from components.common import IMAGE
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def bootstrap(
+    demo: Output[Dataset],
+    data: Output[Dataset],
+    model: Output[Model],
+    base_model: str = "",
+    dataset: str = "",
+    seed: int = 0,
+    demo_code_train: int = 3000,
+    demo_code_eval: int = 150,
+    demo_safety_train: int = 500,
+    demo_safety_eval: int = 100,
+    tiny_hidden_size: int = 128,
+    tiny_layers: int = 2,
+    tiny_vocab_size: int = 1024,
+):
+    import os
+    import shutil
+
+    from components.common import mark_source
+    from trainer_lib.stage_api import run_stage
+
+    counts = run_stage("demo-data", {
+        "output_dir": demo.path, "seed": seed, "n_code_train": demo_code_train, "n_code_eval": demo_code_eval,
+        "n_safety_train": demo_safety_train, "n_safety_eval": demo_safety_eval})["counts"]
+    demo.metadata.update({"kind": "demo", "sft_rows": counts["sft.jsonl"]})
+
+    if dataset:
+        mark_source(data, dataset)
+    else:  # a directory holding one JSONL file is a dataset the data loader reads as is
+        os.makedirs(data.path, exist_ok=True)
+        shutil.copy(os.path.join(demo.path, "sft.jsonl"), os.path.join(data.path, "sft.jsonl"))
+        data.metadata.update({"kind": "demo", "rows": counts["sft.jsonl"]})
+
+    if base_model:
+        mark_source(model, base_model)
+    else:
+        run_stage("tiny-model", {
+            "corpus": os.path.join(demo.path, "corpus.txt"), "output_dir": model.path, "seed": seed,
+            "hidden_size": tiny_hidden_size, "num_layers": tiny_layers, "vocab_size": tiny_vocab_size})
+        model.metadata.update({"kind": "tiny", "hidden_size": tiny_hidden_size, "num_layers": tiny_layers,
+                               "vocab_size": tiny_vocab_size})

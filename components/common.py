@@ -1,0 +1,61 @@
+"""What every component shares: the image it runs in and two small runtime helpers.
+
+Module top imports only the standard library: compiling a pipeline imports this file. The
+helpers are imported *inside* component bodies at run time (the image installs this package).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+#: The one image every component runs in (built from images/Dockerfile).
+IMAGE = "ghcr.io/posttrain/posttrain:0.1.0"
+
+#: Artifact metadata key of a pass-through location (HF id, local dir, s3:// prefix).
+SOURCE_KEY = "source"
+
+
+def source_of(artifact) -> str:
+    """Where a stage reads an artifact: its pass-through ``source`` if set, else its own path.
+
+    A 70B base model given as ``s3://...`` or a hub id is never copied into an artifact; the
+    bootstrap component records the location in the artifact's metadata instead.
+    """
+    return (artifact.metadata or {}).get(SOURCE_KEY) or artifact.path
+
+
+def mark_source(artifact, source: str) -> None:
+    """Make ``artifact`` a pass-through pointer to ``source`` (metadata plus a small file)."""
+    artifact.metadata[SOURCE_KEY] = source
+    os.makedirs(artifact.path, exist_ok=True)  # the backend uploads whatever is at the path
+    with open(os.path.join(artifact.path, "SOURCE"), "w", encoding="utf-8") as fh:
+        fh.write(source + "\n")
+
+
+def log_summary(metrics, summary: dict, prefix: str = "") -> dict:
+    """Log every finite number of a stage summary (nested keys joined by '.') to a Metrics artifact."""
+    logged = {}
+    for key, value in summary.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            logged.update(log_summary(metrics, value, f"{name}."))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            metrics.log_metric(name, value)
+            logged[name] = value
+    return logged
+
+
+def last_logged(output_dir: str, split: str = "train") -> dict:
+    """The last ``metrics.jsonl`` record of ``split`` a training stage wrote (without step/time)."""
+    import json
+
+    path = os.path.join(output_dir, "metrics.jsonl")
+    record: dict = {}
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                row = json.loads(line) if line.strip() else {}
+                if row.get("split") == split:
+                    record = row
+    return {k: v for k, v in record.items() if k not in ("step", "split", "time")}

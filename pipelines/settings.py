@@ -1,0 +1,82 @@
+"""Infrastructure settings, defined once for every pipeline and every task.
+
+The image, the resources of each kind of stage, and the environment a task gets from the
+cluster live here and only here; sub-pipelines never take them as parameters. Edit this file
+for your cluster and run ``posttrain pipeline compile``. Resources and Kubernetes settings
+compile into the IR and are ignored by ``kfp.local``.
+
+Cluster objects referenced here are created by ``kubectl apply -k manifests/``:
+``posttrain-s3`` (Secret: S3 credentials) and ``posttrain-config`` (ConfigMap: endpoint,
+region). Both are optional: without them tasks simply run without those variables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kfp import kubernetes
+from kfp.dsl import PipelineTask
+
+from components.common import IMAGE
+
+__all__ = ["IMAGE", "RESOURCES", "STAGE_KIND", "Resources", "configure"]
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu: str
+    memory: str
+    gpus: int = 0
+    accelerator: str = "nvidia.com/gpu"
+    shm: str = ""  # size of a memory-backed /dev/shm (NCCL and torch workers need more than 64M)
+
+
+RESOURCES = {
+    "light": Resources(cpu="1", memory="4Gi"),
+    "train": Resources(cpu="8", memory="64Gi", gpus=1, shm="16Gi"),
+}
+
+#: which resources each component gets, by component name.
+STAGE_KIND = {
+    "bootstrap": "light",
+    "prepare": "light",
+    "sft": "train",
+    "reward": "train",
+    "dpo": "train",
+    "ppo": "train",
+    "grpo": "train",
+    "evaluate": "train",  # generates with the models
+    "export": "light",
+    "deploy": "light",
+}
+
+#: Secret key -> environment variable, and ConfigMap key -> environment variable.
+S3_SECRET = "posttrain-s3"
+S3_SECRET_ENV = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
+CONFIG_MAP = "posttrain-config"
+CONFIG_MAP_ENV = {"AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION": "AWS_DEFAULT_REGION"}
+
+#: plain environment variables for every task.
+ENV = {"PYTHONUNBUFFERED": "1"}
+
+
+def configure(task: PipelineTask, display_name: str | None = None) -> PipelineTask:
+    """Apply the shared settings to one task: resources by stage kind, environment, secrets."""
+    name = task.component_spec.name
+    if name not in STAGE_KIND:
+        raise ValueError(f"pipelines/settings.py: add component '{name}' to STAGE_KIND")
+    res = RESOURCES[STAGE_KIND[name]]
+    task.set_cpu_request(res.cpu).set_memory_request(res.memory).set_memory_limit(res.memory)
+    if res.gpus:
+        task.set_accelerator_type(res.accelerator).set_accelerator_limit(res.gpus)
+        kubernetes.add_toleration(task, key=res.accelerator, operator="Exists", effect="NoSchedule")
+    if res.shm:
+        kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
+                                   size_limit=res.shm)
+    for name, value in ENV.items():
+        task.set_env_variable(name, value)
+    kubernetes.use_secret_as_env(task, S3_SECRET, S3_SECRET_ENV, optional=True)
+    kubernetes.use_config_map_as_env(task, CONFIG_MAP, CONFIG_MAP_ENV, optional=True)
+    if display_name:
+        task.set_display_name(display_name)
+    return task

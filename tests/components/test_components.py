@@ -1,0 +1,104 @@
+"""Components: specs compile without heavy imports, and their bodies work when called directly."""
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from kfp import dsl
+
+from components.bootstrap import bootstrap
+from components.common import IMAGE, last_logged, log_summary, mark_source, source_of
+from components.prepare import prepare
+from components.sft import sft
+
+COMPONENTS = [bootstrap, prepare, sft]
+HEAVY = ("torch", "transformers", "deepspeed", "datasets", "peft", "onnxruntime")
+
+
+def test_components_and_pipelines_import_without_heavy_modules():
+    code = ("import sys, components.bootstrap, components.prepare, components.sft, pipelines.dag, pipelines.cli;"
+            f"print([m for m in {HEAVY!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("component", COMPONENTS, ids=lambda c: c.name)
+def test_component_runs_in_our_image_without_installs(component):
+    container = component.component_spec.implementation.container
+    assert container.image == IMAGE
+    assert "pip install" not in " ".join(container.command + (container.args or []))
+    assert "packages_to_install" not in component.python_func.__code__.co_names
+
+
+def test_component_interfaces():
+    def types(specs):
+        return {name: spec.type for name, spec in specs.items()}
+
+    assert types(bootstrap.component_spec.outputs) == {
+        "demo": "system.Dataset@0.0.1", "data": "system.Dataset@0.0.1", "model": "system.Model@0.0.1"}
+    assert types(prepare.component_spec.outputs) == {"prepared": "system.Dataset@0.0.1",
+                                                    "metrics": "system.Metrics@0.0.1"}
+    assert types(sft.component_spec.outputs) == {"output_model": "system.Model@0.0.1",
+                                                "metrics": "system.Metrics@0.0.1"}
+    for component in (prepare, sft):
+        inputs = types(component.component_spec.inputs)
+        assert inputs["model"] == "system.Model@0.0.1" and inputs["data"] == "system.Dataset@0.0.1"
+        assert inputs["config_yaml"] == "String" and inputs["overrides"] == "List"
+        assert component.component_spec.inputs["overrides"].default == []
+
+
+def test_source_of_prefers_pass_through_metadata(tmp_path):
+    model = dsl.Model(uri=str(tmp_path / "model"))
+    assert source_of(model) == str(tmp_path / "model")
+    mark_source(model, "s3://bucket/models/llama")
+    assert source_of(model) == "s3://bucket/models/llama"
+    assert (tmp_path / "model" / "SOURCE").read_text().strip() == "s3://bucket/models/llama"
+
+
+def test_log_summary_logs_finite_numbers_with_dotted_keys(tmp_path):
+    metrics = dsl.Metrics(uri=str(tmp_path / "m"))
+    logged = log_summary(metrics, {"rows": {"train": 9, "eval": 1}, "eval_loss": 1.5, "format": "messages",
+                                   "conversational": True, "grad_norm": math.nan, "steps": 3})
+    assert metrics.metadata == logged == {"rows.train": 9, "rows.eval": 1, "eval_loss": 1.5, "steps": 3}
+
+
+def test_last_logged_reads_the_last_record_of_a_split(tmp_path):
+    rows = [{"step": 1, "split": "train", "time": 0.1, "loss": 2.0}, {"step": 1, "split": "eval", "loss": 3.0},
+            {"step": 2, "split": "train", "time": 0.2, "loss": 1.0, "lr": 0.1}]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert last_logged(str(tmp_path), "train") == {"loss": 1.0, "lr": 0.1}
+    assert last_logged(str(tmp_path / "missing")) == {}
+
+
+SMALL_DEMO = dict(demo_code_train=60, demo_code_eval=6, demo_safety_train=20, demo_safety_eval=6)
+
+
+def test_bootstrap_passes_given_model_and_dataset_through(tmp_path):
+    demo, data, model = (dsl.Dataset(uri=str(tmp_path / "demo")), dsl.Dataset(uri=str(tmp_path / "data")),
+                         dsl.Model(uri=str(tmp_path / "model")))
+    bootstrap.python_func(demo=demo, data=data, model=model, base_model="org/llama-70b",
+                          dataset="s3://bucket/sft.jsonl", **SMALL_DEMO)
+    assert source_of(model) == "org/llama-70b" and source_of(data) == "s3://bucket/sft.jsonl"
+    assert sorted(p.name for p in (tmp_path / "model").iterdir()) == ["SOURCE"]  # nothing copied
+    assert (tmp_path / "demo" / "preferences.jsonl").is_file()
+
+
+def test_bootstrap_demo_then_prepare(tmp_path):
+    demo, data, model = (dsl.Dataset(uri=str(tmp_path / "demo")), dsl.Dataset(uri=str(tmp_path / "data")),
+                         dsl.Model(uri=str(tmp_path / "model")))
+    bootstrap.python_func(demo=demo, data=data, model=model, tiny_hidden_size=32, tiny_layers=1,
+                          tiny_vocab_size=300, **SMALL_DEMO)
+    assert (tmp_path / "model" / "config.json").is_file()
+    assert (tmp_path / "data" / "sft.jsonl").read_bytes() == (tmp_path / "demo" / "sft.jsonl").read_bytes()
+    assert source_of(data) == data.path and data.metadata["rows"] == 80
+
+    prepared, metrics = dsl.Dataset(uri=str(tmp_path / "prepared")), dsl.Metrics(uri=str(tmp_path / "metrics"))
+    prepare.python_func(data=data, model=model, prepared=prepared, metrics=metrics, max_length=256,
+                        eval_fraction=0.1, seed=1, config_yaml="drop_duplicates: false\n",
+                        overrides=["max_rows=50"])
+    stats = json.loads((tmp_path / "prepared" / "stats.json").read_text())
+    assert stats["rows_read"] == 50 and stats["max_length"] == 256 and stats["seed"] == 1
+    assert metrics.metadata["rows.train"] + metrics.metadata["rows.eval"] == 50
+    assert prepared.metadata["format"] == "messages"

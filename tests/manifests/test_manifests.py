@@ -1,0 +1,98 @@
+"""manifests/: every file parses, names its objects, and holds no real-looking secrets."""
+
+import base64
+import os
+import re
+
+import pytest
+import yaml
+
+from components.common import IMAGE
+
+ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "manifests")
+FILES = sorted(f for f in os.listdir(ROOT) if f.endswith((".yaml", ".yml")))
+PLACEHOLDER = re.compile(r"^(REPLACE_ME|CHANGE_ME|<[^>]+>)?$")
+
+
+def docs(name):
+    with open(os.path.join(ROOT, name), encoding="utf-8") as fh:
+        return [d for d in yaml.safe_load_all(fh) if d is not None]
+
+
+def test_there_are_manifests():
+    assert {"kustomization.yaml", "s3-secret.yaml", "configmap.yaml", "serviceaccount.yaml",
+            "trainjob-sft.yaml"} <= set(FILES)
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_every_object_has_api_version_kind_and_name(name):
+    for doc in docs(name):
+        assert isinstance(doc, dict)
+        assert doc.get("apiVersion") and doc.get("kind"), name
+        assert doc.get("metadata", {}).get("name"), f"{name}: {doc['kind']} without metadata.name"
+
+
+def test_kustomization_lists_existing_files():
+    (kustomization,) = docs("kustomization.yaml")
+    assert kustomization["kind"] == "Kustomization"
+    assert kustomization["resources"]
+    for resource in kustomization["resources"]:
+        assert os.path.isfile(os.path.join(ROOT, resource)), resource
+
+
+def test_secrets_hold_only_placeholders():
+    secrets = [d for name in FILES for d in docs(name) if d["kind"] == "Secret"]
+    assert secrets
+    for secret in secrets:
+        values = dict(secret.get("stringData") or {})
+        values.update({k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()})
+        assert values
+        for key, value in values.items():
+            assert PLACEHOLDER.match(str(value)), f"{secret['metadata']['name']}.{key} looks like a real value"
+
+
+def test_no_credentials_anywhere_in_manifests():
+    for name in os.listdir(ROOT):
+        text = open(os.path.join(ROOT, name), encoding="utf-8").read()
+        assert not re.search(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b", text), name  # AWS access key ids
+        assert not re.search(r"(?<![A-Za-z0-9/+])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])", text), name  # secret keys
+        assert "BEGIN PRIVATE KEY" not in text and "BEGIN RSA" not in text, name
+
+
+def test_images_are_ours():
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "image":
+                    found.append(value)
+                walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    for name in FILES:
+        for doc in docs(name):
+            walk(doc)
+    assert found and set(found) == {IMAGE}
+
+
+def test_trainjob_runs_posttrain_sft_with_the_shared_credentials():
+    (job,) = docs("trainjob-sft.yaml")
+    trainer = job["spec"]["trainer"]
+    assert trainer["command"][:2] == ["posttrain", "sft"] and "--nproc" in trainer["command"]
+    refs = {e["valueFrom"].get("secretKeyRef", e["valueFrom"].get("configMapKeyRef"))["name"]
+            for e in trainer["env"] if "valueFrom" in e}
+    assert refs == {"posttrain-s3", "posttrain-config"}
+    assert all(arg.split("=", 1)[1].startswith("s3://") for arg in trainer["command"]
+               if arg.startswith(("model.path=", "data.path=", "output_dir=")))
+
+
+def test_trainjob_arguments_are_valid_sft_config():
+    from trainer_lib.config import load_config
+    from trainer_lib.stages.sft import CONFIG
+
+    (job,) = docs("trainjob-sft.yaml")
+    cfg = load_config(CONFIG, None, [a for a in job["spec"]["trainer"]["command"] if "=" in a])
+    assert cfg.engine.zero_stage == 3 and cfg.output_dir.startswith("s3://")

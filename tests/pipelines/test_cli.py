@@ -1,0 +1,130 @@
+"""posttrain pipeline: argument checking, compile --check, and the submit/schedule calls."""
+
+import types
+
+import kfp
+import pytest
+
+from pipelines import cli
+from pipelines.dag import PIPELINES
+from trainer_lib.cli import main as posttrain
+
+
+def test_params_are_typed_from_the_pipeline_signature(tmp_path):
+    (tmp_path / "sft.yaml").write_text("engine:\n  zero_stage: 2\n")
+    params = cli.parse_params(PIPELINES["posttrain-sft"], [
+        "sft_max_steps=3", "lr=2e-5", "base_model=s3://b/m", "sft_overrides=lora.r=8", "sft_overrides=lr=1",
+        'prepare_overrides=["max_rows=10"]', f"sft_config_yaml=@{tmp_path / 'sft.yaml'}"])
+    assert params == {"sft_max_steps": 3, "lr": 2e-5, "base_model": "s3://b/m",
+                      "sft_overrides": ["lora.r=8", "lr=1"], "prepare_overrides": ["max_rows=10"],
+                      "sft_config_yaml": "engine:\n  zero_stage: 2\n"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["run", "--pipeline", "nope"], "unknown pipeline 'nope'; expected one of: posttrain-sft"),
+    (["run", "sft_max_steps=abc"], "sft_max_steps: expected an integer, got 'abc'"),
+    (["run", "lr=fast"], "lr: expected a number"),
+    (["run", "stepz=3"], "unknown parameter 'stepz' of posttrain-sft"),
+    (["run", "sft_max_steps"], "'sft_max_steps': expected param=value"),
+    (["run", "sft_overrides=[1,"], "sft_overrides: expected JSON"),
+    (["run", "sft_config_yaml=@/no/such/file"], "sft_config_yaml: cannot read /no/such/file"),
+    (["submit", "--host", "localhost:8080"], "--host: expected the KFP API URL"),
+    (["submit", "--host", "http://kfp", "--pipeline", "nope"], "unknown pipeline 'nope'"),
+    (["schedule", "--host", "http://kfp", "--cron", "0 3 * *"], "--cron: expected 5 fields"),
+    (["schedule", "--host", "http://kfp", "--cron", "0 3 * * 0", "x=1"], "unknown parameter 'x'"),
+])
+def test_bad_arguments_exit_2_with_a_clear_message(argv, message, capsys, monkeypatch):
+    monkeypatch.setattr(kfp, "Client", lambda **kw: pytest.fail("no client before the arguments are valid"))
+    assert posttrain(["pipeline", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_run_refuses_to_replace_an_unrelated_latest_dir(tmp_path, capsys):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    assert posttrain(["pipeline", "run", "--root", str(tmp_path / "local"), "--latest", str(tmp_path / "mine")]) == 2
+    assert "refusing to replace" in capsys.readouterr().err
+    assert not (tmp_path / "local").exists()
+
+
+def test_write_latest_replaces_an_earlier_record(tmp_path):
+    model = tmp_path / "run" / "sft" / "model"
+    model.mkdir(parents=True)
+    record = {"outputs": {"model": {"path": str(model)}, "metrics": {"path": str(tmp_path / "none")}}}
+    for _ in range(2):
+        cli.check_latest(str(tmp_path / "latest"))
+        cli.write_latest(str(tmp_path / "latest"), record)
+    assert sorted(p.name for p in (tmp_path / "latest").iterdir()) == ["model", "run.json"]
+    assert (tmp_path / "latest" / "model").resolve() == model
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".latest-")]
+
+
+def test_help_and_usage_errors(capsys):
+    assert posttrain(["pipeline", "--help"]) == 0
+    assert "compile" in capsys.readouterr().out
+    assert posttrain(["pipeline", "frobnicate"]) == 2
+    assert posttrain(["pipeline", "submit"]) == 2  # --host is required
+    assert "--host" in capsys.readouterr().err
+
+
+def test_list_shows_parameters(capsys):
+    assert posttrain(["pipeline", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "posttrain-sft" in out and "sft_max_steps" in out and "Optimizer steps of SFT." in out
+
+
+def test_compile_check_passes_on_the_committed_files_and_fails_on_drift(tmp_path, capsys):
+    assert posttrain(["pipeline", "compile", "--check"]) == 0
+    assert posttrain(["pipeline", "compile", "--out", str(tmp_path)]) == 0
+    (tmp_path / "posttrain-sft.yaml").write_text("stale")
+    assert posttrain(["pipeline", "compile", "--check", "--out", str(tmp_path)]) == 1
+    assert "out of date" in capsys.readouterr().err
+
+
+def test_cron_gets_kfp_seconds_field():
+    assert cli.kfp_cron("0 3 * * 0") == "0 0 3 * * 0"
+    assert cli.kfp_cron("30 0 3 * * 1-5") == "30 0 3 * * 1-5"
+
+
+class FakeClient:
+    calls: list = []
+
+    def __init__(self, **kwargs):
+        FakeClient.calls = [("init", kwargs)]
+
+    def create_run_from_pipeline_package(self, pipeline_file, **kwargs):
+        text = open(pipeline_file).read()
+        FakeClient.calls.append(("run", pipeline_file, "posttrain-sft" in text, kwargs))
+        return types.SimpleNamespace(run_id="run-123")
+
+    def create_experiment(self, name, namespace=None):
+        FakeClient.calls.append(("experiment", name, namespace))
+        return types.SimpleNamespace(experiment_id="exp-1")
+
+    def create_recurring_run(self, **kwargs):
+        FakeClient.calls.append(("recurring", open(kwargs.pop("pipeline_package_path")).read()[:60], kwargs))
+        return types.SimpleNamespace(recurring_run_id="rr-9")
+
+
+def test_submit_compiles_and_creates_a_run(monkeypatch, capsys):
+    monkeypatch.setattr(kfp, "Client", FakeClient)
+    monkeypatch.setenv("KFP_TOKEN", "tok")
+    assert posttrain(["pipeline", "submit", "--host", "http://kfp.example:8080/", "--experiment", "nightly",
+                      "--no-cache", "sft_max_steps=5", "base_model=org/model"]) == 0
+    (_, init), (_, _, is_sft, kwargs) = FakeClient.calls
+    assert init == {"host": "http://kfp.example:8080", "existing_token": "tok"}
+    assert is_sft and kwargs["arguments"] == {"sft_max_steps": 5, "base_model": "org/model"}
+    assert kwargs["experiment_name"] == "nightly" and kwargs["enable_caching"] is False
+    assert "http://kfp.example:8080/#/runs/details/run-123" in capsys.readouterr().out
+
+
+def test_schedule_creates_a_recurring_run(monkeypatch, capsys):
+    monkeypatch.setattr(kfp, "Client", FakeClient)
+    assert posttrain(["pipeline", "schedule", "--host", "https://kfp", "--cron", "0 3 * * 0",
+                      "--namespace", "team-a", "lr=1e-5"]) == 0
+    _, (_, experiment, namespace), (_, package_head, kwargs) = FakeClient.calls
+    assert (experiment, namespace) == ("posttrain", "team-a")
+    assert package_head.startswith("# PIPELINE DEFINITION\n# Name: posttrain-sft")
+    assert kwargs["experiment_id"] == "exp-1" and kwargs["cron_expression"] == "0 0 3 * * 0"
+    assert kwargs["params"] == {"lr": 1e-5} and kwargs["max_concurrency"] == 1
+    assert "rr-9" in capsys.readouterr().out

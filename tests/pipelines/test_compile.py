@@ -1,0 +1,103 @@
+"""Every pipeline compiles, deterministically, without heavy imports, to the committed IR."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from components.common import IMAGE
+from pipelines import settings
+from pipelines.cli import COMPILED_DIR, compile_all
+from pipelines.dag import PIPELINES
+
+HEAVY = ("torch", "transformers", "deepspeed", "datasets", "peft")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compiled")
+    compile_all(str(out))
+    return out
+
+
+def test_compiled_ir_matches_the_committed_files(compiled):
+    fresh = sorted(os.listdir(compiled))
+    assert fresh == sorted(f"{name}.yaml" for name in PIPELINES)
+    committed = sorted(f for f in os.listdir(COMPILED_DIR) if f.endswith(".yaml"))
+    assert committed == fresh, "stale or missing files in pipelines/compiled/"
+    for name in fresh:
+        with open(os.path.join(COMPILED_DIR, name), "rb") as a, open(compiled / name, "rb") as b:
+            assert a.read() == b.read(), f"{name} drifted: run 'posttrain pipeline compile' and commit it"
+
+
+def test_compiling_is_deterministic_and_imports_no_heavy_modules(compiled, tmp_path):
+    # another process, another hash seed: same bytes; and that process never imported torch
+    code = ("import sys; from pipelines.cli import compile_all; compile_all(sys.argv[1]);"
+            f"print([m for m in {HEAVY!r} if m in sys.modules])")
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                         env=env, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    for name in os.listdir(compiled):
+        assert (tmp_path / name).read_bytes() == (compiled / name).read_bytes()
+
+
+def load(compiled, name):
+    docs = list(yaml.safe_load_all((compiled / f"{name}.yaml").read_text()))
+    return docs[0], (docs[1] if len(docs) > 1 else {})
+
+
+def test_sft_pipeline_interface(compiled):
+    spec, _ = load(compiled, "posttrain-sft")
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    for name in ("base_model", "dataset", "sft_max_steps", "lr", "batch_size", "max_length", "seed",
+                 "sft_config_yaml", "sft_overrides"):
+        assert name in params
+    assert params["base_model"]["defaultValue"] == "" and params["dataset"]["defaultValue"] == ""
+    assert set(spec["root"]["outputDefinitions"]["artifacts"]) == {"model", "metrics"}
+    assert "comp-sft-stage" in spec["components"]  # composed from the named sub-pipeline
+
+
+def test_every_task_uses_the_shared_settings(compiled):
+    for name in PIPELINES:
+        spec, platform = load(compiled, name)
+        executors = spec["deploymentSpec"]["executors"]
+        k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+        for label, executor in executors.items():
+            container = executor["container"]
+            assert container["image"] == IMAGE
+            assert not any("pip install" in part for part in container["command"])
+            kind = settings.RESOURCES[settings.STAGE_KIND[label.removeprefix("exec-")]]
+            assert container["resources"]["resourceCpuRequest"] == kind.cpu
+            if kind.gpus:
+                assert container["resources"]["accelerator"]["resourceType"] == kind.accelerator
+            assert k8s[label]["secretAsEnv"][0]["secretName"] == settings.S3_SECRET
+            assert k8s[label]["configMapAsEnv"][0]["configMapName"] == settings.CONFIG_MAP
+
+
+def test_settings_name_the_objects_the_manifests_create():
+    root = os.path.join(os.path.dirname(COMPILED_DIR), "..", "manifests")
+    kinds = {}
+    for file in ("s3-secret.yaml", "configmap.yaml"):
+        doc = yaml.safe_load(open(os.path.join(root, file)))
+        kinds[doc["kind"]] = doc
+    assert kinds["Secret"]["metadata"]["name"] == settings.S3_SECRET
+    assert set(kinds["Secret"]["stringData"]) == set(settings.S3_SECRET_ENV)
+    assert kinds["ConfigMap"]["metadata"]["name"] == settings.CONFIG_MAP
+    assert set(kinds["ConfigMap"]["data"]) == set(settings.CONFIG_MAP_ENV)
+
+
+def test_a_component_without_settings_is_named(monkeypatch, tmp_path):
+    from kfp import compiler, dsl
+
+    from components.sft import sft
+
+    monkeypatch.delitem(settings.STAGE_KIND, "sft")
+    with pytest.raises(ValueError, match="add component 'sft' to STAGE_KIND"):
+        @dsl.pipeline(name="broken")
+        def broken(model: dsl.Input[dsl.Model], data: dsl.Input[dsl.Dataset]):
+            settings.configure(sft(model=model, data=data))
+
+        compiler.Compiler().compile(broken, str(tmp_path / "broken.yaml"))

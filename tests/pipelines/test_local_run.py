@@ -1,0 +1,50 @@
+"""The whole bootstrap -> prepare -> sft DAG through kfp.local with a tiny model (~30 s)."""
+
+import json
+import os
+
+import pytest
+
+from trainer_lib.cli import main as posttrain
+
+SMALL = ["demo_code_train=80", "demo_code_eval=8", "demo_safety_train=24", "demo_safety_eval=8",
+         "tiny_hidden_size=32", "tiny_layers=1", "tiny_vocab_size=400", "max_length=256", "batch_size=4"]
+
+
+@pytest.mark.slow
+def test_local_run_trains_and_records_the_latest_run(tmp_path, capsys):
+    rc = posttrain(["pipeline", "run", "--root", str(tmp_path / "local"), *SMALL, "sft_max_steps=3",
+                    "sft_overrides=logging_steps=1", "sft_config_yaml=eval_steps: 2\nlogging_steps: 9\n"])
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+
+    record = json.loads((tmp_path / "latest" / "run.json").read_text())
+    assert record["pipeline"] == "posttrain-sft"
+    assert record["parameters"]["sft_max_steps"] == 3 and record["parameters"]["lr"] == 1e-4  # defaults too
+    assert os.path.dirname(record["run_dir"]) == str(tmp_path / "local")
+    model_dir = record["outputs"]["model"]["path"]
+    assert model_dir.startswith(record["run_dir"]) and model_dir in out
+    assert os.path.realpath(tmp_path / "latest" / "model") == model_dir
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "latest" / "model")
+    assert model.config.hidden_size == 32 and model.config.num_hidden_layers == 1
+    assert AutoTokenizer.from_pretrained(tmp_path / "latest" / "model").vocab_size <= 400
+
+    metrics = record["outputs"]["metrics"]["metadata"]
+    assert metrics["steps"] == 3 and metrics["eval_loss"] > 0 and metrics["train.loss"] > 0
+    logs = [json.loads(line) for line in open(os.path.join(model_dir, "metrics.jsonl"))]
+    assert [r["step"] for r in logs if r["split"] == "train"] == [1, 2, 3]  # sft_overrides beat the YAML
+    assert [r["step"] for r in logs if r["split"] == "eval"] == [0, 2, 3]  # sft_config_yaml reached sft
+
+
+@pytest.mark.slow
+def test_failed_local_run_exits_1_and_keeps_latest(tmp_path, capsys):
+    (tmp_path / "latest").mkdir()
+    (tmp_path / "latest" / "run.json").write_text("{}")
+    rc = posttrain(["pipeline", "run", "--root", str(tmp_path / "local"), *SMALL,
+                    f"base_model={tmp_path / 'no-such-model'}"])
+    assert rc == 1
+    assert "failed" in capsys.readouterr().err
+    assert (tmp_path / "latest" / "run.json").read_text() == "{}"

@@ -1,0 +1,82 @@
+"""Run a stage from Python: the one call every KFP component makes.
+
+    run_stage("sft", {"model.path": m, "data.path": d, "output_dir": out, "max_steps": 3})
+    run_stage("sft", ["lr=1e-5", "lora.r=8"], config_yaml="engine:\\n  zero_stage: 2\\n")
+    run_stage("sft", [typed_params, *user_overrides, artifact_paths], config_yaml)
+
+The config is built like ``posttrain <stage> --config FILE key=value ...``: the YAML text
+first, then the overrides in order, later ones winning. ``overrides`` is a dict (dotted or
+nested keys, values already typed), a list of ``key=value`` strings (values parsed as YAML
+scalars, as on the command line), or a list mixing both. Nothing here imports kfp.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import yaml
+
+from trainer_lib.config import ConfigError, _merge, load_config, parse_overrides
+
+Layer = dict | str
+
+
+def stage_module(name: str):
+    """The stage's module (``CONFIG`` and ``run``), looked up in the CLI's registry."""
+    from trainer_lib.cli import STAGES
+
+    if name not in STAGES:
+        raise ConfigError(f"unknown stage '{name}'; expected one of {sorted(STAGES)}")
+    return importlib.import_module(STAGES[name][0])
+
+
+def nest(flat: dict) -> dict:
+    """``{"model.path": x, "lr": 1}`` -> ``{"model": {"path": x}, "lr": 1}``; values kept as they are."""
+    tree: dict = {}
+    for key, value in flat.items():
+        parts = str(key).split(".")
+        node = tree
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{key}: conflicts with an earlier key")
+        if isinstance(value, dict):
+            value = nest(value)
+            if isinstance(node.get(parts[-1]), dict):
+                value = _merge(node[parts[-1]], value)
+        node[parts[-1]] = value
+    return tree
+
+
+def build_values(overrides: dict | list[Layer] | None, config_yaml: str = "") -> dict:
+    """The merged nested mapping: YAML text, then each override layer in order."""
+    values: dict = {}
+    if config_yaml and config_yaml.strip():
+        try:
+            loaded = yaml.safe_load(config_yaml)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config_yaml: invalid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError("config_yaml: expected a mapping at the top level")
+        values = loaded or {}
+    layers = [overrides] if isinstance(overrides, dict) else list(overrides or [])
+    strings: list[str] = []  # consecutive key=value strings are parsed together
+    for layer in [*layers, None]:
+        if isinstance(layer, str):
+            strings.append(layer)
+            continue
+        if strings:
+            values = _merge(values, parse_overrides(strings))
+            strings = []
+        if isinstance(layer, dict):
+            values = _merge(values, nest(layer))
+        elif layer is not None:
+            raise ConfigError(f"overrides: expected key=value strings or mappings, got {layer!r}")
+    return values
+
+
+def run_stage(name: str, overrides: dict | list[Layer] | None = None, config_yaml: str = "") -> dict:
+    """Build the config of stage ``name`` and run it; returns the stage's summary dict."""
+    module = stage_module(name)
+    cfg = load_config(module.CONFIG, None, build_values(overrides, config_yaml))
+    return module.run(cfg) or {}
