@@ -1,9 +1,12 @@
-"""Resumable checkpoints under ``output_dir/checkpoints/step-XXXXXXXX``, local or on S3.
+"""Resumable checkpoints under ``checkpoint_dir/step-XXXXXXXX``, local or on S3.
 
 A checkpoint counts only once its ``COMPLETE`` marker exists; the marker is written (and, for
-s3:// outputs, uploaded) last, so a pod killed mid-save leaves a checkpoint that resume skips.
-For s3:// outputs the stage works in a local staging directory and mirrors it to the store,
-so a retry on another node finds the same checkpoints.
+s3:// locations, uploaded) last, so a pod killed mid-save leaves a checkpoint that resume
+skips. ``checkpoint_dir`` defaults to ``output_dir/checkpoints``; pointing it at a stable
+object-store prefix lets a retried pod on another node resume even when ``output_dir`` is a
+fresh local artifact directory. Each checkpoint also carries the ``metrics.jsonl`` written so
+far, so the training curve survives the retry too. For s3:// outputs the stage works in a
+local staging directory and mirrors it to the store.
 """
 
 from __future__ import annotations
@@ -24,33 +27,40 @@ def tag_for(step: int) -> str:
     return f"step-{step:08d}"
 
 
-def staging_dir(output_dir: str) -> str:
-    """Local working directory for an output location (itself, when it is local)."""
-    if not storage.is_remote(output_dir):
-        return os.path.abspath(os.path.expanduser(output_dir))
-    digest = hashlib.sha1(output_dir.encode()).hexdigest()[:16]
+def staging_dir(location: str) -> str:
+    """Local working directory for a location (itself, when it is local)."""
+    if not storage.is_remote(location):
+        return os.path.abspath(os.path.expanduser(location))
+    digest = hashlib.sha1(location.encode()).hexdigest()[:16]
     return os.path.join(storage.cache_root(), "staging", digest)
 
 
 class CheckpointManager:
-    def __init__(self, output_dir: str, strategy, keep: int = 2):
+    def __init__(self, output_dir: str, strategy, keep: int = 2, checkpoint_dir: str | None = None):
         self.output_dir = output_dir
         self.strategy = strategy
         self.keep = keep
         self.remote = storage.is_remote(output_dir)
         self.local_dir = staging_dir(output_dir)
-        self.ckpt_dir = os.path.join(self.local_dir, "checkpoints")
+        self.ckpt_root = checkpoint_dir or storage.join(output_dir, "checkpoints")
+        self.ckpt_remote = storage.is_remote(self.ckpt_root)
+        self.ckpt_dir = staging_dir(self.ckpt_root)
         os.makedirs(self.ckpt_dir, exist_ok=True)
+        os.makedirs(self.local_dir, exist_ok=True)
+
+    @classmethod
+    def for_stage(cls, cfg, strategy) -> "CheckpointManager":
+        """From the shared training keys: output_dir, checkpoint_dir, save_total_limit."""
+        return cls(cfg.output_dir, strategy, keep=cfg.save_total_limit, checkpoint_dir=cfg.checkpoint_dir)
 
     # ------------------------------------------------------------------ discovery
     def complete_steps(self) -> list[int]:
-        base = storage.join(self.output_dir, "checkpoints")
-        if not storage.exists(base) and not storage.isdir(base):
+        if not storage.isdir(self.ckpt_root):
             return []
         steps = []
-        for name in storage.listdir(base):
+        for name in storage.listdir(self.ckpt_root):
             name = name.rstrip("/")
-            if name.startswith("step-") and storage.exists(storage.join(base, name, MARKER)):
+            if name.startswith("step-") and storage.exists(storage.join(self.ckpt_root, name, MARKER)):
                 steps.append(int(name.split("-", 1)[1]))
         return sorted(steps)
 
@@ -65,15 +75,15 @@ class CheckpointManager:
         if step is None:
             return None
         tag = tag_for(step)
-        if self.remote and self.strategy.local_rank == 0:
-            storage.download_dir(storage.join(self.output_dir, "checkpoints", tag),
-                                 os.path.join(self.ckpt_dir, tag))
-            metrics = storage.join(self.output_dir, LOG_FILE)
-            if self.strategy.is_rank_0 and storage.exists(metrics):  # keep the curve of earlier attempts
-                storage.download_file(metrics, os.path.join(self.local_dir, LOG_FILE))
+        local = os.path.join(self.ckpt_dir, tag)
+        if self.ckpt_remote and self.strategy.local_rank == 0:
+            storage.download_dir(storage.join(self.ckpt_root, tag), local)
         self.strategy.barrier()
         state = self.strategy.load_checkpoint(engine, self.ckpt_dir, tag)
-        self.strategy.print(f"resumed from {storage.join(self.output_dir, 'checkpoints', tag)}")
+        log = os.path.join(self.local_dir, LOG_FILE)
+        if self.strategy.is_rank_0 and not os.path.exists(log) and os.path.exists(os.path.join(local, LOG_FILE)):
+            shutil.copyfile(os.path.join(local, LOG_FILE), log)  # a fresh pod: keep the earlier curve
+        self.strategy.print(f"resumed from {storage.join(self.ckpt_root, tag)}")
         return state
 
     def save(self, engine, step: int, client_state: dict) -> None:
@@ -83,17 +93,17 @@ class CheckpointManager:
             shutil.rmtree(local)
         self.strategy.barrier()
         self.strategy.save_checkpoint(engine, self.ckpt_dir, tag, client_state)
-        if self.remote and self.strategy.local_rank == 0:
-            storage.upload_dir(local, storage.join(self.output_dir, "checkpoints", tag))
+        if self.strategy.is_rank_0 and os.path.exists(os.path.join(self.local_dir, LOG_FILE)):
+            shutil.copyfile(os.path.join(self.local_dir, LOG_FILE), os.path.join(local, LOG_FILE))
+        self.strategy.barrier()
+        if self.ckpt_remote and self.strategy.local_rank == 0:
+            storage.upload_dir(local, storage.join(self.ckpt_root, tag))
         self.strategy.barrier()
         if self.strategy.is_rank_0:
             marker = json.dumps({"step": step, "time": time.time(), "world_size": self.strategy.world_size})
             storage.write_text(os.path.join(local, MARKER), marker)
-            if self.remote:
-                storage.write_text(storage.join(self.output_dir, "checkpoints", tag, MARKER), marker)
-                log = os.path.join(self.local_dir, LOG_FILE)
-                if os.path.exists(log):
-                    storage.upload_file(log, storage.join(self.output_dir, LOG_FILE))
+            if self.ckpt_remote:
+                storage.write_text(storage.join(self.ckpt_root, tag, MARKER), marker)
             self._prune()
         self.strategy.barrier()
 
@@ -102,8 +112,8 @@ class CheckpointManager:
             return
         for step in self.complete_steps()[:-self.keep]:
             tag = tag_for(step)
-            if self.remote:
-                storage.delete(storage.join(self.output_dir, "checkpoints", tag))
+            if self.ckpt_remote:
+                storage.delete(storage.join(self.ckpt_root, tag))
             shutil.rmtree(os.path.join(self.ckpt_dir, tag), ignore_errors=True)
 
     # ------------------------------------------------------------------ final output

@@ -100,7 +100,10 @@ class TrainingConfig:
     engine: EngineConfig = opt(EngineConfig, "DeepSpeed engine settings.")
     lora: LoraConfig = opt(LoraConfig, "LoRA adapters.")
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
-    output_dir: str | None = opt(None, "Where checkpoints, logs and the final HF model go (local or s3://).")
+    output_dir: str | None = opt(None, "Where logs and the final HF model go (local or s3://).")
+    checkpoint_dir: str | None = opt(None, "Where resumable checkpoints go (local or s3://); default "
+                                           "<output_dir>/checkpoints. Use a stable s3:// prefix on a cluster "
+                                           "so a retried pod resumes.")
     max_steps: int = opt(100, "Optimizer steps to train for.")
     num_epochs: float = opt(0.0, "If > 0, train for this many epochs instead of max_steps.")
     seed: int = opt(0, "Random seed (data order, init, sampling).")

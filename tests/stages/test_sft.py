@@ -154,3 +154,22 @@ def test_sft_reads_from_and_writes_to_s3(s3_bucket, tiny_model_dir, chat_jsonl, 
     log = storage.read_text(f"{out}/metrics.jsonl")
     steps = [json.loads(line)["step"] for line in log.splitlines() if json.loads(line)["split"] == "train"]
     assert steps == [2, 4, 6]
+
+
+def test_checkpoints_on_s3_survive_a_fresh_output_dir(s3_bucket, tiny_model_dir, chat_jsonl, tmp_path, capsys):
+    """The KFP retry case: output_dir is a new local artifact dir, checkpoint_dir a stable S3 prefix."""
+    ckpts = f"s3://{s3_bucket}/ckpt/sft"
+    _sft(tiny_model_dir, chat_jsonl, tmp_path / "attempt1", "max_steps=4", "save_steps=2",
+         f"checkpoint_dir={ckpts}", f"storage.cache_dir={tmp_path / 'node1'}")
+    assert not (tmp_path / "attempt1" / "checkpoints").exists()
+    from trainer_lib import storage
+
+    assert storage.exists(f"{ckpts}/step-00000004/COMPLETE")
+    assert storage.exists(f"{ckpts}/step-00000004/metrics.jsonl")
+    capsys.readouterr()
+    _sft(tiny_model_dir, chat_jsonl, tmp_path / "attempt2", "max_steps=6", "save_steps=2",
+         f"checkpoint_dir={ckpts}", f"storage.cache_dir={tmp_path / 'node2'}")
+    assert "resuming at step 4" in capsys.readouterr().out
+    records = [json.loads(line) for line in open(tmp_path / "attempt2" / "metrics.jsonl")]
+    assert [r["step"] for r in records if r["split"] == "train"] == [2, 4, 6]
+    assert records[0] == json.loads(open(tmp_path / "attempt1" / "metrics.jsonl").readline())

@@ -70,7 +70,7 @@ def run(cfg: SFTConfig) -> dict:
                       cache_dir=cfg.storage.cache_dir)
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
     strategy.setup_distributed()
-    ckpt = CheckpointManager(cfg.output_dir, strategy, keep=cfg.save_total_limit)
+    ckpt = CheckpointManager.for_stage(cfg, strategy)
 
     # ---- data: normalize (or load prepared), tokenize with prompt masking, group into micro-batches
     tokenizer = load_tokenizer(cfg.model)
