@@ -1,0 +1,4 @@
+# expect: timeout
+def add(a, b):
+    while True:
+        pass

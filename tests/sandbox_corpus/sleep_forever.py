@@ -1,0 +1,8 @@
+# expect: timeout
+import time
+
+time.sleep(3600)
+
+
+def add(a, b):
+    return a + b
