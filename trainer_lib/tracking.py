@@ -35,7 +35,11 @@ class Tracker:
         if total_steps:
             from tqdm.auto import tqdm
 
+            import sys
+
+            # In pod logs (no terminal) a bar redraw is a new line: redraw rarely there.
             self._bar = tqdm(total=total_steps, initial=initial_step, desc=desc, dynamic_ncols=True,
+                             mininterval=0.1 if sys.stderr.isatty() else 30.0,
                              disable=os.environ.get("POSTTRAIN_NO_PROGRESS") == "1")
 
     def log(self, step: int, metrics: dict[str, Any], split: str = "train") -> None:
