@@ -46,6 +46,7 @@ STAGE_KIND = {
     "ppo": "train",
     "grpo": "train",
     "evaluate": "train",  # generates with the models
+    "release": "light",
     "export": "light",
     "deploy": "light",
 }

@@ -27,6 +27,7 @@ STAGES = {
     "ppo": ("trainer_lib.stages.ppo", "PPO with a critic, GAE and KL control."),
     "grpo": ("trainer_lib.stages.grpo", "Critic-free RL: GRPO, Dr. GRPO, RLOO."),
     "evaluate": ("trainer_lib.stages.evaluate", "Evaluate models, write report and gate decision."),
+    "release": ("trainer_lib.stages.release", "Publish a model that passed the evaluation gate."),
     "export": ("trainer_lib.stages.export", "ONNX export and INT8 quantization with parity check."),
     "deploy": ("trainer_lib.stages.deploy", "Publish a Triton model repository and load it."),
     "tiny-model": ("trainer_lib.stages.tiny_model", "Train a tokenizer and build a tiny model (demo, tests)."),

@@ -172,3 +172,24 @@ def test_missing_and_unsupported_paths(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="directory has no"):
         open_source(str(tmp_path / "empty"), key="data.eval_path")
+
+
+def test_directory_of_split_files_keeps_its_eval_split(tmp_path):
+    """HF's data-files layout: train.jsonl + eval.jsonl is a two-split source, not one concatenation."""
+    import json
+
+    from trainer_lib.config import DataConfig
+    from trainer_lib.data.dataset import build_dataset
+    from trainer_lib.data.sources import open_source
+
+    folder = tmp_path / "prefs"
+    folder.mkdir()
+    for split, n in (("train", 6), ("eval", 2)):
+        with open(folder / f"{split}.jsonl", "w") as fh:
+            for i in range(n):
+                fh.write(json.dumps({"prompt": f"{split} q{i}", "chosen": "yes", "rejected": "no"}) + "\n")
+    source = open_source(str(folder))
+    assert source.splits == ["eval", "train"] and source.eval_split == "eval"
+    dd, stats = build_dataset(DataConfig(path=str(folder)), seed=0)
+    assert sorted(dd["eval"]["prompt"]) == ["eval q0", "eval q1"]
+    assert len(dd["train"]) == 6 and stats["rows"] == {"train": 6, "eval": 2}

@@ -82,7 +82,7 @@ class Source:
     path: str
     local: str
     kind: str  # jsonl | json | csv | parquet | saved | dir | hub
-    splits: list[str] = field(default_factory=list)  # saved DatasetDict / hub only
+    splits: list[str] = field(default_factory=list)  # saved DatasetDict, hub, dir of split files
     prepared: dict | None = None  # stats.json of a prepared dir
 
     @property
@@ -100,7 +100,10 @@ class Source:
         if self.kind in ("jsonl", "json", "csv", "parquet"):
             yield from _file_rows(self.local, self.kind, self.path)
         elif self.kind == "dir":
+            wanted = split or self.train_split
             for rel in _data_files(self.local):
+                if wanted is not None and _split_of(rel) != wanted:
+                    continue
                 local = os.path.join(self.local, rel)
                 yield from _file_rows(local, _file_kind(rel), _display_join(self.path, rel))
         elif self.kind == "saved":
@@ -128,6 +131,12 @@ def _data_files(local_dir: str) -> list[str]:
     return sorted(out)
 
 
+def _split_of(rel: str) -> str | None:
+    """``train.jsonl``, ``eval/part-0.parquet`` -> the split it names (HF's data-files layout)."""
+    stem = rel.split(os.sep, 1)[0].split(".", 1)[0]
+    return stem if stem in ("train", *EVAL_SPLITS) else None
+
+
 def open_source(path: str, key: str = "data.path") -> Source:
     """Localize ``path`` and find out what it is; ``key`` names the setting in errors."""
     from trainer_lib import storage
@@ -148,10 +157,13 @@ def open_source(path: str, key: str = "data.path") -> Source:
     if os.path.isdir(local):
         if is_saved_dataset(local):
             return _saved_source(path, local, key)
-        if not _data_files(local):
+        files = _data_files(local)
+        if not files:
             raise UserError(f"{key}: {path}: directory has no .jsonl/.json/.csv/.parquet files "
                             "and is not a datasets save_to_disk directory")
-        return Source(path, local, "dir")
+        named = {_split_of(rel) for rel in files}
+        splits = sorted(named) if None not in named and "train" in named else []
+        return Source(path, local, "dir", splits=splits)
     kind = _file_kind(local)
     if kind is None:
         raise UserError(f"{key}: {path}: unsupported file type (expected .jsonl, .json, .csv "
