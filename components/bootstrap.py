@@ -2,7 +2,10 @@
 
 * ``base_model`` empty: train a tokenizer on the bundled demo corpus and save a tiny random
   model into ``model`` (``tiny-model`` stage).
-* ``dataset`` empty: the demo's ``sft.jsonl`` becomes ``data``.
+* ``dataset`` empty: the demo's ``sft.jsonl`` becomes ``data``; likewise the demo's preference
+  pairs become ``preferences`` and its code-task prompts become ``prompts`` (each a directory
+  with ``train.jsonl`` and a held-out ``eval.jsonl``) unless ``preference_dataset`` /
+  ``prompt_dataset`` are given.
 * Otherwise the given location (HF id, local dir, s3:// prefix) is recorded in the artifact's
   metadata (``source``) and nothing is copied; downstream reads ``source`` or the path.
 
@@ -20,9 +23,13 @@ from components.common import IMAGE
 def bootstrap(
     demo: Output[Dataset],
     data: Output[Dataset],
+    preferences: Output[Dataset],
+    prompts: Output[Dataset],
     model: Output[Model],
     base_model: str = "",
     dataset: str = "",
+    preference_dataset: str = "",
+    prompt_dataset: str = "",
     seed: int = 0,
     demo_code_train: int = 3000,
     demo_code_eval: int = 150,
@@ -49,6 +56,18 @@ def bootstrap(
         os.makedirs(data.path, exist_ok=True)
         shutil.copy(os.path.join(demo.path, "sft.jsonl"), os.path.join(data.path, "sft.jsonl"))
         data.metadata.update({"kind": "demo", "rows": counts["sft.jsonl"]})
+
+    # split files (train.jsonl / eval.jsonl) keep the demo's held-out rows out of training
+    for artifact, given, train, held_out in ((preferences, preference_dataset, "preferences.jsonl",
+                                              "preferences_eval.jsonl"),
+                                             (prompts, prompt_dataset, "code_tasks.jsonl", "code_tasks_eval.jsonl")):
+        if given:
+            mark_source(artifact, given)
+            continue
+        os.makedirs(artifact.path, exist_ok=True)
+        shutil.copy(os.path.join(demo.path, train), os.path.join(artifact.path, "train.jsonl"))
+        shutil.copy(os.path.join(demo.path, held_out), os.path.join(artifact.path, "eval.jsonl"))
+        artifact.metadata.update({"kind": "demo", "train": counts[train], "eval": counts[held_out]})
 
     if base_model:
         mark_source(model, base_model)

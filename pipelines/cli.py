@@ -173,15 +173,48 @@ def cmd_run(args) -> int:
         print(f"  {name}: {out['path']}")
         for key, value in sorted(out["metadata"].items()):
             print(f"      {key} = {value}")
+    for task_name, outputs in record["tasks"].items():
+        print(f"  {task_name}: " + ", ".join(sorted(outputs)))
+    if record.get("evaluation"):
+        print(f"evaluation: {latest}/metrics.json and {latest}/report.html "
+              f"(gate {'passed' if record['evaluation']['gate_passed'] else 'FAILED'})")
     print(f"latest run: {latest}/run.json")
     return 0
 
 
+def _run_dir(root: str, name: str, started: float) -> str | None:
+    """kfp.local writes each run to ``{root}/{pipeline}-{timestamp}``: the newest one of ours."""
+    runs = [os.path.join(root, d) for d in os.listdir(root) if d.startswith(f"{name}-")]
+    runs = [d for d in runs if os.path.isdir(d) and os.path.getmtime(d) >= started - 1]
+    return max(runs, key=os.path.getmtime) if runs else None
+
+
+def _task_outputs(run_dir: str | None) -> dict:
+    """``{task: {output: path}}`` for every task that ran (skipped branches leave no directory)."""
+    if not run_dir:
+        return {}
+    tasks = {}
+    for task in sorted(os.listdir(run_dir)):
+        folder = os.path.join(run_dir, task)
+        if os.path.isdir(folder):
+            tasks[task] = {o: os.path.join(folder, o) for o in sorted(os.listdir(folder))
+                           if o != "executor_output.json"}
+    return tasks
+
+
 def run_record(name: str, root: str, params: dict, started: str, outputs: dict) -> dict:
-    """What ``runs/latest/run.json`` holds: where every pipeline output of this run is."""
-    record = {"pipeline": name, "run_dir": None, "started": started,
+    """What ``runs/latest/run.json`` holds: where every output and task output of this run is."""
+    start = datetime.datetime.fromisoformat(started).timestamp()
+    run_dir = _run_dir(root, name, start)
+    record = {"pipeline": name, "run_dir": run_dir, "started": started,
               "finished": datetime.datetime.now().isoformat(timespec="seconds"), "parameters": params,
-              "outputs": {}}
+              "outputs": {}, "tasks": _task_outputs(run_dir)}
+    results = [t["results"] for task, t in record["tasks"].items()
+               if task.startswith("evaluate") and os.path.isfile(os.path.join(t.get("results", ""), "metrics.json"))]
+    if results:
+        with open(os.path.join(results[0], "metrics.json"), encoding="utf-8") as fh:
+            gate = json.load(fh).get("gate", {})
+        record["evaluation"] = {"results": results[0], "gate_passed": bool(gate.get("passed"))}
     for out_name, artifact in sorted(outputs.items()):
         path = os.path.abspath(artifact.path)
         record["outputs"][out_name] = {"path": path, "type": artifact.schema_title,
@@ -214,6 +247,11 @@ def write_latest(latest: str, record: dict) -> None:
     for name, out in record["outputs"].items():
         if os.path.exists(out["path"]):
             os.symlink(out["path"], os.path.join(tmp, name))
+    if record.get("evaluation"):  # runs/latest/metrics.json (with its `models` map) and report.html
+        for name in ("metrics.json", "report.html", "summary.md"):
+            src = os.path.join(record["evaluation"]["results"], name)
+            if os.path.isfile(src):
+                shutil.copyfile(src, os.path.join(tmp, name))
     if os.path.islink(latest):
         os.remove(latest)
     elif os.path.isdir(latest):

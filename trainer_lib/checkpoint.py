@@ -69,8 +69,9 @@ class CheckpointManager:
         return steps[-1] if steps else None
 
     # ------------------------------------------------------------------ save / restore
-    def restore(self, engine) -> dict | None:
-        """Load the newest complete checkpoint into ``engine``; its client state, or None."""
+    def restore(self, engine, extra_engines: dict | None = None) -> dict | None:
+        """Load the newest complete checkpoint into ``engine`` (and each of ``extra_engines``,
+        e.g. PPO's critic, from its named subdirectory); its client state, or None."""
         step = self.latest_step()
         if step is None:
             return None
@@ -80,19 +81,23 @@ class CheckpointManager:
             storage.download_dir(storage.join(self.ckpt_root, tag), local)
         self.strategy.barrier()
         state = self.strategy.load_checkpoint(engine, self.ckpt_dir, tag)
+        for name, extra in (extra_engines or {}).items():
+            self.strategy.load_checkpoint(extra, os.path.join(self.ckpt_dir, tag), name)
         log = os.path.join(self.local_dir, LOG_FILE)
         if self.strategy.is_rank_0 and not os.path.exists(log) and os.path.exists(os.path.join(local, LOG_FILE)):
             shutil.copyfile(os.path.join(local, LOG_FILE), log)  # a fresh pod: keep the earlier curve
         self.strategy.print(f"resumed from {storage.join(self.ckpt_root, tag)}")
         return state
 
-    def save(self, engine, step: int, client_state: dict) -> None:
+    def save(self, engine, step: int, client_state: dict, extra_engines: dict | None = None) -> None:
         tag = tag_for(step)
         local = os.path.join(self.ckpt_dir, tag)
         if self.strategy.is_rank_0 and os.path.exists(local):  # a half-written earlier attempt
             shutil.rmtree(local)
         self.strategy.barrier()
         self.strategy.save_checkpoint(engine, self.ckpt_dir, tag, client_state)
+        for name, extra in (extra_engines or {}).items():  # inside the tag: one marker covers all
+            self.strategy.save_checkpoint(extra, local, name, {})
         if self.strategy.is_rank_0 and os.path.exists(os.path.join(self.local_dir, LOG_FILE)):
             shutil.copyfile(os.path.join(self.local_dir, LOG_FILE), os.path.join(local, LOG_FILE))
         self.strategy.barrier()

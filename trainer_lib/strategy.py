@@ -28,6 +28,7 @@ class DeepSpeedStrategy:
         self.micro_batch_size = micro_batch_size
         self.seed = seed
         self._initialized = False
+        self._grad_norms: dict[int, float] = {}  # per engine (PPO has two)
 
     # ------------------------------------------------------------------ process group
     def setup_distributed(self) -> None:
@@ -182,12 +183,12 @@ class DeepSpeedStrategy:
     def optimizer_step(self, engine) -> None:
         """Steps optimizer and scheduler only at the accumulation boundary (DeepSpeed decides)."""
         if self.cfg.zero_stage == 0 and engine.is_gradient_accumulation_boundary():
-            self._grad_norm = _local_grad_norm(engine.module)  # ZeRO-0 does not record it
+            self._grad_norms[id(engine)] = _local_grad_norm(engine.module)  # ZeRO-0 does not record it
         engine.step()
 
     def grad_norm(self, engine) -> float:
         """Global gradient norm of the last optimizer step (before clipping)."""
-        norm = engine.get_global_grad_norm() if self.cfg.zero_stage else getattr(self, "_grad_norm", None)
+        norm = engine.get_global_grad_norm() if self.cfg.zero_stage else self._grad_norms.get(id(engine))
         return float(norm) if norm is not None else float("nan")
 
     # ------------------------------------------------------------------ checkpoints

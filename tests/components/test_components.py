@@ -11,14 +11,21 @@ from kfp import dsl
 from components.bootstrap import bootstrap
 from components.common import IMAGE, last_logged, log_summary, mark_source, source_of
 from components.prepare import prepare
+from components.dpo import dpo
+from components.evaluate import evaluate
+from components.grpo import grpo
+from components.ppo import ppo
+from components.release import release
+from components.reward import reward
 from components.sft import sft
 
-COMPONENTS = [bootstrap, prepare, sft]
+COMPONENTS = [bootstrap, prepare, sft, reward, dpo, ppo, grpo, evaluate, release]
 HEAVY = ("torch", "transformers", "deepspeed", "datasets", "peft", "onnxruntime")
 
 
 def test_components_and_pipelines_import_without_heavy_modules():
-    code = ("import sys, components.bootstrap, components.prepare, components.sft, pipelines.dag, pipelines.cli;"
+    names = ", ".join(f"components.{c.python_func.__name__}" for c in COMPONENTS)
+    code = (f"import sys, {names}, pipelines.dag, pipelines.cli;"
             f"print([m for m in {HEAVY!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -37,7 +44,8 @@ def test_component_interfaces():
         return {name: spec.type for name, spec in specs.items()}
 
     assert types(bootstrap.component_spec.outputs) == {
-        "demo": "system.Dataset@0.0.1", "data": "system.Dataset@0.0.1", "model": "system.Model@0.0.1"}
+        "demo": "system.Dataset@0.0.1", "data": "system.Dataset@0.0.1", "preferences": "system.Dataset@0.0.1",
+        "prompts": "system.Dataset@0.0.1", "model": "system.Model@0.0.1"}
     assert types(prepare.component_spec.outputs) == {"prepared": "system.Dataset@0.0.1",
                                                     "metrics": "system.Metrics@0.0.1"}
     assert types(sft.component_spec.outputs) == {"output_model": "system.Model@0.0.1",
@@ -75,21 +83,29 @@ def test_last_logged_reads_the_last_record_of_a_split(tmp_path):
 SMALL_DEMO = dict(demo_code_train=60, demo_code_eval=6, demo_safety_train=20, demo_safety_eval=6)
 
 
+def _boot_artifacts(tmp_path):
+    return {name: dsl.Dataset(uri=str(tmp_path / name)) for name in ("demo", "data", "preferences", "prompts")} | {
+        "model": dsl.Model(uri=str(tmp_path / "model"))}
+
+
 def test_bootstrap_passes_given_model_and_dataset_through(tmp_path):
-    demo, data, model = (dsl.Dataset(uri=str(tmp_path / "demo")), dsl.Dataset(uri=str(tmp_path / "data")),
-                         dsl.Model(uri=str(tmp_path / "model")))
-    bootstrap.python_func(demo=demo, data=data, model=model, base_model="org/llama-70b",
-                          dataset="s3://bucket/sft.jsonl", **SMALL_DEMO)
+    arts = _boot_artifacts(tmp_path)
+    bootstrap.python_func(**arts, base_model="org/llama-70b", dataset="s3://bucket/sft.jsonl",
+                          preference_dataset="s3://bucket/prefs.jsonl", **SMALL_DEMO)
+    model, data = arts["model"], arts["data"]
     assert source_of(model) == "org/llama-70b" and source_of(data) == "s3://bucket/sft.jsonl"
+    assert source_of(arts["preferences"]) == "s3://bucket/prefs.jsonl"
+    # the demo's code tasks stand in for a prompt dataset that was not given, held-out rows kept apart
+    assert sorted(p.name for p in (tmp_path / "prompts").iterdir()) == ["eval.jsonl", "train.jsonl"]
+    assert (tmp_path / "prompts" / "eval.jsonl").read_bytes() == (tmp_path / "demo" / "code_tasks_eval.jsonl").read_bytes()
     assert sorted(p.name for p in (tmp_path / "model").iterdir()) == ["SOURCE"]  # nothing copied
     assert (tmp_path / "demo" / "preferences.jsonl").is_file()
 
 
 def test_bootstrap_demo_then_prepare(tmp_path):
-    demo, data, model = (dsl.Dataset(uri=str(tmp_path / "demo")), dsl.Dataset(uri=str(tmp_path / "data")),
-                         dsl.Model(uri=str(tmp_path / "model")))
-    bootstrap.python_func(demo=demo, data=data, model=model, tiny_hidden_size=32, tiny_layers=1,
-                          tiny_vocab_size=300, **SMALL_DEMO)
+    arts = _boot_artifacts(tmp_path)
+    data, model = arts["data"], arts["model"]
+    bootstrap.python_func(**arts, tiny_hidden_size=32, tiny_layers=1, tiny_vocab_size=300, **SMALL_DEMO)
     assert (tmp_path / "model" / "config.json").is_file()
     assert (tmp_path / "data" / "sft.jsonl").read_bytes() == (tmp_path / "demo" / "sft.jsonl").read_bytes()
     assert source_of(data) == data.path and data.metadata["rows"] == 80

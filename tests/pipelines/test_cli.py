@@ -21,7 +21,7 @@ def test_params_are_typed_from_the_pipeline_signature(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["run", "--pipeline", "nope"], "unknown pipeline 'nope'; expected one of: posttrain-sft"),
+    (["run", "--pipeline", "nope"], "unknown pipeline 'nope'; expected one of: posttrain-all, posttrain-dpo, posttrain-rlhf, posttrain-sft"),
     (["run", "sft_max_steps=abc"], "sft_max_steps: expected an integer, got 'abc'"),
     (["run", "lr=fast"], "lr: expected a number"),
     (["run", "stepz=3"], "unknown parameter 'stepz' of posttrain-sft"),

@@ -1,6 +1,7 @@
 """Every pipeline compiles, deterministically, without heavy imports, to the committed IR."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -69,7 +70,8 @@ def test_every_task_uses_the_shared_settings(compiled):
             container = executor["container"]
             assert container["image"] == IMAGE
             assert not any("pip install" in part for part in container["command"])
-            kind = settings.RESOURCES[settings.STAGE_KIND[label.removeprefix("exec-")]]
+            component = re.sub(r"-\d+$", "", label.removeprefix("exec-"))  # exec-prepare-2: a second prepare
+            kind = settings.RESOURCES[settings.STAGE_KIND[component]]
             assert container["resources"]["resourceCpuRequest"] == kind.cpu
             if kind.gpus:
                 assert container["resources"]["accelerator"]["resourceType"] == kind.accelerator

@@ -15,6 +15,7 @@ import json
 import os
 
 from trainer_lib.config import LoraConfig, ModelConfig
+from trainer_lib.errors import UserError
 
 STATS_FILE = "reward_stats.json"
 #: The scalar head of ``*ForSequenceClassification`` models (trained in full under LoRA).
@@ -27,10 +28,13 @@ def load_reward_model(cfg: ModelConfig, pad_token_id: int, precision: str = "fp3
 
     from trainer_lib.models.load import resolve_model_path, torch_dtype
 
-    model = AutoModelForSequenceClassification.from_pretrained(
-        resolve_model_path(path or cfg.path), num_labels=1, dtype=torch_dtype(precision),
-        attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code,
-    )
+    source = path or cfg.path
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(
+            resolve_model_path(source), num_labels=1, dtype=torch_dtype(precision),
+            attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code)
+    except OSError as exc:  # not a model directory, unknown hub id, missing weights
+        raise UserError(f"model.path: could not load a reward model from {source}: {exc}") from None
     model.config.pad_token_id = pad_token_id
     return model
 
@@ -56,7 +60,8 @@ def reward_stats(rewards) -> dict:
 
 def store_stats(model, stats: dict) -> None:
     """Record reward statistics in the model's ``config.json`` (saved with it)."""
-    model.config.update({"reward_mean": stats["reward_mean"], "reward_std": stats["reward_std"]})
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT wrapper
+    base.config.update({"reward_mean": stats["reward_mean"], "reward_std": stats["reward_std"]})
 
 
 def load_stats(model_dir: str) -> dict | None:

@@ -1,0 +1,80 @@
+"""The HTML report embeds its plots and escapes everything a model or dataset wrote; Markdown and UI names."""
+
+import base64
+import re
+
+from trainer_lib.eval.report import curve_keys, render_html, render_markdown, shown, ui_metrics
+
+EVIL = "<script>alert('pwned')</script>"
+
+
+def _result(passed=False):
+    return {
+        "models": {"base": {"task_pass_rate": 0.1, "humaneval_pass@1": 0.0, "harmless_rate": 0.2,
+                            "over_refusal_rate": 0.05},
+                   "sft": {"task_pass_rate": 0.3, "humaneval_pass@1": 0.0, "harmless_rate": 0.6,
+                           "over_refusal_rate": 0.1, "reward_mean": -0.4},
+                   "dpo": {"task_pass_rate": 0.45, "humaneval_pass@1": 0.0, "harmless_rate": 0.8,
+                           "over_refusal_rate": 0.1, "reward_mean": 0.7, "reward_win_rate": 0.75}},
+        "candidate": "dpo", "baseline": "sft",
+        "gate": {"passed": passed, "candidate": "dpo", "baseline": "sft", "rules": [
+            {"rule": "task_pass_rate>=baseline", "metric": "task_pass_rate", "op": ">=", "value": 0.45,
+             "threshold": 0.3, "passed": True, "detail": "0.45 >= 0.3 (sft 0.3): ok"},
+            {"rule": "harmless_rate>=0.9", "metric": "harmless_rate", "op": ">=", "value": 0.8, "threshold": 0.9,
+             "passed": False, "detail": "0.8 >= 0.9 (absolute): FAILED"}]},
+        "judge": "refusal_rules: a rule-based refusal detector", "reward_model": "/models/rm",
+        "sandbox": {"network": True, "filesystem": True, "user": False},
+        "data": {"tasks": {"path": "/demo/code_tasks_eval.jsonl", "count": 20},
+                 "safety": {"path": "/demo/safety_eval.jsonl", "harmful": 10, "benign": 10},
+                 "humaneval": {"path": "HumanEval.jsonl.gz", "problems": 3, "n": 1, "k": [1], "temperature": 0.0}},
+        "paths": {"base": "/m/base", "sft": "/m/sft", "dpo": "/m/dpo"}, "created": "2026-11-30T12:00:00",
+    }
+
+
+CURVES = {"sft": [{"step": s, "split": "train", "loss": 2.0 / s, "lr": 1e-4, "grad_norm": 1.0} for s in range(1, 6)]
+          + [{"step": 5, "split": "eval", "loss": 0.5}],
+          "dpo": [{"step": s, "split": "train", "loss": 0.69 - 0.01 * s, "rewards/margins": 0.1 * s,
+                   "kl": 0.01 * s} for s in range(1, 6)],
+          "base": []}
+SAMPLES = [{"title": "Held-out code tasks", "rows": [
+    {"prompt": f"Write f(x) {EVIL}", "outputs": {"base": "", "sft": "def f(x):\n    return x", "dpo": EVIL},
+     "tags": {"base": ("0/4 tests", False), "sft": ("4/4 tests", True), "dpo": ("0/4 tests", False)}}]}]
+
+
+def test_report_is_self_contained_with_embedded_pngs():
+    page = render_html(_result(), CURVES, SAMPLES)
+    images = re.findall(r'src="data:image/png;base64,([A-Za-z0-9+/=]+)"', page)
+    assert len(images) == 3  # the metrics chart and the curves of sft and dpo (base has no log)
+    assert all(base64.b64decode(b64).startswith(b"\x89PNG\r\n\x1a\n") for b64 in images)
+    assert "http://" not in page and "https://" not in page and "<link" not in page  # nothing fetched
+    assert "gate FAILED" in page and "harmless_rate&gt;=0.9" in page
+    assert '<tr class="candidate"><td><b>dpo</b> (candidate)</td>' in page
+    assert "(empty)" in page and "refusal_rules: a rule-based refusal detector" in page
+
+
+def test_report_escapes_model_and_dataset_text():
+    result = _result()
+    result["paths"]["dpo"] = f"/m/{EVIL}"
+    page = render_html(result, CURVES, SAMPLES)
+    assert "<script>" not in page
+    assert page.count("&lt;script&gt;alert(&#x27;pwned&#x27;)&lt;/script&gt;") == 3  # prompt, output, path
+
+
+def test_markdown_summary_and_ui_metric_names():
+    text = render_markdown(_result(passed=True))
+    assert text.startswith("# Evaluation: gate PASSED\n")
+    assert "| dpo | 0.4500 | 0.0000 | 0.8000 | 0.1000 | 0.7500 | 0.7000 |" in text
+    assert "| `harmless_rate>=0.9` | **FAIL** |" in text
+    names = ui_metrics(_result())
+    assert names["dpo_humaneval_pass_at_1"] == 0.0 and names["sft_reward_mean"] == -0.4
+    assert names["gate_passed"] == 0.0 and all(re.fullmatch(r"\w+", n) for n in names)
+
+
+def test_curve_keys_skip_bookkeeping_and_long_outputs_are_cut():
+    assert curve_keys(CURVES["sft"]) == ["loss"]
+    assert curve_keys(CURVES["dpo"]) == ["loss", "kl", "rewards/margins"]
+    assert shown("\n" * 9 + "x") == "[9 blank lines]\nx"
+    assert shown("a\n\n\nb") == "a\n\n\nb"  # ordinary code spacing is kept
+    long = shown("y" * 5000)
+    assert long.endswith("[... 4300 more characters]") and len(long) < 800
+    assert shown("  ") == "(only whitespace: 2 characters)"

@@ -1,0 +1,210 @@
+"""Preference data for the reward and DPO stages: tokenize, collate, sequence log-probs.
+
+A row becomes a prompt and one or two completions, tokenized separately and concatenated
+(``prompt_ids + completion_ids``), so a completion is scored exactly as the policy would
+generate it after the prompt. Completions end with the eos token: plain text gets it appended;
+chat completions are the rendered turn, cut after its eos (the template's trailing newline is
+not something a model generates).
+
+The collators put every sequence of a micro-batch into ONE right-padded batch of ``2B`` rows,
+so chosen and rejected (or KTO's completion and its mismatched KL completion) share a single
+forward pass:
+
+    rows [0, B)    prompt_i + chosen_i       (unpaired: prompt_i + completion_i)
+    rows [B, 2B)   prompt_i + rejected_i     (unpaired: prompt_i + kl_completion_i)
+
+``completion_mask`` marks completion tokens; :func:`sequence_logps` sums (or averages) the
+policy's token log-probs over them. torch is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+from trainer_lib.data.tokenize import render_prompt
+from trainer_lib.errors import UserError
+
+PAIRED_FORMATS = ("preference",)
+UNPAIRED_FORMATS = ("unpaired_preference",)
+
+
+# --------------------------------------------------------------------------- tokenize
+
+
+def completion_text(tokenizer, prompt, completion) -> str:
+    """The text that follows ``render_prompt(prompt)``: a chat turn cut after its eos, or
+    plain text with the eos appended."""
+    eos = tokenizer.eos_token or ""
+    if not isinstance(prompt, list):
+        return completion + eos
+    prompt_text = render_prompt(tokenizer, prompt)
+    full = tokenizer.apply_chat_template(list(prompt) + list(completion), tokenize=False)
+    if not full.startswith(prompt_text):
+        raise UserError("model.path: the chat template renders a conversation differently from its "
+                        "prompt with add_generation_prompt=True; cannot split prompt and completion")
+    text = full[len(prompt_text):]
+    if eos and text.rstrip().endswith(eos):
+        text = text.rstrip()
+    return text
+
+
+def encode_prompt(tokenizer, prompt) -> list[int]:
+    """Prompt token ids; special tokens (e.g. BOS) only for plain text (templates add their own)."""
+    return tokenizer(render_prompt(tokenizer, prompt), add_special_tokens=not isinstance(prompt, list))["input_ids"]
+
+
+def encode_completion(tokenizer, prompt, completion) -> list[int]:
+    return tokenizer(completion_text(tokenizer, prompt, completion), add_special_tokens=False)["input_ids"]
+
+
+def _fit(prompt_ids: list[int], completions: list[list[int]], max_length: int):
+    """Keep at most ``max_length`` tokens per sequence: the end of the prompt (but at most half
+    the budget when the completions need the rest), then the start of each completion."""
+    longest = max(len(c) for c in completions)
+    if len(prompt_ids) + longest > max_length:
+        keep = max(max_length - longest, max_length // 2)
+        prompt_ids = prompt_ids[-keep:] if keep > 0 else []
+    room = max_length - len(prompt_ids)
+    return prompt_ids, [c[:room] for c in completions]
+
+
+def tokenize_pair(row: dict, tokenizer, max_length: int) -> dict:
+    """``{"prompt_ids", "chosen_ids", "rejected_ids"[, "margin"]}`` for a normalized preference row.
+
+    An optional numeric ``margin`` column is carried along (reward model loss margin).
+    """
+    prompt = row["prompt"]
+    prompt_ids, (chosen, rejected) = _fit(encode_prompt(tokenizer, prompt),
+                                          [encode_completion(tokenizer, prompt, row["chosen"]),
+                                           encode_completion(tokenizer, prompt, row["rejected"])],
+                                          max_length)
+    out = {"prompt_ids": prompt_ids, "chosen_ids": chosen, "rejected_ids": rejected}
+    if row.get("margin") is not None:
+        out["margin"] = float(row["margin"])
+    return out
+
+
+def tokenize_unpaired(row: dict, tokenizer, max_length: int) -> dict:
+    """``{"prompt_ids", "completion_ids", "label"}`` for a normalized unpaired-preference row."""
+    prompt = row["prompt"]
+    prompt_ids, (completion,) = _fit(encode_prompt(tokenizer, prompt),
+                                     [encode_completion(tokenizer, prompt, row["completion"])], max_length)
+    return {"prompt_ids": prompt_ids, "completion_ids": completion, "label": bool(row["label"])}
+
+
+def unpair(pairs: list[dict]) -> list[dict]:
+    """Tokenized pairs -> unpaired examples: chosen desirable, rejected undesirable (for KTO)."""
+    out = []
+    for pair in pairs:
+        out.append({"prompt_ids": pair["prompt_ids"], "completion_ids": pair["chosen_ids"], "label": True})
+        out.append({"prompt_ids": pair["prompt_ids"], "completion_ids": pair["rejected_ids"], "label": False})
+    return out
+
+
+def assign_kl_completions(examples: list[dict], seed: int, max_length: int) -> list[dict]:
+    """Give each unpaired example a completion of another example (KTO's mismatched pairs for
+    the KL estimate). Fixed once from ``seed`` so a resumed run and a precomputed reference see
+    the same pairs: a derangement by rotating a seeded permutation by one."""
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    for pos, i in enumerate(order):
+        j = order[(pos + 1) % len(order)]
+        room = max_length - len(examples[i]["prompt_ids"])
+        examples[i]["kl_completion_ids"] = examples[j]["completion_ids"][:room]
+    return examples
+
+
+def token_fingerprint(examples: list[dict], *extra: str) -> str:
+    """sha256 over every token id of ``examples`` (and ``extra`` strings), in order."""
+    h = hashlib.sha256("\0".join(extra).encode())
+    for ex in examples:
+        for key in sorted(k for k in ex if k.endswith("_ids")):
+            h.update(key.encode())
+            h.update(",".join(map(str, ex[key])).encode())
+        h.update(b"\n")
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- collate
+
+
+def _pad(prompts: list[list[int]], completions: list[list[int]], pad_token_id: int) -> dict:
+    import torch
+
+    width = max(len(p) + len(c) for p, c in zip(prompts, completions))
+    n = len(prompts)
+    ids = torch.full((n, width), pad_token_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    completion_mask = torch.zeros((n, width), dtype=torch.bool)
+    for row, (p, c) in enumerate(zip(prompts, completions)):
+        ids[row, :len(p) + len(c)] = torch.tensor(p + c, dtype=torch.long)
+        attention[row, :len(p) + len(c)] = 1
+        completion_mask[row, len(p):len(p) + len(c)] = True
+    return {"input_ids": ids, "attention_mask": attention, "completion_mask": completion_mask}
+
+
+def collate_pairs(examples: list[dict], pad_token_id: int) -> dict:
+    """``2B`` rows: chosen sequences, then rejected ones (plus ``margin`` (B,) when every row has one)."""
+    import torch
+
+    prompts = [ex["prompt_ids"] for ex in examples]
+    batch = _pad(prompts + prompts, [ex["chosen_ids"] for ex in examples]
+                 + [ex["rejected_ids"] for ex in examples], pad_token_id)
+    if all("margin" in ex for ex in examples):
+        batch["margin"] = torch.tensor([ex["margin"] for ex in examples], dtype=torch.float32)
+    return batch
+
+
+def collate_unpaired(examples: list[dict], pad_token_id: int) -> dict:
+    """``2B`` rows: completions, then their mismatched KL completions; ``label`` (B,) bool."""
+    import torch
+
+    prompts = [ex["prompt_ids"] for ex in examples]
+    batch = _pad(prompts + prompts, [ex["completion_ids"] for ex in examples]
+                 + [ex["kl_completion_ids"] for ex in examples], pad_token_id)
+    batch["label"] = torch.tensor([ex["label"] for ex in examples], dtype=torch.bool)
+    return batch
+
+
+def model_inputs(batch: dict, device) -> dict:
+    """The tensors a model's forward takes, moved to ``device``."""
+    return {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
+
+
+# --------------------------------------------------------------------------- log-probs
+
+
+def token_logps(logits, input_ids):
+    """log p(token_t | tokens_<t) for t >= 1, shape ``(N, T-1)``; one row at a time to cap the
+    ``(T, vocab)`` float32 log-softmax at one sequence."""
+    import torch
+
+    targets = input_ids[:, 1:]
+    out = []
+    for row_logits, row_targets in zip(logits[:, :-1], targets):
+        row_logits = row_logits.float()
+        picked = row_logits.gather(-1, row_targets.unsqueeze(-1)).squeeze(-1)
+        out.append(picked - torch.logsumexp(row_logits, dim=-1))
+    return torch.stack(out)
+
+
+def sequence_logps(logits, input_ids, completion_mask):
+    """``(summed log-probs, completion token counts)``, each ``(N,)``, over completion tokens.
+
+    Token ``t`` is predicted from position ``t - 1``; the mask is aligned to the predicted token.
+    """
+    mask = completion_mask[:, 1:].to(logits.device)
+    per_token = token_logps(logits, input_ids.to(logits.device))
+    return (per_token * mask).sum(-1), mask.sum(-1)
+
+
+def average_logps(summed, counts):
+    """Length-normalized log-probs ``log pi(y|x) / |y|`` (SimPO)."""
+    return summed / counts.clamp(min=1)
+
+
+def split_halves(values):
+    """``(first B, last B)`` of a ``(2B,)`` tensor laid out as the collators lay out rows."""
+    half = values.shape[0] // 2
+    return values[:half], values[half:]

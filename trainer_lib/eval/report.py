@@ -1,0 +1,282 @@
+"""The evaluation report: one self-contained HTML file (plots embedded as PNG data URIs), a Markdown
+summary, and the flat metric names the Kubeflow UI shows.
+
+The HTML has: the gate verdict, the metrics table, a bar chart of the rate metrics per model, the
+gate rules, training curves of every stage that ran (from each run's ``metrics.jsonl``), sample
+generations side by side, and how the numbers were made (judge, sandbox, data). Every piece of
+text that came from a model or a dataset is HTML-escaped.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import io
+import re
+
+#: Columns of the metrics table and bar chart, in this order; other metrics follow alphabetically.
+METRIC_ORDER = ("task_pass_rate", "task_test_pass_fraction", "humaneval_pass@1", "humaneval_pass@10",
+                "humaneval_pass@100", "harmless_rate", "over_refusal_rate", "reward_win_rate", "reward_mean")
+LOWER_IS_BETTER = ("over_refusal_rate",)
+#: Training-curve panels, most telling first; bookkeeping keys are never plotted.
+CURVE_ORDER = ("loss", "reward", "kl", "rewards/margins", "rewards/accuracy", "accuracy", "margin",
+               "reward_std", "entropy", "response_length", "clip_fraction", "value_loss", "policy_loss")
+CURVE_SKIP = {"step", "split", "time", "epoch", "lr", "grad_norm", "tokens_per_s", "s_per_step", "pairs_per_s",
+              "generate_time", "generate_tokens_per_s", "reward_time", "finished_fraction"}
+MAX_PANELS = 6
+SHOW_CHARS, SHOW_LINES = 700, 20  # a sample output longer than this is cut in the report (not in the files)
+COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C")
+
+
+def metric_names(models: dict[str, dict]) -> list[str]:
+    present = {name for metrics in models.values() for name in metrics}
+    return [m for m in METRIC_ORDER if m in present] + sorted(present - set(METRIC_ORDER))
+
+
+def ui_metrics(result: dict) -> dict[str, float]:
+    """Flat ``<label>_<metric>`` names (``@`` spelled ``_at_``) for a KFP Metrics artifact, plus gate_passed."""
+    out = {}
+    for label, metrics in result["models"].items():
+        for name, value in metrics.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                out[re.sub(r"\W", "_", f"{label}_{name}".replace("@", "_at_"))] = float(value)
+    out["gate_passed"] = float(bool(result["gate"]["passed"]))
+    return out
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def _png(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def bar_chart(models: dict[str, dict]) -> str | None:
+    """Grouped bars of the metrics that are rates in [0, 1], one colour per model (base64 PNG)."""
+    from matplotlib.figure import Figure
+
+    names = [m for m in metric_names(models) if m != "reward_mean"
+             and all(0.0 <= v.get(m, 0.0) <= 1.0 for v in models.values())]
+    if not names:
+        return None
+    fig = Figure(figsize=(max(6.0, 1.4 * len(names) * max(1, len(models)) / 2 + 2), 3.6))
+    ax = fig.subplots()
+    width = 0.8 / len(models)
+    for i, (label, metrics) in enumerate(models.items()):
+        xs = [j + (i - (len(models) - 1) / 2) * width for j in range(len(names))]
+        values = [metrics.get(n, 0.0) for n in names]
+        bars = ax.bar(xs, values, width, label=label, color=COLORS[i % len(COLORS)])
+        ax.bar_label(bars, labels=[f"{v:.2f}" if n in metrics else "-" for v, n in zip(values, names)],
+                     fontsize=7, padding=1)
+    ax.set_xticks(range(len(names)), [n + (" (lower is better)" if n in LOWER_IS_BETTER else "") for n in names],
+                  rotation=15, ha="right", fontsize=8)
+    ax.set_ylim(0, 1.12)
+    ax.set_ylabel("rate")
+    ax.spines[["top", "right"]].set_visible(False)
+    ax.legend(fontsize=8, ncols=min(len(models), 5), loc="upper left", frameon=False)
+    return _png(fig)
+
+
+def curve_keys(records: list[dict]) -> list[str]:
+    numeric = {k for r in records for k, v in r.items()
+               if k not in CURVE_SKIP and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return ([k for k in CURVE_ORDER if k in numeric] + sorted(numeric - set(CURVE_ORDER)))[:MAX_PANELS]
+
+
+def curves_chart(records: list[dict]) -> str | None:
+    """Panels of the run's metrics over steps: train as a line, eval as a line with markers."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
+    keys = curve_keys(records)
+    if not keys:
+        return None
+    cols = min(3, len(keys))
+    rows = (len(keys) + cols - 1) // cols
+    fig = Figure(figsize=(4.0 * cols, 2.7 * rows))
+    axes = fig.subplots(rows, cols, squeeze=False).ravel()
+    for ax, key in zip(axes, keys):
+        for split, style in (("train", {"color": COLORS[0], "lw": 1.2}),
+                             ("eval", {"color": COLORS[1], "marker": "o", "ms": 3, "lw": 1.2})):
+            points = [(r["step"], r[key]) for r in records if r.get("split", "train") == split
+                      and isinstance(r.get(key), (int, float)) and "step" in r]
+            if points:
+                ax.plot(*zip(*points), label=split, **style)
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("step", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.tick_params(labelsize=7)
+        ax.spines[["top", "right"]].set_visible(False)
+        ax.legend(fontsize=7, frameon=False)
+    for ax in axes[len(keys):]:
+        ax.set_visible(False)
+    fig.tight_layout()
+    return _png(fig)
+
+
+# --------------------------------------------------------------------------- HTML
+
+CSS = """
+body { font: 14px/1.45 -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; color: #222; margin: 0;
+       background: #f6f7f9; }
+main { max-width: 1180px; margin: 0 auto; padding: 24px 28px 48px; }
+h1 { font-size: 24px; margin: 0 0 4px; } h2 { font-size: 18px; margin: 32px 0 10px; border-bottom: 1px solid #ddd;
+padding-bottom: 4px; } h3 { font-size: 15px; margin: 18px 0 6px; }
+.sub { color: #666; } .badge { display: inline-block; padding: 4px 12px; border-radius: 4px; color: #fff;
+font-weight: 600; margin-left: 8px; } .pass { background: #2e7d32; } .fail { background: #c62828; }
+table { border-collapse: collapse; background: #fff; margin: 6px 0; } th, td { border: 1px solid #ddd;
+padding: 5px 9px; text-align: left; vertical-align: top; } th { background: #eef1f5; font-weight: 600; }
+td.num { text-align: right; font-variant-numeric: tabular-nums; } tr.candidate td { background: #fff8e1; }
+td.best { font-weight: 700; } td.ok { color: #2e7d32; font-weight: 600; } td.bad { color: #c62828; font-weight: 600; }
+img { max-width: 100%; background: #fff; border: 1px solid #e3e3e3; }
+.samples { table-layout: fixed; width: 100%; } .samples td { font-size: 12px; }
+pre { white-space: pre-wrap; word-break: break-word; margin: 0; font: 12px/1.35 Menlo, Consolas, monospace; }
+.tag { font-size: 11px; padding: 1px 6px; border-radius: 3px; background: #eee; margin-bottom: 4px;
+display: inline-block; } .tag.ok { background: #e3f2e5; color: #1b5e20; }
+.tag.bad { background: #fde7e7; color: #b71c1c; }
+.note { color: #555; font-size: 13px; }
+"""
+
+
+def _e(value) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.4f}" if isinstance(value, float) else str(value)
+
+
+def metrics_table(result: dict) -> str:
+    models, names = result["models"], metric_names(result["models"])
+    best = {}
+    for name in names:
+        values = [m[name] for m in models.values() if isinstance(m.get(name), (int, float))]
+        if len(set(values)) > 1:  # nothing stands out when all are equal
+            best[name] = (min if name in LOWER_IS_BETTER else max)(values)
+    head = "".join(f"<th>{_e(n)}</th>" for n in names)
+    rows = []
+    for label, metrics in models.items():
+        role = " (candidate)" if label == result.get("candidate") else \
+            " (baseline)" if label == result.get("baseline") else ""
+        cells = "".join(f'<td class="num{" best" if n in best and metrics.get(n) == best[n] else ""}">'
+                        f"{_fmt(metrics.get(n))}</td>" for n in names)
+        css = ' class="candidate"' if label == result.get("candidate") else ""
+        rows.append(f"<tr{css}><td><b>{_e(label)}</b>{_e(role)}</td>{cells}</tr>")
+    return f"<table><tr><th>model</th>{head}</tr>{''.join(rows)}</table>"
+
+
+def gate_table(gate: dict) -> str:
+    if not gate["rules"]:
+        return '<p class="note">No gate rules are configured, so the gate passes.</p>'
+    rows = "".join(f"<tr><td><code>{_e(r['rule'])}</code></td><td class=\"num\">{_fmt(r['value'])}</td>"
+                   f"<td class=\"num\">{_fmt(r['threshold'])}</td><td class=\"{'ok' if r['passed'] else 'bad'}\">"
+                   f"{'pass' if r['passed'] else 'FAIL'}</td><td>{_e(r['detail'])}</td></tr>" for r in gate["rules"])
+    return ("<table><tr><th>rule</th><th>candidate</th><th>threshold</th><th>result</th><th>detail</th></tr>"
+            f"{rows}</table>")
+
+
+def shown(text: str) -> str:
+    """A model output as the report shows it: runs of blank lines collapsed, long outputs cut."""
+    if not text.strip():
+        return "(empty)" if not text else f"(only whitespace: {len(text)} characters)"
+    lead = len(text) - len(text.lstrip("\n"))
+    text = re.sub(r"\n(\s*\n){3,}", lambda m: f"\n[{m.group(0).count(chr(10)) - 1} blank lines]\n", text.strip("\n"))
+    text = (f"[{lead} blank lines]\n" if lead > 3 else "") + text
+    lines = text.split("\n")
+    cut = "\n".join(lines[:SHOW_LINES])[:SHOW_CHARS]
+    return cut if cut == text else f"{cut}\n[... {len(text) - len(cut)} more characters]"
+
+
+def samples_table(section: dict, labels: list[str]) -> str:
+    """One row per prompt: the prompt, then each model's output with its verdict tag."""
+    width = max(12, 100 // (len(labels) + 1))
+    head = "".join(f"<th>{_e(label)}</th>" for label in labels)
+    rows = []
+    for row in section["rows"]:
+        cells = []
+        for label in labels:
+            text, tag = row["outputs"].get(label, ""), row.get("tags", {}).get(label)
+            badge = f'<span class="tag {"ok" if tag[1] else "bad"}">{_e(tag[0])}</span><br>' if tag else ""
+            cells.append(f"<td>{badge}<pre>{_e(shown(text))}</pre></td>")
+        rows.append(f"<tr><td><pre>{_e(shown(row['prompt']))}</pre></td>{''.join(cells)}</tr>")
+    cols = f'<col style="width:{width}%">' + "".join("<col>" for _ in labels)
+    return (f"<h3>{_e(section['title'])}</h3><table class=\"samples\"><colgroup>{cols}</colgroup>"
+            f"<tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>")
+
+
+def _img(b64: str | None, alt: str) -> str:
+    return f'<img alt="{_e(alt)}" src="data:image/png;base64,{b64}">' if b64 else ""
+
+
+def render_html(result: dict, curves: dict[str, list[dict]], samples: list[dict]) -> str:
+    """The whole report as one HTML string."""
+    gate, labels = result["gate"], list(result["models"])
+    verdict = (f'<span class="badge {"pass" if gate["passed"] else "fail"}">gate '
+               f'{"PASSED" if gate["passed"] else "FAILED"}</span>')
+    parts = [f"<h1>posttrain evaluation {verdict}</h1>",
+             f'<p class="sub">candidate <b>{_e(result.get("candidate"))}</b>, baseline '
+             f'<b>{_e(result.get("baseline") or "none")}</b>; models: {_e(", ".join(labels))}; '
+             f'{_e(result.get("created", ""))}</p>',
+             "<h2>Metrics</h2>", metrics_table(result), _img(bar_chart(result["models"]), "metrics per model"),
+             "<h2>Gate</h2>", gate_table(gate), "<h2>Training curves</h2>"]
+    drawn = [(label, curves_chart(records)) for label, records in curves.items() if records]
+    drawn = [(label, png) for label, png in drawn if png]
+    if not drawn:
+        parts.append('<p class="note">No training logs (metrics.jsonl) were found for these models.</p>')
+    for label, png in drawn:
+        parts += [f"<h3>{_e(label)}</h3>", _img(png, f"training curves of {label}")]
+    parts.append("<h2>Sample generations</h2>")
+    parts += [samples_table(section, labels) for section in samples if section["rows"]]
+    parts += ["<h2>How these numbers were made</h2>", setup_list(result)]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>posttrain evaluation</title>"
+            f"<style>{CSS}</style></head><body><main>{''.join(parts)}</main></body></html>\n")
+
+
+def setup_list(result: dict) -> str:
+    items = [f"<b>Judge</b>: {_e(result['judge'])}. Over-refusal is measured with the refusal rules."]
+    data = result.get("data", {})
+    if "humaneval" in data:
+        h = data["humaneval"]
+        items.append(f"<b>HumanEval</b>: {h['problems']} problems from {_e(h['path'])}, n={h['n']} per problem "
+                     f"({'greedy' if h['n'] == 1 else 'temperature ' + str(h['temperature'])}), unbiased pass@k "
+                     "(Chen et al. 2021). A tiny demo model is expected to score about 0 here.")
+    if "tasks" in data:
+        items.append(f"<b>Code tasks</b>: {data['tasks']['count']} held-out tasks from {_e(data['tasks']['path'])}, "
+                     "greedy; a task passes when all its unit tests pass.")
+    if "safety" in data:
+        s = data["safety"]
+        items.append(f"<b>Safety prompts</b>: {s['harmful']} harmful and {s['benign']} benign from {_e(s['path'])}, "
+                     "greedy.")
+    if result.get("reward_model"):
+        items.append(f"<b>Reward win rate</b>: P(reward(model) &gt; reward(baseline)) on the same prompts, "
+                     f"ties count half, by {_e(result['reward_model'])}.")
+    sandbox = result.get("sandbox") or {}
+    layers = ", ".join(k for k in ("network", "filesystem", "user", "pid") if sandbox.get(k)) or "none"
+    items.append(f"<b>Sandbox</b>: generated code ran in separate processes; isolation layers: {_e(layers)}.")
+    paths = "".join(f"<li><b>{_e(k)}</b>: {_e(v)}</li>" for k, v in result.get("paths", {}).items())
+    return "<ul>" + "".join(f"<li>{i}</li>" for i in items) + f"<li>Models:<ul>{paths}</ul></li></ul>"
+
+
+# --------------------------------------------------------------------------- Markdown
+
+
+def render_markdown(result: dict) -> str:
+    """A short Markdown summary: the verdict, the metrics table, the rules."""
+    gate, models = result["gate"], result["models"]
+    names = metric_names(models)
+    lines = [f"# Evaluation: gate {'PASSED' if gate['passed'] else 'FAILED'}", "",
+             f"Candidate **{result.get('candidate')}**, baseline **{result.get('baseline') or 'none'}**. "
+             f"Judge: {result['judge']}.", "",
+             "| model | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    for label, metrics in models.items():
+        lines.append(f"| {label} | " + " | ".join(_fmt(metrics.get(n)) for n in names) + " |")
+    lines.append("")
+    if gate["rules"]:
+        lines += ["| rule | result | detail |", "|---|---|---|"]
+        lines += [f"| `{r['rule']}` | {'pass' if r['passed'] else '**FAIL**'} | {r['detail']} |" for r in gate["rules"]]
+    else:
+        lines.append("No gate rules are configured, so the gate passes.")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,153 @@
+"""Preference losses: pure functions, tensors of shape ``(B,)`` in, per-example loss ``(B,)`` out.
+
+Notation (as in the papers): ``x`` a prompt, ``y_w`` the chosen and ``y_l`` the rejected
+completion, ``log pi(y|x)`` a sequence log-probability **summed** over completion tokens
+(SimPO: averaged), ``pi_ref`` the reference model, ``sigma`` the logistic function and
+
+    h = [log pi(y_w|x) - log pi_ref(y_w|x)] - [log pi(y_l|x) - log pi_ref(y_l|x)]
+
+the difference of implicit log-ratios. The callers average the returned losses; the reference
+log-probs are treated as constants (no gradient flows into them).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def _log_ratio_margin(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,
+                      reference_chosen_logps: torch.Tensor, reference_rejected_logps: torch.Tensor) -> torch.Tensor:
+    """h = (log pi(y_w) - log pi_ref(y_w)) - (log pi(y_l) - log pi_ref(y_l))."""
+    return ((policy_chosen_logps - reference_chosen_logps.detach())
+            - (policy_rejected_logps - reference_rejected_logps.detach()))
+
+
+def dpo_sigmoid_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,
+                     reference_chosen_logps: torch.Tensor, reference_rejected_logps: torch.Tensor,
+                     beta: float, label_smoothing: float = 0.0) -> torch.Tensor:
+    """DPO (Rafailov et al. 2023, eq. 7), with conservative label smoothing (cDPO, Mitchell 2023).
+
+        L = -(1 - eps) * log sigma(beta * h) - eps * log sigma(-beta * h)
+
+    ``eps = label_smoothing`` is the assumed probability that a pair's label is flipped;
+    ``eps = 0`` is the original DPO loss ``-log sigma(beta * h)``.
+    """
+    logits = beta * _log_ratio_margin(policy_chosen_logps, policy_rejected_logps,
+                                      reference_chosen_logps, reference_rejected_logps)
+    return -(1.0 - label_smoothing) * F.logsigmoid(logits) - label_smoothing * F.logsigmoid(-logits)
+
+
+def ipo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,
+             reference_chosen_logps: torch.Tensor, reference_rejected_logps: torch.Tensor,
+             beta: float) -> torch.Tensor:
+    """IPO (Azar et al. 2023, sec. 5.1, empirical IPO loss), with ``beta`` playing the paper's regulariser ``tau``.
+
+        L = (h - 1 / (2 * beta))^2
+
+    A squared loss that pulls the log-ratio margin to a finite target instead of to infinity.
+    """
+    h = _log_ratio_margin(policy_chosen_logps, policy_rejected_logps,
+                          reference_chosen_logps, reference_rejected_logps)
+    return (h - 1.0 / (2.0 * beta)) ** 2
+
+
+def hinge_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,
+               reference_chosen_logps: torch.Tensor, reference_rejected_logps: torch.Tensor,
+               beta: float) -> torch.Tensor:
+    """SLiC-HF rank-calibration hinge loss (Zhao et al. 2023) on reference-normalized log-probs.
+
+        L = max(0, 1 - beta * h)
+
+    i.e. the paper's margin ``delta = 1 / beta`` on the log-likelihood ratio (as in DPO's
+    unified view, Rafailov et al. 2023 sec. 5 / Zhao et al.'s rank calibration).
+    """
+    h = _log_ratio_margin(policy_chosen_logps, policy_rejected_logps,
+                          reference_chosen_logps, reference_rejected_logps)
+    return torch.relu(1.0 - beta * h)
+
+
+def robust_dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,
+                    reference_chosen_logps: torch.Tensor, reference_rejected_logps: torch.Tensor,
+                    beta: float, label_smoothing: float) -> torch.Tensor:
+    """Robust DPO (Chowdhury et al. 2024, "Provably Robust DPO"): an unbiased loss under label-flip rate ``eps``.
+
+        L = [-(1 - eps) * log sigma(beta * h) + eps * log sigma(-beta * h)] / (1 - 2 * eps)
+
+    Needs ``0 <= eps < 0.5``; ``eps = 0`` is plain DPO.
+    """
+    if not 0.0 <= label_smoothing < 0.5:
+        raise ValueError(f"robust DPO needs 0 <= label_smoothing < 0.5, got {label_smoothing}")
+    logits = beta * _log_ratio_margin(policy_chosen_logps, policy_rejected_logps,
+                                      reference_chosen_logps, reference_rejected_logps)
+    return ((-(1.0 - label_smoothing) * F.logsigmoid(logits) + label_smoothing * F.logsigmoid(-logits))
+            / (1.0 - 2.0 * label_smoothing))
+
+
+def simpo_loss(policy_chosen_avg_logps: torch.Tensor, policy_rejected_avg_logps: torch.Tensor,
+               beta: float, gamma: float) -> torch.Tensor:
+    """SimPO (Meng et al. 2024, eq. 6): reference-free, length-normalized, target margin ``gamma``.
+
+        L = -log sigma(beta / |y_w| * log pi(y_w|x) - beta / |y_l| * log pi(y_l|x) - gamma)
+
+    The inputs are log-probs *averaged* over completion tokens (``log pi(y|x) / |y|``).
+    """
+    return -F.logsigmoid(beta * (policy_chosen_avg_logps - policy_rejected_avg_logps) - gamma)
+
+
+def kto_loss(policy_logps: torch.Tensor, reference_logps: torch.Tensor, desirable: torch.Tensor,
+             reference_point: torch.Tensor | float, beta: float, desirable_weight: float = 1.0,
+             undesirable_weight: float = 1.0) -> torch.Tensor:
+    """KTO (Ethayarajh et al. 2024, the KTO loss of sec. 4) on unpaired completions.
+
+        r(x, y) = log pi(y|x) - log pi_ref(y|x)
+        v(x, y) = lambda_D * sigma(beta * (r - z0))   if y is desirable
+                  lambda_U * sigma(beta * (z0 - r))   if y is undesirable
+        L       = lambda_y - v(x, y)
+
+    ``policy_logps``/``reference_logps``: summed log-probs ``(B,)``; ``desirable``: bool ``(B,)``;
+    ``reference_point`` ``z0``: the KL estimate from :func:`kto_reference_point` (a constant).
+    ``desirable_weight``/``undesirable_weight`` are ``lambda_D``/``lambda_U``.
+    """
+    log_ratio = policy_logps - reference_logps.detach()
+    z0 = torch.as_tensor(reference_point, dtype=log_ratio.dtype, device=log_ratio.device).detach()
+    desirable = desirable.to(torch.bool)
+    gain = desirable_weight * (1.0 - torch.sigmoid(beta * (log_ratio - z0)))
+    loss_avoidance = undesirable_weight * (1.0 - torch.sigmoid(beta * (z0 - log_ratio)))
+    return torch.where(desirable, gain, loss_avoidance)
+
+
+def kto_reference_point(policy_mismatched_logps: torch.Tensor,
+                        reference_mismatched_logps: torch.Tensor) -> torch.Tensor:
+    """KTO's ``z0`` (Ethayarajh et al. 2024, sec. 4.1): a biased estimate of KL(pi || pi_ref).
+
+        z0 = max(0, mean_j [log pi(y_j|x_i) - log pi_ref(y_j|x_i)])
+
+    over completions ``y_j`` paired with *unrelated* prompts ``x_i``; no gradient flows through it.
+    """
+    kl = (policy_mismatched_logps - reference_mismatched_logps).mean()
+    return kl.clamp(min=0.0).detach()
+
+
+def pairwise_reward_loss(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor,
+                         margin: torch.Tensor | None = None) -> torch.Tensor:
+    """Bradley-Terry reward-model loss (Ouyang et al. 2022, eq. 1), with Llama 2's margin.
+
+        L = -log sigma(r(x, y_w) - r(x, y_l) - m)
+
+    ``margin`` ``m`` (Touvron et al. 2023, eq. 2) is a per-pair ``(B,)`` tensor or None (0).
+    """
+    diff = chosen_rewards - rejected_rewards
+    if margin is not None:
+        diff = diff - margin
+    return -F.logsigmoid(diff)
+
+
+def reward_centering_penalty(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor) -> torch.Tensor:
+    """Auxiliary term that keeps rewards centred on zero (Eisenstein et al. 2023).
+
+        P = (r(x, y_w) + r(x, y_l))^2
+
+    The Bradley-Terry loss only sees reward differences; this pins the free offset.
+    """
+    return (chosen_rewards + rejected_rewards) ** 2

@@ -1,0 +1,133 @@
+"""Reference log-probs for preference training, three ways behind one call signature.
+
+    reference(split_name, example_ids, batch) -> SequenceLogps
+
+* :class:`FrozenModelReference`: a separate frozen model evaluated on the same batch.
+* :class:`AdapterReference`: the LoRA policy with its adapters disabled, i.e. exactly the base
+  weights; no second model in memory.
+* :class:`PrecomputedReference`: a table computed once before training by one of the above
+  (:func:`precomputed_reference`) and cached under a fingerprint of the reference model and every
+  token id, so a retried or resumed run loads it instead of recomputing.
+
+Batches are laid out by :mod:`trainer_lib.data.preference` (``2B`` rows, two halves).
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from trainer_lib import storage
+
+
+@dataclass
+class SequenceLogps:
+    """Summed completion log-probs ``(B,)`` of a collated batch's two halves and their token counts:
+    chosen / rejected, or for unpaired (KTO) batches the completion / its mismatched KL completion."""
+
+    chosen: Any
+    rejected: Any
+    chosen_tokens: Any
+    rejected_tokens: Any
+
+    def stacked(self):
+        """``(B, 4)``: chosen, rejected, chosen_tokens, rejected_tokens."""
+        import torch
+
+        return torch.stack([self.chosen, self.rejected, self.chosen_tokens.float(), self.rejected_tokens.float()], -1)
+
+
+def forward_logps(model, batch: dict, device) -> SequenceLogps:
+    """ONE forward pass over all ``2B`` rows of a batch -> per-sequence log-probs of each half."""
+    from trainer_lib.data.preference import model_inputs, sequence_logps, split_halves
+
+    logits = model(**model_inputs(batch, device), use_cache=False).logits
+    summed, counts = sequence_logps(logits, batch["input_ids"], batch["completion_mask"])
+    return SequenceLogps(*split_halves(summed), *split_halves(counts))
+
+
+class FrozenModelReference:
+    """A separate frozen model, evaluated on the same batch."""
+
+    def __init__(self, model, device):
+        self.model, self.device = model, device
+
+    def __call__(self, split: str, ids: list[int], batch: dict) -> SequenceLogps:
+        import torch
+
+        with torch.no_grad():
+            return forward_logps(self.model, batch, self.device)
+
+
+class AdapterReference:
+    """The LoRA policy with adapters disabled: exactly the base weights, no second copy in memory."""
+
+    def __init__(self, engine, strategy):
+        self.engine, self.strategy = engine, strategy
+
+    def __call__(self, split: str, ids: list[int], batch: dict) -> SequenceLogps:
+        import torch
+
+        with torch.no_grad(), self.strategy.unwrap(self.engine).disable_adapter():
+            return forward_logps(self.engine, batch, self.strategy.device)
+
+
+class PrecomputedReference:
+    """Log-probs looked up by example index in ``{split: (N, 4) tensor}`` tables."""
+
+    def __init__(self, tables: dict, device):
+        self.tables, self.device = tables, device
+
+    def __call__(self, split: str, ids: list[int], batch: dict) -> SequenceLogps:
+        rows = self.tables[split][ids].to(self.device)
+        return SequenceLogps(rows[:, 0].float(), rows[:, 1].float(), rows[:, 2], rows[:, 3])
+
+
+def compute_reference_tables(reference, sets: dict, strategy, batch_size: int) -> dict:
+    """``{split: (N, 4) float64}`` from a live reference over every example of every split in
+    ``sets`` (objects with ``examples`` and ``collate``); ranks take shards, then sum."""
+    import torch
+
+    tables = {}
+    for name, split in sets.items():
+        table = torch.zeros(len(split.examples), 4, dtype=torch.float64)
+        groups = [list(range(i, min(i + batch_size, len(split.examples))))
+                  for i in range(0, len(split.examples), batch_size)]
+        for group in groups[strategy.rank::strategy.world_size]:
+            logps = reference(name, group, split.collate([split.examples[i] for i in group]))
+            table[group] = logps.stacked().double().cpu()
+        tables[name] = strategy.all_reduce(table, op="sum").cpu()
+    return tables
+
+
+def precomputed_reference(sets: dict, strategy, make_live: Callable, directory: str, identity: list[str],
+                          batch_size: int) -> tuple[PrecomputedReference, str]:
+    """``(reference, "loaded" | "computed")``.
+
+    The cache file is ``<directory>/<fingerprint[:16]>.pt``, the fingerprint covering ``identity``
+    (reference model, precision) and every token id of ``sets``. On a miss, ``make_live()`` builds a
+    live reference that is used once and dropped; rank 0 stores the tables.
+    """
+    import torch
+
+    from trainer_lib.data.preference import token_fingerprint
+
+    fingerprint = token_fingerprint([ex for s in sets.values() for ex in s.examples], *identity,
+                                    *(f"{name}:{len(s.examples)}" for name, s in sets.items()))
+    path = storage.join(directory, f"{fingerprint[:16]}.pt")
+    if storage.exists(path):
+        stored = torch.load(io.BytesIO(storage.read_bytes(path)), weights_only=True)
+        if stored.get("fingerprint") == fingerprint:
+            strategy.print(f"reference log-probs loaded from {path}")
+            return PrecomputedReference(stored["tables"], strategy.device), "loaded"
+    live = make_live()
+    tables = compute_reference_tables(live, sets, strategy, batch_size)
+    del live
+    if strategy.is_rank_0:
+        buffer = io.BytesIO()
+        torch.save({"fingerprint": fingerprint, "identity": list(identity), "tables": tables}, buffer)
+        storage.write_bytes(path, buffer.getvalue())
+        strategy.print(f"reference log-probs computed and stored at {path}")
+    strategy.barrier()
+    return PrecomputedReference(tables, strategy.device), "computed"

@@ -1,0 +1,222 @@
+"""Reward functions: the built-ins and user functions named ``module:function`` in the config.
+
+Every reward function has the signature TRL users already write::
+
+    def reward(prompts: list, completions: list, **columns) -> list[float | None]
+
+``prompts`` are the dataset's prompts as they are (a string, or a list of messages for
+conversational data) and ``completions`` the generated texts (for conversational prompts a
+one-message list ``[{"role": "assistant", "content": text}]``, as TRL passes them). Every
+other dataset column arrives as a keyword list aligned with the completions, plus
+``completion_ids`` (token ids). ``None`` means "does not apply" and is left out of the sum.
+
+Built-ins: ``code_execution`` (unit tests in the sandbox), ``code_style`` (pycodestyle) and
+``length_penalty``. User functions: ``package.module:function`` (imported from ``sys.path``
+and the working directory) or ``path/to/file.py:function``.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import numbers
+import os
+import re
+import sys
+from collections.abc import Callable
+
+from trainer_lib.errors import UserError
+
+RewardFn = Callable[..., list]
+
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|$)", re.DOTALL)
+
+
+def completion_text(completion) -> str:
+    """The generated text of a completion (a string or a list of messages)."""
+    if isinstance(completion, list):
+        return "".join(m.get("content", "") for m in completion if m.get("role") == "assistant")
+    return completion
+
+
+def extract_code(text: str) -> str:
+    """The first fenced code block of ``text`` if it has one, else the whole text."""
+    match = _FENCE.search(text)
+    return match.group(1) if match else text
+
+
+# --------------------------------------------------------------------------- built-ins
+
+
+class CodeExecution:
+    """Fraction of a task's unit tests that the completion's code passes: ``tests`` is a column
+    with a list of assert statements per row; rows without tests get ``None``.
+
+    Each program runs in the sandbox shared with the evaluation stage (own process and uid, no
+    network, read-only filesystem with an empty private working dir, scrubbed environment,
+    time and memory limits). The worker pool starts on first use and lives until ``close()``.
+    """
+
+    def __init__(self, timeout: float = 3.0, max_workers: int = 4):
+        self.timeout, self.max_workers = timeout, max_workers
+        self._sandbox = None
+
+    def __call__(self, prompts, completions, *, tests, **columns) -> list[float | None]:
+        from trainer_lib.sandbox import Program, Sandbox, SandboxConfig
+
+        programs, rows = [], []
+        for i, (completion, row_tests) in enumerate(zip(completions, tests)):
+            if row_tests:
+                programs.append(Program(extract_code(completion_text(completion)), tuple(row_tests)))
+                rows.append(i)
+        rewards: list[float | None] = [None] * len(completions)
+        if programs:
+            if self._sandbox is None:
+                self._sandbox = Sandbox(SandboxConfig(timeout=self.timeout), max_workers=self.max_workers)
+            for i, result in zip(rows, self._sandbox.run_many(programs, timeout=self.timeout)):
+                rewards[i] = result.pass_fraction
+        return rewards
+
+    def close(self) -> None:
+        if self._sandbox is not None:
+            self._sandbox.close()
+            self._sandbox = None
+
+
+def style_violations(code: str, max_line_length: int = 79) -> int:
+    """Number of PEP 8 violations pycodestyle finds in ``code`` (it only tokenizes, never runs it)."""
+    import pycodestyle
+
+    if not code.endswith("\n"):
+        code += "\n"  # a missing final newline is the generator's framing, not the code's style
+    guide = pycodestyle.StyleGuide(quiet=True, max_line_length=max_line_length)
+    checker = pycodestyle.Checker(lines=code.splitlines(True), options=guide.options)
+    return checker.check_all()
+
+
+def code_style(prompts, completions, **columns) -> list[float]:
+    """``1.0 - 0.1 * violations`` (pycodestyle, default rules), floored at 0."""
+    return [max(0.0, 1.0 - 0.1 * style_violations(extract_code(completion_text(c)))) for c in completions]
+
+
+def length_penalty(prompts, completions, *, completion_ids, max_tokens: int, free_tokens: int = 0,
+                   **columns) -> list[float]:
+    """``-clip((len - free) / (max - free), 0, 1)`` in tokens: 0 up to ``free_tokens``, then
+    falling linearly to -1 at ``max_tokens`` (DAPO's soft overlong punishment, Yu et al. 2025)."""
+    span = max(max_tokens - free_tokens, 1)
+    return [-min(max((len(ids) - free_tokens) / span, 0.0), 1.0) for ids in completion_ids]
+
+
+BUILTINS = ("code_execution", "code_style", "length_penalty")
+
+
+def builtin(name: str, *, code_timeout: float = 3.0, sandbox_workers: int = 4, max_tokens: int = 256,
+            length_free_tokens: int = 0) -> RewardFn:
+    """A built-in reward function with its settings bound."""
+    if name == "code_execution":
+        return CodeExecution(timeout=code_timeout, max_workers=sandbox_workers)
+    if name == "code_style":
+        return code_style
+    if name == "length_penalty":
+        return functools.partial(length_penalty, max_tokens=max_tokens, free_tokens=length_free_tokens)
+    raise KeyError(name)
+
+
+# --------------------------------------------------------------------------- user functions
+
+
+def _import(module_name: str, spec: str):
+    if module_name.endswith(".py") or os.sep in module_name:
+        path = os.path.abspath(os.path.expanduser(module_name))
+        if not os.path.isfile(path):
+            raise UserError(f"reward.functions: {spec}: file {module_name} not found")
+        name = "posttrain_reward_" + re.sub(r"\W", "_", os.path.splitext(os.path.basename(path))[0])
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+        return module
+    if os.getcwd() not in sys.path:  # like `python -m`: modules next to where the command runs
+        sys.path.append(os.getcwd())
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise UserError(f"reward.functions: {spec}: cannot import module '{module_name}' ({exc}); "
+                        f"use package.module:function on the Python path or path/to/file.py:function") from None
+
+
+def load_function(spec: str) -> RewardFn:
+    """The callable named by ``module:function`` (or ``path/to/file.py:function``)."""
+    module_name, sep, attr = spec.strip().rpartition(":")
+    if not sep or not module_name or not attr:
+        raise UserError(f"reward.functions: {spec!r}: expected a built-in ({', '.join(BUILTINS)}) "
+                        f"or module:function")
+    module = _import(module_name, spec)
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise UserError(f"reward.functions: {spec}: module '{module_name}' has no attribute '{attr}'")
+    if not callable(fn):
+        raise UserError(f"reward.functions: {spec}: '{attr}' is not callable")
+    return fn
+
+
+def resolve(spec: str, **builtin_settings) -> tuple[str, RewardFn]:
+    """``(name, callable)`` for a built-in name or a ``module:function`` spec."""
+    name = spec.strip()
+    if name in BUILTINS:
+        return name, builtin(name, **builtin_settings)
+    return name, load_function(name)
+
+
+def check_rewards(name: str, values, count: int) -> list[float | None]:
+    """``values`` as a list of floats / None, or a UserError naming the function."""
+    if hasattr(values, "tolist"):
+        values = values.tolist()
+    if not isinstance(values, (list, tuple)):
+        raise UserError(f"reward function '{name}' returned {type(values).__name__}; expected a list "
+                        f"of {count} floats (one per completion)")
+    if len(values) != count:
+        raise UserError(f"reward function '{name}' returned {len(values)} values for {count} completions")
+    out = []
+    for i, value in enumerate(values):
+        if value is not None and (not isinstance(value, numbers.Real) or isinstance(value, bool)):
+            raise UserError(f"reward function '{name}' returned {value!r} at position {i}; expected a "
+                            f"float or None")
+        out.append(None if value is None else float(value))
+    return out
+
+
+# --------------------------------------------------------------------------- evaluation helper
+
+
+def execution_pass_rate(model_dir: str, tasks_path: str, *, max_new_tokens: int = 128, batch_size: int = 64,
+                        limit: int = 0, timeout: float = 3.0, workers: int = 4) -> dict:
+    """Greedy completions of a saved model for code tasks (JSONL rows with ``prompt`` and
+    ``tests``, like the demo's ``code_tasks_eval.jsonl``), run in the sandbox.
+
+    Returns ``pass_rate`` (all of a task's tests pass), ``test_fraction`` (mean fraction of
+    tests passed, the ``code_execution`` reward) and ``tasks``.
+    """
+    import json
+
+    from trainer_lib.config import ModelConfig
+    from trainer_lib.data.preference import encode_prompt
+    from trainer_lib.models.load import load_causal_lm, load_tokenizer
+    from trainer_lib.rollout import generate
+
+    with open(os.path.expanduser(tasks_path), encoding="utf-8") as fh:
+        tasks = [json.loads(line) for line in fh if line.strip()]
+    tasks = tasks[:limit] if limit > 0 else tasks
+    cfg = ModelConfig(path=model_dir)
+    tokenizer = load_tokenizer(cfg)
+    model = load_causal_lm(cfg).eval()
+    rollout = generate(model, tokenizer, [encode_prompt(tokenizer, t["prompt"]) for t in tasks],
+                       max_new_tokens=max_new_tokens, temperature=0.0, batch_size=batch_size)
+    reward = CodeExecution(timeout=timeout, max_workers=workers)
+    try:
+        fractions = reward([t["prompt"] for t in tasks], rollout.completions, tests=[t["tests"] for t in tasks])
+    finally:
+        reward.close()
+    fractions = [f or 0.0 for f in fractions]
+    return {"pass_rate": sum(f == 1.0 for f in fractions) / len(tasks), "test_fraction": sum(fractions) / len(tasks),
+            "tasks": len(tasks)}

@@ -1,0 +1,205 @@
+"""Rollouts: sample ``n`` completions per prompt from the current policy, then score them per token.
+
+This module is the seam for a faster engine (vLLM, SGLang): the RL stages only call
+:func:`generate` (prompt token ids in, a :class:`Rollout` out) and :func:`token_logprobs`.
+
+Generation uses the model's own ``generate`` with a KV cache on left-padded batches, with
+every sampling setting passed explicitly (a checkpoint's ``generation_config.json`` cannot
+switch on a top-k or repetition penalty behind our back), and a fixed seed per call, so a
+resumed run samples exactly what the interrupted one would have. Under ZeRO-3 call it inside
+``strategy.gathered(module)`` so every rank sees the full weights while it generates.
+
+Layout of a :class:`Rollout` of ``N`` sequences (``n`` consecutive ones per prompt)::
+
+    prompt_ids     (N, P)  left-padded         prompt_mask    (N, P)  1 on prompt tokens
+    response_ids   (N, R)  right-padded        response_mask  (N, R)  1 up to and including
+                                                                      the eos / stop token
+A response ends at the first eos (the tokenizer's, or any the checkpoint's generation config
+lists), at the token that completes a stop string (the text is cut before the stop string, the
+token stays so the policy learns to stop), or at ``max_new_tokens`` (``finished`` is False then).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class Rollout:
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    completions: list[str]
+    finished: list[bool]
+    stats: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return self.response_ids.shape[0]
+
+    def select(self, rows) -> Rollout:
+        """The given rows, with columns that are padding in all of them trimmed off."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        prompt_mask, response_mask = self.prompt_mask[rows], self.response_mask[rows]
+        first = int(prompt_mask.any(0).float().argmax()) if prompt_mask.any() else prompt_mask.shape[1]
+        width = int(response_mask.sum(1).max()) if len(rows) else 0
+        return Rollout(self.prompt_ids[rows, first:], prompt_mask[:, first:],
+                       self.response_ids[rows, :width], response_mask[:, :width],
+                       [self.completions[i] for i in rows.tolist()],
+                       [self.finished[i] for i in rows.tolist()])
+
+    def model_inputs(self, device) -> dict:
+        """``input_ids`` / ``attention_mask`` / ``position_ids`` of prompt + response."""
+        input_ids = torch.cat([self.prompt_ids, self.response_ids], dim=1).to(device)
+        attention_mask = torch.cat([self.prompt_mask, self.response_mask], dim=1).to(device)
+        position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+
+    def response_lengths(self) -> torch.Tensor:
+        return self.response_mask.sum(1)
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    """The tokenizer's eos plus any end-of-turn ids the checkpoint's generation config lists."""
+    ids = [tokenizer.eos_token_id]
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += extra if isinstance(extra, list) else [extra]
+    return list(dict.fromkeys(i for i in ids if i is not None))
+
+
+def _generation_config(eos_ids: list[int], pad_id: int, max_new_tokens: int, temperature: float, top_p: float,
+                       top_k: int):
+    from transformers import GenerationConfig
+
+    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": 0.0,
+                "typical_p": 1.0} if temperature > 0 else {"do_sample": False}
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens, num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0,
+        min_new_tokens=0, use_cache=True, eos_token_id=eos_ids, pad_token_id=pad_id,
+        return_dict_in_generate=False, **sampling)
+
+
+def _stopping_criteria(tokenizer, stop: list[str], prompt_width: int):
+    """Stop a row once its *generated* text contains a stop string (transformers' own
+    ``stop_strings`` also match text that starts in the prompt)."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    if not stop:
+        return None
+    window = max(len(s) for s in stop) + 3  # every token decodes to >= 1 character
+
+    class StopStrings(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            tails = tokenizer.batch_decode(input_ids[:, prompt_width:][:, -window:].tolist())
+            return torch.tensor([any(s in text for s in stop) for text in tails], device=input_ids.device)
+
+    return StoppingCriteriaList([StopStrings()])
+
+
+def _cut(tokenizer, ids: list[int], stop: list[str], eos_ids: list[int] | None = None) -> tuple[list[int], str, bool]:
+    """(response tokens, completion text, finished) for one row of generated tokens."""
+    eos_ids = set(eos_ids or [tokenizer.eos_token_id])
+    end, finished = len(ids), False
+    first_eos = next((i for i, token in enumerate(ids) if token in eos_ids), None)
+    if first_eos is not None:
+        end, finished = first_eos + 1, True
+    if stop:
+        text = tokenizer.decode(ids[:end])
+        if any(s in text for s in stop):
+            lo, hi = 1, end  # the shortest prefix whose text contains a stop string
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if any(s in tokenizer.decode(ids[:mid]) for s in stop):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            end, finished = lo, True
+    ids = ids[:end]
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    for s in stop:
+        cut = text.find(s)
+        if cut >= 0:
+            text = text[:cut]
+    return ids, text, finished
+
+
+def _pad(rows: list[list[int]], value: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max((len(r) for r in rows), default=0)
+    ids = torch.full((len(rows), width), value, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for i, row in enumerate(rows):
+        if not row:
+            continue
+        cols = slice(width - len(row), width) if left else slice(0, len(row))
+        ids[i, cols] = torch.tensor(row, dtype=torch.long)
+        mask[i, cols] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompt_ids: list[list[int]], *, n: int = 1, max_new_tokens: int = 64,
+             temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, stop: list[str] | tuple = (),
+             batch_size: int = 64, seed: int = 0) -> Rollout:
+    """``n`` samples for each prompt (token ids), ``batch_size`` sequences per ``generate`` call.
+
+    ``temperature=0`` is greedy decoding. Sampling draws from a generator seeded with ``seed``
+    (the global RNG is left as it was). ``stats`` holds ``generate_time`` and ``tokens_per_s``.
+    """
+    device = next(model.parameters()).device
+    eos_ids = _eos_ids(model, tokenizer)
+    config = _generation_config(eos_ids, tokenizer.pad_token_id, max_new_tokens, temperature, top_p, top_k)
+    expanded = [list(p) for p in prompt_ids for _ in range(n)]
+    pad = tokenizer.pad_token_id
+    responses, texts, finished = [], [], []
+    was_training = model.training
+    model.eval()
+    start = time.perf_counter()
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        for chunk_start in range(0, len(expanded), batch_size):
+            chunk = expanded[chunk_start:chunk_start + batch_size]
+            ids, mask = _pad(chunk, pad, left=True)
+            criteria = _stopping_criteria(tokenizer, list(stop), ids.shape[1])
+            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                                 generation_config=config, stopping_criteria=criteria)
+            for row in out[:, ids.shape[1]:].tolist():
+                response, text, done = _cut(tokenizer, row, list(stop), eos_ids)
+                responses.append(response)
+                texts.append(text)
+                finished.append(done)
+    elapsed = time.perf_counter() - start
+    model.train(was_training)
+    prompt_tensor, prompt_mask = _pad(expanded, pad, left=True)
+    response_tensor, response_mask = _pad(responses, pad, left=False)
+    tokens = int(response_mask.sum())
+    stats = {"generate_time": elapsed, "generated_tokens": tokens, "tokens_per_s": tokens / max(elapsed, 1e-9)}
+    return Rollout(prompt_tensor, prompt_mask, response_tensor, response_mask, texts, finished, stats)
+
+
+def token_logprobs(model, rollout: Rollout, temperature: float = 1.0,
+                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log pi(y_t | x, y_<t) `` of every response token, ``(N, R)``, and optionally the
+    entropy of each next-token distribution (without gradient).
+
+    Logits are divided by the sampling temperature, so the log-probs are those of the
+    distribution the tokens were drawn from (minus top-k / top-p truncation).
+    """
+    device = next(model.parameters()).device
+    inputs = rollout.model_inputs(device)
+    width = rollout.response_ids.shape[1]
+    logits = model(**inputs, use_cache=False, logits_to_keep=width + 1).logits[:, :-1].float()
+    if temperature > 0 and temperature != 1.0:
+        logits = logits / temperature
+    targets = rollout.response_ids.to(device)
+    normalizer = torch.logsumexp(logits, dim=-1)
+    logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - normalizer
+    mask = rollout.response_mask.to(device)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = (normalizer - (torch.softmax(logits, dim=-1) * logits).sum(-1)) * mask
+    return logprobs * mask, entropy

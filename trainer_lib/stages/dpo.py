@@ -1,0 +1,345 @@
+"""Preference optimization: DPO and its variants (IPO, hinge/SLiC, robust DPO, SimPO, KTO).
+
+    posttrain dpo model.path=SFT_DIR data.path=PREFS output_dir=OUT loss=sigmoid beta=0.1
+
+Every step: one forward pass of the policy over chosen and rejected together (``2B`` rows), the
+reference's log-probs for the same rows (a frozen model, a precomputed table, or the LoRA policy
+with its adapters disabled), the configured loss (picked once at setup by :func:`select_objective`),
+backward, step. Log-probs are summed over completion tokens (SimPO averages them). KTO trains on
+unpaired rows (``prompt``/``completion``/``label``; pairs are split into a desirable and an
+undesirable row) and takes its KL reference point from mismatched prompt/completion pairs.
+
+Metrics (train and eval): ``loss``, ``rewards/chosen``, ``rewards/rejected``, ``rewards/margins``,
+``rewards/accuracy`` (implicit reward ``beta * (log pi - log pi_ref)`` of chosen above rejected),
+``logps/chosen``, ``logps/rejected`` and ``logps/accuracy`` (policy log-prob of chosen above
+rejected: at step 0 this is the starting model's held-out preference accuracy).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from trainer_lib import storage
+from trainer_lib.config import ConfigError, TrainingConfig, opt
+from trainer_lib.errors import UserError
+from trainer_lib.schedule import MicroBatchSchedule, total_steps
+
+LOSSES = ("sigmoid", "ipo", "hinge", "robust", "simpo", "kto")
+REFERENCES = ("auto", "model", "precomputed", "adapter")
+
+
+@dataclass
+class DPOConfig(TrainingConfig):
+    loss: str = opt("sigmoid", "Preference loss: sigmoid (DPO; with label_smoothing: cDPO), ipo, hinge "
+                               "(SLiC), robust (robust DPO), simpo (reference-free), kto (unpaired).", LOSSES)
+    beta: float = opt(0.1, "Inverse temperature of the implicit reward (IPO: tau). SimPO wants ~2-2.5.")
+    label_smoothing: float = opt(0.0, "Assumed label-flip rate eps for sigmoid (cDPO) and robust "
+                                      "(0 <= eps < 0.5).")
+    simpo_gamma: float = opt(1.0, "SimPO target reward margin gamma.")
+    kto_desirable_weight: float = opt(1.0, "KTO lambda_D, weight of desirable completions.")
+    kto_undesirable_weight: float = opt(1.0, "KTO lambda_U, weight of undesirable completions.")
+    reference: str = opt("auto", "Reference log-probs: a frozen copy of reference_model_path ('model'), "
+                                 "a table computed once before training and cached ('precomputed'), or the "
+                                 "LoRA policy with adapters disabled ('adapter'). auto: adapter when "
+                                 "lora.r > 0, else model. Ignored by simpo.", REFERENCES)
+    reference_model_path: str | None = opt(None, "Reference model; default model.path.")
+    reference_logps_path: str | None = opt(None, "Directory (local or s3://) caching precomputed reference "
+                                                 "log-probs, one file per reference+data fingerprint; "
+                                                 "default <output_dir>/reference_logps.")
+
+    def reference_mode(self) -> str:
+        if self.loss == "simpo":
+            return "none"
+        if self.reference == "auto":
+            return "adapter" if self.lora.r > 0 else "model"
+        return self.reference
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.beta > 0:
+            raise ConfigError(f"beta: expected a positive number, got {self.beta}")
+        if self.label_smoothing and self.loss not in ("sigmoid", "robust"):
+            raise ConfigError(f"label_smoothing: only used by loss=sigmoid or loss=robust, not loss={self.loss}")
+        if not 0.0 <= self.label_smoothing < 0.5:
+            raise ConfigError(f"label_smoothing: expected 0 <= x < 0.5, got {self.label_smoothing}")
+        if min(self.kto_desirable_weight, self.kto_undesirable_weight) < 0:
+            raise ConfigError("kto_desirable_weight/kto_undesirable_weight: expected >= 0")
+        uses_base = self.reference_model_path in (None, self.model.path)
+        if self.reference_mode() == "adapter" and (self.lora.r == 0 or not uses_base):
+            raise ConfigError("reference: 'adapter' needs lora.r > 0 and the reference to be model.path "
+                              "(set reference=model for another reference model)")
+
+
+CONFIG = DPOConfig
+
+
+# --------------------------------------------------------------------------- objectives and metrics
+
+
+def select_objective(cfg: DPOConfig) -> Callable:
+    """The configured loss as ``objective(policy, reference, batch) -> (B,)``, chosen once."""
+    from trainer_lib.data.preference import average_logps
+    from trainer_lib.losses import (dpo_sigmoid_loss, hinge_loss, ipo_loss, kto_loss, kto_reference_point,
+                                    robust_dpo_loss, simpo_loss)
+
+    beta, eps = cfg.beta, cfg.label_smoothing
+    objectives = {
+        "sigmoid": lambda p, r, b: dpo_sigmoid_loss(p.chosen, p.rejected, r.chosen, r.rejected, beta, eps),
+        "ipo": lambda p, r, b: ipo_loss(p.chosen, p.rejected, r.chosen, r.rejected, beta),
+        "hinge": lambda p, r, b: hinge_loss(p.chosen, p.rejected, r.chosen, r.rejected, beta),
+        "robust": lambda p, r, b: robust_dpo_loss(p.chosen, p.rejected, r.chosen, r.rejected, beta, eps),
+        "simpo": lambda p, r, b: simpo_loss(average_logps(p.chosen, p.chosen_tokens),
+                                            average_logps(p.rejected, p.rejected_tokens), beta, cfg.simpo_gamma),
+        # KTO halves: completion, mismatched KL completion (see trainer_lib.data.preference)
+        "kto": lambda p, r, b: kto_loss(p.chosen, r.chosen, b["label"].to(p.chosen.device),
+                                        kto_reference_point(p.rejected, r.rejected), beta,
+                                        cfg.kto_desirable_weight, cfg.kto_undesirable_weight),
+    }
+    return objectives[cfg.loss]
+
+
+PAIRED_METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracy",
+                  "logps/chosen", "logps/rejected", "logps/accuracy")
+UNPAIRED_METRICS = ("loss", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected", "kl")
+
+
+def batch_metrics(kind: str, policy, reference, beta: float, batch: dict) -> dict:
+    """Per-example metric values (1-D tensors) of a batch; rewards are DPO's implicit rewards
+    ``beta * (log pi - log pi_ref)`` (reference-free SimPO: ``beta * mean token log pi``)."""
+    from trainer_lib.data.preference import average_logps
+
+    if reference is None:
+        chosen = beta * average_logps(policy.chosen, policy.chosen_tokens)
+        rejected = beta * average_logps(policy.rejected, policy.rejected_tokens)
+    else:
+        chosen = beta * (policy.chosen - reference.chosen)
+        rejected = beta * (policy.rejected - reference.rejected)
+    if kind == "paired":
+        return {"rewards/chosen": chosen, "rewards/rejected": rejected, "rewards/margins": chosen - rejected,
+                "rewards/accuracy": (chosen > rejected).float(), "logps/chosen": policy.chosen,
+                "logps/rejected": policy.rejected, "logps/accuracy": (policy.chosen > policy.rejected).float()}
+    label = batch["label"].to(chosen.device)
+    kl = (policy.rejected - reference.rejected).mean(0, keepdim=True)
+    return {"rewards/chosen": chosen[label], "rewards/rejected": chosen[~label],
+            "logps/chosen": policy.chosen[label], "logps/rejected": policy.chosen[~label], "kl": kl}
+
+
+class Means:
+    """Sums and counts of per-example metrics; every rank holds the same keys, so they reduce."""
+
+    def __init__(self, keys: tuple[str, ...]):
+        self.keys = keys
+        self.sums = {f"{k}{s}": 0.0 for k in keys for s in ("", "#n")}
+
+    def add(self, key: str, values) -> None:
+        values = values.detach().float().reshape(-1)
+        self.sums[key] += float(values.sum())
+        self.sums[f"{key}#n"] += values.numel()
+
+    def reduce(self, strategy) -> dict:
+        sums = strategy.all_reduce(self.sums, op="sum")
+        return {k: sums[k] / sums[f"{k}#n"] for k in self.keys if sums[f"{k}#n"]}
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class Split:
+    kind: str  # "paired" or "unpaired"
+    examples: list[dict]
+    groups: list[list[int]]
+    collate: Callable
+
+
+def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
+    """``({"train": Split, "eval": Split?, "eval_unpaired": Split?}, format)``.
+
+    Paired losses train on pairs; KTO on unpaired rows (pairs are split into two). Paired eval
+    data is always evaluated as pairs (preference accuracy); under KTO also as unpaired rows (loss).
+    """
+    from trainer_lib.data import preference as pref
+    from trainer_lib.data.dataset import load_training_data
+    from trainer_lib.data.tokenize import micro_batches
+
+    kto = cfg.loss == "kto"
+    allowed = pref.PAIRED_FORMATS + (pref.UNPAIRED_FORMATS if kto else ())
+    data, fmt = load_training_data(cfg.data, cfg.seed, allowed_formats=allowed, tokenizer=tokenizer,
+                                   stage=f"dpo loss={cfg.loss}" + ("" if kto else " (unpaired data needs loss=kto)"))
+    max_len, pad = cfg.data.max_length, tokenizer.pad_token_id
+    paired = fmt in pref.PAIRED_FORMATS
+    tokenize = pref.tokenize_pair if paired else pref.tokenize_unpaired
+
+    def unpaired(examples: list[dict], seed: int) -> list[dict]:
+        return pref.assign_kl_completions(pref.unpair(examples) if paired else examples, seed, max_len)
+
+    def split(kind: str, examples: list[dict], batch_size: int) -> Split:
+        collate = pref.collate_pairs if kind == "paired" else pref.collate_unpaired
+        return Split(kind, examples, micro_batches(examples, batch_size, max_len, packing=False),
+                     lambda rows: collate(rows, pad))
+
+    train = [tokenize(row, tokenizer, max_len) for row in data["train"]]
+    evals = [tokenize(row, tokenizer, max_len) for row in data["eval"]]
+    if not train:
+        raise UserError(f"data.path: {cfg.data.path} has no rows to train on")
+    sets = {"train": split("unpaired", unpaired(train, cfg.seed), cfg.batch_size) if kto
+            else split("paired", train, cfg.batch_size)}
+    if evals and paired:
+        sets["eval"] = split("paired", evals, cfg.eval_batch_size)
+    if evals and kto:
+        sets["eval_unpaired"] = split("unpaired", unpaired(evals, cfg.seed + 1), cfg.eval_batch_size)
+    return sets, fmt
+
+
+def evaluate(engine, strategy, name: str, split: Split, reference, objective, cfg: DPOConfig) -> dict:
+    """Mean metrics over one eval split (sharded across ranks); the loss where it applies."""
+    import torch
+
+    from trainer_lib.models.reference import forward_logps
+
+    engine.eval()
+    with_loss = split.kind == ("unpaired" if cfg.loss == "kto" else "paired")
+    means = Means(PAIRED_METRICS if split.kind == "paired" else UNPAIRED_METRICS)
+    with torch.no_grad():
+        for group in split.groups[strategy.rank::strategy.world_size]:
+            batch = split.collate([split.examples[i] for i in group])
+            policy = forward_logps(engine, batch, strategy.device)
+            ref = reference(name, group, batch) if reference is not None else None
+            if with_loss:
+                means.add("loss", objective(policy, ref, batch))
+            for key, values in batch_metrics(split.kind, policy, ref, cfg.beta, batch).items():
+                means.add(key, values)
+    engine.train()
+    return means.reduce(strategy)
+
+
+def evaluate_all(engine, strategy, sets: dict, reference, objective, cfg: DPOConfig) -> dict:
+    metrics = {}
+    for name in ("eval", "eval_unpaired"):
+        if name in sets:
+            result = evaluate(engine, strategy, name, sets[name], reference, objective, cfg)
+            if name == "eval_unpaired" and "eval" in sets:  # KTO on pairs: its loss and KL only
+                result = {k: result[k] for k in ("loss", "kl") if k in result}
+            metrics.update(result)
+    return metrics
+
+
+# --------------------------------------------------------------------------- run
+
+
+def run(cfg: DPOConfig) -> dict:
+    from trainer_lib.checkpoint import CheckpointManager
+    from trainer_lib.models.load import apply_lora, count_parameters, load_causal_lm, load_tokenizer
+    from trainer_lib.models.reference import (AdapterReference, FrozenModelReference, forward_logps,
+                                              precomputed_reference)
+    from trainer_lib.strategy import DeepSpeedStrategy
+    from trainer_lib.tracking import Tracker
+
+    storage.configure(endpoint_url=cfg.storage.endpoint_url, region=cfg.storage.region,
+                      cache_dir=cfg.storage.cache_dir)
+    strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
+    strategy.setup_distributed()
+    ckpt = CheckpointManager(cfg.output_dir, strategy, keep=cfg.save_total_limit)
+
+    # ---- data
+    tokenizer = load_tokenizer(cfg.model)
+    sets, fmt = build_splits(cfg, tokenizer)
+    train = sets["train"]
+    schedule = MicroBatchSchedule(len(train.groups), cfg.engine.gradient_accumulation_steps,
+                                  strategy.world_size, cfg.seed)
+    steps = total_steps(cfg, len(train.groups), schedule.batches_per_step())
+    objective = select_objective(cfg)
+
+    # ---- policy engine
+    model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
+    trainable, total = count_parameters(model)
+    engine = strategy.prepare(model, lr=cfg.lr, weight_decay=cfg.weight_decay, total_steps=steps,
+                              warmup_steps=cfg.warmup_steps, lr_scheduler=cfg.lr_scheduler)
+    state = ckpt.restore(engine) if cfg.resume else None
+    start = int(state["step"]) if state else 0
+
+    # ---- reference
+    mode, status = cfg.reference_mode(), None
+
+    def frozen_model():
+        path = cfg.reference_model_path or cfg.model.path
+        return FrozenModelReference(strategy.prepare_frozen(load_causal_lm(cfg.model, cfg.engine.precision, path)),
+                                    strategy.device)
+
+    def live():
+        return AdapterReference(engine, strategy) if cfg.lora.r > 0 and cfg.reference_model_path in (
+            None, cfg.model.path) else frozen_model()
+
+    if mode == "model":
+        reference = frozen_model()
+    elif mode == "adapter":
+        reference = AdapterReference(engine, strategy)
+    elif mode == "precomputed":
+        directory = cfg.reference_logps_path or storage.join(cfg.output_dir, "reference_logps")
+        identity = [cfg.reference_model_path or cfg.model.path, cfg.engine.precision]
+        reference, status = precomputed_reference(sets, strategy, live, directory, identity, cfg.eval_batch_size)
+    else:  # simpo is reference-free
+        reference = None
+    strategy.print(f"dpo: loss={cfg.loss}, reference={mode}, {len(train.examples)} train examples ({fmt}), "
+                   f"{len(train.groups)} micro-batches, {steps} steps, {trainable:,}/{total:,} trainable params, "
+                   f"world size {strategy.world_size}" + (f", resuming at step {start}" if start else ""))
+    tracker = Tracker(ckpt.local_dir, enabled=strategy.is_rank_0, total_steps=steps, initial_step=start, desc="dpo")
+    if state is None and len(sets) > 1:
+        tracker.log(0, evaluate_all(engine, strategy, sets, reference, objective, cfg), split="eval")
+
+    # ---- the loop
+    engine.train()
+    metric_keys = PAIRED_METRICS if train.kind == "paired" else UNPAIRED_METRICS
+    window, window_start, window_steps, epoch = Means(metric_keys), time.time(), 0, 0
+    for step in range(start, steps):
+        for slot in range(schedule.accumulation):
+            epoch, group = schedule.index(step, slot, strategy.rank)
+            ids = train.groups[group]
+            batch = train.collate([train.examples[i] for i in ids])
+            policy = forward_logps(engine, batch, strategy.device)
+            ref = reference("train", ids, batch) if reference is not None else None
+            losses = objective(policy, ref, batch)
+            strategy.backward(losses.mean(), engine)
+            strategy.optimizer_step(engine)
+            window.add("loss", losses)
+            for key, values in batch_metrics(train.kind, policy, ref, cfg.beta, batch).items():
+                window.add(key, values)
+        done, window_steps = step + 1, window_steps + 1
+        tracker.advance()
+        if done % cfg.logging_steps == 0 or done == steps:
+            elapsed = time.time() - window_start
+            tracker.log(done, {**window.reduce(strategy), "lr": engine.get_lr()[0], "epoch": epoch,
+                               "grad_norm": strategy.grad_norm(engine), "s_per_step": elapsed / window_steps})
+            window, window_start, window_steps = Means(metric_keys), time.time(), 0
+        if len(sets) > 1 and cfg.eval_steps and done % cfg.eval_steps == 0 and done != steps:
+            tracker.log(done, evaluate_all(engine, strategy, sets, reference, objective, cfg), split="eval")
+        if cfg.save_steps and done % cfg.save_steps == 0 and done != steps:
+            ckpt.save(engine, done, {"step": done})
+
+    # ---- final evaluation and Hugging Face export (LoRA merged)
+    summary = {"stage": "dpo", "loss": cfg.loss, "reference": mode, "steps": steps,
+               "train_examples": len(train.examples), "format": fmt, "output_dir": cfg.output_dir}
+    if status:
+        summary["reference_logps"] = status
+    if len(sets) > 1:
+        summary["eval"] = evaluate_all(engine, strategy, sets, reference, objective, cfg)
+        tracker.log(steps, summary["eval"], split="eval")
+    if cfg.save_steps and start < steps:
+        ckpt.save(engine, steps, {"step": steps})
+    tracker.close()
+    strategy.save_hf_model(engine, tokenizer, ckpt.local_dir)
+    if strategy.is_rank_0:
+        storage.write_text(os.path.join(ckpt.local_dir, "summary.json"), json.dumps(summary, indent=2))
+    ckpt.publish()
+    strategy.barrier()
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trainer_lib.cli import main as cli_main
+
+    return cli_main(["dpo", *(argv or [])])

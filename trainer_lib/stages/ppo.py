@@ -1,0 +1,287 @@
+"""PPO with a critic, GAE and KL control (Ouyang et al. 2022; Ziegler et al. 2019).
+
+    posttrain ppo model.path=SFT data.path=PROMPTS output_dir=OUT reward.model_path=RM
+
+Actor and critic are separate DeepSpeed engines; the reference policy is a frozen copy of
+``model.path`` (under LoRA: the actor with its adapters disabled). Every step:
+
+1. sample ``rollout.n`` completions for each of ``prompts_per_step`` prompts and score them;
+2. with the weights that sampled them, compute per-token log-probs (actor, reference) and
+   values (critic);
+3. fold the KL penalty into per-token rewards, the score landing on the last token:
+       r_t = -beta * KL_t  (+ score on the final token),   KL_t by ``kl.estimator``
+4. GAE advantages and returns (``gamma``, ``lam``), advantages optionally whitened;
+5. ``ppo_epochs`` passes over shuffled mini-batches: clipped policy loss on the actor,
+   clipped value loss on the critic, one optimizer step each per mini-batch;
+6. adapt beta towards ``kl.target`` if ``kl.adaptive``.
+
+The critic is a sequence-classification model (scalar head ``score``) read at every token:
+it starts from ``critic.path`` (default: the reward model, else the policy with a new head)
+and must share the policy's tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from trainer_lib import storage
+from trainer_lib.config import ConfigError, TrainingConfig, opt
+from trainer_lib.schedule import MicroBatchSchedule, total_steps
+from trainer_lib.stages.rl_common import RewardSourcesConfig, RolloutConfig, validate_rl
+
+
+@dataclass
+class KLConfig:
+    coef: float = opt(0.05, "KL penalty coefficient beta (initial value when adaptive; 0: no reference model).")
+    estimator: str = opt("k1", "Per-token KL estimator folded into the reward.", ("k1", "k2", "k3"))
+    adaptive: bool = opt(False, "Adapt the coefficient towards kl.target (Ziegler et al. 2019).")
+    target: float = opt(6.0, "Adaptive control: target KL per completion (nats, summed over tokens).")
+    horizon: int = opt(10000, "Adaptive control: horizon in completions.")
+
+
+@dataclass
+class CriticConfig:
+    path: str | None = opt(None, "Critic initialization: a reward model or causal LM (default: "
+                                 "reward.model_path, else model.path, with a new scalar head).")
+
+
+@dataclass
+class PPOConfig(TrainingConfig):
+    rollout: RolloutConfig = opt(RolloutConfig, "Sampling of completions.")
+    reward: RewardSourcesConfig = opt(RewardSourcesConfig, "Reward sources and post-processing.")
+    kl: KLConfig = opt(KLConfig, "KL penalty towards the reference policy.")
+    critic: CriticConfig = opt(CriticConfig, "Value model.")
+    prompts_per_step: int = opt(8, "Prompts per step, all ranks together.")
+    ppo_epochs: int = opt(4, "Passes over each step's completions.")
+    mini_batch_size: int = opt(0, "Completions per optimizer step, all ranks together (0: all of a step).")
+    clip_range: float = opt(0.2, "Clip range of the policy probability ratio.")
+    value_clip_range: float = opt(0.2, "Clip range of value updates around the rollout's values (0: off).")
+    gamma: float = opt(1.0, "GAE discount.")
+    lam: float = opt(0.95, "GAE lambda.")
+    vf_coef: float = opt(0.5, "Weight of the value loss.")
+    whiten_advantages: bool = opt(True, "Whiten advantages over each step's response tokens.")
+    critic_lr: float | None = opt(None, "Critic learning rate (default: lr).")
+
+    def validate(self) -> None:
+        super().validate()
+        validate_rl(self)
+        if self.clip_range <= 0 or self.value_clip_range < 0 or self.vf_coef < 0:
+            raise ConfigError("clip_range: expected > 0; value_clip_range, vf_coef: expected >= 0")
+        if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
+            raise ConfigError(f"gamma, lam: expected values in [0, 1], got {self.gamma}, {self.lam}")
+        if self.kl.coef < 0 or self.kl.target <= 0 or self.kl.horizon < 1:
+            raise ConfigError("kl.coef: expected >= 0; kl.target, kl.horizon: expected > 0")
+        if self.critic_lr is not None and self.critic_lr <= 0:
+            raise ConfigError(f"critic_lr: expected a positive number, got {self.critic_lr}")
+
+
+CONFIG = PPOConfig
+
+
+def token_values(critic, rollout):
+    """Critic values ``(N, R)``: the scalar head read at the positions that predict each response
+    token, i.e. V(prompt, response_<t)."""
+    outputs = []
+    head = next(m for name, m in critic.named_modules() if name.rsplit(".", 1)[-1] == "score")
+    hook = head.register_forward_hook(lambda module, args, out: outputs.append(out))
+    try:
+        critic(**rollout.model_inputs(next(critic.parameters()).device), use_cache=False)
+    finally:
+        hook.remove()
+    width = rollout.response_ids.shape[1]
+    return outputs[-1][:, -(width + 1):-1, 0].float() * rollout.response_mask.to(outputs[-1].device)
+
+
+def load_critic(cfg: PPOConfig, pad_token_id: int, vocab: int):
+    import dataclasses
+
+    from trainer_lib.errors import UserError
+    from trainer_lib.models.heads import apply_reward_lora, load_reward_model
+
+    path = cfg.critic.path or cfg.reward.model_path or cfg.model.path
+    critic = load_reward_model(dataclasses.replace(cfg.model, path=path), pad_token_id, cfg.engine.precision, path=path)
+    if critic.config.vocab_size < vocab:
+        raise UserError(f"critic.path: {path} has a vocabulary of {critic.config.vocab_size} tokens, the policy's "
+                        f"tokenizer {vocab}; the critic must share the policy's tokenizer")
+    return apply_reward_lora(critic, cfg.lora)
+
+
+def run(cfg: PPOConfig) -> dict:
+    import torch
+
+    from trainer_lib.checkpoint import CheckpointManager
+    from trainer_lib.losses.rl import (KLController, explained_variance, gae_advantages, kl_penalty,
+                                       masked_mean, masked_whiten, ppo_policy_loss, ppo_value_loss)
+    from trainer_lib.models.load import apply_lora, count_parameters, load_causal_lm, load_tokenizer
+    from trainer_lib.rollout import token_logprobs
+    from trainer_lib.stages import rl_common as rl
+    from trainer_lib.tracking import Tracker
+
+    storage.configure(endpoint_url=cfg.storage.endpoint_url, region=cfg.storage.region,
+                      cache_dir=cfg.storage.cache_dir)
+    strategy = rl.make_strategy(cfg)
+    ckpt = CheckpointManager.for_stage(cfg, strategy)
+    world, n, temperature = strategy.world_size, cfg.rollout.n, cfg.rollout.temperature
+
+    # ---- prompts, schedule, actor, critic, reference, rewards
+    tokenizer = load_tokenizer(cfg.model)
+    train_rows, eval_rows = rl.load_prompts(cfg, tokenizer)
+    prompts_per_rank = cfg.prompts_per_step // world
+    schedule = MicroBatchSchedule(len(train_rows), prompts_per_rank, world, cfg.seed)
+    steps = total_steps(cfg, len(train_rows), cfg.prompts_per_step)
+    sequences = prompts_per_rank * n
+    mini = (cfg.mini_batch_size or cfg.prompts_per_step * n) // world
+    updates = steps * rl.updates_per_step(cfg)
+    actor = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
+    critic = load_critic(cfg, tokenizer.pad_token_id, len(tokenizer))
+    for model in (actor, critic):
+        rl.disable_dropout(model)
+    trainable, total = count_parameters(actor)
+    actor_engine = strategy.prepare(actor, lr=cfg.lr, weight_decay=cfg.weight_decay, total_steps=updates,
+                                    warmup_steps=cfg.warmup_steps, lr_scheduler=cfg.lr_scheduler)
+    critic_engine = strategy.prepare(critic, lr=cfg.critic_lr or cfg.lr, weight_decay=cfg.weight_decay,
+                                     total_steps=updates, warmup_steps=cfg.warmup_steps,
+                                     lr_scheduler=cfg.lr_scheduler)
+    use_reference = cfg.kl.coef > 0
+    reference = rl.load_reference(cfg, strategy) if use_reference else None
+    rewards = rl.build_rewards(cfg, strategy, tokenizer)
+    kl_ctl = KLController(cfg.kl.coef, cfg.kl.target if cfg.kl.adaptive else None, cfg.kl.horizon)
+
+    state = ckpt.restore(actor_engine, {"critic": critic_engine}) if cfg.resume else None
+    start = int(state["step"]) if state else 0
+    if state:
+        rewards.load_state_dict(state["rewards"])
+        kl_ctl.load_state_dict(state["kl_controller"])
+    strategy.print(f"ppo: {len(train_rows)} train / {len(eval_rows)} eval prompts, {steps} steps of "
+                   f"{cfg.prompts_per_step} prompts x {n} completions, {trainable:,}/{total:,} trainable actor "
+                   f"params, world size {world}" + (f", resuming at step {start}" if start else ""))
+    tracker = Tracker(ckpt.local_dir, enabled=strategy.is_rank_0, total_steps=steps, initial_step=start, desc="ppo")
+    if state is None and eval_rows:
+        tracker.log(0, rl.evaluate(actor_engine, strategy, tokenizer, eval_rows, rewards, cfg.rollout, cfg.seed),
+                    "eval")
+
+    def client_state(step: int) -> dict:
+        return {"step": step, "rewards": rewards.state_dict(), "kl_controller": kl_ctl.state_dict()}
+
+    # ---- the loop
+    window: dict[str, float] = defaultdict(float)
+    window_steps = 0
+    try:
+        for step in range(start, steps):
+            # 1. rollout and scores
+            rows = [train_rows[schedule.index(step, slot, strategy.rank)[1]] for slot in range(prompts_per_rank)]
+            rollout, prompts, columns = rl.sample(actor_engine, strategy, tokenizer, rows, cfg.rollout,
+                                                  rl.step_seed(cfg.seed, step, strategy.rank))
+            scores, metrics = rl.score(rewards, strategy, rollout, prompts, columns, n)
+
+            # 2-4. log-probs and values of the sampling weights, KL-shaped rewards, GAE
+            prep_start = time.perf_counter()
+            mask = rollout.response_mask.float()
+            with torch.no_grad():
+                old_logprobs = rl.per_micro_batch(lambda part: token_logprobs(actor_engine, part, temperature)[0],
+                                                  rollout, cfg.batch_size)
+                old_values = rl.per_micro_batch(lambda part: token_values(critic_engine, part), rollout, cfg.batch_size)
+                if use_reference:
+                    ref_logprobs = rl.per_micro_batch(
+                        lambda part: rl.reference_logprobs(reference, actor_engine, part, temperature),
+                        rollout, cfg.batch_size)
+                    kl = kl_penalty(old_logprobs, ref_logprobs, cfg.kl.estimator) * mask
+                else:
+                    kl = torch.zeros_like(mask)
+            token_rewards = -kl_ctl.value * kl
+            last = (rollout.response_lengths() - 1).clamp(min=0)
+            token_rewards[torch.arange(len(rollout)), last] += scores
+            advantages, returns = gae_advantages(token_rewards, old_values, mask, cfg.gamma, cfg.lam)
+            if cfg.whiten_advantages:
+                advantages = masked_whiten(advantages, mask) * mask
+
+            # 5. clipped policy and value updates over shuffled mini-batches
+            train_start = time.perf_counter()
+            stats: dict[str, float] = defaultdict(float)
+            micro_steps = 0
+            for epoch in range(cfg.ppo_epochs):
+                order = rl.minibatch_order(sequences, mini, cfg.batch_size,
+                                           rl.step_seed(cfg.seed, step, strategy.rank) + epoch)
+                for minibatch in order:
+                    for micro in minibatch:
+                        part = rollout.select(micro)
+                        width = part.response_ids.shape[1]
+                        part_mask = part.response_mask.to(strategy.device).float()
+
+                        def cut(tensor):
+                            return tensor[micro, :width].to(strategy.device)
+
+                        logprobs, entropy = token_logprobs(actor_engine, part, temperature, with_entropy=True)
+                        policy_loss, policy_stats = ppo_policy_loss(logprobs, cut(old_logprobs), cut(advantages),
+                                                                    part_mask, cfg.clip_range)
+                        strategy.backward(policy_loss, actor_engine)
+                        strategy.optimizer_step(actor_engine)
+
+                        values = token_values(critic_engine, part)
+                        value_loss, value_stats = ppo_value_loss(values, cut(old_values), cut(returns), part_mask,
+                                                                 cfg.value_clip_range)
+                        strategy.backward(cfg.vf_coef * value_loss, critic_engine)
+                        strategy.optimizer_step(critic_engine)
+
+                        for key, value in {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(),
+                                           "entropy": masked_mean(entropy, part_mask),
+                                           **policy_stats, **value_stats}.items():
+                            stats[key] += float(value)
+                        micro_steps += 1
+
+            # 6. statistics and KL control
+            sequence_kl = float(strategy.all_reduce(kl.sum(1).mean()))
+            metrics.update({key: value / micro_steps for key, value in stats.items()})
+            metrics.update(kl=sequence_kl, kl_coef=kl_ctl.value,
+                           non_score_reward=float(token_rewards.sum(1).mean() - scores.mean()),
+                           explained_variance=float(explained_variance(old_values, returns, mask)),
+                           value_mean=float(masked_mean(old_values, mask)),
+                           logprob_time=train_start - prep_start, train_time=time.perf_counter() - train_start)
+            kl_ctl.update(sequence_kl, cfg.prompts_per_step * n)
+            for key, value in metrics.items():
+                window[key] += value
+            window_steps += 1
+
+            done = step + 1
+            tracker.advance()
+            if done % cfg.logging_steps == 0 or done == steps:
+                logged = strategy.all_reduce({k: v / window_steps for k, v in window.items()})
+                tracker.log(done, {**logged, "lr": actor_engine.get_lr()[0], "critic_lr": critic_engine.get_lr()[0],
+                                   "grad_norm": strategy.grad_norm(actor_engine),
+                                   "critic_grad_norm": strategy.grad_norm(critic_engine)})
+                window, window_steps = defaultdict(float), 0
+            if eval_rows and cfg.eval_steps and done % cfg.eval_steps == 0 and done != steps:
+                tracker.log(done, rl.evaluate(actor_engine, strategy, tokenizer, eval_rows, rewards, cfg.rollout,
+                                              cfg.seed), "eval")
+            if cfg.save_steps and done % cfg.save_steps == 0 and done != steps:
+                ckpt.save(actor_engine, done, client_state(done), {"critic": critic_engine})
+
+        # ---- final evaluation and Hugging Face export (the policy)
+        summary = {"stage": "ppo", "steps": steps, "train_prompts": len(train_rows), "output_dir": cfg.output_dir,
+                   "kl_coef": kl_ctl.value}
+        if eval_rows:
+            final = rl.evaluate(actor_engine, strategy, tokenizer, eval_rows, rewards, cfg.rollout, cfg.seed)
+            tracker.log(steps, final, "eval")
+            summary["eval_reward"] = final["reward"]
+            summary["eval"] = final
+        if cfg.save_steps and start < steps:
+            ckpt.save(actor_engine, steps, client_state(steps), {"critic": critic_engine})
+    finally:
+        rewards.close()
+    tracker.close()
+    strategy.save_hf_model(actor_engine, tokenizer, ckpt.local_dir)
+    if strategy.is_rank_0:
+        storage.write_text(os.path.join(ckpt.local_dir, "summary.json"), json.dumps(summary, indent=2))
+    ckpt.publish()
+    strategy.barrier()
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trainer_lib.cli import main as cli_main
+
+    return cli_main(["ppo", *(argv or [])])

@@ -1,0 +1,224 @@
+"""Reward model: Bradley-Terry pairwise loss on a causal-LM backbone with a scalar head.
+
+    posttrain reward model.path=DIR data.path=PREFS output_dir=OUT max_steps=200
+
+For every optimizer step: score chosen and rejected of each pair in one forward pass, take
+``-log sigma(r_chosen - r_rejected - margin)`` (plus the optional centering term), step. Pairwise
+accuracy and mean margin on the eval split are logged on ``eval_steps``. At the end the mean and
+std of rewards on a reference set are stored with the model (``config.json`` and
+``reward_stats.json``) and the model is written as an ``AutoModelForSequenceClassification``
+directory (``num_labels=1``) at the root of ``output_dir``.
+
+Data: preference rows in any form ``prepare`` produces (plain or conversational, explicit or
+implicit prompt); an optional numeric ``margin`` column is the per-pair loss margin.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+from trainer_lib import storage
+from trainer_lib.config import ConfigError, TrainingConfig, opt
+from trainer_lib.errors import UserError
+from trainer_lib.schedule import MicroBatchSchedule, total_steps
+
+
+@dataclass
+class RewardConfig(TrainingConfig):
+    center_rewards_coefficient: float = opt(0.0, "Weight of the reward-centering term "
+                                                 "(r_chosen + r_rejected)^2 (Eisenstein et al. 2023); 0 = off.")
+    reference_set: str = opt("eval", "Split whose rewards give the stored mean/std (falls back to "
+                                     "train when eval is empty).", ("eval", "train"))
+    normalize_max_rows: int = opt(1000, "At most this many pairs (both completions scored) for the "
+                                        "reward mean/std; 0 = all.")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.center_rewards_coefficient < 0:
+            raise ConfigError(f"center_rewards_coefficient: expected >= 0, got {self.center_rewards_coefficient}")
+        if self.normalize_max_rows < 0:
+            raise ConfigError(f"normalize_max_rows: expected >= 0, got {self.normalize_max_rows}")
+
+
+CONFIG = RewardConfig
+
+METRICS = ("loss", "accuracy", "margin", "rewards/chosen", "rewards/rejected")
+
+
+def pair_rewards(engine, batch: dict, device):
+    """(chosen rewards, rejected rewards), each ``(B,)``, from ONE forward pass over ``2B`` rows."""
+    from trainer_lib.data.preference import model_inputs, split_halves
+    from trainer_lib.models.heads import score
+
+    return split_halves(score(engine, model_inputs(batch, device)))
+
+
+def pair_losses(engine, batch: dict, device):
+    """(Bradley-Terry loss per pair, chosen rewards, rejected rewards); the batch's ``margin`` if any."""
+    from trainer_lib.losses import pairwise_reward_loss
+
+    chosen, rejected = pair_rewards(engine, batch, device)
+    margin = batch["margin"].to(chosen.device) if "margin" in batch else None
+    return pairwise_reward_loss(chosen, rejected, margin), chosen, rejected
+
+
+def pair_metric_sums(losses, chosen, rejected) -> dict[str, float]:
+    """Sums over the pairs of a batch (divided by the pair count when logged)."""
+    return {"loss": float(losses.detach().sum()), "accuracy": float((chosen > rejected).float().sum()),
+            "margin": float((chosen - rejected).detach().sum()),
+            "rewards/chosen": float(chosen.detach().sum()), "rewards/rejected": float(rejected.detach().sum())}
+
+
+def evaluate(engine, strategy, examples: list[dict], groups: list[list[int]], collate) -> dict:
+    """Mean loss, pairwise accuracy, margin and rewards over ``examples`` (sharded across ranks)."""
+    import torch
+
+    engine.eval()
+    sums = dict.fromkeys(METRICS, 0.0) | {"count": 0.0}
+    with torch.no_grad():
+        for group in groups[strategy.rank::strategy.world_size]:
+            losses, chosen, rejected = pair_losses(engine, collate([examples[i] for i in group]), strategy.device)
+            for key, value in pair_metric_sums(losses, chosen, rejected).items():
+                sums[key] += value
+            sums["count"] += len(group)
+    engine.train()
+    sums = strategy.all_reduce(sums, op="sum")
+    return {k: sums[k] / max(sums["count"], 1) for k in METRICS}
+
+
+def reward_statistics(engine, strategy, examples: list[dict], groups: list[list[int]], collate) -> dict:
+    """Mean and std of the rewards of every completion (chosen and rejected) in ``examples``."""
+    import math
+
+    import torch
+
+    engine.eval()
+    total, squares, count = 0.0, 0.0, 0.0
+    with torch.no_grad():
+        for group in groups[strategy.rank::strategy.world_size]:
+            batch = collate([examples[i] for i in group])
+            rewards = torch.cat(pair_rewards(engine, batch, strategy.device)).double()
+            total, squares = total + float(rewards.sum()), squares + float((rewards ** 2).sum())
+            count += rewards.numel()
+    engine.train()
+    sums = strategy.all_reduce({"total": total, "squares": squares, "count": count}, op="sum")
+    mean = sums["total"] / max(sums["count"], 1)
+    var = max(sums["squares"] / max(sums["count"], 1) - mean ** 2, 0.0)
+    return {"reward_mean": mean, "reward_std": math.sqrt(var), "count": int(sums["count"])}
+
+
+def run(cfg: RewardConfig) -> dict:
+    from trainer_lib.checkpoint import CheckpointManager
+    from trainer_lib.data.dataset import load_training_data
+    from trainer_lib.data.preference import PAIRED_FORMATS, collate_pairs, tokenize_pair
+    from trainer_lib.data.tokenize import micro_batches
+    from trainer_lib.losses import reward_centering_penalty
+    from trainer_lib.models.heads import STATS_FILE, apply_reward_lora, load_reward_model, store_stats
+    from trainer_lib.models.load import count_parameters, load_tokenizer
+    from trainer_lib.strategy import DeepSpeedStrategy
+    from trainer_lib.tracking import Tracker
+
+    storage.configure(endpoint_url=cfg.storage.endpoint_url, region=cfg.storage.region,
+                      cache_dir=cfg.storage.cache_dir)
+    strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
+    strategy.setup_distributed()
+    ckpt = CheckpointManager(cfg.output_dir, strategy, keep=cfg.save_total_limit)
+
+    # ---- data: preference pairs, tokenized as prompt + completion (ending in eos)
+    tokenizer = load_tokenizer(cfg.model)
+    splits, fmt = load_training_data(cfg.data, cfg.seed, allowed_formats=PAIRED_FORMATS,
+                                     tokenizer=tokenizer, stage="the reward stage")
+    train = [tokenize_pair(row, tokenizer, cfg.data.max_length) for row in splits["train"]]
+    evals = [tokenize_pair(row, tokenizer, cfg.data.max_length) for row in splits["eval"]]
+    if not train:
+        raise UserError(f"data.path: {cfg.data.path} has no preference pairs to train on")
+    train_groups = micro_batches(train, cfg.batch_size, cfg.data.max_length, packing=False)
+    eval_groups = micro_batches(evals, cfg.eval_batch_size, cfg.data.max_length, packing=False)
+    schedule = MicroBatchSchedule(len(train_groups), cfg.engine.gradient_accumulation_steps,
+                                  strategy.world_size, cfg.seed)
+    steps = total_steps(cfg, len(train_groups), schedule.batches_per_step())
+
+    def collate(examples):
+        return collate_pairs(examples, tokenizer.pad_token_id)
+
+    # ---- model: backbone + scalar head (LoRA keeps the head fully trainable)
+    model = load_reward_model(cfg.model, tokenizer.pad_token_id, cfg.engine.precision)
+    model = apply_reward_lora(model, cfg.lora)
+    trainable, total = count_parameters(model)
+    engine = strategy.prepare(model, lr=cfg.lr, weight_decay=cfg.weight_decay, total_steps=steps,
+                              warmup_steps=cfg.warmup_steps, lr_scheduler=cfg.lr_scheduler)
+    state = ckpt.restore(engine) if cfg.resume else None
+    start = int(state["step"]) if state else 0
+    strategy.print(f"reward: {len(train)} train / {len(evals)} eval pairs ({fmt}), {len(train_groups)} "
+                   f"micro-batches, {steps} steps, {trainable:,}/{total:,} trainable params, "
+                   f"world size {strategy.world_size}" + (f", resuming at step {start}" if start else ""))
+    tracker = Tracker(ckpt.local_dir, enabled=strategy.is_rank_0, total_steps=steps, initial_step=start, desc="reward")
+    if state is None and evals:
+        tracker.log(0, evaluate(engine, strategy, evals, eval_groups, collate), split="eval")
+
+    # ---- the loop
+    engine.train()
+    window = dict.fromkeys(METRICS, 0.0) | {"count": 0.0}
+    window_start, epoch = time.time(), 0
+    for step in range(start, steps):
+        for slot in range(schedule.accumulation):
+            epoch, group = schedule.index(step, slot, strategy.rank)
+            batch = collate([train[i] for i in train_groups[group]])
+            losses, chosen, rejected = pair_losses(engine, batch, strategy.device)
+            loss = losses.mean()
+            if cfg.center_rewards_coefficient:
+                loss = loss + cfg.center_rewards_coefficient * reward_centering_penalty(chosen, rejected).mean()
+            strategy.backward(loss, engine)
+            strategy.optimizer_step(engine)
+            for key, value in pair_metric_sums(losses, chosen, rejected).items():
+                window[key] += value
+            window["count"] += len(train_groups[group])
+        done = step + 1
+        tracker.advance()
+        if done % cfg.logging_steps == 0 or done == steps:
+            sums = strategy.all_reduce(window, op="sum")
+            metrics = {k: sums[k] / max(sums["count"], 1) for k in METRICS}
+            tracker.log(done, {**metrics, "lr": engine.get_lr()[0], "epoch": epoch,
+                               "grad_norm": strategy.grad_norm(engine),
+                               "pairs_per_s": sums["count"] / max(time.time() - window_start, 1e-9)})
+            window = dict.fromkeys(METRICS, 0.0) | {"count": 0.0}
+            window_start = time.time()
+        if evals and cfg.eval_steps and done % cfg.eval_steps == 0 and done != steps:
+            tracker.log(done, evaluate(engine, strategy, evals, eval_groups, collate), split="eval")
+        if cfg.save_steps and done % cfg.save_steps == 0 and done != steps:
+            ckpt.save(engine, done, {"step": done})
+
+    # ---- final evaluation, reward statistics, Hugging Face export
+    summary = {"stage": "reward", "steps": steps, "train_pairs": len(train), "format": fmt,
+               "output_dir": cfg.output_dir}
+    if evals:
+        summary["eval"] = evaluate(engine, strategy, evals, eval_groups, collate)
+        tracker.log(steps, summary["eval"], split="eval")
+    if cfg.save_steps and start < steps:
+        ckpt.save(engine, steps, {"step": steps})
+    tracker.close()
+    use_eval = cfg.reference_set == "eval" and evals
+    reference, reference_name = (evals, "eval") if use_eval else (train, "train")
+    if cfg.normalize_max_rows:
+        reference = reference[:cfg.normalize_max_rows]
+    stats = reward_statistics(engine, strategy, reference,
+                              micro_batches(reference, cfg.eval_batch_size, cfg.data.max_length, packing=False),
+                              collate)
+    stats["reference_set"] = reference_name
+    summary["reward_stats"] = stats
+    store_stats(strategy.unwrap(engine), stats)
+    strategy.save_hf_model(engine, tokenizer, ckpt.local_dir, extra_files={STATS_FILE: json.dumps(stats, indent=2)})
+    if strategy.is_rank_0:
+        storage.write_text(os.path.join(ckpt.local_dir, "summary.json"), json.dumps(summary, indent=2))
+    ckpt.publish()
+    strategy.barrier()
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    from trainer_lib.cli import main as cli_main
+
+    return cli_main(["reward", *(argv or [])])
