@@ -125,7 +125,7 @@ def run(cfg: RewardConfig) -> dict:
                       cache_dir=cfg.storage.cache_dir)
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
     strategy.setup_distributed()
-    ckpt = CheckpointManager(cfg.output_dir, strategy, keep=cfg.save_total_limit)
+    ckpt = CheckpointManager.for_stage(cfg, strategy)
 
     # ---- data: preference pairs, tokenized as prompt + completion (ending in eos)
     tokenizer = load_tokenizer(cfg.model)
