@@ -22,6 +22,20 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _launched() -> bool:
+    """Started by torchrun or a training operator (which set RANK), or already set up here.
+
+    A child of a one-process run (e.g. a kfp.local task started from it) inherits RANK and
+    MASTER_PORT but must not join its parent's group: POSTTRAIN_SOLO_PID tells them apart.
+    """
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return True
+    solo = os.environ.get("POSTTRAIN_SOLO_PID")
+    if solo is not None:
+        return solo == str(os.getpid())
+    return "RANK" in os.environ
+
+
 class DeepSpeedStrategy:
     def __init__(self, engine: EngineConfig, micro_batch_size: int, seed: int = 0):
         self.cfg = engine
@@ -36,9 +50,9 @@ class DeepSpeedStrategy:
         import deepspeed
         import torch
 
-        if "RANK" not in os.environ:  # plain `python`/`posttrain` without torchrun
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        if not _launched():  # plain `python`/`posttrain`: a private one-process group
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=str(_free_port()), POSTTRAIN_SOLO_PID=str(os.getpid()))
         from deepspeed.accelerator import get_accelerator
 
         backend = get_accelerator().communication_backend_name()
