@@ -62,12 +62,13 @@ def test_ppo_raises_a_custom_reward(tiny_model_dir, prompts, tmp_path):
 
 
 def test_resume_restores_actor_critic_and_kl_controller(tiny_model_dir, reward_model_dir, prompts, tmp_path, capsys):
-    """Reward model + function (critic initialised from the reward model), adaptive KL, 2 mini-batches:
+    """Reward model + function (critic initialised from the reward model), adaptive KL, 2 mini-batches,
+    a critic-only first step:
     losing everything after the step-3 checkpoint and rerunning gives the same weights and KL coefficient."""
     out = tmp_path / "run"
     args = ("max_steps=5", "save_steps=3", "save_total_limit=0", f"reward.model_path={reward_model_dir}",
             "reward.weights=1,0.5", "kl.adaptive=true", "kl.target=0.5", "kl.horizon=50", "kl.estimator=k3",
-            "mini_batch_size=8", "ppo_epochs=2", "lr=1e-2")
+            "mini_batch_size=8", "ppo_epochs=2", "lr=1e-2", "freeze_actor_steps=1")
     _ppo(tiny_model_dir, prompts, out, *args)
     reference = weights(out)
     summary = json.loads((out / "summary.json").read_text())

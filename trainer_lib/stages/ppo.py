@@ -12,7 +12,8 @@ Actor and critic are separate DeepSpeed engines; the reference policy is a froze
        r_t = -beta * KL_t  (+ score on the final token),   KL_t by ``kl.estimator``
 4. GAE advantages and returns (``gamma``, ``lam``), advantages optionally whitened;
 5. ``ppo_epochs`` passes over shuffled mini-batches: clipped policy loss on the actor,
-   clipped value loss on the critic, one optimizer step each per mini-batch;
+   clipped value loss on the critic, one optimizer step each per mini-batch (the actor's
+   only after ``freeze_actor_steps``);
 6. adapt beta towards ``kl.target`` if ``kl.adaptive``.
 
 The critic is a sequence-classification model (scalar head ``score``) read at every token:
@@ -65,6 +66,8 @@ class PPOConfig(TrainingConfig):
     vf_coef: float = opt(0.5, "Weight of the value loss.")
     whiten_advantages: bool = opt(True, "Whiten advantages over each step's response tokens.")
     critic_lr: float | None = opt(None, "Critic learning rate (default: lr).")
+    freeze_actor_steps: int = opt(0, "Train only the critic for the first N steps, so a new value head "
+                                     "does not steer the policy with noise (OpenRLHF's freezing_actor_steps).")
 
     def validate(self) -> None:
         super().validate()
@@ -75,6 +78,8 @@ class PPOConfig(TrainingConfig):
             raise ConfigError(f"gamma, lam: expected values in [0, 1], got {self.gamma}, {self.lam}")
         if self.kl.coef < 0 or self.kl.target <= 0 or self.kl.horizon < 1:
             raise ConfigError("kl.coef: expected >= 0; kl.target, kl.horizon: expected > 0")
+        if self.freeze_actor_steps < 0:
+            raise ConfigError(f"freeze_actor_steps: expected >= 0, got {self.freeze_actor_steps}")
         if self.critic_lr is not None and self.critic_lr <= 0:
             raise ConfigError(f"critic_lr: expected a positive number, got {self.critic_lr}")
 
@@ -136,12 +141,13 @@ def run(cfg: PPOConfig) -> dict:
     sequences = prompts_per_rank * n
     mini = (cfg.mini_batch_size or cfg.prompts_per_step * n) // world
     updates = steps * rl.updates_per_step(cfg)
+    actor_updates = (steps - min(cfg.freeze_actor_steps, steps - 1)) * rl.updates_per_step(cfg)
     actor = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
     critic = load_critic(cfg, tokenizer.pad_token_id, len(tokenizer))
     for model in (actor, critic):
         rl.disable_dropout(model)
     trainable, total = count_parameters(actor)
-    actor_engine = strategy.prepare(actor, lr=cfg.lr, weight_decay=cfg.weight_decay, total_steps=updates,
+    actor_engine = strategy.prepare(actor, lr=cfg.lr, weight_decay=cfg.weight_decay, total_steps=actor_updates,
                                     warmup_steps=cfg.warmup_steps, lr_scheduler=cfg.lr_scheduler)
     critic_engine = strategy.prepare(critic, lr=cfg.critic_lr or cfg.lr, weight_decay=cfg.weight_decay,
                                      total_steps=updates, warmup_steps=cfg.warmup_steps,
@@ -203,6 +209,7 @@ def run(cfg: PPOConfig) -> dict:
             train_start = time.perf_counter()
             stats: dict[str, float] = defaultdict(float)
             micro_steps = 0
+            train_actor = step >= cfg.freeze_actor_steps
             for epoch in range(cfg.ppo_epochs):
                 order = rl.minibatch_order(sequences, mini, cfg.batch_size,
                                            rl.step_seed(cfg.seed, step, strategy.rank) + epoch)
@@ -215,11 +222,13 @@ def run(cfg: PPOConfig) -> dict:
                         def cut(tensor):
                             return tensor[micro, :width].to(strategy.device)
 
-                        logprobs, entropy = token_logprobs(actor_engine, part, temperature, with_entropy=True)
-                        policy_loss, policy_stats = ppo_policy_loss(logprobs, cut(old_logprobs), cut(advantages),
-                                                                    part_mask, cfg.clip_range)
-                        strategy.backward(policy_loss, actor_engine)
-                        strategy.optimizer_step(actor_engine)
+                        with torch.set_grad_enabled(train_actor):
+                            logprobs, entropy = token_logprobs(actor_engine, part, temperature, with_entropy=True)
+                            policy_loss, policy_stats = ppo_policy_loss(logprobs, cut(old_logprobs),
+                                                                        cut(advantages), part_mask, cfg.clip_range)
+                        if train_actor:
+                            strategy.backward(policy_loss, actor_engine)
+                            strategy.optimizer_step(actor_engine)
 
                         values = token_values(critic_engine, part)
                         value_loss, value_stats = ppo_value_loss(values, cut(old_values), cut(returns), part_mask,
