@@ -107,7 +107,7 @@ class TrainingConfig:
     max_steps: int = opt(100, "Optimizer steps to train for.")
     num_epochs: float = opt(0.0, "If > 0, train for this many epochs instead of max_steps.")
     seed: int = opt(0, "Random seed (data order, init, sampling).")
-    save_steps: int = opt(50, "Save a resumable checkpoint every N steps (0: only at the end).")
+    save_steps: int = opt(50, "Save a resumable checkpoint every N steps and at the end (0: never).")
     save_total_limit: int = opt(2, "Keep at most this many checkpoints (0: keep all).")
     eval_steps: int = opt(50, "Evaluate every N steps (0: only at the end).")
     logging_steps: int = opt(5, "Log metrics every N steps.")
