@@ -122,6 +122,14 @@ class CheckpointManager:
             shutil.rmtree(os.path.join(self.ckpt_dir, tag), ignore_errors=True)
 
     # ------------------------------------------------------------------ final output
+    def finish(self, engine, tokenizer, summary: dict, extra_files: dict[str, str] | None = None) -> None:
+        """End of training: HF model and summary.json at the output root, mirrored to the store."""
+        self.strategy.save_hf_model(engine, tokenizer, self.local_dir, extra_files=extra_files)
+        if self.strategy.is_rank_0:
+            storage.write_text(os.path.join(self.local_dir, "summary.json"), json.dumps(summary, indent=2))
+        self.publish()
+        self.strategy.barrier()
+
     def publish(self, names: list[str] | None = None) -> None:
         """Mirror the staging root (final model, logs) to an s3:// output_dir; rank 0 only."""
         if not (self.remote and self.strategy.is_rank_0):

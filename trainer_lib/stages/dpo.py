@@ -17,8 +17,6 @@ rejected: at step 0 this is the starting model's held-out preference accuracy).
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -331,11 +329,7 @@ def run(cfg: DPOConfig) -> dict:
     if cfg.save_steps and start < steps:
         ckpt.save(engine, steps, {"step": steps})
     tracker.close()
-    strategy.save_hf_model(engine, tokenizer, ckpt.local_dir)
-    if strategy.is_rank_0:
-        storage.write_text(os.path.join(ckpt.local_dir, "summary.json"), json.dumps(summary, indent=2))
-    ckpt.publish()
-    strategy.barrier()
+    ckpt.finish(engine, tokenizer, summary)
     return summary
 
 

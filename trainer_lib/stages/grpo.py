@@ -21,8 +21,6 @@ averaged:
 from __future__ import annotations
 
 import functools
-import json
-import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -194,11 +192,7 @@ def run(cfg: GRPOConfig) -> dict:
     finally:
         rewards.close()
     tracker.close()
-    strategy.save_hf_model(engine, tokenizer, ckpt.local_dir)
-    if strategy.is_rank_0:
-        storage.write_text(os.path.join(ckpt.local_dir, "summary.json"), json.dumps(summary, indent=2))
-    ckpt.publish()
-    strategy.barrier()
+    ckpt.finish(engine, tokenizer, summary)
     return summary
 
 

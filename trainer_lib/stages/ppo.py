@@ -23,8 +23,6 @@ and must share the policy's tokenizer.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -282,11 +280,7 @@ def run(cfg: PPOConfig) -> dict:
     finally:
         rewards.close()
     tracker.close()
-    strategy.save_hf_model(actor_engine, tokenizer, ckpt.local_dir)
-    if strategy.is_rank_0:
-        storage.write_text(os.path.join(ckpt.local_dir, "summary.json"), json.dumps(summary, indent=2))
-    ckpt.publish()
-    strategy.barrier()
+    ckpt.finish(actor_engine, tokenizer, summary)
     return summary
 
 

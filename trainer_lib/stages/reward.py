@@ -16,7 +16,6 @@ implicit prompt); an optional numeric ``margin`` column is the per-pair loss mar
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import dataclass
 
@@ -210,11 +209,7 @@ def run(cfg: RewardConfig) -> dict:
     stats["reference_set"] = reference_name
     summary["reward_stats"] = stats
     store_stats(strategy.unwrap(engine), stats)
-    strategy.save_hf_model(engine, tokenizer, ckpt.local_dir, extra_files={STATS_FILE: json.dumps(stats, indent=2)})
-    if strategy.is_rank_0:
-        storage.write_text(os.path.join(ckpt.local_dir, "summary.json"), json.dumps(summary, indent=2))
-    ckpt.publish()
-    strategy.barrier()
+    ckpt.finish(engine, tokenizer, summary, extra_files={STATS_FILE: json.dumps(stats, indent=2)})
     return summary
 
 

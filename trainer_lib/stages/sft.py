@@ -9,8 +9,6 @@ schedules; at the end write a Hugging Face model at the root of ``output_dir``.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from dataclasses import dataclass
 
@@ -144,11 +142,7 @@ def run(cfg: SFTConfig) -> dict:
     if cfg.save_steps and start < steps:
         ckpt.save(engine, steps, {"step": steps})
     tracker.close()
-    strategy.save_hf_model(engine, tokenizer, ckpt.local_dir)
-    if strategy.is_rank_0:
-        storage.write_text(os.path.join(ckpt.local_dir, "summary.json"), json.dumps(summary, indent=2))
-    ckpt.publish()
-    strategy.barrier()
+    ckpt.finish(engine, tokenizer, summary)
     return summary
 
 
