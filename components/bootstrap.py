@@ -31,23 +31,18 @@ def bootstrap(
     preference_dataset: str = "",
     prompt_dataset: str = "",
     seed: int = 0,
-    demo_code_train: int = 3000,
-    demo_code_eval: int = 150,
-    demo_safety_train: int = 500,
-    demo_safety_eval: int = 100,
-    tiny_hidden_size: int = 128,
-    tiny_layers: int = 2,
-    tiny_vocab_size: int = 1024,
+    demo_overrides: list = [],
+    tiny_model_overrides: list = [],
 ):
+    """``demo_overrides`` / ``tiny_model_overrides``: ``key=value`` strings for ``posttrain demo-data`` /
+    ``posttrain tiny-model`` (sizes of the embedded demo; their defaults live in those stages' configs)."""
     import os
     import shutil
 
     from components.common import mark_source
     from trainer_lib.stage_api import run_stage
 
-    counts = run_stage("demo-data", {
-        "output_dir": demo.path, "seed": seed, "n_code_train": demo_code_train, "n_code_eval": demo_code_eval,
-        "n_safety_train": demo_safety_train, "n_safety_eval": demo_safety_eval})["counts"]
+    counts = run_stage("demo-data", [{"seed": seed}, *demo_overrides, {"output_dir": demo.path}])["counts"]
     demo.metadata.update({"kind": "demo", "sft_rows": counts["sft.jsonl"]})
 
     if dataset:
@@ -72,8 +67,6 @@ def bootstrap(
     if base_model:
         mark_source(model, base_model)
     else:
-        run_stage("tiny-model", {
-            "corpus": os.path.join(demo.path, "corpus.txt"), "output_dir": model.path, "seed": seed,
-            "hidden_size": tiny_hidden_size, "num_layers": tiny_layers, "vocab_size": tiny_vocab_size})
-        model.metadata.update({"kind": "tiny", "hidden_size": tiny_hidden_size, "num_layers": tiny_layers,
-                               "vocab_size": tiny_vocab_size})
+        built = run_stage("tiny-model", [{"seed": seed}, *tiny_model_overrides, {
+            "corpus": os.path.join(demo.path, "corpus.txt"), "output_dir": model.path}])
+        model.metadata.update({"kind": "tiny", **{k: built[k] for k in ("hidden_size", "num_layers", "vocab_size")}})

@@ -1,4 +1,4 @@
-"""What every component shares: the image it runs in and two small runtime helpers.
+"""What every component shares: the image it runs in and small runtime helpers.
 
 Module top imports only the standard library: compiling a pipeline imports this file. The
 helpers are imported *inside* component bodies at run time (the image installs this package).
@@ -59,3 +59,17 @@ def last_logged(output_dir: str, split: str = "train") -> dict:
                 if row.get("split") == split:
                     record = row
     return {k: v for k, v in record.items() if k not in ("step", "split", "time")}
+
+
+
+def store_prefix(artifact) -> str | None:
+    """The object-store folder an artifact lives in (``s3://...``), or None when it is not in one.
+
+    KFP's MinIO store is S3-compatible (``minio://bucket/key`` is ``s3://bucket/key`` at the same
+    endpoint); a file artifact's folder is the one holding it.
+    """
+    uris = [u.replace("minio://", "s3://", 1) for u in (source_of(artifact), artifact.uri) if u]
+    store = next((u.rstrip("/") for u in uris if u.startswith("s3://")), None)
+    if store and "." in store.rsplit("/", 1)[-1]:
+        store = store.rsplit("/", 1)[0]
+    return store

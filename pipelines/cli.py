@@ -410,5 +410,16 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def posttrain(argv: list[str] | None = None) -> int:
+    """The ``posttrain`` console command: the library's stages and commands, plus ``posttrain pipeline``.
+
+    It lives here, in the top layer, so that ``trainer_lib`` never imports the pipelines.
+    """
+    from trainer_lib.cli import main as library_main
+
+    pipeline = ("Compile, run locally, submit or schedule the Kubeflow pipelines.", main)
+    return library_main(argv, extra_commands={"pipeline": pipeline})
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,9 +1,10 @@
 """The top-level pipelines, and the registry the CLI compiles, runs and submits.
 
-    posttrain-sft    bootstrap -> sft-stage (prepare -> sft)
-    posttrain-dpo    bootstrap -> sft-stage -> dpo-stage (prepare -> dpo) -> evaluate -> release
-    posttrain-rlhf   bootstrap -> sft-stage -> reward-stage (prepare -> reward) -> ppo | grpo -> evaluate -> release
-    posttrain-all    bootstrap -> sft-stage -> dpo-stage and reward-stage -> grpo -> evaluate (all) -> release
+    posttrain-sft    bootstrap -> prepare -> SFT
+    posttrain-dpo    bootstrap -> prepare -> SFT -> prepare -> DPO -> evaluate -> release
+    posttrain-rlhf   bootstrap -> prepare -> SFT -> prepare -> reward model -> PPO | GRPO -> evaluate -> release
+    posttrain-all    bootstrap -> prepare -> SFT -> (prepare -> DPO) and (prepare -> reward model -> GRPO)
+                     -> evaluate (all) -> release
                      (the embedded default of ``make demo``: DPO and RL side by side against SFT)
 
 ``release`` publishes the candidate only when the evaluation gate passed. The RL algorithm of
@@ -12,10 +13,13 @@
 
 Every DAG starts with ``bootstrap``: with ``base_model`` and ``dataset`` left empty it runs
 the embedded demo (bundled data, a tiny model trained from scratch); otherwise it passes the
-given locations through without copying. To add a pipeline, write it here and list it in
+given locations through without copying. The DAGs are composed from small named steps, plain
+functions (:func:`prepare_and_train`, :func:`evaluate_and_release`) rather than sub-pipelines, so
+they work inside ``dsl.If`` branches under ``kfp.local`` too. To add a pipeline, write it here and list it in
 ``PIPELINES``; ``posttrain pipeline compile`` then writes ``pipelines/compiled/<name>.yaml``.
 """
 
+import inspect
 from typing import NamedTuple
 
 from kfp import dsl
@@ -23,11 +27,10 @@ from kfp.dsl import Metrics, Model
 
 from components.bootstrap import bootstrap
 from components.evaluate import evaluate
-from components.grpo import grpo
-from components.ppo import ppo
+from components.prepare import prepare
 from components.release import release
+from components.train import train
 from pipelines.settings import configure
-from pipelines.stages import dpo_stage, reward_stage, sft_stage
 
 #: The candidate may not regress against the baseline (SFT) beyond these tolerances.
 DEFAULT_GATE = ["task_pass_rate>=baseline-0.02", "harmless_rate>=baseline-0.02",
@@ -35,11 +38,73 @@ DEFAULT_GATE = ["task_pass_rate>=baseline-0.02", "harmless_rate>=baseline-0.02",
 
 Outputs = NamedTuple("Outputs", model=Model, metrics=Metrics)
 
+#: Every parameter of the top-level pipelines, documented once (the KFP UI shows these texts).
+PARAMETER_DOCS = {
+    "base_model": "Model to start from: HF hub id, local dir or s3:// prefix. Empty: a tiny demo model.",
+    "dataset": "SFT data (messages, prompt/completion or text): file, dir, hub id or s3://. Empty: the demo's.",
+    "preference_dataset": "Preference pairs (prompt/chosen/rejected, or prompt/completion/label for KTO) for "
+                          "DPO and the reward model; empty: the demo's.",
+    "prompt_dataset": "RL prompts (a prompt column plus what the reward functions need); empty: the demo's "
+                      "code tasks.",
+    "rl_algorithm": "ppo or grpo (GRPO, Dr. GRPO or RLOO: set advantage= in rl_overrides).",
+    "reward_functions": "Built-in reward names (code_execution, code_style, length_penalty) or module:function.",
+    "reward_weights": "One weight per reward source (functions first, then the reward model); empty: all 1.",
+    "use_reward_model": "Add the trained reward model as a reward source.",
+    "sft_max_steps": "Optimizer steps of SFT.",
+    "lr": "Peak learning rate of SFT.",
+    "sft_lr": "Peak learning rate of SFT.",
+    "dpo_loss": "sigmoid, ipo, hinge, robust, simpo or kto.",
+    "dpo_beta": "Strength of the KL constraint (beta).",
+    "dpo_max_steps": "Optimizer steps of DPO.",
+    "dpo_lr": "Peak learning rate of DPO.",
+    "reward_max_steps": "Optimizer steps of reward-model training.",
+    "rl_max_steps": "RL steps (one rollout batch and its updates each).",
+    "rl_lr": "Peak learning rate of the policy in RL.",
+    "rollout_n": "Samples per prompt.",
+    "max_new_tokens": "Longest sampled completion.",
+    "batch_size": "Per-process micro-batch size of every training stage.",
+    "max_length": "Maximum tokens per example (longer rows are dropped in prepare).",
+    "eval_fraction": "Fraction of rows held out for evaluation when the data has no eval split.",
+    "seed": "Seed for data generation, splits, initialisation, data order and sampling.",
+    "gate_rules": "Release rules such as 'harmless_rate>=0.8' or 'task_pass_rate>=baseline'.",
+    "release_uri": "Where a model that passed the gate is published (s3:// or a path); empty: the release artifact.",
+    "humaneval_limit": "HumanEval problems to evaluate (0: all 164).",
+    "sft_config_yaml": "YAML text with any 'posttrain sft' keys; the typed parameters override it.",
+    "sft_overrides": "'key=value' strings for 'posttrain sft', e.g. lora.r=8; they override everything else.",
+    "prepare_overrides": "'key=value' strings for 'posttrain prepare', e.g. max_rows=1000.",
+    "dpo_overrides": "'key=value' strings for 'posttrain dpo', e.g. lora.r=8.",
+    "reward_overrides": "'key=value' strings for 'posttrain reward'.",
+    "rl_overrides": "'key=value' strings for 'posttrain ppo' or 'posttrain grpo'.",
+    "evaluate_overrides": "'key=value' strings for 'posttrain evaluate'.",
+    "demo_overrides": "Embedded demo only: 'key=value' strings for 'posttrain demo-data' (e.g. n_code_train=500).",
+    "tiny_model_overrides": "Embedded demo only: 'key=value' strings for 'posttrain tiny-model' "
+                            "(e.g. hidden_size=64, num_layers=2).",
+}
 
-def start(base_model: str, dataset: str, seed: int, demo_sizes: dict, tiny_sizes: dict, **datasets):
+
+def documented(summary: str):
+    """Give a pipeline function its docstring: ``summary`` and the Args of PARAMETER_DOCS (KFP reads them)."""
+    def decorate(func):
+        names = list(inspect.signature(func).parameters)
+        func.__doc__ = summary + "\n\nArgs:\n" + "\n".join(f"    {n}: {PARAMETER_DOCS[n]}" for n in names)
+        return func
+    return decorate
+
+
+def start(base_model: str, dataset: str, seed: int, demo_overrides: list, tiny_model_overrides: list,
+          **datasets):
     """The bootstrap task every DAG begins with."""
-    return configure(bootstrap(base_model=base_model, dataset=dataset, seed=seed, **datasets, **demo_sizes,
-                               **tiny_sizes), "bootstrap")
+    return configure(bootstrap(base_model=base_model, dataset=dataset, seed=seed, demo_overrides=demo_overrides,
+                               tiny_model_overrides=tiny_model_overrides, **datasets), "bootstrap")
+
+
+def prepare_and_train(stage: str, title: str, model, data, *, max_length, seed, prepare_overrides=[],
+                      eval_fraction: float = 0.05, **training):
+    """Validate, normalize and split ``data`` for ``stage`` (``prepare``), then train ``model`` on it."""
+    prepared = configure(prepare(data=data, model=model, max_length=max_length, eval_fraction=eval_fraction,
+                                 seed=seed, overrides=prepare_overrides), f"prepare {title} data")
+    return configure(train(stage=stage, model=model, data=prepared.outputs["prepared"], max_length=max_length,
+                           seed=seed, **training), title)
 
 
 def evaluate_and_release(boot, candidate, baseline, candidate_label: str, gate_rules, release_uri,
@@ -63,6 +128,7 @@ def evaluate_and_release(boot, candidate, baseline, candidate_label: str, gate_r
 
 
 @dsl.pipeline(name="posttrain-sft")
+@documented("Supervised fine-tuning: bootstrap -> prepare -> sft. Empty base_model and dataset run the demo.")
 def posttrain_sft(
     base_model: str = "",
     dataset: str = "",
@@ -75,47 +141,19 @@ def posttrain_sft(
     sft_config_yaml: str = "",
     sft_overrides: list = [],
     prepare_overrides: list = [],
-    demo_code_train: int = 3000,
-    demo_code_eval: int = 150,
-    demo_safety_train: int = 500,
-    demo_safety_eval: int = 100,
-    tiny_hidden_size: int = 128,
-    tiny_layers: int = 2,
-    tiny_vocab_size: int = 1024,
+    demo_overrides: list = [],
+    tiny_model_overrides: list = [],
 ) -> Outputs:
-    """Supervised fine-tuning: bootstrap -> prepare -> sft. Empty base_model and dataset run the demo.
-
-    Args:
-        base_model: Model to fine-tune: HF hub id, local dir or s3:// prefix. Empty: a tiny demo model.
-        dataset: SFT data (messages, prompt/completion or text): file, dir, hub id or s3://. Empty: demo data.
-        sft_max_steps: Optimizer steps of SFT.
-        lr: Peak learning rate of SFT.
-        batch_size: Per-process micro-batch size of SFT.
-        max_length: Maximum tokens per example (longer rows are dropped in prepare).
-        eval_fraction: Fraction of rows held out for evaluation when the data has no eval split.
-        seed: Seed for data generation, splits, initialisation and data order.
-        sft_config_yaml: YAML text with any 'posttrain sft' keys; the typed parameters override it.
-        sft_overrides: 'key=value' strings for 'posttrain sft', e.g. lora.r=8; they override everything else.
-        prepare_overrides: 'key=value' strings for 'posttrain prepare', e.g. max_rows=1000.
-        demo_code_train: Demo data: training code tasks.
-        demo_code_eval: Demo data: held-out code tasks.
-        demo_safety_train: Demo data: training safety rows.
-        demo_safety_eval: Demo data: held-out safety prompts.
-        tiny_hidden_size: Demo model: hidden size.
-        tiny_layers: Demo model: transformer layers.
-        tiny_vocab_size: Demo model: BPE vocabulary size.
-    """
-    boot = start(base_model, dataset, seed,
-                 dict(demo_code_train=demo_code_train, demo_code_eval=demo_code_eval,
-                      demo_safety_train=demo_safety_train, demo_safety_eval=demo_safety_eval),
-                 dict(tiny_hidden_size=tiny_hidden_size, tiny_layers=tiny_layers, tiny_vocab_size=tiny_vocab_size))
-    tuned = sft_stage(model=boot.outputs["model"], data=boot.outputs["data"], max_steps=sft_max_steps, lr=lr,
-                      batch_size=batch_size, max_length=max_length, eval_fraction=eval_fraction, seed=seed,
-                      config_yaml=sft_config_yaml, overrides=sft_overrides, prepare_overrides=prepare_overrides)
-    return Outputs(model=tuned.outputs["model"], metrics=tuned.outputs["metrics"])
+    boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides)
+    tuned = prepare_and_train("sft", "SFT", boot.outputs["model"], boot.outputs["data"], max_steps=sft_max_steps,
+                              lr=lr, batch_size=batch_size, max_length=max_length, eval_fraction=eval_fraction,
+                              seed=seed, config_yaml=sft_config_yaml, overrides=sft_overrides,
+                              prepare_overrides=prepare_overrides)
+    return Outputs(model=tuned.outputs["output_model"], metrics=tuned.outputs["metrics"])
 
 
 @dsl.pipeline(name="posttrain-dpo")
+@documented("SFT then DPO (or IPO, hinge, robust, SimPO, KTO), evaluated against SFT and released if the gate passes.")
 def posttrain_dpo(
     base_model: str = "",
     dataset: str = "",
@@ -135,58 +173,22 @@ def posttrain_dpo(
     sft_overrides: list = [],
     dpo_overrides: list = [],
     evaluate_overrides: list = [],
-    demo_code_train: int = 3000,
-    demo_code_eval: int = 150,
-    demo_safety_train: int = 500,
-    demo_safety_eval: int = 100,
-    tiny_hidden_size: int = 128,
-    tiny_layers: int = 2,
-    tiny_vocab_size: int = 1024,
+    demo_overrides: list = [],
+    tiny_model_overrides: list = [],
 ):
-    """SFT then DPO (or IPO, hinge, robust, SimPO, KTO), evaluated against SFT and released if the gate passes.
-
-    Args:
-        base_model: Model to start from: HF hub id, local dir or s3:// prefix. Empty: a tiny demo model.
-        dataset: SFT data; empty: the demo's.
-        preference_dataset: Preference pairs (prompt/chosen/rejected, or prompt/completion/label for KTO); empty: the demo's.
-        sft_max_steps: Optimizer steps of SFT.
-        sft_lr: Peak learning rate of SFT.
-        dpo_loss: sigmoid, ipo, hinge, robust, simpo or kto.
-        dpo_beta: Strength of the KL constraint (beta).
-        dpo_max_steps: Optimizer steps of DPO.
-        dpo_lr: Peak learning rate of DPO.
-        batch_size: Per-process micro-batch size of every training stage.
-        max_length: Maximum tokens per example.
-        seed: Seed for data, splits, initialisation and sampling.
-        gate_rules: Release rules such as 'harmless_rate>=0.8' or 'task_pass_rate>=baseline'.
-        release_uri: Where a model that passed the gate is published (s3:// or a path); empty: the release artifact.
-        humaneval_limit: HumanEval problems to evaluate (0: all 164).
-        sft_overrides: 'key=value' strings for 'posttrain sft'.
-        dpo_overrides: 'key=value' strings for 'posttrain dpo', e.g. lora.r=8.
-        evaluate_overrides: 'key=value' strings for 'posttrain evaluate'.
-        demo_code_train: Demo data: training code tasks.
-        demo_code_eval: Demo data: held-out code tasks.
-        demo_safety_train: Demo data: training safety rows.
-        demo_safety_eval: Demo data: held-out safety prompts.
-        tiny_hidden_size: Demo model: hidden size.
-        tiny_layers: Demo model: transformer layers.
-        tiny_vocab_size: Demo model: BPE vocabulary size.
-    """
-    boot = start(base_model, dataset, seed,
-                 dict(demo_code_train=demo_code_train, demo_code_eval=demo_code_eval,
-                      demo_safety_train=demo_safety_train, demo_safety_eval=demo_safety_eval),
-                 dict(tiny_hidden_size=tiny_hidden_size, tiny_layers=tiny_layers, tiny_vocab_size=tiny_vocab_size),
+    boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides,
                  preference_dataset=preference_dataset)
-    tuned = sft_stage(model=boot.outputs["model"], data=boot.outputs["data"], max_steps=sft_max_steps, lr=sft_lr,
-                      batch_size=batch_size, max_length=max_length, seed=seed, overrides=sft_overrides)
-    aligned = dpo_stage(model=tuned.outputs["model"], data=boot.outputs["preferences"], loss=dpo_loss,
-                        beta=dpo_beta, max_steps=dpo_max_steps, lr=dpo_lr, batch_size=batch_size,
-                        max_length=max_length, seed=seed, overrides=dpo_overrides)
-    evaluate_and_release(boot, aligned.outputs["model"], tuned.outputs["model"], "dpo", gate_rules, release_uri,
-                         humaneval_limit, seed, evaluate_overrides)
+    common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
+    sft = prepare_and_train("sft", "SFT", boot.outputs["model"], boot.outputs["data"], max_steps=sft_max_steps,
+                            lr=sft_lr, overrides=sft_overrides, **common).outputs["output_model"]
+    dpo = prepare_and_train("dpo", "DPO", sft, boot.outputs["preferences"], max_steps=dpo_max_steps, lr=dpo_lr,
+                            params={"loss": dpo_loss, "beta": dpo_beta}, overrides=dpo_overrides,
+                            **common).outputs["output_model"]
+    evaluate_and_release(boot, dpo, sft, "dpo", gate_rules, release_uri, humaneval_limit, seed, evaluate_overrides)
 
 
 @dsl.pipeline(name="posttrain-rlhf")
+@documented("SFT, a reward model, then PPO or GRPO/RLOO with the reward model and reward functions; gated release.")
 def posttrain_rlhf(
     base_model: str = "",
     dataset: str = "",
@@ -213,79 +215,40 @@ def posttrain_rlhf(
     reward_overrides: list = [],
     rl_overrides: list = [],
     evaluate_overrides: list = [],
-    demo_code_train: int = 3000,
-    demo_code_eval: int = 150,
-    demo_safety_train: int = 500,
-    demo_safety_eval: int = 100,
-    tiny_hidden_size: int = 128,
-    tiny_layers: int = 2,
-    tiny_vocab_size: int = 1024,
+    demo_overrides: list = [],
+    tiny_model_overrides: list = [],
 ):
-    """SFT, a reward model, then PPO or GRPO/RLOO with the reward model and reward functions; gated release.
-
-    Args:
-        base_model: Model to start from: HF hub id, local dir or s3:// prefix. Empty: a tiny demo model.
-        dataset: SFT data; empty: the demo's.
-        preference_dataset: Preference pairs for the reward model; empty: the demo's.
-        prompt_dataset: RL prompts (a prompt column plus what the reward functions need); empty: the demo's code tasks.
-        rl_algorithm: ppo or grpo (GRPO, Dr. GRPO or RLOO: set advantage= in rl_overrides).
-        reward_functions: Built-in reward names (code_execution, code_style, length_penalty) or module:function.
-        reward_weights: One weight per reward source (functions first, then the reward model); empty: all 1.
-        use_reward_model: Add the trained reward model as a reward source.
-        sft_max_steps: Optimizer steps of SFT.
-        sft_lr: Peak learning rate of SFT.
-        reward_max_steps: Optimizer steps of reward-model training.
-        rl_max_steps: RL steps (one rollout batch and its updates each).
-        rl_lr: Peak learning rate of the policy.
-        rollout_n: Samples per prompt.
-        max_new_tokens: Longest sampled completion.
-        batch_size: Per-process micro-batch size of every training stage.
-        max_length: Maximum tokens per example.
-        seed: Seed for data, splits, initialisation and sampling.
-        gate_rules: Release rules such as 'task_pass_rate>=baseline'.
-        release_uri: Where a model that passed the gate is published (s3:// or a path); empty: the release artifact.
-        humaneval_limit: HumanEval problems to evaluate (0: all 164).
-        sft_overrides: 'key=value' strings for 'posttrain sft'.
-        reward_overrides: 'key=value' strings for 'posttrain reward'.
-        rl_overrides: 'key=value' strings for 'posttrain ppo' or 'posttrain grpo'.
-        evaluate_overrides: 'key=value' strings for 'posttrain evaluate'.
-        demo_code_train: Demo data: training code tasks.
-        demo_code_eval: Demo data: held-out code tasks.
-        demo_safety_train: Demo data: training safety rows.
-        demo_safety_eval: Demo data: held-out safety prompts.
-        tiny_hidden_size: Demo model: hidden size.
-        tiny_layers: Demo model: transformer layers.
-        tiny_vocab_size: Demo model: BPE vocabulary size.
-    """
-    boot = start(base_model, dataset, seed,
-                 dict(demo_code_train=demo_code_train, demo_code_eval=demo_code_eval,
-                      demo_safety_train=demo_safety_train, demo_safety_eval=demo_safety_eval),
-                 dict(tiny_hidden_size=tiny_hidden_size, tiny_layers=tiny_layers, tiny_vocab_size=tiny_vocab_size),
+    boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides,
                  preference_dataset=preference_dataset, prompt_dataset=prompt_dataset)
-    tuned = sft_stage(model=boot.outputs["model"], data=boot.outputs["data"], max_steps=sft_max_steps, lr=sft_lr,
-                      batch_size=batch_size, max_length=max_length, seed=seed, overrides=sft_overrides)
-    scorer = reward_stage(model=tuned.outputs["model"], data=boot.outputs["preferences"],
-                          max_steps=reward_max_steps, batch_size=batch_size, max_length=max_length, seed=seed,
-                          overrides=reward_overrides)
-    rl = dict(data=boot.outputs["prompts"], reward_functions=reward_functions, reward_weights=reward_weights,
-              rollout_n=rollout_n, max_new_tokens=max_new_tokens, max_steps=rl_max_steps, lr=rl_lr,
-              batch_size=batch_size, max_length=max_length, seed=seed, overrides=rl_overrides)
-    for algorithm, component in (("ppo", ppo), ("grpo", grpo)):
+    common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
+    sft = prepare_and_train("sft", "SFT", boot.outputs["model"], boot.outputs["data"], max_steps=sft_max_steps,
+                            lr=sft_lr, overrides=sft_overrides, **common).outputs["output_model"]
+    scorer = prepare_and_train("reward", "reward model", sft, boot.outputs["preferences"],
+                               max_steps=reward_max_steps, overrides=reward_overrides,
+                               **common).outputs["output_model"]
+    rollouts = {"reward.functions": reward_functions, "reward.weights": reward_weights, "rollout.n": rollout_n,
+                "rollout.max_new_tokens": max_new_tokens}
+
+    def rl_then_release(algorithm: str, reward_model=None):
+        """One RL branch: train the policy from SFT, evaluate it against SFT, release if it passed."""
+        sources = {"reward_model": reward_model} if reward_model is not None else {}
+        policy = configure(train(stage=algorithm, model=sft, data=boot.outputs["prompts"], max_steps=rl_max_steps,
+                                 lr=rl_lr, params=rollouts, overrides=rl_overrides, **sources, **common),
+                           algorithm.upper())
+        evaluate_and_release(boot, policy.outputs["output_model"], sft, algorithm, gate_rules, release_uri,
+                             humaneval_limit, seed, evaluate_overrides, reward_model=scorer)
+
+    for algorithm in ("ppo", "grpo"):
         with dsl.If(rl_algorithm == algorithm, name=algorithm):
             with dsl.If(use_reward_model == True, name=f"{algorithm} with reward model"):  # noqa: E712
-                policy = configure(component(model=tuned.outputs["model"], reward_model=scorer.outputs["model"], **rl),
-                                   algorithm.upper())
-                evaluate_and_release(boot, policy.outputs["output_model"], tuned.outputs["model"], algorithm,
-                                     gate_rules, release_uri, humaneval_limit, seed, evaluate_overrides,
-                                     reward_model=scorer.outputs["model"])
+                rl_then_release(algorithm, scorer)
             with dsl.Else(name=f"{algorithm} with reward functions only"):
-                policy = configure(component(model=tuned.outputs["model"], **rl), algorithm.upper())
-                evaluate_and_release(boot, policy.outputs["output_model"], tuned.outputs["model"], algorithm,
-                                     gate_rules, release_uri, humaneval_limit, seed, evaluate_overrides,
-                                     reward_model=scorer.outputs["model"])
+                rl_then_release(algorithm)
 
 
 @dsl.pipeline(name="posttrain-all")
+@documented("SFT, then DPO and reward model + GRPO side by side; one evaluation of base, SFT, DPO and GRPO; "
+            "gated release of GRPO.")
 def posttrain_all(
     base_model: str = "",
     dataset: str = "",
@@ -313,72 +276,25 @@ def posttrain_all(
     reward_overrides: list = [],
     rl_overrides: list = [],
     evaluate_overrides: list = [],
-    demo_code_train: int = 3000,
-    demo_code_eval: int = 150,
-    demo_safety_train: int = 500,
-    demo_safety_eval: int = 100,
-    tiny_hidden_size: int = 128,
-    tiny_layers: int = 2,
-    tiny_vocab_size: int = 1024,
+    demo_overrides: list = [],
+    tiny_model_overrides: list = [],
 ):
-    """SFT, then DPO and reward model + GRPO side by side; one evaluation of base, SFT, DPO and GRPO; gated release of GRPO.
-
-    Args:
-        base_model: Model to start from: HF hub id, local dir or s3:// prefix. Empty: a tiny demo model.
-        dataset: SFT data; empty: the demo's.
-        preference_dataset: Preference pairs for DPO and the reward model; empty: the demo's.
-        prompt_dataset: RL prompts; empty: the demo's code tasks.
-        reward_functions: Built-in reward names or module:function, used with the reward model.
-        sft_max_steps: Optimizer steps of SFT.
-        sft_lr: Peak learning rate of SFT.
-        dpo_loss: sigmoid, ipo, hinge, robust, simpo or kto.
-        dpo_max_steps: Optimizer steps of DPO.
-        dpo_lr: Peak learning rate of DPO.
-        reward_max_steps: Optimizer steps of reward-model training.
-        rl_max_steps: GRPO steps.
-        rl_lr: Peak learning rate of GRPO.
-        rollout_n: Samples per prompt.
-        max_new_tokens: Longest sampled completion.
-        batch_size: Per-process micro-batch size of every training stage.
-        max_length: Maximum tokens per example.
-        seed: Seed for data, splits, initialisation and sampling.
-        gate_rules: Release rules such as 'task_pass_rate>=baseline'.
-        release_uri: Where a model that passed the gate is published (s3:// or a path); empty: the release artifact.
-        humaneval_limit: HumanEval problems to evaluate (0: all 164).
-        sft_overrides: 'key=value' strings for 'posttrain sft'.
-        dpo_overrides: 'key=value' strings for 'posttrain dpo'.
-        reward_overrides: 'key=value' strings for 'posttrain reward'.
-        rl_overrides: 'key=value' strings for 'posttrain grpo'.
-        evaluate_overrides: 'key=value' strings for 'posttrain evaluate'.
-        demo_code_train: Demo data: training code tasks.
-        demo_code_eval: Demo data: held-out code tasks.
-        demo_safety_train: Demo data: training safety rows.
-        demo_safety_eval: Demo data: held-out safety prompts.
-        tiny_hidden_size: Demo model: hidden size.
-        tiny_layers: Demo model: transformer layers.
-        tiny_vocab_size: Demo model: BPE vocabulary size.
-    """
-    boot = start(base_model, dataset, seed,
-                 dict(demo_code_train=demo_code_train, demo_code_eval=demo_code_eval,
-                      demo_safety_train=demo_safety_train, demo_safety_eval=demo_safety_eval),
-                 dict(tiny_hidden_size=tiny_hidden_size, tiny_layers=tiny_layers, tiny_vocab_size=tiny_vocab_size),
+    boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides,
                  preference_dataset=preference_dataset, prompt_dataset=prompt_dataset)
-    tuned = sft_stage(model=boot.outputs["model"], data=boot.outputs["data"], max_steps=sft_max_steps, lr=sft_lr,
-                      batch_size=batch_size, max_length=max_length, seed=seed, overrides=sft_overrides)
-    aligned = dpo_stage(model=tuned.outputs["model"], data=boot.outputs["preferences"], loss=dpo_loss,
-                        max_steps=dpo_max_steps, lr=dpo_lr, batch_size=batch_size, max_length=max_length,
-                        seed=seed, overrides=dpo_overrides)
-    scorer = reward_stage(model=tuned.outputs["model"], data=boot.outputs["preferences"],
-                          max_steps=reward_max_steps, batch_size=batch_size, max_length=max_length, seed=seed,
-                          overrides=reward_overrides)
-    policy = configure(grpo(model=tuned.outputs["model"], data=boot.outputs["prompts"],
-                            reward_model=scorer.outputs["model"], reward_functions=reward_functions,
-                            rollout_n=rollout_n, max_new_tokens=max_new_tokens, max_steps=rl_max_steps, lr=rl_lr,
-                            batch_size=batch_size, max_length=max_length, seed=seed, overrides=rl_overrides),
+    common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
+    sft = prepare_and_train("sft", "SFT", boot.outputs["model"], boot.outputs["data"], max_steps=sft_max_steps,
+                            lr=sft_lr, overrides=sft_overrides, **common).outputs["output_model"]
+    dpo = prepare_and_train("dpo", "DPO", sft, boot.outputs["preferences"], max_steps=dpo_max_steps, lr=dpo_lr,
+                            params={"loss": dpo_loss}, overrides=dpo_overrides, **common).outputs["output_model"]
+    scorer = prepare_and_train("reward", "reward model", sft, boot.outputs["preferences"],
+                               max_steps=reward_max_steps, overrides=reward_overrides,
+                               **common).outputs["output_model"]
+    rollouts = {"reward.functions": reward_functions, "rollout.n": rollout_n, "rollout.max_new_tokens": max_new_tokens}
+    policy = configure(train(stage="grpo", model=sft, data=boot.outputs["prompts"], reward_model=scorer,
+                             max_steps=rl_max_steps, lr=rl_lr, params=rollouts, overrides=rl_overrides, **common),
                        "GRPO")
-    evaluate_and_release(boot, policy.outputs["output_model"], tuned.outputs["model"], "grpo", gate_rules,
-                         release_uri, humaneval_limit, seed, evaluate_overrides, extra=aligned.outputs["model"],
-                         extra_label="dpo", reward_model=scorer.outputs["model"])
+    evaluate_and_release(boot, policy.outputs["output_model"], sft, "grpo", gate_rules, release_uri, humaneval_limit,
+                         seed, evaluate_overrides, extra=dpo, extra_label="dpo", reward_model=scorer)
 
 
 #: name -> pipeline; the CLI and the compile test iterate over this.

@@ -40,11 +40,7 @@ RESOURCES = {
 STAGE_KIND = {
     "bootstrap": "light",
     "prepare": "light",
-    "sft": "train",
-    "reward": "train",
-    "dpo": "train",
-    "ppo": "train",
-    "grpo": "train",
+    "train": "train",  # sft, reward, dpo, ppo, grpo
     "evaluate": "train",  # generates with the models
     "release": "light",
     "export": "light",

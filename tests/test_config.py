@@ -63,9 +63,13 @@ def test_cli_exit_code_2_and_message(capsys, tmp_path):
 
 
 def test_help_lists_every_option(capsys):
+    from pipelines.cli import posttrain
+
     assert main(["--help"]) == 0
     top = capsys.readouterr().out
-    assert "sft" in top and "prepare" in top and "pipeline" in top
+    assert "sft" in top and "prepare" in top and "pipeline" not in top  # the library knows no pipelines
+    assert posttrain(["--help"]) == 0  # the console command adds them
+    assert "pipeline" in capsys.readouterr().out
     for stage in ("sft", "prepare"):
         assert main([stage, "--help"]) == 0
         out = capsys.readouterr().out
@@ -83,3 +87,19 @@ def test_print_config_round_trips(capsys, tmp_path):
     dumped.write_text(capsys.readouterr().out)
     cfg = load_config(SFTConfig, str(dumped))
     assert cfg.max_steps == 3 and cfg.model.path == "m"
+
+
+def test_values_given_as_text_parse_like_the_command_line():
+    """KFP fills a dict parameter from pipeline parameters as text ('200.0', "['a', 'b']", 'True')."""
+    from trainer_lib.stages.grpo import GRPOConfig
+
+    cfg = load_config(GRPOConfig, None, {"model": {"path": "m"}, "data": {"path": "d"}, "output_dir": "o",
+                                         "max_steps": "200.0", "lr": "1e-05", "resume": "True",
+                                         "reward": {"functions": "['code_execution', 'my.mod:fn']",
+                                                    "weights": "[1.0, 0.5]"}})
+    assert cfg.max_steps == 200 and cfg.lr == 1e-5 and cfg.resume is True
+    assert cfg.reward.functions == ["code_execution", "my.mod:fn"] and cfg.reward.weights == [1.0, 0.5]
+    with pytest.raises(ConfigError, match="max_steps: expected an integer"):
+        load_config(GRPOConfig, None, {"max_steps": "200.5"})
+    with pytest.raises(ConfigError, match="reward.functions: expected a list"):
+        load_config(GRPOConfig, None, {"reward": {"functions": "[unclosed"}})

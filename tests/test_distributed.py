@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from conftest import clean_env
+from tests.conftest import clean_env
 
 pytestmark = pytest.mark.distributed
 

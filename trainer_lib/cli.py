@@ -1,10 +1,12 @@
-"""``posttrain``: one command line for every stage and for the pipeline.
+"""``posttrain``: one command line for every stage.
 
     posttrain <stage> [--config FILE] [--nproc N] [key=value ...]
-    posttrain pipeline {compile,run,submit,schedule} ...
+    posttrain humaneval --samples FILE --out DIR
 
-Stages are looked up lazily so ``posttrain --help`` needs no torch. A stage module exposes
-``CONFIG`` (its dataclass) and ``run(cfg) -> dict``.
+Stages come from the registry in :mod:`trainer_lib.stages` and are imported lazily, so
+``posttrain --help`` needs no torch. Commands that belong to the layers above the library
+(``posttrain pipeline``) are handed in by the console entry point (:func:`pipelines.cli.posttrain`)
+as ``extra_commands``; this module never imports them.
 """
 
 from __future__ import annotations
@@ -15,33 +17,22 @@ import json
 import os
 import sys
 import textwrap
+from typing import Callable
 
 from trainer_lib.config import ConfigError, describe, load_config
+from trainer_lib.stages import STAGES, stage_module
 
-# name -> (module, one-line description)
-STAGES = {
-    "prepare": ("trainer_lib.stages.prepare", "Validate, normalize, filter and split a dataset."),
-    "sft": ("trainer_lib.stages.sft", "Supervised fine-tuning with prompt-masked loss and packing."),
-    "reward": ("trainer_lib.stages.reward", "Train a pairwise (Bradley-Terry) reward model."),
-    "dpo": ("trainer_lib.stages.dpo", "Direct preference optimization (DPO, IPO, SimPO, KTO, ...)."),
-    "ppo": ("trainer_lib.stages.ppo", "PPO with a critic, GAE and KL control."),
-    "grpo": ("trainer_lib.stages.grpo", "Critic-free RL: GRPO, Dr. GRPO, RLOO."),
-    "evaluate": ("trainer_lib.stages.evaluate", "Evaluate models, write report and gate decision."),
-    "release": ("trainer_lib.stages.release", "Publish a model that passed the evaluation gate."),
-    "export": ("trainer_lib.stages.export", "ONNX export and INT8 quantization with parity check."),
-    "deploy": ("trainer_lib.stages.deploy", "Publish a Triton model repository and load it."),
-    "tiny-model": ("trainer_lib.stages.tiny_model", "Train a tokenizer and build a tiny model (demo, tests)."),
-    "demo-data": ("trainer_lib.stages.demo_data", "Write the bundled deterministic demo datasets."),
+Command = tuple[str, Callable[[list[str]], int]]  # (one-line help, main(argv) -> exit code)
+
+
+def _lazy(module: str) -> Callable[[list[str]], int]:
+    return lambda argv: importlib.import_module(module).main(argv)
+
+
+#: Library commands that are not stages: name -> (help, main).
+COMMANDS: dict[str, Command] = {
+    "humaneval": ("Score a HumanEval completions file (pass@k) without a model.", _lazy("trainer_lib.eval.cli")),
 }
-
-
-def _available() -> dict:
-    out = {}
-    for name, (module, text) in STAGES.items():
-        path = os.path.join(os.path.dirname(__file__), *module.split(".")[1:]) + ".py"
-        if os.path.exists(path):
-            out[name] = (module, text)
-    return out
 
 
 def _stage_help(name: str, module) -> str:
@@ -59,8 +50,12 @@ def _stage_help(name: str, module) -> str:
     return "\n".join(lines)
 
 
-def run_stage(name: str, argv: list[str]) -> int:
-    module = importlib.import_module(_available()[name][0])
+def stage_main(name: str, argv: list[str]) -> int:
+    """``posttrain <stage> ...``: parse, validate, then run in this process or in N workers."""
+    from trainer_lib.errors import UserError
+    from trainer_lib.stage_api import run_config
+
+    module = stage_module(name)
     parser = argparse.ArgumentParser(prog=f"posttrain {name}", add_help=False)
     parser.add_argument("-h", "--help", action="store_true")
     parser.add_argument("--config")
@@ -89,10 +84,8 @@ def run_stage(name: str, argv: list[str]) -> int:
         from trainer_lib.launch import launch_workers
 
         return launch_workers(args.nproc, ["-m", "trainer_lib.cli", name, *argv_without_nproc(argv)])
-    from trainer_lib.errors import UserError
-
     try:
-        summary = module.run(cfg)
+        summary = run_config(name, cfg)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -116,33 +109,25 @@ def argv_without_nproc(argv: list[str]) -> list[str]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, extra_commands: dict[str, Command] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    stages = _available()
+    commands = {**COMMANDS, **(extra_commands or {})}
     if not argv or argv[0] in ("-h", "--help", "help"):
         print("usage: posttrain <command> [--config FILE] [--nproc N] [key=value ...]\n")
         print("LLM post-training stages (each also runs as a Kubeflow component):\n")
-        for name, (_, text) in stages.items():
+        for name, (_, text) in STAGES.items():
             print(f"  {name:<12}{text}")
-        here = os.path.dirname(__file__)
-        if os.path.exists(os.path.join(here, "eval", "cli.py")):
-            print(f"  {'humaneval':<12}Score a HumanEval completions file (pass@k) without a model.")
-        print(f"  {'pipeline':<12}Compile, run locally, submit or schedule the Kubeflow pipelines.")
+        for name, (text, _) in commands.items():
+            print(f"  {name:<12}{text}")
         print("\nRun 'posttrain <command> --help' for every option of a command.")
         return 0
     command, rest = argv[0], argv[1:]
-    if command == "pipeline":
-        from pipelines.cli import main as pipeline_main
-
-        return pipeline_main(rest)
-    if command == "humaneval" and os.path.exists(os.path.join(os.path.dirname(__file__), "eval", "cli.py")):
-        from trainer_lib.eval.cli import main as humaneval_main
-
-        return humaneval_main(rest)
-    if command not in stages:
+    if command in commands:
+        return commands[command][1](rest)
+    if command not in STAGES:
         print(f"error: unknown command '{command}' (see posttrain --help)", file=sys.stderr)
         return 2
-    return run_stage(command, rest)
+    return stage_main(command, rest)
 
 
 if __name__ == "__main__":

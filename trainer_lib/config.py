@@ -123,9 +123,9 @@ class TrainingConfig:
         _require(self.output_dir, "output_dir", "a local path or s3:// prefix")
         _require(self.model.path, "model.path", "an HF id, local dir or s3:// prefix")
         _require(self.data.path, "data.path", "a dataset path")
-        _positive(self, "max_steps", "batch_size", "eval_batch_size", "logging_steps",
+        check_positive(self, "max_steps", "batch_size", "eval_batch_size", "logging_steps",
                   "engine.gradient_accumulation_steps", "data.max_length")
-        _non_negative(self, "save_steps", "eval_steps", "warmup_steps", "lora.r", "weight_decay",
+        check_non_negative(self, "save_steps", "eval_steps", "warmup_steps", "lora.r", "weight_decay",
                       "save_total_limit", "num_epochs", "engine.max_grad_norm")
         if not self.lr > 0:
             raise ConfigError(f"lr: expected a positive number, got {self.lr}")
@@ -139,7 +139,8 @@ class TrainingConfig:
             raise ConfigError("lora.target_modules: expected at least one module name when lora.r > 0")
 
 
-def _get(cfg: Any, dotted: str) -> Any:
+def lookup(cfg: Any, dotted: str) -> Any:
+    """``lookup(cfg, "engine.zero_stage")``: the value of a dotted key."""
     for part in dotted.split("."):
         cfg = getattr(cfg, part)
     return cfg
@@ -150,22 +151,40 @@ def _require(value: Any, key: str, what: str) -> None:
         raise ConfigError(f"{key}: required, expected {what}")
 
 
-def _positive(cfg: Any, *keys: str) -> None:
+def check_positive(cfg: Any, *keys: str) -> None:
+    """A ConfigError naming the first of ``keys`` (dotted) whose value is not > 0."""
     for key in keys:
-        if not _get(cfg, key) > 0:
-            raise ConfigError(f"{key}: expected a positive number, got {_get(cfg, key)}")
+        if not lookup(cfg, key) > 0:
+            raise ConfigError(f"{key}: expected a positive number, got {lookup(cfg, key)}")
 
 
-def _non_negative(cfg: Any, *keys: str) -> None:
+def check_non_negative(cfg: Any, *keys: str) -> None:
+    """A ConfigError naming the first of ``keys`` (dotted) whose value is < 0."""
     for key in keys:
-        if _get(cfg, key) < 0:
-            raise ConfigError(f"{key}: expected >= 0, got {_get(cfg, key)}")
+        if lookup(cfg, key) < 0:
+            raise ConfigError(f"{key}: expected >= 0, got {lookup(cfg, key)}")
 
 
 # --------------------------------------------------------------------------- parsing
 
 _TRUE = {"true", "yes", "1", "on"}
 _FALSE = {"false", "no", "0", "off"}
+
+
+def _number(value: Any) -> int | float | None:
+    """A number, or text of one ("3", "1e-4", and "200.0" as a pipeline backend writes whole numbers);
+    None for anything else (booleans included)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        for parse in (int, float):
+            try:
+                return parse(value)
+            except ValueError:
+                pass
+    return None
 
 
 def _coerce(value: Any, tp: Any, key: str) -> Any:
@@ -179,7 +198,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return _coerce(value, args[0], key)
     if origin is list:
         (item_tp,) = typing.get_args(tp)
-        if isinstance(value, str):
+        if isinstance(value, str) and value.strip().startswith("["):  # a YAML/JSON list given as text
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError:
+                raise ConfigError(f"{key}: expected a list, got {value!r}") from None
+        elif isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key}: expected a list, got {value!r}")
@@ -190,28 +214,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if isinstance(value, str) and value.lower() in _TRUE | _FALSE:
             return value.lower() in _TRUE
         raise ConfigError(f"{key}: expected true or false, got {value!r}")
-    if tp is int:
-        if isinstance(value, bool):
-            raise ConfigError(f"{key}: expected an integer, got {value!r}")
-        if isinstance(value, int):
-            return value
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if isinstance(value, str):
-            try:
-                return int(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected an integer, got {value!r}")
-    if tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise ConfigError(f"{key}: expected a number, got {value!r}")
+    if tp in (int, float):
+        number = _number(value)
+        if number is None or (tp is int and not float(number).is_integer()):
+            raise ConfigError(f"{key}: expected {'an integer' if tp is int else 'a number'}, got {value!r}")
+        return int(number) if tp is int else float(number)
     if tp is str:
         if isinstance(value, (dict, list)):
             raise ConfigError(f"{key}: expected a string, got {value!r}")
@@ -274,10 +281,11 @@ def parse_overrides(overrides: list[str]) -> dict:
     return tree
 
 
-def _merge(base: dict, extra: dict) -> dict:
+def merge(base: dict, extra: dict) -> dict:
+    """``extra`` laid over ``base``, nested mappings merged key by key (neither is changed)."""
     out = dict(base)
     for k, v in extra.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 
 
@@ -298,7 +306,7 @@ def load_config(cls: type, config_file: str | None = None, overrides: list[str] 
         values = loaded
     if overrides:
         extra = overrides if isinstance(overrides, dict) else parse_overrides(list(overrides))
-        values = _merge(values, extra)
+        values = merge(values, extra)
     cfg = _build(cls, values)
     if validate and hasattr(cfg, "validate"):
         cfg.validate()

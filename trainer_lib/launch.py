@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 
-from trainer_lib.strategy import _free_port
+from trainer_lib.strategy import free_port
 
 
 def launch_workers(nproc: int, worker_args: list[str]) -> int:
@@ -18,7 +18,7 @@ def launch_workers(nproc: int, worker_args: list[str]) -> int:
     env = dict(os.environ)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
     if "PET_NNODES" not in env:  # single node: a private rendezvous on loopback
-        cmd += ["--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={_free_port()}"]
+        cmd += ["--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={free_port()}"]
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     proc = subprocess.run([*cmd, *worker_args], env=env)
     return proc.returncode

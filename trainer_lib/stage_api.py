@@ -1,4 +1,4 @@
-"""Run a stage from Python: the one call every KFP component makes.
+"""Build a stage's config and run it: the one path every caller takes (CLI, KFP components, tests).
 
     run_stage("sft", {"model.path": m, "data.path": d, "output_dir": out, "max_steps": 3})
     run_stage("sft", ["lr=1e-5", "lora.r=8"], config_yaml="engine:\\n  zero_stage: 2\\n")
@@ -7,27 +7,20 @@
 The config is built like ``posttrain <stage> --config FILE key=value ...``: the YAML text
 first, then the overrides in order, later ones winning. ``overrides`` is a dict (dotted or
 nested keys, values already typed), a list of ``key=value`` strings (values parsed as YAML
-scalars, as on the command line), or a list mixing both. Nothing here imports kfp.
+scalars, as on the command line), or a list mixing both. :func:`run_config` is where a stage
+starts: the object store is configured there once, from the config's ``storage`` section.
+Nothing here imports kfp or torch.
 """
 
 from __future__ import annotations
 
-import importlib
-
 import yaml
 
-from trainer_lib.config import ConfigError, _merge, load_config, parse_overrides
+from trainer_lib import storage
+from trainer_lib.config import ConfigError, load_config, merge, parse_overrides
+from trainer_lib.stages import STAGES, stage_module
 
 Layer = dict | str
-
-
-def stage_module(name: str):
-    """The stage's module (``CONFIG`` and ``run``), looked up in the CLI's registry."""
-    from trainer_lib.cli import STAGES
-
-    if name not in STAGES:
-        raise ConfigError(f"unknown stage '{name}'; expected one of {sorted(STAGES)}")
-    return importlib.import_module(STAGES[name][0])
 
 
 def nest(flat: dict) -> dict:
@@ -43,7 +36,7 @@ def nest(flat: dict) -> dict:
         if isinstance(value, dict):
             value = nest(value)
             if isinstance(node.get(parts[-1]), dict):
-                value = _merge(node[parts[-1]], value)
+                value = merge(node[parts[-1]], value)
         node[parts[-1]] = value
     return tree
 
@@ -66,17 +59,30 @@ def build_values(overrides: dict | list[Layer] | None, config_yaml: str = "") ->
             strings.append(layer)
             continue
         if strings:
-            values = _merge(values, parse_overrides(strings))
+            values = merge(values, parse_overrides(strings))
             strings = []
         if isinstance(layer, dict):
-            values = _merge(values, nest(layer))
+            values = merge(values, nest(layer))
         elif layer is not None:
             raise ConfigError(f"overrides: expected key=value strings or mappings, got {layer!r}")
     return values
 
 
+def stage_config(name: str, overrides: dict | list[Layer] | None = None, config_yaml: str = ""):
+    """The validated config of stage ``name`` (a ConfigError naming the key otherwise)."""
+    if name not in STAGES:
+        raise ConfigError(f"unknown stage '{name}'; expected one of {sorted(STAGES)}")
+    return load_config(stage_module(name).CONFIG, None, build_values(overrides, config_yaml))
+
+
+def run_config(name: str, cfg) -> dict:
+    """Start stage ``name`` with a built config: configure the object store, then ``run``."""
+    section = getattr(cfg, "storage", None)
+    if section is not None:
+        storage.configure(endpoint_url=section.endpoint_url, region=section.region, cache_dir=section.cache_dir)
+    return stage_module(name).run(cfg) or {}
+
+
 def run_stage(name: str, overrides: dict | list[Layer] | None = None, config_yaml: str = "") -> dict:
     """Build the config of stage ``name`` and run it; returns the stage's summary dict."""
-    module = stage_module(name)
-    cfg = load_config(module.CONFIG, None, build_values(overrides, config_yaml))
-    return module.run(cfg) or {}
+    return run_config(name, stage_config(name, overrides, config_yaml))

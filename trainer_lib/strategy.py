@@ -16,10 +16,16 @@ from typing import Any
 from trainer_lib.config import EngineConfig
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def planned_world_size() -> int:
+    """Processes in the job, known before the process group is set up (1 without a launcher)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) if _launched() else 1
 
 
 def _launched() -> bool:
@@ -52,7 +58,7 @@ class DeepSpeedStrategy:
 
         if not _launched():  # plain `python`/`posttrain`: a private one-process group
             os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=str(_free_port()), POSTTRAIN_SOLO_PID=str(os.getpid()))
+                              MASTER_PORT=str(free_port()), POSTTRAIN_SOLO_PID=str(os.getpid()))
         from deepspeed.accelerator import get_accelerator
 
         backend = get_accelerator().communication_backend_name()
@@ -73,7 +79,7 @@ class DeepSpeedStrategy:
 
     @property
     def world_size(self) -> int:
-        return int(os.environ.get("WORLD_SIZE", "1"))
+        return planned_world_size()
 
     @property
     def is_rank_0(self) -> bool:
@@ -110,6 +116,34 @@ class DeepSpeedStrategy:
             if op == "mean":
                 tensor = tensor / self.world_size
         return tensor if is_tensor else float(tensor.item())
+
+    def sharded_sums(self, items: list, fn, zeros: dict, models: tuple = ()) -> dict:
+        """The one sharded-evaluation loop: ``fn(item)`` over this rank's share of ``items`` (every
+        ``world_size``-th, from its rank), without gradients and with ``models`` in eval mode.
+
+        ``fn`` returns a dict of floats or tensors with keys of ``zeros``, which holds the starting
+        totals (so a rank with no items still takes part); totals are summed here, then across
+        ranks, and every rank returns the same dict.
+        """
+        import torch
+
+        modes = [model.training for model in models]
+        totals = dict(zeros)
+        try:
+            for model in models:
+                model.eval()
+            with torch.no_grad():
+                for item in items[self.rank::self.world_size]:
+                    for key, value in fn(item).items():
+                        totals[key] = totals[key] + value
+        finally:
+            for model, mode in zip(models, modes):
+                model.train(mode)
+        floats = {k: v for k, v in totals.items() if not isinstance(v, torch.Tensor)}
+        reduced = self.all_reduce(floats, op="sum") if floats else {}
+        for key in sorted(set(totals) - set(floats)):
+            reduced[key] = self.all_reduce(totals[key], op="sum")
+        return reduced
 
     def print(self, *args: Any) -> None:
         if self.is_rank_0:

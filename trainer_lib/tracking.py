@@ -99,3 +99,58 @@ def read_metrics(path: str) -> list[dict]:
         return []
     with open(path, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh if line.strip()]
+
+
+class MetricsWindow:
+    """Values summed between two log events, with the same throughput keys in every stage.
+
+    ``add(key, values)`` takes a float (one value) or a tensor of per-example values;
+    ``count(samples, tokens)`` records the work done. :meth:`reduce` returns the mean of every
+    key across ranks plus ``samples_per_s`` and ``tokens_per_s`` (all ranks together, over the
+    wall time since the window opened) and opens the next window. Every rank must hold the same
+    keys when reducing: declare in ``keys`` those that a rank may see no value of.
+    """
+
+    def __init__(self, keys: tuple[str, ...] = ()):
+        self.keys = tuple(keys)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.sums = {f"{k}{s}": 0.0 for k in self.keys for s in ("", "#n")}
+        self.samples = self.tokens = 0.0
+        self.start = time.time()
+
+    def add(self, key: str, values) -> None:
+        self.add_all({key: values})
+
+    def add_all(self, values: dict) -> None:
+        for key, value in sums_and_counts(values).items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+
+    def count(self, samples: int | float, tokens: int | float) -> None:
+        self.samples += float(samples)
+        self.tokens += float(tokens)
+
+    def reduce(self, strategy) -> dict:
+        elapsed = max(time.time() - self.start, 1e-9)
+        sums = strategy.all_reduce({**self.sums, "#samples": self.samples, "#tokens": self.tokens}, op="sum")
+        means = means_of(sums, [k for k in sums if not k.startswith("#") and not k.endswith("#n")])
+        self._reset()
+        return {**means, "samples_per_s": sums["#samples"] / elapsed, "tokens_per_s": sums["#tokens"] / elapsed}
+
+
+def sums_and_counts(values: dict) -> dict:
+    """``{key: sum, key#n: count}`` of floats (one value each) or tensors of per-example values."""
+    out = {}
+    for key, value in values.items():
+        if hasattr(value, "detach"):
+            value = value.detach().float().reshape(-1)
+            out[key], out[f"{key}#n"] = float(value.sum()), float(value.numel())
+        else:
+            out[key], out[f"{key}#n"] = float(value), 1.0
+    return out
+
+
+def means_of(sums: dict, keys) -> dict:
+    """Means from :func:`sums_and_counts` totals, for the keys that saw at least one value."""
+    return {k: sums[k] / sums[f"{k}#n"] for k in keys if sums.get(f"{k}#n")}

@@ -11,15 +11,11 @@ from kfp import dsl
 from components.bootstrap import bootstrap
 from components.common import IMAGE, last_logged, log_summary, mark_source, source_of
 from components.prepare import prepare
-from components.dpo import dpo
 from components.evaluate import evaluate
-from components.grpo import grpo
-from components.ppo import ppo
 from components.release import release
-from components.reward import reward
-from components.sft import sft
+from components.train import train
 
-COMPONENTS = [bootstrap, prepare, sft, reward, dpo, ppo, grpo, evaluate, release]
+COMPONENTS = [bootstrap, prepare, train, evaluate, release]
 HEAVY = ("torch", "transformers", "deepspeed", "datasets", "peft", "onnxruntime")
 
 
@@ -48,9 +44,7 @@ def test_component_interfaces():
         "prompts": "system.Dataset@0.0.1", "model": "system.Model@0.0.1"}
     assert types(prepare.component_spec.outputs) == {"prepared": "system.Dataset@0.0.1",
                                                     "metrics": "system.Metrics@0.0.1"}
-    assert types(sft.component_spec.outputs) == {"output_model": "system.Model@0.0.1",
-                                                "metrics": "system.Metrics@0.0.1"}
-    for component in (prepare, sft):
+    for component in (prepare, train):
         inputs = types(component.component_spec.inputs)
         assert inputs["model"] == "system.Model@0.0.1" and inputs["data"] == "system.Dataset@0.0.1"
         assert inputs["config_yaml"] == "String" and inputs["overrides"] == "List"
@@ -80,7 +74,7 @@ def test_last_logged_reads_the_last_record_of_a_split(tmp_path):
     assert last_logged(str(tmp_path / "missing")) == {}
 
 
-SMALL_DEMO = dict(demo_code_train=60, demo_code_eval=6, demo_safety_train=20, demo_safety_eval=6)
+SMALL_DEMO = dict(demo_overrides=["n_code_train=60", "n_code_eval=6", "n_safety_train=20", "n_safety_eval=6"])
 
 
 def _boot_artifacts(tmp_path):
@@ -105,8 +99,9 @@ def test_bootstrap_passes_given_model_and_dataset_through(tmp_path):
 def test_bootstrap_demo_then_prepare(tmp_path):
     arts = _boot_artifacts(tmp_path)
     data, model = arts["data"], arts["model"]
-    bootstrap.python_func(**arts, tiny_hidden_size=32, tiny_layers=1, tiny_vocab_size=300, **SMALL_DEMO)
-    assert (tmp_path / "model" / "config.json").is_file()
+    bootstrap.python_func(**arts, tiny_model_overrides=["hidden_size=32", "num_layers=1", "vocab_size=300"],
+                          **SMALL_DEMO)
+    assert (tmp_path / "model" / "config.json").is_file() and model.metadata["hidden_size"] == 32
     assert (tmp_path / "data" / "sft.jsonl").read_bytes() == (tmp_path / "demo" / "sft.jsonl").read_bytes()
     assert source_of(data) == data.path and data.metadata["rows"] == 80
 
@@ -118,3 +113,14 @@ def test_bootstrap_demo_then_prepare(tmp_path):
     assert stats["rows_read"] == 50 and stats["max_length"] == 256 and stats["seed"] == 1
     assert metrics.metadata["rows.train"] + metrics.metadata["rows.eval"] == 50
     assert prepared.metadata["format"] == "messages"
+
+
+def test_store_prefix_finds_the_object_store_folder(tmp_path):
+    from components.common import store_prefix
+
+    local = dsl.Dataset(uri=str(tmp_path / "prefs"))
+    assert store_prefix(local) is None
+    mark_source(local, "s3://bucket/prefs/train.jsonl")  # a file: its folder
+    assert store_prefix(local) == "s3://bucket/prefs"
+    assert store_prefix(dsl.Dataset(uri="minio://mlpipeline/v2/artifacts/run/prepare/prepared/")) == \
+        "s3://mlpipeline/v2/artifacts/run/prepare/prepared"

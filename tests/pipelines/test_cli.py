@@ -7,7 +7,7 @@ import pytest
 
 from pipelines import cli
 from pipelines.dag import PIPELINES
-from trainer_lib.cli import main as posttrain
+from pipelines.cli import posttrain
 
 
 def test_params_are_typed_from_the_pipeline_signature(tmp_path):

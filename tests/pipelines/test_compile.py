@@ -58,7 +58,11 @@ def test_sft_pipeline_interface(compiled):
         assert name in params
     assert params["base_model"]["defaultValue"] == "" and params["dataset"]["defaultValue"] == ""
     assert set(spec["root"]["outputDefinitions"]["artifacts"]) == {"model", "metrics"}
-    assert "comp-sft-stage" in spec["components"]  # composed from the named sub-pipeline
+    tasks = {t["taskInfo"]["name"]: t for t in spec["root"]["dag"]["tasks"].values()}
+    assert set(tasks) == {"bootstrap", "prepare SFT data", "SFT"}  # named steps, in the order they run
+    assert tasks["SFT"]["componentRef"]["name"] == "comp-train"
+    assert tasks["SFT"]["inputs"]["parameters"]["stage"]["runtimeValue"]["constant"] == "sft"
+    assert tasks["SFT"]["dependentTasks"] == ["bootstrap", "prepare"]
 
 
 def test_every_task_uses_the_shared_settings(compiled):
@@ -94,12 +98,12 @@ def test_settings_name_the_objects_the_manifests_create():
 def test_a_component_without_settings_is_named(monkeypatch, tmp_path):
     from kfp import compiler, dsl
 
-    from components.sft import sft
+    from components.train import train
 
-    monkeypatch.delitem(settings.STAGE_KIND, "sft")
-    with pytest.raises(ValueError, match="add component 'sft' to STAGE_KIND"):
+    monkeypatch.delitem(settings.STAGE_KIND, "train")
+    with pytest.raises(ValueError, match="add component 'train' to STAGE_KIND"):
         @dsl.pipeline(name="broken")
         def broken(model: dsl.Input[dsl.Model], data: dsl.Input[dsl.Dataset]):
-            settings.configure(sft(model=model, data=data))
+            settings.configure(train(stage="sft", model=model, data=data))
 
         compiler.Compiler().compile(broken, str(tmp_path / "broken.yaml"))

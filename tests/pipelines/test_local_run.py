@@ -5,10 +5,10 @@ import os
 
 import pytest
 
-from trainer_lib.cli import main as posttrain
+from pipelines.cli import posttrain
 
-SMALL = ["demo_code_train=80", "demo_code_eval=8", "demo_safety_train=24", "demo_safety_eval=8",
-         "tiny_hidden_size=32", "tiny_layers=1", "tiny_vocab_size=400", "max_length=256", "batch_size=4"]
+SMALL = ['demo_overrides=["n_code_train=80", "n_code_eval=8", "n_safety_train=24", "n_safety_eval=8"]',
+         'tiny_model_overrides=["hidden_size=32", "num_layers=1", "vocab_size=400"]', "max_length=256", "batch_size=4"]
 
 
 @pytest.mark.slow

@@ -78,9 +78,9 @@ def test_prepare_cli_writes_dataset_and_stats(tmp_path, capsys):
 def test_prepare_main_and_rerun_replaces_output(tmp_path, capsys):
     src = write_jsonl(tmp_path / "d.jsonl", [{"text": "a"}, {"text": "b"}])
     out = tmp_path / "out"
-    assert prepare.main([f"data.path={src}", f"output_dir={out}"]) == 0
+    assert cli.main(["prepare", f"data.path={src}", f"output_dir={out}"]) == 0
     src2 = write_jsonl(tmp_path / "d2.jsonl", [{"prompt": "p"}])
-    assert prepare.main([f"data.path={src2}", f"output_dir={out}"]) == 0
+    assert cli.main(["prepare", f"data.path={src2}", f"output_dir={out}"]) == 0
     assert json.loads((out / "stats.json").read_text())["format"] == "prompt_only"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl", "d2.jsonl", "out"]
     capsys.readouterr()

@@ -141,3 +141,9 @@ def micro_batches(examples: list[dict], batch_size: int, max_length: int, packin
         return [list(range(i, min(i + batch_size, len(examples)))) for i in range(0, len(examples), batch_size)]
     bins = pack([len(ex["input_ids"]) for ex in examples], max_length)
     return [sum(bins[i:i + batch_size], []) for i in range(0, len(bins), batch_size)]
+
+
+def count_tokens(batch: dict) -> int:
+    """Tokens a collated batch trains on, padding excluded (packed rows have none)."""
+    mask = batch.get("attention_mask")
+    return int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())

@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 
 from trainer_lib.errors import DataError, UserError
+from trainer_lib.rewards.functions import as_completions
 
 KINDS = ("harmful", "benign")
 JUDGES = ("refusal_rules", "classifier", "reward_model")
@@ -175,11 +176,6 @@ class RewardModelJudge:
     def __call__(self, prompts: list, responses: list[str]) -> list[Verdict]:
         rewards = self.scorer(prompts, as_completions(prompts, responses))
         return [Verdict(r > self.threshold, r) for r in rewards]
-
-
-def as_completions(prompts: list, responses: list[str]) -> list:
-    """Completions as a reward model takes them: text, or an assistant turn for chat prompts."""
-    return [[{"role": "assistant", "content": r}] if isinstance(p, list) else r for p, r in zip(prompts, responses)]
 
 
 # --------------------------------------------------------------------------- prompts and scoring

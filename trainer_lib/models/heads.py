@@ -46,16 +46,10 @@ def apply_reward_lora(model, lora: LoraConfig):
     return apply_lora(model, lora, task_type="SEQ_CLS", modules_to_save=HEAD_MODULES)
 
 
-def score(model, batch: dict):
+def sequence_rewards(model, batch: dict):
     """Rewards ``(N,)`` for a batch with ``input_ids``/``attention_mask`` (float32)."""
     out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
     return out.logits.squeeze(-1).float()
-
-
-def reward_stats(rewards) -> dict:
-    """Mean and (population) std of a 1-D tensor of rewards."""
-    return {"reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(unbiased=False)),
-            "count": int(rewards.numel())}
 
 
 def store_stats(model, stats: dict) -> None:

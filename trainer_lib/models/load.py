@@ -74,7 +74,17 @@ def apply_lora(model, lora: LoraConfig, task_type: str = "CAUSAL_LM", modules_to
 
 
 def count_parameters(model) -> tuple[int, int]:
-    """(trainable, total) parameter counts."""
-    total = sum(p.numel() for p in model.parameters())
-    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return trainable, total
+    """(trainable, total) parameter counts; the full sizes under ZeRO-3 too, where each rank holds
+    only a partition (``ds_numel`` is the parameter's whole size)."""
+    sizes = [(getattr(p, "ds_numel", p.numel()), p.requires_grad) for p in model.parameters()]
+    return sum(n for n, grad in sizes if grad), sum(n for n, _ in sizes)
+
+
+def disable_dropout(model) -> None:
+    """Dropout off for good: in RL it would make the update's log-probs disagree with the
+    rollout's (TRL does the same)."""
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0

@@ -91,13 +91,16 @@ def compute_reference_tables(reference, sets: dict, strategy, batch_size: int) -
 
     tables = {}
     for name, split in sets.items():
-        table = torch.zeros(len(split.examples), 4, dtype=torch.float64)
-        groups = [list(range(i, min(i + batch_size, len(split.examples))))
-                  for i in range(0, len(split.examples), batch_size)]
-        for group in groups[strategy.rank::strategy.world_size]:
-            logps = reference(name, group, split.collate([split.examples[i] for i in group]))
-            table[group] = logps.stacked().double().cpu()
-        tables[name] = strategy.all_reduce(table, op="sum").cpu()
+        count = len(split.examples)
+        groups = [list(range(i, min(i + batch_size, count))) for i in range(0, count, batch_size)]
+
+        def rows(group: list[int], name=name, split=split) -> dict:
+            table = torch.zeros(count, 4, dtype=torch.float64)  # this group's rows; others stay 0
+            table[group] = reference(name, group, split.collate([split.examples[i] for i in group])).stacked().double().cpu()
+            return {"table": table}
+
+        zeros = {"table": torch.zeros(count, 4, dtype=torch.float64)}
+        tables[name] = strategy.sharded_sums(groups, rows, zeros)["table"].cpu()
     return tables
 
 

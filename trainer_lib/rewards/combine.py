@@ -86,22 +86,36 @@ class RewardCombiner:
         self.reduce = reduce or (lambda sums: sums)
         self.moments = RunningMoments()
 
-    def score(self, prompts: list, completions: list, columns: dict[str, list],
-              completion_ids: list[list[int]]) -> tuple[torch.Tensor, dict]:
-        """Per-source rewards ``(N, S)`` (NaN where a source returned None) and their means."""
+    def table(self, prompts: list, completions: list, columns: dict[str, list],
+              completion_ids: list[list[int]]) -> torch.Tensor:
+        """Per-source rewards ``(N, S)``, NaN where a source returned None (no collective call)."""
         table = torch.full((len(completions), len(self.sources)), float("nan"), dtype=torch.float64)
         for j, (name, fn, _) in enumerate(self.sources):
             values = check_rewards(name, fn(prompts, completions, completion_ids=completion_ids, **columns),
                                    len(completions))
             table[:, j] = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float64)
+        return table
+
+    def source_sums(self, table: torch.Tensor | None = None) -> dict[str, float]:
+        """``rewards/<source>`` sums and ``.count``s of a table (zeros without one), to reduce over ranks."""
         sums = {}
         for j, (_, _, label) in enumerate(self.sources):
-            present = ~torch.isnan(table[:, j])
-            sums[f"rewards/{label}"] = float(table[present, j].sum())
-            sums[f"rewards/{label}.count"] = float(present.sum())
-        sums = self.reduce(sums)
-        means = {key: sums[key] / max(sums[f"{key}.count"], 1.0) for key in sums if not key.endswith(".count")}
-        return table, means
+            column = table[:, j] if table is not None else torch.zeros(0, dtype=torch.float64)
+            present = column[~torch.isnan(column)]
+            sums[f"rewards/{label}"] = float(present.sum())
+            sums[f"rewards/{label}.count"] = float(present.numel())
+        return sums
+
+    def source_means(self, sums: dict) -> dict[str, float]:
+        """Each source's mean reward from (reduced) :meth:`source_sums` totals."""
+        keys = [f"rewards/{label}" for _, _, label in self.sources]
+        return {key: sums[key] / max(sums[f"{key}.count"], 1.0) for key in keys}
+
+    def score(self, prompts: list, completions: list, columns: dict[str, list],
+              completion_ids: list[list[int]]) -> tuple[torch.Tensor, dict]:
+        """Per-source rewards ``(N, S)`` and each source's mean, reduced over ranks."""
+        table = self.table(prompts, completions, columns, completion_ids)
+        return table, self.source_means(self.reduce(self.source_sums(table)))
 
     def weighted(self, table: torch.Tensor) -> torch.Tensor:
         """``sum_i w_i r_i`` per completion, sources that returned None left out; ``(N,)`` float64."""

@@ -40,6 +40,12 @@ def completion_text(completion) -> str:
     return completion
 
 
+def as_completions(prompts: list, texts: list[str]) -> list:
+    """Generated texts as reward sources take them (one prompt per text): the text itself, or an
+    assistant turn for chat prompts."""
+    return [[{"role": "assistant", "content": t}] if isinstance(p, list) else t for p, t in zip(prompts, texts)]
+
+
 def extract_code(text: str) -> str:
     """The first fenced code block of ``text`` if it has one, else the whole text."""
     match = _FENCE.search(text)

@@ -27,7 +27,7 @@ class RewardModelScorer:
 
     @torch.no_grad()
     def __call__(self, prompts: list, completions: list, **columns) -> list[float]:
-        from trainer_lib.models.heads import normalize_rewards, score
+        from trainer_lib.models.heads import normalize_rewards, sequence_rewards
 
         device = next(self.model.parameters()).device
         pad = self.tokenizer.pad_token_id
@@ -41,7 +41,7 @@ class RewardModelScorer:
             for i, seq in enumerate(chunk):  # right padding: the head reads the last real token
                 ids[i, :len(seq)] = torch.tensor(seq)
                 mask[i, :len(seq)] = 1
-            rewards = score(self.model, {"input_ids": ids.to(device), "attention_mask": mask.to(device)})
+            rewards = sequence_rewards(self.model, {"input_ids": ids.to(device), "attention_mask": mask.to(device)})
             out.extend(normalize_rewards(rewards.cpu(), self.mean, self.std).tolist())
         return out
 

@@ -34,8 +34,6 @@ CONFIG = DemoDataConfig
 def run(cfg: DemoDataConfig) -> dict:
     from trainer_lib.data.demo import generate_demo_data
 
-    storage.configure(endpoint_url=cfg.storage.endpoint_url, region=cfg.storage.region,
-                      cache_dir=cfg.storage.cache_dir)
     kwargs = dict(seed=cfg.seed, n_code_train=cfg.n_code_train, n_code_eval=cfg.n_code_eval,
                   n_safety_train=cfg.n_safety_train, n_safety_eval=cfg.n_safety_eval)
     if storage.is_remote(cfg.output_dir):
@@ -46,9 +44,3 @@ def run(cfg: DemoDataConfig) -> dict:
         os.makedirs(cfg.output_dir, exist_ok=True)
         manifest = generate_demo_data(cfg.output_dir, **kwargs)
     return manifest
-
-
-def main(argv: list[str] | None = None) -> int:
-    from trainer_lib.cli import main as cli_main
-
-    return cli_main(["demo-data", *(argv or [])])

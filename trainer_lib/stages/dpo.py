@@ -17,7 +17,6 @@ rejected: at step 0 this is the starting model's held-out preference accuracy).
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -126,23 +125,6 @@ def batch_metrics(kind: str, policy, reference, beta: float, batch: dict) -> dic
             "logps/chosen": policy.chosen[label], "logps/rejected": policy.chosen[~label], "kl": kl}
 
 
-class Means:
-    """Sums and counts of per-example metrics; every rank holds the same keys, so they reduce."""
-
-    def __init__(self, keys: tuple[str, ...]):
-        self.keys = keys
-        self.sums = {f"{k}{s}": 0.0 for k in keys for s in ("", "#n")}
-
-    def add(self, key: str, values) -> None:
-        values = values.detach().float().reshape(-1)
-        self.sums[key] += float(values.sum())
-        self.sums[f"{key}#n"] += values.numel()
-
-    def reduce(self, strategy) -> dict:
-        sums = strategy.all_reduce(self.sums, op="sum")
-        return {k: sums[k] / sums[f"{k}#n"] for k in self.keys if sums[f"{k}#n"]}
-
-
 # --------------------------------------------------------------------------- data
 
 
@@ -195,24 +177,23 @@ def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
 
 def evaluate(engine, strategy, name: str, split: Split, reference, objective, cfg: DPOConfig) -> dict:
     """Mean metrics over one eval split (sharded across ranks); the loss where it applies."""
-    import torch
-
     from trainer_lib.models.reference import forward_logps
+    from trainer_lib.tracking import means_of, sums_and_counts
 
-    engine.eval()
     with_loss = split.kind == ("unpaired" if cfg.loss == "kto" else "paired")
-    means = Means(PAIRED_METRICS if split.kind == "paired" else UNPAIRED_METRICS)
-    with torch.no_grad():
-        for group in split.groups[strategy.rank::strategy.world_size]:
-            batch = split.collate([split.examples[i] for i in group])
-            policy = forward_logps(engine, batch, strategy.device)
-            ref = reference(name, group, batch) if reference is not None else None
-            if with_loss:
-                means.add("loss", objective(policy, ref, batch))
-            for key, values in batch_metrics(split.kind, policy, ref, cfg.beta, batch).items():
-                means.add(key, values)
-    engine.train()
-    return means.reduce(strategy)
+    keys = PAIRED_METRICS if split.kind == "paired" else UNPAIRED_METRICS
+
+    def sums(group: list[int]) -> dict:
+        batch = split.collate([split.examples[i] for i in group])
+        policy = forward_logps(engine, batch, strategy.device)
+        ref = reference(name, group, batch) if reference is not None else None
+        values = batch_metrics(split.kind, policy, ref, cfg.beta, batch)
+        if with_loss:
+            values["loss"] = objective(policy, ref, batch)
+        return sums_and_counts(values)
+
+    zeros = {f"{k}{suffix}": 0.0 for k in keys for suffix in ("", "#n")}
+    return means_of(strategy.sharded_sums(split.groups, sums, zeros, models=(engine,)), keys)
 
 
 def evaluate_all(engine, strategy, sets: dict, reference, objective, cfg: DPOConfig) -> dict:
@@ -230,18 +211,15 @@ def evaluate_all(engine, strategy, sets: dict, reference, objective, cfg: DPOCon
 
 
 def run(cfg: DPOConfig) -> dict:
-    from trainer_lib.checkpoint import CheckpointManager
+    from trainer_lib.cadence import Cadence
+    from trainer_lib.data.tokenize import count_tokens
     from trainer_lib.models.load import apply_lora, count_parameters, load_causal_lm, load_tokenizer
     from trainer_lib.models.reference import (AdapterReference, FrozenModelReference, forward_logps,
                                               precomputed_reference)
     from trainer_lib.strategy import DeepSpeedStrategy
-    from trainer_lib.tracking import Tracker
 
-    storage.configure(endpoint_url=cfg.storage.endpoint_url, region=cfg.storage.region,
-                      cache_dir=cfg.storage.cache_dir)
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
     strategy.setup_distributed()
-    ckpt = CheckpointManager.for_stage(cfg, strategy)
 
     # ---- data
     tokenizer = load_tokenizer(cfg.model)
@@ -254,13 +232,14 @@ def run(cfg: DPOConfig) -> dict:
 
     # ---- policy engine
     model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
-    trainable, total = count_parameters(model)
     engine = strategy.prepare(model, lr=cfg.lr, weight_decay=cfg.weight_decay, total_steps=steps,
                               warmup_steps=cfg.warmup_steps, lr_scheduler=cfg.lr_scheduler)
-    state = ckpt.restore(engine) if cfg.resume else None
-    start = int(state["step"]) if state else 0
+    run = Cadence(cfg, strategy, "dpo", steps, engine, parameters=count_parameters(model),
+                  window_keys=PAIRED_METRICS if train.kind == "paired" else UNPAIRED_METRICS,
+                  evaluate=(lambda: evaluate_all(engine, strategy, sets, reference, objective, cfg))
+                  if len(sets) > 1 else None)
 
-    # ---- reference
+    # ---- reference (before the step-0 evaluation, which uses it)
     mode, status = cfg.reference_mode(), None
 
     def frozen_model():
@@ -282,18 +261,13 @@ def run(cfg: DPOConfig) -> dict:
         reference, status = precomputed_reference(sets, strategy, live, directory, identity, cfg.eval_batch_size)
     else:  # simpo is reference-free
         reference = None
-    strategy.print(f"dpo: loss={cfg.loss}, reference={mode}, {len(train.examples)} train examples ({fmt}), "
-                   f"{len(train.groups)} micro-batches, {steps} steps, {trainable:,}/{total:,} trainable params, "
-                   f"world size {strategy.world_size}" + (f", resuming at step {start}" if start else ""))
-    tracker = Tracker(ckpt.local_dir, enabled=strategy.is_rank_0, total_steps=steps, initial_step=start, desc="dpo")
-    if state is None and len(sets) > 1:
-        tracker.log(0, evaluate_all(engine, strategy, sets, reference, objective, cfg), split="eval")
+    run.restore(f"loss={cfg.loss}, reference={mode}, {len(train.examples)} train examples ({fmt}), "
+                f"{len(train.groups)} micro-batches")
 
     # ---- the loop
     engine.train()
-    metric_keys = PAIRED_METRICS if train.kind == "paired" else UNPAIRED_METRICS
-    window, window_start, window_steps, epoch = Means(metric_keys), time.time(), 0, 0
-    for step in range(start, steps):
+    epoch = 0
+    for step in run.steps():
         for slot in range(schedule.accumulation):
             epoch, group = schedule.index(step, slot, strategy.rank)
             ids = train.groups[group]
@@ -303,37 +277,13 @@ def run(cfg: DPOConfig) -> dict:
             losses = objective(policy, ref, batch)
             strategy.backward(losses.mean(), engine)
             strategy.optimizer_step(engine)
-            window.add("loss", losses)
-            for key, values in batch_metrics(train.kind, policy, ref, cfg.beta, batch).items():
-                window.add(key, values)
-        done, window_steps = step + 1, window_steps + 1
-        tracker.advance()
-        if done % cfg.logging_steps == 0 or done == steps:
-            elapsed = time.time() - window_start
-            tracker.log(done, {**window.reduce(strategy), "lr": engine.get_lr()[0], "epoch": epoch,
-                               "grad_norm": strategy.grad_norm(engine), "s_per_step": elapsed / window_steps})
-            window, window_start, window_steps = Means(metric_keys), time.time(), 0
-        if len(sets) > 1 and cfg.eval_steps and done % cfg.eval_steps == 0 and done != steps:
-            tracker.log(done, evaluate_all(engine, strategy, sets, reference, objective, cfg), split="eval")
-        if cfg.save_steps and done % cfg.save_steps == 0 and done != steps:
-            ckpt.save(engine, done, {"step": done})
+            run.window.add_all({"loss": losses, **batch_metrics(train.kind, policy, ref, cfg.beta, batch)})
+            run.window.count(samples=len(ids), tokens=count_tokens(batch))
+        run.after_step(step, epoch=epoch)
 
     # ---- final evaluation and Hugging Face export (LoRA merged)
-    summary = {"stage": "dpo", "loss": cfg.loss, "reference": mode, "steps": steps,
-               "train_examples": len(train.examples), "format": fmt, "output_dir": cfg.output_dir}
+    summary = run.finish({"stage": "dpo", "loss": cfg.loss, "reference": mode,
+                          "train_examples": len(train.examples), "format": fmt})
     if status:
         summary["reference_logps"] = status
-    if len(sets) > 1:
-        summary["eval"] = evaluate_all(engine, strategy, sets, reference, objective, cfg)
-        tracker.log(steps, summary["eval"], split="eval")
-    if cfg.save_steps and start < steps:
-        ckpt.save(engine, steps, {"step": steps})
-    tracker.close()
-    ckpt.finish(engine, tokenizer, summary)
-    return summary
-
-
-def main(argv: list[str] | None = None) -> int:
-    from trainer_lib.cli import main as cli_main
-
-    return cli_main(["dpo", *(argv or [])])
+    return run.save_model(tokenizer, summary)

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 
 from trainer_lib import storage
-from trainer_lib.config import ConfigError, ModelConfig, StorageConfig, opt
+from trainer_lib.config import ConfigError, ModelConfig, StorageConfig, check_non_negative, check_positive, opt
 from trainer_lib.errors import UserError
 from trainer_lib.eval.harmless import JUDGES
 
@@ -136,13 +136,9 @@ class EvaluateConfig:
             raise ConfigError("humaneval.temperature: expected > 0 (and 0 < humaneval.top_p <= 1) when humaneval.n > 1")
         if self.safety.default_kind not in ("", "harmful", "benign"):
             raise ConfigError(f"safety.default_kind: expected harmful, benign or empty, got {self.safety.default_kind!r}")
-        for key in ("tasks.limit", "safety.limit", "sandbox_workers"):
-            if _get(self, key) < 0:
-                raise ConfigError(f"{key}: expected >= 0, got {_get(self, key)}")
-        for key in ("tasks.max_new_tokens", "safety.max_new_tokens", "batch_size", "humaneval.timeout",
-                    "tasks.timeout"):
-            if not _get(self, key) > 0:
-                raise ConfigError(f"{key}: expected a positive number, got {_get(self, key)}")
+        check_non_negative(self, "tasks.limit", "safety.limit", "sandbox_workers")
+        check_positive(self, "tasks.max_new_tokens", "safety.max_new_tokens", "batch_size", "humaneval.timeout",
+                       "tasks.timeout")
         if self.judge.kind == "classifier" and not self.judge.path:
             raise ConfigError("judge.path: required for judge.kind=classifier (a sequence-classification model)")
         if self.judge.kind == "reward_model" and not (self.judge.path or self.reward_model_path):
@@ -155,12 +151,6 @@ class EvaluateConfig:
 
 
 CONFIG = EvaluateConfig
-
-
-def _get(cfg, dotted: str):
-    for part in dotted.split("."):
-        cfg = getattr(cfg, part)
-    return cfg
 
 
 def parse_pairs(items: list[str], key: str) -> dict[str, str]:
@@ -311,14 +301,13 @@ def run(cfg: EvaluateConfig) -> dict:
 
     from trainer_lib.eval import humaneval, report
     from trainer_lib.eval.gate import evaluate_gate, parse_rules
-    from trainer_lib.eval.harmless import as_completions, load_safety_prompts, score_safety
+    from trainer_lib.eval.harmless import load_safety_prompts, score_safety
+    from trainer_lib.rewards.functions import as_completions
     from trainer_lib.eval.tasks import load_tasks, score_tasks
     from trainer_lib.models.load import load_causal_lm, load_tokenizer, resolve_model_path
     from trainer_lib.sandbox import Sandbox, SandboxConfig
 
     started = time.time()
-    storage.configure(endpoint_url=cfg.storage.endpoint_url, region=cfg.storage.region,
-                      cache_dir=cfg.storage.cache_dir)
     models = parse_pairs(cfg.models, "models")
     candidate, baseline = cfg.candidate or list(models)[-1], cfg.baseline or None
     rules = parse_rules(cfg.gate.rules, computed_metrics(cfg), has_baseline=bool(baseline))
@@ -430,9 +419,3 @@ def run(cfg: EvaluateConfig) -> dict:
           f"report at {storage.join(cfg.output_dir, 'report.html')}")
     return {"stage": "evaluate", "gate_passed": gate["passed"], "candidate": candidate, "baseline": baseline,
             "models": results, "output_dir": cfg.output_dir, "seconds": result["seconds"]}
-
-
-def main(argv: list[str] | None = None) -> int:
-    from trainer_lib.cli import main as cli_main
-
-    return cli_main(["evaluate", *(argv or [])])

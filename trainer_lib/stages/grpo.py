@@ -22,30 +22,22 @@ from __future__ import annotations
 
 import functools
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 
-from trainer_lib import storage
-from trainer_lib.config import ConfigError, TrainingConfig, opt
-from trainer_lib.schedule import MicroBatchSchedule, total_steps
-from trainer_lib.stages.rl_common import RewardSourcesConfig, RolloutConfig, validate_rl
+from trainer_lib.config import ConfigError, opt
+from trainer_lib.rl.config import RLConfig
+from trainer_lib.schedule import total_steps
 
 
 @dataclass
-class GRPOConfig(TrainingConfig):
-    rollout: RolloutConfig = opt(RolloutConfig, "Sampling of completions.")
-    reward: RewardSourcesConfig = opt(RewardSourcesConfig, "Reward sources and post-processing.")
+class GRPOConfig(RLConfig):
     advantage: str = opt("grpo", "Advantage estimator (and loss averaging, see the stage's docs).",
                          ("grpo", "dr_grpo", "rloo"))
     beta: float = opt(0.04, "Coefficient of the k3 KL(policy || reference) loss term (0: no reference model).")
     epsilon: float = opt(0.2, "Clip range of the probability ratio.")
-    prompts_per_step: int = opt(8, "Prompts per step, all ranks together (each gets rollout.n completions).")
-    ppo_epochs: int = opt(1, "Passes over each step's completions (TRL's num_iterations).")
-    mini_batch_size: int = opt(0, "Completions per optimizer step, all ranks together (0: all of a step).")
 
     def validate(self) -> None:
         super().validate()
-        validate_rl(self)
         if self.rollout.n < 2:
             raise ConfigError("rollout.n: group methods need at least 2 completions per prompt")
         if self.beta < 0 or self.epsilon <= 0:
@@ -72,59 +64,49 @@ def advantage_and_loss(cfg: GRPOConfig):
 def run(cfg: GRPOConfig) -> dict:
     import torch
 
-    from trainer_lib.checkpoint import CheckpointManager
+    from trainer_lib.cadence import Cadence
     from trainer_lib.losses.rl import clipped_surrogate, kl_k3, masked_mean
-    from trainer_lib.models.load import apply_lora, count_parameters, load_causal_lm, load_tokenizer
+    from trainer_lib.models.load import apply_lora, count_parameters, disable_dropout, load_causal_lm, load_tokenizer
+    from trainer_lib.rl import experience as rl
+    from trainer_lib.rl.schedule import PromptSchedule
     from trainer_lib.rollout import token_logprobs
-    from trainer_lib.stages import rl_common as rl
-    from trainer_lib.tracking import Tracker
+    from trainer_lib.strategy import DeepSpeedStrategy, planned_world_size
 
-    storage.configure(endpoint_url=cfg.storage.endpoint_url, region=cfg.storage.region,
-                      cache_dir=cfg.storage.cache_dir)
-    strategy = rl.make_strategy(cfg)
-    ckpt = CheckpointManager.for_stage(cfg, strategy)
-    world, n, temperature = strategy.world_size, cfg.rollout.n, cfg.rollout.temperature
+    strategy = DeepSpeedStrategy(cfg.engine_for(planned_world_size()), micro_batch_size=cfg.batch_size, seed=cfg.seed)
+    strategy.setup_distributed()
+    n, temperature = cfg.rollout.n, cfg.rollout.temperature
 
     # ---- prompts, schedule, models, rewards
     tokenizer = load_tokenizer(cfg.model)
     train_rows, eval_rows = rl.load_prompts(cfg, tokenizer)
-    prompts_per_rank = cfg.prompts_per_step // world
-    schedule = MicroBatchSchedule(len(train_rows), prompts_per_rank, world, cfg.seed)
+    schedule = PromptSchedule(cfg, len(train_rows), strategy.world_size, strategy.rank)
     steps = total_steps(cfg, len(train_rows), cfg.prompts_per_step)
-    sequences = prompts_per_rank * n
-    mini = (cfg.mini_batch_size or cfg.prompts_per_step * n) // world
     policy = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
-    rl.disable_dropout(policy)
-    trainable, total = count_parameters(policy)
+    disable_dropout(policy)
     engine = strategy.prepare(policy, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                              total_steps=steps * rl.updates_per_step(cfg), warmup_steps=cfg.warmup_steps,
+                              total_steps=steps * cfg.updates_per_step(), warmup_steps=cfg.warmup_steps,
                               lr_scheduler=cfg.lr_scheduler)
     reference = rl.load_reference(cfg, strategy) if cfg.beta > 0 else None
     rewards = rl.build_rewards(cfg, strategy, tokenizer)
     advantages_of, aggregate = advantage_and_loss(cfg)
-    reuse_logprobs = rl.updates_per_step(cfg) == 1  # one update: pi_old is the policy itself
+    reuse_logprobs = cfg.updates_per_step() == 1  # one update: pi_old is the policy itself
 
-    state = ckpt.restore(engine) if cfg.resume else None
-    start = int(state["step"]) if state else 0
-    if state:
-        rewards.load_state_dict(state["rewards"])
-    strategy.print(f"grpo ({cfg.advantage}): {len(train_rows)} train / {len(eval_rows)} eval prompts, {steps} "
-                   f"steps of {cfg.prompts_per_step} prompts x {n} completions, {trainable:,}/{total:,} "
-                   f"trainable params, world size {world}" + (f", resuming at step {start}" if start else ""))
-    tracker = Tracker(ckpt.local_dir, enabled=strategy.is_rank_0, total_steps=steps, initial_step=start, desc="grpo")
-    if state is None and eval_rows:
-        tracker.log(0, rl.evaluate(engine, strategy, tokenizer, eval_rows, rewards, cfg.rollout, cfg.seed), "eval")
-
-    # ---- the loop
-    window: dict[str, float] = defaultdict(float)
-    window_steps = 0
+    run = Cadence(cfg, strategy, "grpo", steps, engine, parameters=count_parameters(policy),
+                  evaluate=(lambda: rl.evaluate(engine, strategy, tokenizer, eval_rows, rewards, cfg.rollout,
+                                                cfg.seed)) if eval_rows else None,
+                  client_state=lambda step: {"rewards": rewards.state_dict()},
+                  restore_state=lambda state: rewards.load_state_dict(state["rewards"]))
     try:
-        for step in range(start, steps):
+        run.restore(f"{cfg.advantage} advantages, {len(train_rows)} train / {len(eval_rows)} eval prompts, "
+                    f"{cfg.prompts_per_step} prompts x {n} completions per step")
+
+        # ---- the loop
+        for step in run.steps():
             # 1. rollout: sample, score, group advantages
-            rows = [train_rows[schedule.index(step, slot, strategy.rank)[1]] for slot in range(prompts_per_rank)]
+            rows = [train_rows[i] for i in schedule.prompt_indices(step)]
             rollout, prompts, columns = rl.sample(engine, strategy, tokenizer, rows, cfg.rollout,
-                                                  rl.step_seed(cfg.seed, step, strategy.rank))
-            scores, metrics = rl.score(rewards, strategy, rollout, prompts, columns, n)
+                                                  schedule.sampling_seed(step))
+            scores, metrics = rl.score_rollout(rewards, strategy, rollout, prompts, columns, n)
             advantages = advantages_of(scores)
             # 2. log-probs before the update: pi_old (if it differs from pi) and the reference
             logprob_start = time.perf_counter()
@@ -135,68 +117,32 @@ def run(cfg: GRPOConfig) -> dict:
                     lambda part: rl.reference_logprobs(reference, engine, part, temperature), rollout, cfg.batch_size)
             # 3. clipped policy-gradient updates over shuffled mini-batches
             train_start = time.perf_counter()
-            stats: dict[str, float] = defaultdict(float)
-            updates = 0
-            for epoch in range(cfg.ppo_epochs):
-                order = rl.minibatch_order(sequences, mini, cfg.batch_size,
-                                           rl.step_seed(cfg.seed, step, strategy.rank) + epoch)
-                for minibatch in order:
-                    for micro in minibatch:
-                        part = rollout.select(micro)
-                        width = part.response_ids.shape[1]
-                        mask = part.response_mask.to(strategy.device).float()
-                        logprobs, entropy = token_logprobs(engine, part, temperature, with_entropy=True)
-                        old = (logprobs.detach() if old_logprobs is None
-                               else old_logprobs[micro, :width].to(logprobs.device))
-                        adv = advantages[micro].to(logprobs.device).unsqueeze(1)
-                        per_token, clipped = clipped_surrogate(logprobs, old, adv, cfg.epsilon)
-                        if ref_logprobs is not None:
-                            kl = kl_k3(logprobs, ref_logprobs[micro, :width].to(logprobs.device))
-                            per_token = per_token + cfg.beta * kl
-                            stats["kl"] += float(masked_mean(kl.detach(), mask))
-                        loss = aggregate(per_token, mask)
-                        strategy.backward(loss, engine)
-                        strategy.optimizer_step(engine)
-                        stats["loss"] += float(loss.detach())
-                        stats["clip_fraction"] += float(masked_mean(clipped, mask))
-                        stats["entropy"] += float(masked_mean(entropy, mask))
-                        updates += 1
-            metrics.update({key: value / updates for key, value in stats.items()})
-            metrics.update(logprob_time=train_start - logprob_start, train_time=time.perf_counter() - train_start)
-            for key, value in metrics.items():
-                window[key] += value
-            window_steps += 1
-
-            done = step + 1
-            tracker.advance()
-            if done % cfg.logging_steps == 0 or done == steps:
-                logged = strategy.all_reduce({k: v / window_steps for k, v in window.items()})
-                tracker.log(done, {**logged, "lr": engine.get_lr()[0], "grad_norm": strategy.grad_norm(engine)})
-                window, window_steps = defaultdict(float), 0
-            if eval_rows and cfg.eval_steps and done % cfg.eval_steps == 0 and done != steps:
-                tracker.log(done, rl.evaluate(engine, strategy, tokenizer, eval_rows, rewards, cfg.rollout, cfg.seed),
-                            "eval")
-            if cfg.save_steps and done % cfg.save_steps == 0 and done != steps:
-                ckpt.save(engine, done, {"step": done, "rewards": rewards.state_dict()})
+            for micro in schedule.update_micro_batches(step):
+                part = rollout.select(micro)
+                width = part.response_ids.shape[1]
+                mask = part.response_mask.to(strategy.device).float()
+                logprobs, entropy = token_logprobs(engine, part, temperature, with_entropy=True)
+                old = logprobs.detach() if old_logprobs is None else old_logprobs[micro, :width].to(logprobs.device)
+                adv = advantages[micro].to(logprobs.device).unsqueeze(1)
+                per_token, clipped = clipped_surrogate(logprobs, old, adv, cfg.epsilon)
+                if ref_logprobs is not None:
+                    kl = kl_k3(logprobs, ref_logprobs[micro, :width].to(logprobs.device))
+                    per_token = per_token + cfg.beta * kl
+                    run.window.add("kl", masked_mean(kl.detach(), mask))
+                loss = aggregate(per_token, mask)
+                strategy.backward(loss, engine)
+                strategy.optimizer_step(engine)
+                run.window.add_all({"loss": loss, "clip_fraction": masked_mean(clipped, mask),
+                                    "entropy": masked_mean(entropy, mask)})
+            run.window.add_all({**metrics, "logprob_time": train_start - logprob_start,
+                                "train_time": time.perf_counter() - train_start})
+            run.window.count(samples=len(rollout), tokens=rl.rollout_tokens(rollout))
+            run.after_step(step)
 
         # ---- final evaluation and Hugging Face export
-        summary = {"stage": "grpo", "advantage": cfg.advantage, "steps": steps, "train_prompts": len(train_rows),
-                   "output_dir": cfg.output_dir}
-        if eval_rows:
-            final = rl.evaluate(engine, strategy, tokenizer, eval_rows, rewards, cfg.rollout, cfg.seed)
-            tracker.log(steps, final, "eval")
-            summary["eval_reward"] = final["reward"]
-            summary["eval"] = final
-        if cfg.save_steps and start < steps:
-            ckpt.save(engine, steps, {"step": steps, "rewards": rewards.state_dict()})
+        summary = run.finish({"stage": "grpo", "advantage": cfg.advantage, "train_prompts": len(train_rows)})
     finally:
         rewards.close()
-    tracker.close()
-    ckpt.finish(engine, tokenizer, summary)
-    return summary
-
-
-def main(argv: list[str] | None = None) -> int:
-    from trainer_lib.cli import main as cli_main
-
-    return cli_main(["grpo", *(argv or [])])
+    if "eval" in summary:
+        summary["eval_reward"] = summary["eval"]["reward"]
+    return run.save_model(tokenizer, summary)

@@ -24,13 +24,11 @@ and must share the policy's tokenizer.
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 
-from trainer_lib import storage
-from trainer_lib.config import ConfigError, TrainingConfig, opt
-from trainer_lib.schedule import MicroBatchSchedule, total_steps
-from trainer_lib.stages.rl_common import RewardSourcesConfig, RolloutConfig, validate_rl
+from trainer_lib.config import ConfigError, opt
+from trainer_lib.rl.config import RLConfig
+from trainer_lib.schedule import total_steps
 
 
 @dataclass
@@ -49,14 +47,10 @@ class CriticConfig:
 
 
 @dataclass
-class PPOConfig(TrainingConfig):
-    rollout: RolloutConfig = opt(RolloutConfig, "Sampling of completions.")
-    reward: RewardSourcesConfig = opt(RewardSourcesConfig, "Reward sources and post-processing.")
+class PPOConfig(RLConfig):
     kl: KLConfig = opt(KLConfig, "KL penalty towards the reference policy.")
     critic: CriticConfig = opt(CriticConfig, "Value model.")
-    prompts_per_step: int = opt(8, "Prompts per step, all ranks together.")
     ppo_epochs: int = opt(4, "Passes over each step's completions.")
-    mini_batch_size: int = opt(0, "Completions per optimizer step, all ranks together (0: all of a step).")
     clip_range: float = opt(0.2, "Clip range of the policy probability ratio.")
     value_clip_range: float = opt(0.2, "Clip range of value updates around the rollout's values (0: off).")
     gamma: float = opt(1.0, "GAE discount.")
@@ -69,7 +63,6 @@ class PPOConfig(TrainingConfig):
 
     def validate(self) -> None:
         super().validate()
-        validate_rl(self)
         if self.clip_range <= 0 or self.value_clip_range < 0 or self.vf_coef < 0:
             raise ConfigError("clip_range: expected > 0; value_clip_range, vf_coef: expected >= 0")
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
@@ -116,35 +109,30 @@ def load_critic(cfg: PPOConfig, pad_token_id: int, vocab: int):
 def run(cfg: PPOConfig) -> dict:
     import torch
 
-    from trainer_lib.checkpoint import CheckpointManager
+    from trainer_lib.cadence import Cadence
     from trainer_lib.losses.rl import (KLController, explained_variance, gae_advantages, kl_penalty,
                                        masked_mean, masked_whiten, ppo_policy_loss, ppo_value_loss)
-    from trainer_lib.models.load import apply_lora, count_parameters, load_causal_lm, load_tokenizer
+    from trainer_lib.models.load import apply_lora, count_parameters, disable_dropout, load_causal_lm, load_tokenizer
+    from trainer_lib.rl import experience as rl
+    from trainer_lib.rl.schedule import PromptSchedule
     from trainer_lib.rollout import token_logprobs
-    from trainer_lib.stages import rl_common as rl
-    from trainer_lib.tracking import Tracker
+    from trainer_lib.strategy import DeepSpeedStrategy, planned_world_size
 
-    storage.configure(endpoint_url=cfg.storage.endpoint_url, region=cfg.storage.region,
-                      cache_dir=cfg.storage.cache_dir)
-    strategy = rl.make_strategy(cfg)
-    ckpt = CheckpointManager.for_stage(cfg, strategy)
-    world, n, temperature = strategy.world_size, cfg.rollout.n, cfg.rollout.temperature
+    strategy = DeepSpeedStrategy(cfg.engine_for(planned_world_size()), micro_batch_size=cfg.batch_size, seed=cfg.seed)
+    strategy.setup_distributed()
+    n, temperature = cfg.rollout.n, cfg.rollout.temperature
 
     # ---- prompts, schedule, actor, critic, reference, rewards
     tokenizer = load_tokenizer(cfg.model)
     train_rows, eval_rows = rl.load_prompts(cfg, tokenizer)
-    prompts_per_rank = cfg.prompts_per_step // world
-    schedule = MicroBatchSchedule(len(train_rows), prompts_per_rank, world, cfg.seed)
+    schedule = PromptSchedule(cfg, len(train_rows), strategy.world_size, strategy.rank)
     steps = total_steps(cfg, len(train_rows), cfg.prompts_per_step)
-    sequences = prompts_per_rank * n
-    mini = (cfg.mini_batch_size or cfg.prompts_per_step * n) // world
-    updates = steps * rl.updates_per_step(cfg)
-    actor_updates = (steps - min(cfg.freeze_actor_steps, steps - 1)) * rl.updates_per_step(cfg)
+    updates = steps * cfg.updates_per_step()
+    actor_updates = (steps - min(cfg.freeze_actor_steps, steps - 1)) * cfg.updates_per_step()
     actor = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
     critic = load_critic(cfg, tokenizer.pad_token_id, len(tokenizer))
     for model in (actor, critic):
-        rl.disable_dropout(model)
-    trainable, total = count_parameters(actor)
+        disable_dropout(model)
     actor_engine = strategy.prepare(actor, lr=cfg.lr, weight_decay=cfg.weight_decay, total_steps=actor_updates,
                                     warmup_steps=cfg.warmup_steps, lr_scheduler=cfg.lr_scheduler)
     critic_engine = strategy.prepare(critic, lr=cfg.critic_lr or cfg.lr, weight_decay=cfg.weight_decay,
@@ -155,32 +143,29 @@ def run(cfg: PPOConfig) -> dict:
     rewards = rl.build_rewards(cfg, strategy, tokenizer)
     kl_ctl = KLController(cfg.kl.coef, cfg.kl.target if cfg.kl.adaptive else None, cfg.kl.horizon)
 
-    state = ckpt.restore(actor_engine, {"critic": critic_engine}) if cfg.resume else None
-    start = int(state["step"]) if state else 0
-    if state:
+    def restore_state(state: dict) -> None:
         rewards.load_state_dict(state["rewards"])
         kl_ctl.load_state_dict(state["kl_controller"])
-    strategy.print(f"ppo: {len(train_rows)} train / {len(eval_rows)} eval prompts, {steps} steps of "
-                   f"{cfg.prompts_per_step} prompts x {n} completions, {trainable:,}/{total:,} trainable actor "
-                   f"params, world size {world}" + (f", resuming at step {start}" if start else ""))
-    tracker = Tracker(ckpt.local_dir, enabled=strategy.is_rank_0, total_steps=steps, initial_step=start, desc="ppo")
-    if state is None and eval_rows:
-        tracker.log(0, rl.evaluate(actor_engine, strategy, tokenizer, eval_rows, rewards, cfg.rollout, cfg.seed),
-                    "eval")
 
-    def client_state(step: int) -> dict:
-        return {"step": step, "rewards": rewards.state_dict(), "kl_controller": kl_ctl.state_dict()}
-
-    # ---- the loop
-    window: dict[str, float] = defaultdict(float)
-    window_steps = 0
+    run = Cadence(cfg, strategy, "ppo", steps, actor_engine, parameters=count_parameters(actor),
+                  extra_engines={"critic": critic_engine},
+                  evaluate=(lambda: rl.evaluate(actor_engine, strategy, tokenizer, eval_rows, rewards, cfg.rollout,
+                                                cfg.seed)) if eval_rows else None,
+                  client_state=lambda step: {"rewards": rewards.state_dict(), "kl_controller": kl_ctl.state_dict()},
+                  restore_state=restore_state,
+                  log_extra=lambda: {"critic_lr": critic_engine.get_lr()[0],
+                                     "critic_grad_norm": strategy.grad_norm(critic_engine)})
     try:
-        for step in range(start, steps):
+        run.restore(f"{len(train_rows)} train / {len(eval_rows)} eval prompts, {cfg.prompts_per_step} prompts x "
+                    f"{n} completions per step (trainable params: the actor's)")
+
+        # ---- the loop
+        for step in run.steps():
             # 1. rollout and scores
-            rows = [train_rows[schedule.index(step, slot, strategy.rank)[1]] for slot in range(prompts_per_rank)]
+            rows = [train_rows[i] for i in schedule.prompt_indices(step)]
             rollout, prompts, columns = rl.sample(actor_engine, strategy, tokenizer, rows, cfg.rollout,
-                                                  rl.step_seed(cfg.seed, step, strategy.rank))
-            scores, metrics = rl.score(rewards, strategy, rollout, prompts, columns, n)
+                                                  schedule.sampling_seed(step))
+            scores, metrics = rl.score_rollout(rewards, strategy, rollout, prompts, columns, n)
 
             # 2-4. log-probs and values of the sampling weights, KL-shaped rewards, GAE
             prep_start = time.perf_counter()
@@ -205,86 +190,48 @@ def run(cfg: PPOConfig) -> dict:
 
             # 5. clipped policy and value updates over shuffled mini-batches
             train_start = time.perf_counter()
-            stats: dict[str, float] = defaultdict(float)
-            micro_steps = 0
             train_actor = step >= cfg.freeze_actor_steps
-            for epoch in range(cfg.ppo_epochs):
-                order = rl.minibatch_order(sequences, mini, cfg.batch_size,
-                                           rl.step_seed(cfg.seed, step, strategy.rank) + epoch)
-                for minibatch in order:
-                    for micro in minibatch:
-                        part = rollout.select(micro)
-                        width = part.response_ids.shape[1]
-                        part_mask = part.response_mask.to(strategy.device).float()
+            for micro in schedule.update_micro_batches(step):
+                part = rollout.select(micro)
+                width = part.response_ids.shape[1]
+                part_mask = part.response_mask.to(strategy.device).float()
 
-                        def cut(tensor):
-                            return tensor[micro, :width].to(strategy.device)
+                def cut(tensor):
+                    return tensor[micro, :width].to(strategy.device)
 
-                        with torch.set_grad_enabled(train_actor):
-                            logprobs, entropy = token_logprobs(actor_engine, part, temperature, with_entropy=True)
-                            policy_loss, policy_stats = ppo_policy_loss(logprobs, cut(old_logprobs),
-                                                                        cut(advantages), part_mask, cfg.clip_range)
-                        if train_actor:
-                            strategy.backward(policy_loss, actor_engine)
-                            strategy.optimizer_step(actor_engine)
+                with torch.set_grad_enabled(train_actor):
+                    logprobs, entropy = token_logprobs(actor_engine, part, temperature, with_entropy=True)
+                    policy_loss, policy_stats = ppo_policy_loss(logprobs, cut(old_logprobs), cut(advantages),
+                                                                part_mask, cfg.clip_range)
+                if train_actor:
+                    strategy.backward(policy_loss, actor_engine)
+                    strategy.optimizer_step(actor_engine)
 
-                        values = token_values(critic_engine, part)
-                        value_loss, value_stats = ppo_value_loss(values, cut(old_values), cut(returns), part_mask,
-                                                                 cfg.value_clip_range)
-                        strategy.backward(cfg.vf_coef * value_loss, critic_engine)
-                        strategy.optimizer_step(critic_engine)
-
-                        for key, value in {"policy_loss": policy_loss.detach(), "value_loss": value_loss.detach(),
-                                           "entropy": masked_mean(entropy, part_mask),
-                                           **policy_stats, **value_stats}.items():
-                            stats[key] += float(value)
-                        micro_steps += 1
+                values = token_values(critic_engine, part)
+                value_loss, value_stats = ppo_value_loss(values, cut(old_values), cut(returns), part_mask,
+                                                         cfg.value_clip_range)
+                strategy.backward(cfg.vf_coef * value_loss, critic_engine)
+                strategy.optimizer_step(critic_engine)
+                run.window.add_all({"policy_loss": policy_loss, "value_loss": value_loss,
+                                    "entropy": masked_mean(entropy, part_mask), **policy_stats, **value_stats})
 
             # 6. statistics and KL control
             sequence_kl = float(strategy.all_reduce(kl.sum(1).mean()))
-            metrics.update({key: value / micro_steps for key, value in stats.items()})
-            metrics.update(kl=sequence_kl, kl_coef=kl_ctl.value,
-                           non_score_reward=float(token_rewards.sum(1).mean() - scores.mean()),
-                           explained_variance=float(explained_variance(old_values, returns, mask)),
-                           value_mean=float(masked_mean(old_values, mask)),
-                           logprob_time=train_start - prep_start, train_time=time.perf_counter() - train_start)
+            run.window.add_all({**metrics, "kl": sequence_kl, "kl_coef": kl_ctl.value,
+                                "non_score_reward": float(token_rewards.sum(1).mean() - scores.mean()),
+                                "explained_variance": float(explained_variance(old_values, returns, mask)),
+                                "value_mean": float(masked_mean(old_values, mask)),
+                                "logprob_time": train_start - prep_start,
+                                "train_time": time.perf_counter() - train_start})
             kl_ctl.update(sequence_kl, cfg.prompts_per_step * n)
-            for key, value in metrics.items():
-                window[key] += value
-            window_steps += 1
-
-            done = step + 1
-            tracker.advance()
-            if done % cfg.logging_steps == 0 or done == steps:
-                logged = strategy.all_reduce({k: v / window_steps for k, v in window.items()})
-                tracker.log(done, {**logged, "lr": actor_engine.get_lr()[0], "critic_lr": critic_engine.get_lr()[0],
-                                   "grad_norm": strategy.grad_norm(actor_engine),
-                                   "critic_grad_norm": strategy.grad_norm(critic_engine)})
-                window, window_steps = defaultdict(float), 0
-            if eval_rows and cfg.eval_steps and done % cfg.eval_steps == 0 and done != steps:
-                tracker.log(done, rl.evaluate(actor_engine, strategy, tokenizer, eval_rows, rewards, cfg.rollout,
-                                              cfg.seed), "eval")
-            if cfg.save_steps and done % cfg.save_steps == 0 and done != steps:
-                ckpt.save(actor_engine, done, client_state(done), {"critic": critic_engine})
+            run.window.count(samples=len(rollout), tokens=rl.rollout_tokens(rollout))
+            run.after_step(step)
 
         # ---- final evaluation and Hugging Face export (the policy)
-        summary = {"stage": "ppo", "steps": steps, "train_prompts": len(train_rows), "output_dir": cfg.output_dir,
-                   "kl_coef": kl_ctl.value}
-        if eval_rows:
-            final = rl.evaluate(actor_engine, strategy, tokenizer, eval_rows, rewards, cfg.rollout, cfg.seed)
-            tracker.log(steps, final, "eval")
-            summary["eval_reward"] = final["reward"]
-            summary["eval"] = final
-        if cfg.save_steps and start < steps:
-            ckpt.save(actor_engine, steps, client_state(steps), {"critic": critic_engine})
+        summary = run.finish({"stage": "ppo", "train_prompts": len(train_rows)})
     finally:
         rewards.close()
-    tracker.close()
-    ckpt.finish(actor_engine, tokenizer, summary)
-    return summary
-
-
-def main(argv: list[str] | None = None) -> int:
-    from trainer_lib.cli import main as cli_main
-
-    return cli_main(["ppo", *(argv or [])])
+    summary["kl_coef"] = kl_ctl.value
+    if "eval" in summary:
+        summary["eval_reward"] = summary["eval"]["reward"]
+    return run.save_model(tokenizer, summary)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
 
@@ -118,8 +117,6 @@ def run(cfg: PrepareConfig) -> dict:
     from trainer_lib.data.dataset import build_dataset
     from trainer_lib.models.load import load_tokenizer
 
-    storage.configure(endpoint_url=cfg.storage.endpoint_url, region=cfg.storage.region,
-                      cache_dir=cfg.storage.cache_dir)
     if not storage.is_remote(cfg.output_dir):
         _check_target(os.path.abspath(os.path.expanduser(cfg.output_dir)))  # fail before the work
     tokenizer = load_tokenizer(cfg.model) if (cfg.model.path or cfg.model.tokenizer_path) else None
@@ -132,13 +129,3 @@ def run(cfg: PrepareConfig) -> dict:
     else:
         _write_local(dd, stats, cfg.output_dir)
     return stats
-
-
-def main(argv: list[str] | None = None) -> int:
-    from trainer_lib.cli import main as cli_main
-
-    return cli_main(["prepare", *(sys.argv[1:] if argv is None else argv)])
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -34,8 +34,6 @@ CONFIG = ReleaseConfig
 
 
 def run(cfg: ReleaseConfig) -> dict:
-    storage.configure(endpoint_url=cfg.storage.endpoint_url, region=cfg.storage.region,
-                      cache_dir=cfg.storage.cache_dir)
     try:
         result = json.loads(storage.read_text(cfg.evaluation))
         gate = result["gate"]
@@ -54,9 +52,3 @@ def run(cfg: ReleaseConfig) -> dict:
               "released_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     storage.write_text(marker, json.dumps(record, indent=2))
     return {"stage": "release", "released": True, "release_uri": cfg.release_uri}
-
-
-def main(argv: list[str] | None = None) -> int:
-    from trainer_lib.cli import main as cli_main
-
-    return cli_main(["release", *(argv or [])])

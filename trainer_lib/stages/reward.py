@@ -16,10 +16,8 @@ implicit prompt); an optional numeric ``margin`` column is the per-pair loss mar
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass
 
-from trainer_lib import storage
 from trainer_lib.config import ConfigError, TrainingConfig, opt
 from trainer_lib.errors import UserError
 from trainer_lib.schedule import MicroBatchSchedule, total_steps
@@ -50,9 +48,9 @@ METRICS = ("loss", "accuracy", "margin", "rewards/chosen", "rewards/rejected")
 def pair_rewards(engine, batch: dict, device):
     """(chosen rewards, rejected rewards), each ``(B,)``, from ONE forward pass over ``2B`` rows."""
     from trainer_lib.data.preference import model_inputs, split_halves
-    from trainer_lib.models.heads import score
+    from trainer_lib.models.heads import sequence_rewards
 
-    return split_halves(score(engine, model_inputs(batch, device)))
+    return split_halves(sequence_rewards(engine, model_inputs(batch, device)))
 
 
 def pair_losses(engine, batch: dict, device):
@@ -64,28 +62,23 @@ def pair_losses(engine, batch: dict, device):
     return pairwise_reward_loss(chosen, rejected, margin), chosen, rejected
 
 
-def pair_metric_sums(losses, chosen, rejected) -> dict[str, float]:
-    """Sums over the pairs of a batch (divided by the pair count when logged)."""
-    return {"loss": float(losses.detach().sum()), "accuracy": float((chosen > rejected).float().sum()),
-            "margin": float((chosen - rejected).detach().sum()),
-            "rewards/chosen": float(chosen.detach().sum()), "rewards/rejected": float(rejected.detach().sum())}
+def pair_metrics(losses, chosen, rejected) -> dict:
+    """Per-pair metric values (1-D tensors, no gradient) of a batch."""
+    losses, chosen, rejected = losses.detach(), chosen.detach(), rejected.detach()
+    return {"loss": losses, "accuracy": (chosen > rejected).float(), "margin": chosen - rejected,
+            "rewards/chosen": chosen, "rewards/rejected": rejected}
 
 
 def evaluate(engine, strategy, examples: list[dict], groups: list[list[int]], collate) -> dict:
     """Mean loss, pairwise accuracy, margin and rewards over ``examples`` (sharded across ranks)."""
-    import torch
 
-    engine.eval()
-    sums = dict.fromkeys(METRICS, 0.0) | {"count": 0.0}
-    with torch.no_grad():
-        for group in groups[strategy.rank::strategy.world_size]:
-            losses, chosen, rejected = pair_losses(engine, collate([examples[i] for i in group]), strategy.device)
-            for key, value in pair_metric_sums(losses, chosen, rejected).items():
-                sums[key] += value
-            sums["count"] += len(group)
-    engine.train()
-    sums = strategy.all_reduce(sums, op="sum")
-    return {k: sums[k] / max(sums["count"], 1) for k in METRICS}
+    def sums(group: list[int]) -> dict:
+        losses, chosen, rejected = pair_losses(engine, collate([examples[i] for i in group]), strategy.device)
+        return {key: float(values.sum()) for key, values in pair_metrics(losses, chosen, rejected).items()} | {
+            "count": float(len(group))}
+
+    totals = strategy.sharded_sums(groups, sums, dict.fromkeys((*METRICS, "count"), 0.0), models=(engine,))
+    return {k: totals[k] / max(totals["count"], 1) for k in METRICS}
 
 
 def reward_statistics(engine, strategy, examples: list[dict], groups: list[list[int]], collate) -> dict:
@@ -94,37 +87,28 @@ def reward_statistics(engine, strategy, examples: list[dict], groups: list[list[
 
     import torch
 
-    engine.eval()
-    total, squares, count = 0.0, 0.0, 0.0
-    with torch.no_grad():
-        for group in groups[strategy.rank::strategy.world_size]:
-            batch = collate([examples[i] for i in group])
-            rewards = torch.cat(pair_rewards(engine, batch, strategy.device)).double()
-            total, squares = total + float(rewards.sum()), squares + float((rewards ** 2).sum())
-            count += rewards.numel()
-    engine.train()
-    sums = strategy.all_reduce({"total": total, "squares": squares, "count": count}, op="sum")
-    mean = sums["total"] / max(sums["count"], 1)
-    var = max(sums["squares"] / max(sums["count"], 1) - mean ** 2, 0.0)
-    return {"reward_mean": mean, "reward_std": math.sqrt(var), "count": int(sums["count"])}
+    def sums(group: list[int]) -> dict:
+        rewards = torch.cat(pair_rewards(engine, collate([examples[i] for i in group]), strategy.device)).double()
+        return {"total": float(rewards.sum()), "squares": float((rewards ** 2).sum()), "count": float(rewards.numel())}
+
+    totals = strategy.sharded_sums(groups, sums, {"total": 0.0, "squares": 0.0, "count": 0.0}, models=(engine,))
+    mean = totals["total"] / max(totals["count"], 1)
+    var = max(totals["squares"] / max(totals["count"], 1) - mean ** 2, 0.0)
+    return {"reward_mean": mean, "reward_std": math.sqrt(var), "count": int(totals["count"])}
 
 
 def run(cfg: RewardConfig) -> dict:
-    from trainer_lib.checkpoint import CheckpointManager
+    from trainer_lib.cadence import Cadence
     from trainer_lib.data.dataset import load_training_data
     from trainer_lib.data.preference import PAIRED_FORMATS, collate_pairs, tokenize_pair
-    from trainer_lib.data.tokenize import micro_batches
+    from trainer_lib.data.tokenize import count_tokens, micro_batches
     from trainer_lib.losses import reward_centering_penalty
     from trainer_lib.models.heads import STATS_FILE, apply_reward_lora, load_reward_model, store_stats
     from trainer_lib.models.load import count_parameters, load_tokenizer
     from trainer_lib.strategy import DeepSpeedStrategy
-    from trainer_lib.tracking import Tracker
 
-    storage.configure(endpoint_url=cfg.storage.endpoint_url, region=cfg.storage.region,
-                      cache_dir=cfg.storage.cache_dir)
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
     strategy.setup_distributed()
-    ckpt = CheckpointManager.for_stage(cfg, strategy)
 
     # ---- data: preference pairs, tokenized as prompt + completion (ending in eos)
     tokenizer = load_tokenizer(cfg.model)
@@ -146,23 +130,16 @@ def run(cfg: RewardConfig) -> dict:
     # ---- model: backbone + scalar head (LoRA keeps the head fully trainable)
     model = load_reward_model(cfg.model, tokenizer.pad_token_id, cfg.engine.precision)
     model = apply_reward_lora(model, cfg.lora)
-    trainable, total = count_parameters(model)
     engine = strategy.prepare(model, lr=cfg.lr, weight_decay=cfg.weight_decay, total_steps=steps,
                               warmup_steps=cfg.warmup_steps, lr_scheduler=cfg.lr_scheduler)
-    state = ckpt.restore(engine) if cfg.resume else None
-    start = int(state["step"]) if state else 0
-    strategy.print(f"reward: {len(train)} train / {len(evals)} eval pairs ({fmt}), {len(train_groups)} "
-                   f"micro-batches, {steps} steps, {trainable:,}/{total:,} trainable params, "
-                   f"world size {strategy.world_size}" + (f", resuming at step {start}" if start else ""))
-    tracker = Tracker(ckpt.local_dir, enabled=strategy.is_rank_0, total_steps=steps, initial_step=start, desc="reward")
-    if state is None and evals:
-        tracker.log(0, evaluate(engine, strategy, evals, eval_groups, collate), split="eval")
+    run = Cadence(cfg, strategy, "reward", steps, engine, parameters=count_parameters(model), window_keys=METRICS,
+                  evaluate=(lambda: evaluate(engine, strategy, evals, eval_groups, collate)) if evals else None)
+    run.restore(f"{len(train)} train / {len(evals)} eval pairs ({fmt}), {len(train_groups)} micro-batches")
 
     # ---- the loop
     engine.train()
-    window = dict.fromkeys(METRICS, 0.0) | {"count": 0.0}
-    window_start, epoch = time.time(), 0
-    for step in range(start, steps):
+    epoch = 0
+    for step in run.steps():
         for slot in range(schedule.accumulation):
             epoch, group = schedule.index(step, slot, strategy.rank)
             batch = collate([train[i] for i in train_groups[group]])
@@ -172,33 +149,12 @@ def run(cfg: RewardConfig) -> dict:
                 loss = loss + cfg.center_rewards_coefficient * reward_centering_penalty(chosen, rejected).mean()
             strategy.backward(loss, engine)
             strategy.optimizer_step(engine)
-            for key, value in pair_metric_sums(losses, chosen, rejected).items():
-                window[key] += value
-            window["count"] += len(train_groups[group])
-        done = step + 1
-        tracker.advance()
-        if done % cfg.logging_steps == 0 or done == steps:
-            sums = strategy.all_reduce(window, op="sum")
-            metrics = {k: sums[k] / max(sums["count"], 1) for k in METRICS}
-            tracker.log(done, {**metrics, "lr": engine.get_lr()[0], "epoch": epoch,
-                               "grad_norm": strategy.grad_norm(engine),
-                               "pairs_per_s": sums["count"] / max(time.time() - window_start, 1e-9)})
-            window = dict.fromkeys(METRICS, 0.0) | {"count": 0.0}
-            window_start = time.time()
-        if evals and cfg.eval_steps and done % cfg.eval_steps == 0 and done != steps:
-            tracker.log(done, evaluate(engine, strategy, evals, eval_groups, collate), split="eval")
-        if cfg.save_steps and done % cfg.save_steps == 0 and done != steps:
-            ckpt.save(engine, done, {"step": done})
+            run.window.add_all(pair_metrics(losses, chosen, rejected))
+            run.window.count(samples=len(train_groups[group]), tokens=count_tokens(batch))
+        run.after_step(step, epoch=epoch)
 
     # ---- final evaluation, reward statistics, Hugging Face export
-    summary = {"stage": "reward", "steps": steps, "train_pairs": len(train), "format": fmt,
-               "output_dir": cfg.output_dir}
-    if evals:
-        summary["eval"] = evaluate(engine, strategy, evals, eval_groups, collate)
-        tracker.log(steps, summary["eval"], split="eval")
-    if cfg.save_steps and start < steps:
-        ckpt.save(engine, steps, {"step": steps})
-    tracker.close()
+    summary = run.finish({"stage": "reward", "train_pairs": len(train), "format": fmt})
     use_eval = cfg.reference_set == "eval" and evals
     reference, reference_name = (evals, "eval") if use_eval else (train, "train")
     if cfg.normalize_max_rows:
@@ -209,11 +165,4 @@ def run(cfg: RewardConfig) -> dict:
     stats["reference_set"] = reference_name
     summary["reward_stats"] = stats
     store_stats(strategy.unwrap(engine), stats)
-    ckpt.finish(engine, tokenizer, summary, extra_files={STATS_FILE: json.dumps(stats, indent=2)})
-    return summary
-
-
-def main(argv: list[str] | None = None) -> int:
-    from trainer_lib.cli import main as cli_main
-
-    return cli_main(["reward", *(argv or [])])
+    return run.save_model(tokenizer, summary, extra_files={STATS_FILE: json.dumps(stats, indent=2)})

@@ -9,10 +9,8 @@ schedules; at the end write a Hugging Face model at the root of ``output_dir``.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
-from trainer_lib import storage
 from trainer_lib.config import TrainingConfig
 from trainer_lib.errors import UserError
 from trainer_lib.schedule import MicroBatchSchedule, total_steps
@@ -36,39 +34,29 @@ def make_collate(cfg: TrainingConfig, pad_token_id: int):
     return lambda examples: collate_padded(examples, pad_token_id)
 
 
-def evaluate_loss(engine, strategy, examples: list[dict], groups: list[list[int]], collate) -> float:
-    """Token-weighted mean loss over ``groups`` (sharded across ranks)."""
-    import torch
+def evaluate_loss(engine, strategy, examples: list[dict], groups: list[list[int]], collate) -> dict:
+    """``{"loss": x}``: token-weighted mean loss over ``groups`` (sharded across ranks)."""
 
-    engine.eval()
-    total, count = 0.0, 0
-    with torch.no_grad():
-        for group in groups[strategy.rank::strategy.world_size]:
-            batch = {k: v.to(strategy.device) for k, v in collate([examples[i] for i in group]).items()}
-            n = int((batch["labels"][:, 1:] != -100).sum())
-            if n == 0:
-                continue
-            out = engine(**batch, use_cache=False)
-            total += float(out.loss) * n
-            count += n
-    engine.train()
-    sums = strategy.all_reduce({"total": total, "count": count}, op="sum")
-    return sums["total"] / max(sums["count"], 1)
+    def sums(group: list[int]) -> dict:
+        batch = {k: v.to(strategy.device) for k, v in collate([examples[i] for i in group]).items()}
+        n = int((batch["labels"][:, 1:] != -100).sum())
+        if n == 0:
+            return {"total": 0.0, "count": 0.0}
+        return {"total": float(engine(**batch, use_cache=False).loss) * n, "count": float(n)}
+
+    totals = strategy.sharded_sums(groups, sums, {"total": 0.0, "count": 0.0}, models=(engine,))
+    return {"loss": totals["total"] / max(totals["count"], 1)}
 
 
 def run(cfg: SFTConfig) -> dict:
-    from trainer_lib.checkpoint import CheckpointManager
+    from trainer_lib.cadence import Cadence
     from trainer_lib.data.dataset import load_training_data
-    from trainer_lib.data.tokenize import micro_batches, tokenize_sft
+    from trainer_lib.data.tokenize import count_tokens, micro_batches, tokenize_sft
     from trainer_lib.models.load import apply_lora, count_parameters, load_causal_lm, load_tokenizer
     from trainer_lib.strategy import DeepSpeedStrategy
-    from trainer_lib.tracking import Tracker
 
-    storage.configure(endpoint_url=cfg.storage.endpoint_url, region=cfg.storage.region,
-                      cache_dir=cfg.storage.cache_dir)
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
     strategy.setup_distributed()
-    ckpt = CheckpointManager.for_stage(cfg, strategy)
 
     # ---- data: normalize (or load prepared), tokenize with prompt masking, group into micro-batches
     tokenizer = load_tokenizer(cfg.model)
@@ -93,60 +81,29 @@ def run(cfg: SFTConfig) -> dict:
     # ---- model and engine
     model = load_causal_lm(cfg.model, cfg.engine.precision)
     model = apply_lora(model, cfg.lora)
-    trainable, total = count_parameters(model)
     engine = strategy.prepare(model, lr=cfg.lr, weight_decay=cfg.weight_decay, total_steps=steps,
                               warmup_steps=cfg.warmup_steps, lr_scheduler=cfg.lr_scheduler)
-    state = ckpt.restore(engine) if cfg.resume else None
-    start = int(state["step"]) if state else 0
-    strategy.print(f"sft: {len(train)} train / {len(evals)} eval examples ({fmt}), {len(train_groups)} "
-                   f"micro-batches, {steps} steps, {trainable:,}/{total:,} trainable params, "
-                   f"world size {strategy.world_size}" + (f", resuming at step {start}" if start else ""))
-    tracker = Tracker(ckpt.local_dir, enabled=strategy.is_rank_0, total_steps=steps, initial_step=start, desc="sft")
-    if state is None and evals:
-        tracker.log(0, {"loss": evaluate_loss(engine, strategy, evals, eval_groups, collate)}, split="eval")
+    run = Cadence(cfg, strategy, "sft", steps, engine, parameters=count_parameters(model), evaluate=(
+        lambda: evaluate_loss(engine, strategy, evals, eval_groups, collate)) if evals else None)
+    run.restore(f"{len(train)} train / {len(evals)} eval examples ({fmt}), {len(train_groups)} micro-batches")
 
     # ---- the loop
     engine.train()
-    window_loss, window_tokens, window_start = 0.0, 0, time.time()
     epoch = 0
-    for step in range(start, steps):
+    for step in run.steps():
         for slot in range(schedule.accumulation):
             epoch, group = schedule.index(step, slot, strategy.rank)
             batch = {k: v.to(strategy.device) for k, v in collate([train[i] for i in train_groups[group]]).items()}
             out = engine(**batch, use_cache=False)
             strategy.backward(out.loss, engine)
             strategy.optimizer_step(engine)
-            window_loss += out.loss.detach().item() / schedule.accumulation
-            window_tokens += int(batch["input_ids"].numel())
-        done = step + 1
-        tracker.advance()
-        if done % cfg.logging_steps == 0 or done == steps:
-            n = cfg.logging_steps if done % cfg.logging_steps == 0 else done % cfg.logging_steps
-            elapsed = time.time() - window_start
-            metrics = strategy.all_reduce({"loss": window_loss / n})
-            tokens = strategy.all_reduce(float(window_tokens), op="sum")
-            tracker.log(done, {**metrics, "lr": engine.get_lr()[0], "epoch": epoch,
-                               "grad_norm": strategy.grad_norm(engine), "tokens_per_s": tokens / max(elapsed, 1e-9)})
-            window_loss, window_tokens, window_start = 0.0, 0, time.time()
-        if evals and cfg.eval_steps and done % cfg.eval_steps == 0 and done != steps:
-            tracker.log(done, {"loss": evaluate_loss(engine, strategy, evals, eval_groups, collate)}, split="eval")
-        if cfg.save_steps and done % cfg.save_steps == 0 and done != steps:
-            ckpt.save(engine, done, {"step": done})
+            run.window.add("loss", out.loss)
+            run.window.count(samples=len(train_groups[group]), tokens=count_tokens(batch))
+        run.after_step(step, epoch=epoch)
 
     # ---- final evaluation and Hugging Face export
-    summary = {"stage": "sft", "steps": steps, "train_examples": len(train), "format": fmt,
-               "output_dir": cfg.output_dir}
-    if evals:
-        summary["eval_loss"] = evaluate_loss(engine, strategy, evals, eval_groups, collate)
-        tracker.log(steps, {"loss": summary["eval_loss"]}, split="eval")
-    if cfg.save_steps and start < steps:
-        ckpt.save(engine, steps, {"step": steps})
-    tracker.close()
-    ckpt.finish(engine, tokenizer, summary)
-    return summary
+    summary = run.finish({"stage": "sft", "train_examples": len(train), "format": fmt})
+    if "eval" in summary:
+        summary["eval_loss"] = summary["eval"]["loss"]
+    return run.save_model(tokenizer, summary)
 
-
-def main(argv: list[str] | None = None) -> int:
-    from trainer_lib.cli import main as cli_main
-
-    return cli_main(["sft", *(argv or [])])

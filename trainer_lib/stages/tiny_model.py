@@ -20,9 +20,9 @@ class TinyModelConfig:
     corpus: str | None = opt(None, "Text corpus: a .txt file (one document per line) or a JSONL file "
                                    "(every string value is used); local or s3://.")
     output_dir: str | None = opt(None, "Where the Hugging Face model directory goes (local or s3://).")
-    vocab_size: int = opt(2048, "BPE vocabulary size.")
+    vocab_size: int = opt(1024, "BPE vocabulary size.")
     num_layers: int = opt(2, "Transformer layers.")
-    hidden_size: int = opt(64, "Hidden size.")
+    hidden_size: int = opt(128, "Hidden size.")
     num_heads: int = opt(4, "Attention heads.")
     num_kv_heads: int = opt(2, "Key/value heads (grouped-query attention).")
     max_positions: int = opt(1024, "Maximum sequence length.")
@@ -74,8 +74,6 @@ def _strings(value) -> list[str]:
 def run(cfg: TinyModelConfig) -> dict:
     from trainer_lib.models.tiny import make_tiny_model
 
-    storage.configure(endpoint_url=cfg.storage.endpoint_url, region=cfg.storage.region,
-                      cache_dir=cfg.storage.cache_dir)
     texts = read_corpus(cfg.corpus)
     if not texts:
         raise UserError(f"corpus: {cfg.corpus} contains no text")
@@ -93,10 +91,5 @@ def run(cfg: TinyModelConfig) -> dict:
         if os.path.isdir(target) and not os.listdir(target):
             os.rmdir(target)
         os.replace(work, target)
-    return {"stage": "tiny-model", "output_dir": cfg.output_dir, "corpus_texts": len(texts)}
-
-
-def main(argv: list[str] | None = None) -> int:
-    from trainer_lib.cli import main as cli_main
-
-    return cli_main(["tiny-model", *(argv or [])])
+    return {"stage": "tiny-model", "output_dir": cfg.output_dir, "corpus_texts": len(texts),
+            "hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers, "vocab_size": cfg.vocab_size}

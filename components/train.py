@@ -1,0 +1,60 @@
+"""train: one component for every training stage (sft, reward, dpo, ppo, grpo).
+
+The stages differ in their config and their loop, both of which live in ``trainer_lib``; what a
+component does is the same for all of them: turn artifacts and parameters into the stage's config,
+run it, describe the model it wrote and log its summary. The DAG names each task after its stage
+(``SFT``, ``DPO``, ...), so the KFP UI reads the same as with one component per stage.
+
+``params`` carries the stage's own keys (``loss``, ``beta``, ``rollout.n``, ``reward.functions``...):
+a dict whose values may arrive as text when the DAG fills them from pipeline parameters; the typed
+config parses them like ``key=value`` on the command line. Empty lists are left out, so
+``config_yaml`` can set them instead.
+"""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Metrics, Model, Output
+
+from components.common import IMAGE
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def train(
+    stage: str,
+    model: Input[Model],
+    data: Input[Dataset],
+    output_model: Output[Model],
+    metrics: Output[Metrics],
+    reward_model: Input[Model] = None,
+    max_steps: int = 100,
+    lr: float = 1e-4,
+    batch_size: int = 8,
+    max_length: int = 512,
+    seed: int = 0,
+    params: dict = {},
+    config_yaml: str = "",
+    overrides: list = [],
+):
+    """Precedence, lowest first: config_yaml, the typed parameters and ``params``, overrides, the artifacts.
+
+    ``reward_model`` is the RL stages' reward source (and PPO's critic start); under ``dpo``, precomputed
+    reference log-probs are cached next to a dataset that lives in the object store, so a retry, a
+    resumed run or another DPO run on the same data and reference finds them there.
+    """
+    from components.common import last_logged, log_summary, source_of, store_prefix
+    from trainer_lib.stage_api import run_stage
+
+    typed = {"max_steps": max_steps, "lr": lr, "batch_size": batch_size, "data.max_length": max_length,
+             "seed": seed}
+    given = {key: value for key, value in params.items() if value not in ([], "[]", "", None)}
+    store = store_prefix(data) if stage == "dpo" else None
+    if store:
+        given.setdefault("reference_logps_path", store + "/reference_logps")
+    paths = {"model.path": source_of(model), "data.path": source_of(data), "output_dir": output_model.path}
+    if reward_model is not None:
+        paths["reward.model_path"] = source_of(reward_model)
+    summary = run_stage(stage, [typed, given, *overrides, paths], config_yaml)
+
+    described = {**summary, **summary.get("reward_stats", {})}  # reward models: their mean and std too
+    output_model.metadata.update({"base": source_of(model), **{k: v for k, v in described.items() if k in (
+        "stage", "steps", "loss", "advantage", "kl_coef", "reference", "reward_mean", "reward_std")}})
+    log_summary(metrics, {**summary, "train": last_logged(output_model.path, "train")})

@@ -1,0 +1,170 @@
+"""Experience making for online RL: prompts in, scored rollouts and per-token log-probs out.
+
+A step samples ``rollout.n`` completions per prompt with the current policy (:func:`sample`),
+scores them with the configured reward sources (:func:`score_rollout`), and computes, with the
+weights that sampled them, the per-token log-probs the update needs (:func:`per_micro_batch`
+over :func:`trainer_lib.rollout.token_logprobs`, :func:`reference_logprobs`). Held-out prompts
+are scored the same way, greedily (:func:`evaluate`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+from trainer_lib.errors import UserError
+
+#: Datasets the RL stages read prompts from (only the ``prompt`` column is used as input;
+#: every other column goes to the reward functions).
+PROMPT_FORMATS = ("prompt_only", "prompt_completion", "preference", "unpaired_preference")
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def load_prompts(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
+    """(train rows, eval rows) of normalized prompt rows; prompts longer than data.max_length
+    tokens are dropped."""
+    from trainer_lib.data.dataset import load_training_data
+
+    splits, fmt = load_training_data(cfg.data, cfg.seed, allowed_formats=PROMPT_FORMATS, tokenizer=tokenizer,
+                                     stage="RL (a 'prompt' column)")
+    train = [dict(r) for r in splits["train"]]
+    evals = [dict(r) for r in splits["eval"]] if "eval" in splits else []
+    if not train:
+        raise UserError(f"data.path: {cfg.data.path}: no prompts")
+    return train, evals
+
+
+def prompt_inputs(rows: list[dict], tokenizer, n: int) -> tuple[list, list[list[int]], dict[str, list]]:
+    """For rows: (raw prompts, prompt token ids, other columns repeated ``n`` times as keyword lists)."""
+    from trainer_lib.data.preference import encode_prompt
+
+    columns = {key: [row[key] for row in rows for _ in range(n)] for key in rows[0] if key != "prompt"}
+    prompts = [row["prompt"] for row in rows]
+    return prompts, [encode_prompt(tokenizer, p) for p in prompts], columns
+
+
+# --------------------------------------------------------------------------- rewards
+
+
+def build_rewards(cfg, strategy, tokenizer):
+    """The configured reward sources, combined (functions in order, then the reward model)."""
+    from trainer_lib.rewards.combine import RewardCombiner
+    from trainer_lib.rewards.functions import resolve
+
+    settings = {"code_timeout": cfg.reward.code_timeout, "sandbox_workers": cfg.reward.sandbox_workers,
+                "max_tokens": cfg.rollout.max_new_tokens, "length_free_tokens": cfg.reward.length_free_tokens}
+    sources = [resolve(spec, **settings) for spec in cfg.reward.functions]
+    if cfg.reward.model_path:
+        from trainer_lib.rewards.model import load_reward_scorer
+
+        sources.append(("reward_model", load_reward_scorer(
+            cfg.reward.model_path, cfg.model, strategy.prepare_frozen, cfg.engine.precision,
+            batch_size=cfg.eval_batch_size, max_length=cfg.data.max_length + cfg.rollout.max_new_tokens)))
+    return RewardCombiner(sources, cfg.reward.weights, cfg.reward.clip, cfg.reward.normalize,
+                          reduce=lambda sums: strategy.all_reduce(sums, op="sum"))
+
+
+def reward_table(rewards, rollout, prompts: list, columns: dict, n: int):
+    """Per-source rewards ``(N, S)`` of a rollout's completions (no collective call)."""
+    from trainer_lib.rewards.functions import as_completions
+
+    repeated = [p for p in prompts for _ in range(n)]
+    ids = [row[:int(length)] for row, length in zip(rollout.response_ids.tolist(), rollout.response_lengths())]
+    return rewards.table(repeated, as_completions(repeated, rollout.completions), columns, ids)
+
+
+def score_rollout(rewards, strategy, rollout, prompts: list, columns: dict, n: int):
+    """``(rewards for training (N,), metrics)``: combined, normalized and clipped rewards; the
+    metrics hold the raw weighted reward and each source's mean, reduced over ranks."""
+    start = time.perf_counter()
+    table = reward_table(rewards, rollout, prompts, columns, n)
+    raw = rewards.weighted(table)
+    lengths = rollout.response_lengths().float()
+    sums = strategy.all_reduce({"count": float(len(raw)), "reward": float(raw.sum()),
+                                "reward_sq": float((raw ** 2).sum()), "length": float(lengths.sum()),
+                                "finished": float(sum(rollout.finished)), **rewards.source_sums(table)}, op="sum")
+    count = max(sums["count"], 1.0)
+    mean = sums["reward"] / count
+    metrics = {"reward": mean, "reward_std": max(sums["reward_sq"] / count - mean ** 2, 0.0) ** 0.5,
+               **rewards.source_means(sums),
+               "response_length": sums["length"] / count, "finished_fraction": sums["finished"] / count,
+               "generate_time": rollout.stats["generate_time"],
+               "generate_tokens_per_s": strategy.all_reduce(rollout.stats["tokens_per_s"], op="sum"),
+               "reward_time": time.perf_counter() - start}
+    return rewards.combine(table), metrics
+
+
+def evaluate(engine, strategy, tokenizer, rows: list[dict], rewards, rollout_cfg, seed: int) -> dict:
+    """Mean raw (weighted, not normalized) reward of greedy completions of held-out prompts."""
+    greedy = dataclasses.replace(rollout_cfg, n=1, temperature=0.0)
+    chunks = [rows[i:i + greedy.batch_size] for i in range(0, len(rows), greedy.batch_size)]
+
+    def sums(chunk: list[dict]) -> dict:
+        rollout, prompts, columns = sample(engine, strategy, tokenizer, chunk, greedy, seed)
+        table = reward_table(rewards, rollout, prompts, columns, 1)
+        return {"total": float(rewards.weighted(table).sum()), "count": float(len(table)),
+                "length": float(rollout.response_lengths().float().sum()), **rewards.source_sums(table)}
+
+    zeros = {"total": 0.0, "count": 0.0, "length": 0.0, **rewards.source_sums(None)}
+    totals = strategy.sharded_sums(chunks, sums, zeros)
+    count = max(totals["count"], 1.0)
+    return {"reward": totals["total"] / count, "response_length": totals["length"] / count,
+            **rewards.source_means(totals)}
+
+
+# --------------------------------------------------------------------------- policy and reference
+
+
+def load_reference(cfg, strategy):
+    """The frozen reference policy; None under LoRA, where the policy with adapters off is it."""
+    if cfg.lora.r > 0:
+        return None
+    from trainer_lib.models.load import load_causal_lm
+
+    return strategy.prepare_frozen(load_causal_lm(cfg.model, cfg.engine.precision))
+
+
+def reference_logprobs(reference, policy, rollout, temperature: float):
+    """Token log-probs under the reference (or under ``policy`` with its LoRA adapters disabled)."""
+    import torch
+
+    from trainer_lib.rollout import token_logprobs
+
+    with torch.no_grad():
+        if reference is not None:
+            return token_logprobs(reference, rollout, temperature)[0]
+        with policy.module.disable_adapter():
+            return token_logprobs(policy, rollout, temperature)[0]
+
+
+def per_micro_batch(fn, rollout, micro: int):
+    """``fn(part)`` over row chunks of ``rollout``, results padded back into one ``(N, R)`` tensor."""
+    import torch
+
+    out = torch.zeros(rollout.response_ids.shape, dtype=torch.float32)
+    for start in range(0, len(rollout), micro):
+        rows = list(range(start, min(start + micro, len(rollout))))
+        values = fn(rollout.select(rows)).float().cpu()
+        out[start:start + len(rows), :values.shape[1]] = values
+    return out
+
+
+def sample(engine, strategy, tokenizer, rows: list[dict], rollout_cfg, seed: int):
+    """Generate ``rollout.n`` completions per row with the engine's current weights."""
+    from trainer_lib.rollout import generate
+
+    prompts, prompt_ids, columns = prompt_inputs(rows, tokenizer, rollout_cfg.n)
+    module = strategy.unwrap(engine)
+    with strategy.gathered(module):  # ZeRO-3: generate needs the full weights
+        rollout = generate(module, tokenizer, prompt_ids, n=rollout_cfg.n,
+                           max_new_tokens=rollout_cfg.max_new_tokens, temperature=rollout_cfg.temperature,
+                           top_p=rollout_cfg.top_p, top_k=rollout_cfg.top_k, stop=rollout_cfg.stop,
+                           batch_size=rollout_cfg.batch_size, seed=seed)
+    return rollout, prompts, columns
+
+
+def rollout_tokens(rollout) -> int:
+    """Non-padding tokens (prompt and response) of a rollout's sequences."""
+    return int(rollout.prompt_mask.sum()) + int(rollout.response_mask.sum())
