@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 # pytest-xdist is not used: the suite already starts worker processes of its own.
 PYTEST_ARGS ?=
 
-.PHONY: setup test test-fast demo compile clean help
+.PHONY: setup triton-env test test-fast demo compile clean help
 
 help:
 	@echo "make demo     set up .venv and run the whole pipeline locally (kfp.local, tiny model)"
@@ -21,7 +21,19 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
-setup: $(STAMP)
+# Triton (posttrain serve/deploy, tests/serving): tritonserver from nvidia-pytriton, in its own venv, because
+# nvidia-pytriton pins numpy<2 and Triton's Python-backend stub runs model.py in this same env.
+TRITON_VENV  ?= .venv-triton
+TRITON_STAMP := $(TRITON_VENV)/.installed
+
+$(TRITON_STAMP):
+	$(PYTHON) -m venv $(TRITON_VENV)
+	$(TRITON_VENV)/bin/pip install --quiet 'numpy<2' onnxruntime tokenizers nvidia-pytriton
+	touch $(TRITON_STAMP)
+
+triton-env: $(TRITON_STAMP)
+
+setup: $(STAMP) $(TRITON_STAMP)
 
 test: setup
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -26,7 +26,9 @@ from kfp import dsl
 from kfp.dsl import Metrics, Model
 
 from components.bootstrap import bootstrap
+from components.deploy import deploy
 from components.evaluate import evaluate
+from components.export import export
 from components.prepare import prepare
 from components.release import release
 from components.train import train
@@ -68,6 +70,12 @@ PARAMETER_DOCS = {
     "seed": "Seed for data generation, splits, initialisation, data order and sampling.",
     "gate_rules": "Release rules such as 'harmless_rate>=0.8' or 'task_pass_rate>=baseline'.",
     "release_uri": "Where a model that passed the gate is published (s3:// or a path); empty: the release artifact.",
+    "model_name": "Name of the served model in the Triton repository (/v2/models/<name>/generate).",
+    "deploy_variant": "Which export Triton serves: int8 or fp32.",
+    "model_repository": "Triton model repository root (s3:// prefix the server reads); empty: the deploy artifact.",
+    "triton_url": "HTTP URL of a Triton server (explicit model control) to load the new version on; empty: only "
+                  "publish the repository.",
+    "export_overrides": "'key=value' strings for 'posttrain export', e.g. int4=true.",
     "humaneval_limit": "HumanEval problems to evaluate (0: all 164).",
     "sft_config_yaml": "YAML text with any 'posttrain sft' keys; the typed parameters override it.",
     "sft_overrides": "'key=value' strings for 'posttrain sft', e.g. lora.r=8; they override everything else.",
@@ -107,10 +115,19 @@ def prepare_and_train(stage: str, title: str, model, data, *, max_length, seed, 
                            seed=seed, **training), title)
 
 
+def export_and_deploy(model, gate_passed, label: str, model_name, deploy_variant, model_repository, triton_url,
+                      export_overrides):
+    """ONNX export, INT8 and parity (only when the gate passed), then the next Triton version."""
+    exported = configure(export(model=model, gate_passed=gate_passed, overrides=export_overrides),
+                         f"export {label}")
+    configure(deploy(exported=exported.outputs["exported"], model_name=model_name, variant=deploy_variant,
+                     repository_uri=model_repository, triton_url=triton_url), f"deploy {label}")
+
+
 def evaluate_and_release(boot, candidate, baseline, candidate_label: str, gate_rules, release_uri,
-                         humaneval_limit, seed, overrides, extra=None, extra_label: str = "extra",
+                         humaneval_limit, seed, overrides, serving: dict, extra=None, extra_label: str = "extra",
                          reward_model=None):
-    """Evaluate candidate vs baseline (and the base model), then release if the gate passed.
+    """Evaluate candidate vs baseline (and the base model); if the gate passed, release, export and deploy it.
 
     A plain function, not a sub-pipeline, so it can sit inside a ``dsl.If`` branch locally too.
     """
@@ -124,11 +141,13 @@ def evaluate_and_release(boot, candidate, baseline, candidate_label: str, gate_r
     configure(release(model=candidate, results=judged.outputs["results"],
                       gate_passed=judged.outputs["gate_passed"], release_uri=release_uri),
               f"release {candidate_label}")
+    export_and_deploy(candidate, judged.outputs["gate_passed"], candidate_label, **serving)
     return judged
 
 
 @dsl.pipeline(name="posttrain-sft")
-@documented("Supervised fine-tuning: bootstrap -> prepare -> sft. Empty base_model and dataset run the demo.")
+@documented("Supervised fine-tuning: bootstrap -> prepare -> sft -> export -> deploy. Empty base_model and dataset "
+            "run the demo.")
 def posttrain_sft(
     base_model: str = "",
     dataset: str = "",
@@ -141,6 +160,11 @@ def posttrain_sft(
     sft_config_yaml: str = "",
     sft_overrides: list = [],
     prepare_overrides: list = [],
+    model_name: str = "posttrain",
+    deploy_variant: str = "int8",
+    model_repository: str = "",
+    triton_url: str = "",
+    export_overrides: list = [],
     demo_overrides: list = [],
     tiny_model_overrides: list = [],
 ) -> Outputs:
@@ -149,6 +173,8 @@ def posttrain_sft(
                               lr=lr, batch_size=batch_size, max_length=max_length, eval_fraction=eval_fraction,
                               seed=seed, config_yaml=sft_config_yaml, overrides=sft_overrides,
                               prepare_overrides=prepare_overrides)
+    export_and_deploy(tuned.outputs["output_model"], True, "SFT", model_name=model_name, deploy_variant=deploy_variant,
+                      model_repository=model_repository, triton_url=triton_url, export_overrides=export_overrides)
     return Outputs(model=tuned.outputs["output_model"], metrics=tuned.outputs["metrics"])
 
 
@@ -170,6 +196,11 @@ def posttrain_dpo(
     gate_rules: list = DEFAULT_GATE,
     release_uri: str = "",
     humaneval_limit: int = 0,
+    model_name: str = "posttrain",
+    deploy_variant: str = "int8",
+    model_repository: str = "",
+    triton_url: str = "",
+    export_overrides: list = [],
     sft_overrides: list = [],
     dpo_overrides: list = [],
     evaluate_overrides: list = [],
@@ -179,12 +210,15 @@ def posttrain_dpo(
     boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides,
                  preference_dataset=preference_dataset)
     common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
+    serving = dict(model_name=model_name, deploy_variant=deploy_variant, model_repository=model_repository,
+                   triton_url=triton_url, export_overrides=export_overrides)
     sft = prepare_and_train("sft", "SFT", boot.outputs["model"], boot.outputs["data"], max_steps=sft_max_steps,
                             lr=sft_lr, overrides=sft_overrides, **common).outputs["output_model"]
     dpo = prepare_and_train("dpo", "DPO", sft, boot.outputs["preferences"], max_steps=dpo_max_steps, lr=dpo_lr,
                             params={"loss": dpo_loss, "beta": dpo_beta}, overrides=dpo_overrides,
                             **common).outputs["output_model"]
-    evaluate_and_release(boot, dpo, sft, "dpo", gate_rules, release_uri, humaneval_limit, seed, evaluate_overrides)
+    evaluate_and_release(boot, dpo, sft, "dpo", gate_rules, release_uri, humaneval_limit, seed, evaluate_overrides,
+                         serving)
 
 
 @dsl.pipeline(name="posttrain-rlhf")
@@ -211,6 +245,11 @@ def posttrain_rlhf(
     gate_rules: list = DEFAULT_GATE,
     release_uri: str = "",
     humaneval_limit: int = 0,
+    model_name: str = "posttrain",
+    deploy_variant: str = "int8",
+    model_repository: str = "",
+    triton_url: str = "",
+    export_overrides: list = [],
     sft_overrides: list = [],
     reward_overrides: list = [],
     rl_overrides: list = [],
@@ -221,6 +260,8 @@ def posttrain_rlhf(
     boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides,
                  preference_dataset=preference_dataset, prompt_dataset=prompt_dataset)
     common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
+    serving = dict(model_name=model_name, deploy_variant=deploy_variant, model_repository=model_repository,
+                   triton_url=triton_url, export_overrides=export_overrides)
     sft = prepare_and_train("sft", "SFT", boot.outputs["model"], boot.outputs["data"], max_steps=sft_max_steps,
                             lr=sft_lr, overrides=sft_overrides, **common).outputs["output_model"]
     scorer = prepare_and_train("reward", "reward model", sft, boot.outputs["preferences"],
@@ -236,7 +277,7 @@ def posttrain_rlhf(
                                  lr=rl_lr, params=rollouts, overrides=rl_overrides, **sources, **common),
                            algorithm.upper())
         evaluate_and_release(boot, policy.outputs["output_model"], sft, algorithm, gate_rules, release_uri,
-                             humaneval_limit, seed, evaluate_overrides, reward_model=scorer)
+                             humaneval_limit, seed, evaluate_overrides, serving, reward_model=scorer)
 
     for algorithm in ("ppo", "grpo"):
         with dsl.If(rl_algorithm == algorithm, name=algorithm):
@@ -271,6 +312,11 @@ def posttrain_all(
     gate_rules: list = DEFAULT_GATE,
     release_uri: str = "",
     humaneval_limit: int = 0,
+    model_name: str = "posttrain",
+    deploy_variant: str = "int8",
+    model_repository: str = "",
+    triton_url: str = "",
+    export_overrides: list = [],
     sft_overrides: list = [],
     dpo_overrides: list = [],
     reward_overrides: list = [],
@@ -282,6 +328,8 @@ def posttrain_all(
     boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides,
                  preference_dataset=preference_dataset, prompt_dataset=prompt_dataset)
     common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
+    serving = dict(model_name=model_name, deploy_variant=deploy_variant, model_repository=model_repository,
+                   triton_url=triton_url, export_overrides=export_overrides)
     sft = prepare_and_train("sft", "SFT", boot.outputs["model"], boot.outputs["data"], max_steps=sft_max_steps,
                             lr=sft_lr, overrides=sft_overrides, **common).outputs["output_model"]
     dpo = prepare_and_train("dpo", "DPO", sft, boot.outputs["preferences"], max_steps=dpo_max_steps, lr=dpo_lr,
@@ -294,7 +342,7 @@ def posttrain_all(
                              max_steps=rl_max_steps, lr=rl_lr, params=rollouts, overrides=rl_overrides, **common),
                        "GRPO")
     evaluate_and_release(boot, policy.outputs["output_model"], sft, "grpo", gate_rules, release_uri, humaneval_limit,
-                         seed, evaluate_overrides, extra=dpo, extra_label="dpo", reward_model=scorer)
+                         seed, evaluate_overrides, serving, extra=dpo, extra_label="dpo", reward_model=scorer)
 
 
 #: name -> pipeline; the CLI and the compile test iterate over this.

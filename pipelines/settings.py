@@ -34,6 +34,7 @@ class Resources:
 RESOURCES = {
     "light": Resources(cpu="1", memory="4Gi"),
     "train": Resources(cpu="8", memory="64Gi", gpus=1, shm="16Gi"),
+    "export": Resources(cpu="8", memory="64Gi"),  # holds the FP32 model twice (PyTorch and ONNX) on CPU
 }
 
 #: which resources each component gets, by component name.
@@ -43,7 +44,7 @@ STAGE_KIND = {
     "train": "train",  # sft, reward, dpo, ppo, grpo
     "evaluate": "train",  # generates with the models
     "release": "light",
-    "export": "light",
+    "export": "export",
     "deploy": "light",
 }
 

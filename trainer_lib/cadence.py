@@ -60,8 +60,9 @@ class Cadence:
 
     def restore(self, what: str) -> dict | None:
         """Resume from the newest complete checkpoint (if ``resume``), print the start banner (the
-        stage's ``what``, then steps, parameters, world size), open the tracker, and on a fresh start
-        log the step-0 evaluation. Returns the checkpoint's client state, or None."""
+        stage's ``what``, then steps, parameters, world size), open the tracker, on a fresh start log
+        the step-0 evaluation, and put the main engine in train mode. Returns the checkpoint's client
+        state, or None."""
         state = self.ckpt.restore(self.engine, self.extra_engines) if self.cfg.resume else None
         self.start = int(state["step"]) if state else 0
         if state and self.restore_state:
@@ -74,6 +75,7 @@ class Cadence:
                                initial_step=self.start, desc=self.stage)
         if state is None and self.evaluate is not None:
             self.tracker.log(0, self.evaluate(), split="eval")
+        self.engine.train()  # (models load in eval mode; gradient checkpointing runs only in train mode)
         self.window = MetricsWindow(self.window.keys)  # throughput counts from here
         return state
 

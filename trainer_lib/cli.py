@@ -2,6 +2,7 @@
 
     posttrain <stage> [--config FILE] [--nproc N] [key=value ...]
     posttrain humaneval --samples FILE --out DIR
+    posttrain serve --repo DIR|s3://... [--http-port P] [--grpc-port Q]
 
 Stages come from the registry in :mod:`trainer_lib.stages` and are imported lazily, so
 ``posttrain --help`` needs no torch. Commands that belong to the layers above the library
@@ -29,9 +30,21 @@ def _lazy(module: str) -> Callable[[list[str]], int]:
     return lambda argv: importlib.import_module(module).main(argv)
 
 
+def run_command(command: Callable[[list[str]], int], argv: list[str]) -> int:
+    """Run a command's ``main``; a user's mistake (bad file, path or value) is one line and exit code 2."""
+    from trainer_lib.errors import UserError
+
+    try:
+        return command(argv)
+    except (UserError, FileNotFoundError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
 #: Library commands that are not stages: name -> (help, main).
 COMMANDS: dict[str, Command] = {
     "humaneval": ("Score a HumanEval completions file (pass@k) without a model.", _lazy("trainer_lib.eval.cli")),
+    "serve": ("Serve a Triton model repository with a local tritonserver.", _lazy("trainer_lib.serving.cli")),
 }
 
 
@@ -123,7 +136,7 @@ def main(argv: list[str] | None = None, extra_commands: dict[str, Command] | Non
         return 0
     command, rest = argv[0], argv[1:]
     if command in commands:
-        return commands[command][1](rest)
+        return run_command(commands[command][1], rest)
     if command not in STAGES:
         print(f"error: unknown command '{command}' (see posttrain --help)", file=sys.stderr)
         return 2

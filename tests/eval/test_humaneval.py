@@ -7,11 +7,17 @@ import pytest
 
 from trainer_lib import storage
 from trainer_lib.errors import DataError
+from trainer_lib.cli import main as posttrain
 from trainer_lib.eval import pass_at_k
-from trainer_lib.eval.cli import main
 from trainer_lib.eval.humaneval import (STOP_SEQUENCES, build_program, default_problems_path, evaluate,
                                         load_problems, truncate)
 from trainer_lib.sandbox import Sandbox, SandboxConfig
+
+
+def main(argv):
+    """`posttrain humaneval ...` as a user runs it."""
+    return posttrain(["humaneval", *argv])
+
 
 SQUARE = {"task_id": "Toy/0", "entry_point": "square",
           "prompt": "def square(x):\n    \"\"\"Return x squared.\"\"\"\n",

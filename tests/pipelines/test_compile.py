@@ -59,7 +59,7 @@ def test_sft_pipeline_interface(compiled):
     assert params["base_model"]["defaultValue"] == "" and params["dataset"]["defaultValue"] == ""
     assert set(spec["root"]["outputDefinitions"]["artifacts"]) == {"model", "metrics"}
     tasks = {t["taskInfo"]["name"]: t for t in spec["root"]["dag"]["tasks"].values()}
-    assert set(tasks) == {"bootstrap", "prepare SFT data", "SFT"}  # named steps, in the order they run
+    assert set(tasks) == {"bootstrap", "prepare SFT data", "SFT", "export SFT", "deploy SFT"}  # named steps
     assert tasks["SFT"]["componentRef"]["name"] == "comp-train"
     assert tasks["SFT"]["inputs"]["parameters"]["stage"]["runtimeValue"]["constant"] == "sft"
     assert tasks["SFT"]["dependentTasks"] == ["bootstrap", "prepare"]

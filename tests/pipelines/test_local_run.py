@@ -38,6 +38,15 @@ def test_local_run_trains_and_records_the_latest_run(tmp_path, capsys):
     assert [r["step"] for r in logs if r["split"] == "train"] == [1, 2, 3]  # sft_overrides beat the YAML
     assert [r["step"] for r in logs if r["split"] == "eval"] == [0, 2, 3]  # sft_config_yaml reached sft
 
+    # the model leaves the pipeline exported (FP32 + INT8, parity checked) and published as Triton version 1
+    tasks = record["tasks"]
+    exported = next(t["exported"] for name, t in tasks.items() if name.startswith("export"))
+    parity = json.loads(open(os.path.join(exported, "parity.json")).read())
+    assert parity["fp32"]["prefill"]["max_abs_diff"] < 1e-3
+    repository = next(t["repository"] for name, t in tasks.items() if name.startswith("deploy"))
+    assert os.path.isfile(os.path.join(repository, "posttrain", "config.pbtxt"))
+    assert os.path.isfile(os.path.join(repository, "posttrain", "1", "model.onnx"))
+
 
 @pytest.mark.slow
 def test_failed_local_run_exits_1_and_keeps_latest(tmp_path, capsys):

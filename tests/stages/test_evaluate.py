@@ -17,7 +17,7 @@ def setup(tmp_path_factory, tiny_model_dir, demo_dir):
     an HTML-injection prompt."""
     from transformers import AutoModelForSequenceClassification
 
-    from conftest import CHAT_ROWS
+    from tests.conftest import CHAT_ROWS
     from trainer_lib.models.tiny import make_tiny_model
 
     root = tmp_path_factory.mktemp("evaluate")

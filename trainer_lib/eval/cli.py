@@ -11,7 +11,6 @@ import argparse
 import json
 import sys
 
-from trainer_lib.errors import UserError
 
 
 def _ks(text: str) -> tuple[int, ...]:
@@ -60,9 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = score_file(args.samples, args.out, args.problems, ks=args.k, timeout=args.timeout,
                              workers=args.workers, stop=STOP_SEQUENCES if args.truncate else None)
-    except (UserError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
     except SandboxError as exc:
         print(f"error: the sandbox could not run: {exc}", file=sys.stderr)
         return 1

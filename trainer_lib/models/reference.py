@@ -96,7 +96,8 @@ def compute_reference_tables(reference, sets: dict, strategy, batch_size: int) -
 
         def rows(group: list[int], name=name, split=split) -> dict:
             table = torch.zeros(count, 4, dtype=torch.float64)  # this group's rows; others stay 0
-            table[group] = reference(name, group, split.collate([split.examples[i] for i in group])).stacked().double().cpu()
+            logps = reference(name, group, split.collate([split.examples[i] for i in group]))
+            table[group] = logps.stacked().double().cpu()
             return {"table": table}
 
         zeros = {"table": torch.zeros(count, 4, dtype=torch.float64)}

@@ -19,7 +19,24 @@ from trainer_lib.errors import UserError
 PROMPT_FORMATS = ("prompt_only", "prompt_completion", "preference", "unpaired_preference")
 
 
-# --------------------------------------------------------------------------- prompts
+# --------------------------------------------------------------------------- setup and prompts
+
+
+def start(cfg):
+    """What an RL stage starts with: ``(strategy, tokenizer, eval prompt rows, prompt schedule)``.
+
+    The strategy is built from the final engine config (accumulation derived from the mini-batch
+    size and the world size), then the process group is joined; the schedule holds the train rows.
+    """
+    from trainer_lib.models.load import load_tokenizer
+    from trainer_lib.rl.schedule import PromptSchedule
+    from trainer_lib.strategy import DeepSpeedStrategy, planned_world_size
+
+    strategy = DeepSpeedStrategy(cfg.engine_for(planned_world_size()), micro_batch_size=cfg.batch_size, seed=cfg.seed)
+    strategy.setup_distributed()
+    tokenizer = load_tokenizer(cfg.model)
+    train_rows, eval_rows = load_prompts(cfg, tokenizer)
+    return strategy, tokenizer, eval_rows, PromptSchedule(cfg, train_rows, strategy.world_size, strategy.rank)
 
 
 def load_prompts(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
@@ -94,6 +111,20 @@ def score_rollout(rewards, strategy, rollout, prompts: list, columns: dict, n: i
                "generate_tokens_per_s": strategy.all_reduce(rollout.stats["tokens_per_s"], op="sum"),
                "reward_time": time.perf_counter() - start}
     return rewards.combine(table), metrics
+
+
+def sample_and_score(engine, strategy, tokenizer, rows: list[dict], cfg, rewards, seed: int):
+    """One step's experience: ``(rollout, rewards for training (N,), metrics)`` for ``rows``."""
+    rollout, prompts, columns = sample(engine, strategy, tokenizer, rows, cfg.rollout, seed)
+    scores, metrics = score_rollout(rewards, strategy, rollout, prompts, columns, cfg.rollout.n)
+    return rollout, scores, metrics
+
+
+def held_out_evaluation(engine, strategy, tokenizer, rows: list[dict], rewards, cfg):
+    """The stage's ``evaluate()`` for its Cadence: greedy held-out reward; None without eval prompts."""
+    if not rows:
+        return None
+    return lambda: evaluate(engine, strategy, tokenizer, rows, rewards, cfg.rollout, cfg.seed)
 
 
 def evaluate(engine, strategy, tokenizer, rows: list[dict], rewards, rollout_cfg, seed: int) -> dict:

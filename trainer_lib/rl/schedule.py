@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from trainer_lib.schedule import MicroBatchSchedule
+from trainer_lib.schedule import MicroBatchSchedule, total_steps
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -29,20 +29,22 @@ class PromptSchedule:
     """Prompts of a step for one rank, and the micro-batches of its update phase.
 
     ``prompts_per_step`` prompts (all ranks together) per step, drawn epoch by epoch from a
-    seeded shuffle of ``num_prompts``; each rank holds ``rollout.n`` completions of each of its
+    seeded shuffle of ``prompts``; each rank holds ``rollout.n`` completions of each of its
     prompts, walked ``ppo_epochs`` times in mini-batches of ``mini_batch`` / world sequences.
     """
 
-    def __init__(self, cfg, num_prompts: int, world_size: int, rank: int):
-        self.seed, self.rank = cfg.seed, rank
+    def __init__(self, cfg, prompts: list, world_size: int, rank: int):
+        self.prompts, self.seed, self.rank = prompts, cfg.seed, rank
         self.prompts_per_rank = cfg.prompts_per_step // world_size
         self.sequences = self.prompts_per_rank * cfg.rollout.n
         self.mini = cfg.mini_batch // world_size
         self.micro, self.epochs = cfg.batch_size, cfg.ppo_epochs
-        self._prompts = MicroBatchSchedule(num_prompts, self.prompts_per_rank, world_size, cfg.seed)
+        self._order = MicroBatchSchedule(len(prompts), self.prompts_per_rank, world_size, cfg.seed)
+        self.steps = total_steps(cfg, len(prompts), cfg.prompts_per_step)
 
-    def prompt_indices(self, step: int) -> list[int]:
-        return [self._prompts.index(step, slot, self.rank)[1] for slot in range(self.prompts_per_rank)]
+    def rows(self, step: int) -> list:
+        """This rank's prompt rows at ``step``."""
+        return [self.prompts[self._order.index(step, slot, self.rank)[1]] for slot in range(self.prompts_per_rank)]
 
     def sampling_seed(self, step: int) -> int:
         return step_seed(self.seed, step, self.rank)

@@ -265,8 +265,6 @@ def run(cfg: DPOConfig) -> dict:
                 f"{len(train.groups)} micro-batches")
 
     # ---- the loop
-    engine.train()
-    epoch = 0
     for step in run.steps():
         for slot in range(schedule.accumulation):
             epoch, group = schedule.index(step, slot, strategy.rank)

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 from trainer_lib.config import ConfigError, opt
 from trainer_lib.rl.config import RLConfig
-from trainer_lib.schedule import total_steps
 
 
 @dataclass
@@ -66,21 +65,13 @@ def run(cfg: GRPOConfig) -> dict:
 
     from trainer_lib.cadence import Cadence
     from trainer_lib.losses.rl import clipped_surrogate, kl_k3, masked_mean
-    from trainer_lib.models.load import apply_lora, count_parameters, disable_dropout, load_causal_lm, load_tokenizer
+    from trainer_lib.models.load import apply_lora, count_parameters, disable_dropout, load_causal_lm
     from trainer_lib.rl import experience as rl
-    from trainer_lib.rl.schedule import PromptSchedule
     from trainer_lib.rollout import token_logprobs
-    from trainer_lib.strategy import DeepSpeedStrategy, planned_world_size
-
-    strategy = DeepSpeedStrategy(cfg.engine_for(planned_world_size()), micro_batch_size=cfg.batch_size, seed=cfg.seed)
-    strategy.setup_distributed()
-    n, temperature = cfg.rollout.n, cfg.rollout.temperature
 
     # ---- prompts, schedule, models, rewards
-    tokenizer = load_tokenizer(cfg.model)
-    train_rows, eval_rows = rl.load_prompts(cfg, tokenizer)
-    schedule = PromptSchedule(cfg, len(train_rows), strategy.world_size, strategy.rank)
-    steps = total_steps(cfg, len(train_rows), cfg.prompts_per_step)
+    strategy, tokenizer, eval_rows, schedule = rl.start(cfg)
+    steps, n, temperature = schedule.steps, cfg.rollout.n, cfg.rollout.temperature
     policy = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
     disable_dropout(policy)
     engine = strategy.prepare(policy, lr=cfg.lr, weight_decay=cfg.weight_decay,
@@ -92,21 +83,18 @@ def run(cfg: GRPOConfig) -> dict:
     reuse_logprobs = cfg.updates_per_step() == 1  # one update: pi_old is the policy itself
 
     run = Cadence(cfg, strategy, "grpo", steps, engine, parameters=count_parameters(policy),
-                  evaluate=(lambda: rl.evaluate(engine, strategy, tokenizer, eval_rows, rewards, cfg.rollout,
-                                                cfg.seed)) if eval_rows else None,
+                  evaluate=rl.held_out_evaluation(engine, strategy, tokenizer, eval_rows, rewards, cfg),
                   client_state=lambda step: {"rewards": rewards.state_dict()},
                   restore_state=lambda state: rewards.load_state_dict(state["rewards"]))
     try:
-        run.restore(f"{cfg.advantage} advantages, {len(train_rows)} train / {len(eval_rows)} eval prompts, "
+        run.restore(f"{cfg.advantage} advantages, {len(schedule.prompts)} train / {len(eval_rows)} eval prompts, "
                     f"{cfg.prompts_per_step} prompts x {n} completions per step")
 
         # ---- the loop
         for step in run.steps():
             # 1. rollout: sample, score, group advantages
-            rows = [train_rows[i] for i in schedule.prompt_indices(step)]
-            rollout, prompts, columns = rl.sample(engine, strategy, tokenizer, rows, cfg.rollout,
-                                                  schedule.sampling_seed(step))
-            scores, metrics = rl.score_rollout(rewards, strategy, rollout, prompts, columns, n)
+            rollout, scores, metrics = rl.sample_and_score(engine, strategy, tokenizer, schedule.rows(step), cfg,
+                                                           rewards, schedule.sampling_seed(step))
             advantages = advantages_of(scores)
             # 2. log-probs before the update: pi_old (if it differs from pi) and the reference
             logprob_start = time.perf_counter()
@@ -140,7 +128,7 @@ def run(cfg: GRPOConfig) -> dict:
             run.after_step(step)
 
         # ---- final evaluation and Hugging Face export
-        summary = run.finish({"stage": "grpo", "advantage": cfg.advantage, "train_prompts": len(train_rows)})
+        summary = run.finish({"stage": "grpo", "advantage": cfg.advantage, "train_prompts": len(schedule.prompts)})
     finally:
         rewards.close()
     if "eval" in summary:

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 from trainer_lib.config import ConfigError, opt
 from trainer_lib.rl.config import RLConfig
-from trainer_lib.schedule import total_steps
 
 
 @dataclass
@@ -112,21 +111,13 @@ def run(cfg: PPOConfig) -> dict:
     from trainer_lib.cadence import Cadence
     from trainer_lib.losses.rl import (KLController, explained_variance, gae_advantages, kl_penalty,
                                        masked_mean, masked_whiten, ppo_policy_loss, ppo_value_loss)
-    from trainer_lib.models.load import apply_lora, count_parameters, disable_dropout, load_causal_lm, load_tokenizer
+    from trainer_lib.models.load import apply_lora, count_parameters, disable_dropout, load_causal_lm
     from trainer_lib.rl import experience as rl
-    from trainer_lib.rl.schedule import PromptSchedule
     from trainer_lib.rollout import token_logprobs
-    from trainer_lib.strategy import DeepSpeedStrategy, planned_world_size
-
-    strategy = DeepSpeedStrategy(cfg.engine_for(planned_world_size()), micro_batch_size=cfg.batch_size, seed=cfg.seed)
-    strategy.setup_distributed()
-    n, temperature = cfg.rollout.n, cfg.rollout.temperature
 
     # ---- prompts, schedule, actor, critic, reference, rewards
-    tokenizer = load_tokenizer(cfg.model)
-    train_rows, eval_rows = rl.load_prompts(cfg, tokenizer)
-    schedule = PromptSchedule(cfg, len(train_rows), strategy.world_size, strategy.rank)
-    steps = total_steps(cfg, len(train_rows), cfg.prompts_per_step)
+    strategy, tokenizer, eval_rows, schedule = rl.start(cfg)
+    steps, n, temperature = schedule.steps, cfg.rollout.n, cfg.rollout.temperature
     updates = steps * cfg.updates_per_step()
     actor_updates = (steps - min(cfg.freeze_actor_steps, steps - 1)) * cfg.updates_per_step()
     actor = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
@@ -149,23 +140,20 @@ def run(cfg: PPOConfig) -> dict:
 
     run = Cadence(cfg, strategy, "ppo", steps, actor_engine, parameters=count_parameters(actor),
                   extra_engines={"critic": critic_engine},
-                  evaluate=(lambda: rl.evaluate(actor_engine, strategy, tokenizer, eval_rows, rewards, cfg.rollout,
-                                                cfg.seed)) if eval_rows else None,
+                  evaluate=rl.held_out_evaluation(actor_engine, strategy, tokenizer, eval_rows, rewards, cfg),
                   client_state=lambda step: {"rewards": rewards.state_dict(), "kl_controller": kl_ctl.state_dict()},
                   restore_state=restore_state,
                   log_extra=lambda: {"critic_lr": critic_engine.get_lr()[0],
                                      "critic_grad_norm": strategy.grad_norm(critic_engine)})
     try:
-        run.restore(f"{len(train_rows)} train / {len(eval_rows)} eval prompts, {cfg.prompts_per_step} prompts x "
+        run.restore(f"{len(schedule.prompts)} train / {len(eval_rows)} eval prompts, {cfg.prompts_per_step} prompts x "
                     f"{n} completions per step (trainable params: the actor's)")
 
         # ---- the loop
         for step in run.steps():
             # 1. rollout and scores
-            rows = [train_rows[i] for i in schedule.prompt_indices(step)]
-            rollout, prompts, columns = rl.sample(actor_engine, strategy, tokenizer, rows, cfg.rollout,
-                                                  schedule.sampling_seed(step))
-            scores, metrics = rl.score_rollout(rewards, strategy, rollout, prompts, columns, n)
+            rollout, scores, metrics = rl.sample_and_score(actor_engine, strategy, tokenizer, schedule.rows(step), cfg,
+                                                           rewards, schedule.sampling_seed(step))
 
             # 2-4. log-probs and values of the sampling weights, KL-shaped rewards, GAE
             prep_start = time.perf_counter()
@@ -228,7 +216,7 @@ def run(cfg: PPOConfig) -> dict:
             run.after_step(step)
 
         # ---- final evaluation and Hugging Face export (the policy)
-        summary = run.finish({"stage": "ppo", "train_prompts": len(train_rows)})
+        summary = run.finish({"stage": "ppo", "train_prompts": len(schedule.prompts)})
     finally:
         rewards.close()
     summary["kl_coef"] = kl_ctl.value

@@ -88,8 +88,6 @@ def run(cfg: SFTConfig) -> dict:
     run.restore(f"{len(train)} train / {len(evals)} eval examples ({fmt}), {len(train_groups)} micro-batches")
 
     # ---- the loop
-    engine.train()
-    epoch = 0
     for step in run.steps():
         for slot in range(schedule.accumulation):
             epoch, group = schedule.index(step, slot, strategy.rank)

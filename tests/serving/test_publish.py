@@ -1,0 +1,43 @@
+"""``posttrain deploy`` without a server: the repository it publishes, version after version."""
+from __future__ import annotations
+
+import json
+import os
+
+from trainer_lib.config import load_config
+from trainer_lib.serving import repository as repo
+from trainer_lib.stage_api import nest
+from trainer_lib.stages import deploy
+
+
+def test_publish_only_writes_both_models_and_keeps_the_last_versions(export_dir, tmp_path):
+    root = str(tmp_path / "repo")
+    values = {"export.path": export_dir, "repository": root, "model_name": "m", "variant": "fp32",
+              "keep_versions": 2, "publish_onnx": True, "instance_kind": "gpu", "tensorrt_fp16": True,
+              "execution_env": "$$TRITON_MODEL_DIRECTORY/env.tar.gz"}
+    results = [deploy.run(load_config(deploy.CONFIG, None, nest(values))) for _ in range(3)]
+    assert [r["version"] for r in results] == [1, 2, 3]
+    assert [r["previous_version"] for r in results] == [None, 1, 2]
+    assert all(not r["loaded"] and r["endpoint"] is None for r in results)
+
+    assert sorted(os.listdir(root)) == ["m", "m_onnx"]
+    assert repo.versions(os.path.join(root, "m")) == [2, 3] == repo.versions(os.path.join(root, "m_onnx"))
+    assert {"model.py", "ort_generate.py", "model.onnx", "model.onnx.data", "tokenizer", "generate.json"} <= set(
+        os.listdir(os.path.join(root, "m", "3")))
+    assert sorted(os.listdir(os.path.join(root, "m_onnx", "3"))) == ["model.onnx", "model.onnx.data"]
+    generate_config = repo.read_config(os.path.join(root, "m"))
+    onnx_config = repo.read_config(os.path.join(root, "m_onnx"))
+    assert repo.served_versions(generate_config) == [3] == repo.served_versions(onnx_config)
+    assert 'backend: "python"' in generate_config and "KIND_GPU" in generate_config
+    assert 'string_value: "$$TRITON_MODEL_DIRECTORY/env.tar.gz"' in generate_config
+    assert 'platform: "onnxruntime_onnx"' in onnx_config and 'value: "FP16"' in onnx_config
+    try:
+        from google.protobuf import text_format
+        from tritonclient.grpc import model_config_pb2
+    except ImportError:
+        pass
+    else:
+        for text in (generate_config, onnx_config):
+            text_format.Parse(text, model_config_pb2.ModelConfig())
+    history = json.loads((tmp_path / "repo" / "m" / "deploy.json").read_text())
+    assert history["serving"] == 3 and [e["status"] for e in history["versions"]] == ["published"] * 3

@@ -1,0 +1,135 @@
+"""The model repository's files and configs, checked without a server."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import pytest
+
+from tests.serving.helpers import torch_greedy
+from trainer_lib.config import ConfigError, load_config
+from trainer_lib.errors import UserError
+from trainer_lib.serving import repository as repo
+
+
+def _parse(text: str):
+    """The config parsed by protobuf into Triton's ModelConfig (tritonclient ships the proto), or None."""
+    try:
+        from google.protobuf import text_format
+        from tritonclient.grpc import model_config_pb2
+    except ImportError:
+        return None
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+def test_onnx_config_matches_the_graph_and_parses_as_a_model_config(export_dir):
+    onnx_path = os.path.join(export_dir, "onnx", "fp32", "model.onnx")
+    signature = repo.onnx_signature(onnx_path)
+    config = repo.onnx_config("posttrain_onnx", [3], signature, instance_kind="gpu", tensorrt_fp16=True)
+    text = repo.to_pbtxt(config)
+
+    # structurally: the names, types and dims of the graph, batch axis included (max_batch_size 0)
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(onnx_path, providers=["CPUExecutionProvider"])
+    assert config["platform"] == "onnxruntime_onnx" and config["max_batch_size"] == 0
+    assert [i["name"] for i in config["input"]] == [i.name for i in session.get_inputs()]
+    assert [o["name"] for o in config["output"]] == [o.name for o in session.get_outputs()]
+    for entry, actual in zip(config["input"] + config["output"], session.get_inputs() + session.get_outputs()):
+        assert entry["dims"] == [d if isinstance(d, int) else -1 for d in actual.shape]
+        assert entry["data_type"] == {"tensor(int64)": "TYPE_INT64", "tensor(float)": "TYPE_FP32"}[actual.type]
+    assert repo.served_versions(text) == [3]
+
+    parsed = _parse(text)
+    if parsed is not None:
+        assert parsed.platform == "onnxruntime_onnx" and parsed.name == "posttrain_onnx"
+        assert list(parsed.version_policy.specific.versions) == [3]
+        assert parsed.instance_group[0].kind == parsed.instance_group[0].KIND_GPU
+        (accelerator,) = parsed.optimization.execution_accelerators.gpu_execution_accelerator
+        assert accelerator.name == "tensorrt" and dict(accelerator.parameters) == {"precision_mode": "FP16"}
+        assert [i.name for i in parsed.input] == [i["name"] for i in config["input"]]
+        assert list(parsed.output[0].dims) == config["output"][0]["dims"]
+        from tritonclient.grpc.model_config_pb2 import DataType
+
+        assert [DataType.Name(i.data_type) for i in parsed.input] == [i["data_type"] for i in config["input"]]
+
+    with pytest.raises(ValueError, match="GPU"):
+        repo.onnx_config("m", [1], signature, instance_kind="cpu", tensorrt_fp16=True)
+
+
+def test_generate_config_has_the_generate_extension_names():
+    text = repo.to_pbtxt(repo.generate_config("chat", [1, 2], max_batch_size=4, execution_env="/envs/triton.tar.gz"))
+    assert repo.served_versions(text) == [1, 2]
+    parsed = _parse(text)
+    if parsed is None:
+        pytest.skip("no ModelConfig proto in tritonclient: the structural checks above are all")
+    assert parsed.backend == "python" and parsed.max_batch_size == 4
+    assert parsed.HasField("dynamic_batching")
+    inputs = {i.name: i for i in parsed.input}
+    assert list(inputs) == ["text_input", "max_tokens", "temperature"]
+    from tritonclient.grpc.model_config_pb2 import DataType
+
+    assert DataType.Name(inputs["text_input"].data_type) == "TYPE_STRING" and not inputs["text_input"].optional
+    assert DataType.Name(inputs["max_tokens"].data_type) == "TYPE_INT32"
+    assert DataType.Name(inputs["temperature"].data_type) == "TYPE_FP32"
+    assert inputs["max_tokens"].optional and inputs["temperature"].optional
+    assert [o.name for o in parsed.output] == ["text_output"]
+    assert parsed.parameters["EXECUTION_ENV_PATH"].string_value == "/envs/triton.tar.gz"
+
+
+def test_version_dir_holds_a_self_contained_generate_model(export_dir, tiny_model_dir, tmp_path):
+    """model.py + its loop + model.onnx + tokenizer answer like PyTorch, here in-process (no Triton)."""
+    version_dir = str(tmp_path / "repo" / "m" / "1")
+    settings = repo.write_generate_version(export_dir, version_dir, "fp32")
+    files = set(os.listdir(version_dir))
+    assert {"model.py", "ort_generate.py", "model.onnx", "generate.json", "tokenizer"} <= files
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    assert settings["eos_token_ids"] == [tokenizer.eos_token_id]  # from export.json
+    assert settings["pad_token_id"] == tokenizer.pad_token_id
+    without_summary = tmp_path / "export"
+    shutil.copytree(export_dir, without_summary, ignore=shutil.ignore_patterns("export.json", "onnx"))
+    (without_summary / "onnx" / "fp32").mkdir(parents=True)
+    (without_summary / "onnx" / "fp32" / "model.onnx").write_bytes(b"")
+    fallback = repo.write_generate_version(str(without_summary), str(tmp_path / "other"), "fp32")
+    assert (fallback["eos_token_ids"], fallback["pad_token_id"]) == ([tokenizer.eos_token_id], tokenizer.pad_token_id)
+    assert json.loads((tmp_path / "repo" / "m" / "1" / "generate.json").read_text())["variant"] == "fp32"
+
+    sys.path.insert(0, version_dir)  # as Triton's stub does
+    try:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("copied_model", os.path.join(version_dir, "model.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        generator = module.Generator(version_dir)
+        prompts = ["What is two plus two?", "Say hello."]
+        texts = generator.generate(prompts, [10, 10], [0.0, 0.0])
+    finally:
+        sys.path.remove(version_dir)
+        sys.modules.pop("ort_generate", None)
+    assert texts == [torch_greedy(tiny_model_dir, p, 10) for p in prompts]
+
+
+def test_missing_export_files_name_the_path(tmp_path):
+    (tmp_path / "export" / "tokenizer").mkdir(parents=True)
+    with pytest.raises(UserError, match="onnx/int8/model.onnx is missing"):
+        repo.write_generate_version(str(tmp_path / "export"), str(tmp_path / "repo" / "m" / "1"), "int8")
+
+
+@pytest.mark.parametrize("override, key", [
+    ({"repository": "r"}, "export.path"),
+    ({"export": {"path": "e"}}, "repository"),
+    ({"export": {"path": "e"}, "repository": "r", "variant": "int4"}, "variant"),
+    ({"export": {"path": "e"}, "repository": "r", "triton": {"url": "triton:8000"}}, "triton.url"),
+    ({"export": {"path": "e"}, "repository": "r", "model_name": "a/b"}, "model_name"),
+    ({"export": {"path": "e"}, "repository": "r", "tensorrt_fp16": True}, "tensorrt_fp16"),
+])
+def test_deploy_config_errors_name_the_key(override, key):
+    from trainer_lib.stages import deploy
+
+    with pytest.raises(ConfigError, match=f"^{key}:"):
+        load_config(deploy.CONFIG, None, override)

@@ -1,0 +1,11 @@
+"""Serving the exported model with Triton Inference Server.
+
+* :mod:`~trainer_lib.serving.repository`: write a versioned Triton model repository (local or s3://)
+  that NVIDIA's images and KServe read as is: the text-generation model on the Python backend
+  (``text_input`` -> ``text_output``) and, optionally, the raw ONNX decoder.
+* :mod:`~trainer_lib.serving.triton_generate_model`: the ``model.py`` copied into each version.
+* :mod:`~trainer_lib.serving.server`: find and run a local ``tritonserver`` (``posttrain serve``).
+* :mod:`~trainer_lib.serving.client`: one generate request over HTTP (deploy's smoke test, tests).
+
+Nothing is imported here, so ``import trainer_lib.serving`` stays cheap.
+"""

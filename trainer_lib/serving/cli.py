@@ -1,0 +1,85 @@
+"""``posttrain serve``: run Triton on a model repository in the foreground (Ctrl-C stops it).
+
+    posttrain serve --repo DIR|s3://bucket/prefix [--http-port P] [--grpc-port Q] [--load NAME ...]
+
+Prints one JSON line with the endpoints and the models' states, then serves until interrupted.
+Models are loaded with explicit model control, so ``posttrain deploy triton.url=<http endpoint>``
+can publish and load new versions while it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+
+from trainer_lib.errors import UserError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="posttrain serve", description="Serve a Triton model repository with "
+                                     "a local tritonserver (nvidia-pytriton, Python backend).")
+    parser.add_argument("--repo", required=True, help="model repository: local dir or s3://bucket/prefix")
+    parser.add_argument("--http-port", type=int, default=8000, help="HTTP port (0: a free one) [default: 8000]")
+    parser.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (0: a free one) [default: 8001]")
+    parser.add_argument("--metrics-port", type=int, default=8002, help="metrics port (0: a free one) [default: 8002]")
+    parser.add_argument("--address", default="127.0.0.1", help="address to listen on [default: 127.0.0.1]")
+    parser.add_argument("--load", action="append", metavar="NAME",
+                        help="model to load at start, repeatable [default: every model in the repository]")
+    parser.add_argument("--no-load", action="store_true", help="load nothing at start (deploy loads later)")
+    parser.add_argument("--env", default=None, help="the Triton environment (venv with nvidia-pytriton) "
+                                                    "[default: $POSTTRAIN_TRITON_ENV or .venv-triton]")
+    parser.add_argument("--s3-endpoint", default=None,
+                        help="S3 endpoint for an s3:// repository [default: $AWS_ENDPOINT_URL]")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait until ready [default: 120]")
+    parser.add_argument("--log", default="-", help="file for the server's log ('-': stderr) [default: -]")
+    return parser
+
+
+def _check_repository(repo: str, endpoint: str | None) -> None:
+    from trainer_lib import storage
+
+    if endpoint:
+        storage.configure(endpoint_url=endpoint)
+    if not storage.isdir(repo) or not storage.listdir(repo):
+        raise UserError(f"--repo: {repo} is empty or missing; publish a model into it first "
+                        f"(posttrain deploy export.path=... repository={repo})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from trainer_lib.serving.server import TritonServer, TritonServerError
+
+    def stop_on_sigterm(signum, frame):  # a pod's SIGTERM stops the server like Ctrl-C
+        raise KeyboardInterrupt
+
+    try:
+        _check_repository(args.repo, args.s3_endpoint)
+        server = TritonServer(args.repo, load=[] if args.no_load else (args.load or ["*"]),
+                              http_port=args.http_port or None, grpc_port=args.grpc_port or None,
+                              metrics_port=args.metrics_port or None, address=args.address, env=args.env,
+                              s3_endpoint_url=args.s3_endpoint, log_path=args.log)
+        server.start(timeout_s=args.timeout)
+    except TritonServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
+    try:
+        models = [m for m in server.model_states() if m.get("state")]
+        print(json.dumps({"http": server.url, "grpc": server.grpc_url, "repository": args.repo, "models": models}),
+              flush=True)
+        print(f"serving {args.repo} on {server.url} (gRPC {server.grpc_url}); generate with POST "
+              f"{server.url}/v2/models/<name>/generate; Ctrl-C stops", file=sys.stderr, flush=True)
+        code = server.wait()
+        print(f"error: tritonserver exited with code {code}:\n{server.log_tail()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0 if server.stop() in (0, None) else 1
+    finally:
+        server.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,237 @@
+"""A versioned Triton model repository (local dir or s3:// prefix), as NVIDIA's images and KServe read it.
+
+    <repo>/<model>/config.pbtxt            which versions serve: version_policy { specific { versions: [N] } }
+    <repo>/<model>/<N>/model.py            the text-generation model (Python backend), from triton_generate_model.py
+    <repo>/<model>/<N>/ort_generate.py     its KV-cache loop, from trainer_lib/export/ort_generate.py
+    <repo>/<model>/<N>/model.onnx          the export's decoder (fp32 or int8), model.onnx.data beside it
+    <repo>/<model>/<N>/tokenizer/          the export's tokenizer files
+    <repo>/<model>/<N>/generate.json       eos ids and defaults for model.py
+    <repo>/<model>_onnx/<N>/model.onnx     optional: the raw decoder, platform onnxruntime_onnx
+
+KServe takes the repository root as ``storageUri``; ``tritonserver --model-repository=<repo>`` serves
+it directly. Configs are built as plain dicts and written in protobuf text format by :func:`to_pbtxt`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from trainer_lib import storage
+from trainer_lib.errors import UserError
+
+CONFIG = "config.pbtxt"
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# copied into every version: model.py and the generation loop it imports (Triton's stub cannot import trainer_lib)
+VERSION_CODE = {"model.py": os.path.join(_HERE, "triton_generate_model.py"),
+                "ort_generate.py": os.path.join(os.path.dirname(_HERE), "export", "ort_generate.py")}
+
+# ONNX TensorProto element types -> Triton data types (the ones a decoder uses)
+_TRITON_TYPES = {1: "TYPE_FP32", 10: "TYPE_FP16", 16: "TYPE_BF16", 11: "TYPE_FP64", 7: "TYPE_INT64",
+                 6: "TYPE_INT32", 3: "TYPE_INT8", 2: "TYPE_UINT8", 9: "TYPE_BOOL"}
+
+
+class Enum(str):
+    """A protobuf enum value (``TYPE_FP32``): written without quotes."""
+
+
+# --------------------------------------------------------------------------- config text
+
+
+def to_pbtxt(config: dict, indent: int = 0) -> str:
+    """A config dict in protobuf text format: dicts are messages, lists of dicts repeated messages,
+    lists of scalars ``[a, b]``, str quoted, :class:`Enum` bare, bool ``true``/``false``."""
+    pad = "  " * indent
+    lines = []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            lines += [f"{pad}{key} {{", to_pbtxt(value, indent + 1), f"{pad}}}"] if value else [f"{pad}{key} {{ }}"]
+        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+            items = [f"{pad}  {{ {_flat(v)} }}" if _is_flat(v) else f"{pad}  {{\n{to_pbtxt(v, indent + 2)}\n{pad}  }}"
+                     for v in value]
+            lines.append(f"{pad}{key} [\n" + ",\n".join(items) + f"\n{pad}]")
+        elif isinstance(value, list):
+            lines.append(f"{pad}{key}: [ {', '.join(_scalar(v) for v in value)} ]")
+        else:
+            lines.append(f"{pad}{key}: {_scalar(value)}")
+    return "\n".join(line for line in lines if line)
+
+
+def _is_flat(message: dict) -> bool:
+    return not any(isinstance(v, dict) or (isinstance(v, list) and any(isinstance(x, dict) for x in v))
+                   for v in message.values())
+
+
+def _flat(message: dict) -> str:
+    """A message of scalars on one line: ``name: "x" data_type: TYPE_FP32 dims: [ 1 ]``."""
+    return " ".join(to_pbtxt({k: v}) for k, v in message.items())
+
+
+def _scalar(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, Enum):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a valid text-format string literal
+    return repr(value)
+
+
+def version_policy(versions: list[int]) -> dict:
+    return {"specific": {"versions": sorted(versions)}}
+
+
+def generate_config(name: str, versions: list[int], max_batch_size: int = 8, instance_kind: str = "cpu",
+                    instance_count: int = 1, execution_env: str | None = None) -> dict:
+    """The text-generation model (Python backend): ``text_input`` [+ ``max_tokens``, ``temperature``]
+    -> ``text_output``, the names of Triton's generate extension. ``execution_env``: the stub's
+    environment (a conda-pack tarball or venv path on the server), else the server's own python3."""
+    config = {
+        "name": name,
+        "backend": "python",
+        "max_batch_size": max_batch_size,
+        "input": [
+            {"name": "text_input", "data_type": Enum("TYPE_STRING"), "dims": [1]},
+            {"name": "max_tokens", "data_type": Enum("TYPE_INT32"), "dims": [1], "optional": True},
+            {"name": "temperature", "data_type": Enum("TYPE_FP32"), "dims": [1], "optional": True},
+        ],
+        "output": [{"name": "text_output", "data_type": Enum("TYPE_STRING"), "dims": [1]}],
+        "dynamic_batching": {},
+        "instance_group": [{"count": instance_count, "kind": Enum(f"KIND_{instance_kind.upper()}")}],
+        "version_policy": version_policy(versions),
+    }
+    if execution_env:
+        config["parameters"] = [{"key": "EXECUTION_ENV_PATH", "value": {"string_value": execution_env}}]
+    return config
+
+
+def onnx_config(name: str, versions: list[int], signature: dict, instance_kind: str = "gpu",
+                instance_count: int = 1, tensorrt_fp16: bool = False) -> dict:
+    """The raw decoder for ONNX Runtime (``platform: onnxruntime_onnx``), one request = one step.
+
+    ``max_batch_size: 0``: the batch axis is part of ``dims``, since requests with different
+    past lengths could not be batched anyway. ``tensorrt_fp16`` asks ONNX Runtime's TensorRT
+    execution accelerator for FP16 engines (GPU instances only)."""
+    config = {
+        "name": name,
+        "platform": "onnxruntime_onnx",
+        "max_batch_size": 0,
+        "input": [{"name": n, "data_type": Enum(t), "dims": d} for n, t, d in signature["inputs"]],
+        "output": [{"name": n, "data_type": Enum(t), "dims": d} for n, t, d in signature["outputs"]],
+        "instance_group": [{"count": instance_count, "kind": Enum(f"KIND_{instance_kind.upper()}")}],
+        "version_policy": version_policy(versions),
+    }
+    if tensorrt_fp16:
+        if instance_kind != "gpu":
+            raise ValueError("tensorrt_fp16 needs GPU instances")
+        config["optimization"] = {"execution_accelerators": {"gpu_execution_accelerator": [
+            {"name": "tensorrt", "parameters": [{"key": "precision_mode", "value": "FP16"}]}]}}
+    return config
+
+
+def onnx_signature(onnx_path: str) -> dict:
+    """``{"inputs"/"outputs": [(name, Triton type, dims)]}`` of a local ONNX file; symbolic dims are -1."""
+    import onnx
+
+    graph = onnx.load(onnx_path, load_external_data=False).graph
+    initializers = {t.name for t in graph.initializer}
+
+    def rows(values):
+        out = []
+        for v in values:
+            if v.name in initializers:
+                continue
+            tensor = v.type.tensor_type
+            if tensor.elem_type not in _TRITON_TYPES:
+                raise UserError(f"{onnx_path}: {v.name} has ONNX element type {tensor.elem_type}, "
+                                f"which has no Triton data type here")
+            dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
+            out.append((v.name, _TRITON_TYPES[tensor.elem_type], dims))
+        return out
+
+    return {"inputs": rows(graph.input), "outputs": rows(graph.output)}
+
+
+def served_versions(config_text: str) -> list[int]:
+    """The versions a config's ``version_policy { specific { versions: [...] } }`` names."""
+    match = re.search(r"specific\s*:?\s*\{\s*versions\s*:\s*\[([^\]]*)\]", config_text)
+    return sorted(int(v) for v in match.group(1).replace(",", " ").split()) if match else []
+
+
+# --------------------------------------------------------------------------- repository contents
+
+
+def versions(model_dir: str) -> list[int]:
+    """The numbered version directories under ``model_dir`` (none if it does not exist)."""
+    try:
+        names = storage.listdir(model_dir)
+    except FileNotFoundError:
+        return []
+    return sorted(int(n) for n in names if n.isdigit())
+
+
+def _eos_and_pad(export_dir: str) -> dict:
+    """eos/pad ids: those the export stage recorded in ``export.json`` (the model's generation
+    config, as Hugging Face ``generate`` stops), else the tokenizer's own eos and pad tokens."""
+    summary_path = storage.join(export_dir, "export.json")
+    summary = json.loads(storage.read_text(summary_path)) if storage.exists(summary_path) else {}
+    eos, pad = summary.get("eos_token_id"), summary.get("pad_token_id")
+    if eos is None:
+        from tokenizers import Tokenizer
+
+        tokenizer_dir = storage.join(export_dir, "tokenizer")
+        tokenizer = Tokenizer.from_str(storage.read_text(storage.join(tokenizer_dir, "tokenizer.json")))
+        config_path = storage.join(tokenizer_dir, "tokenizer_config.json")
+        config = json.loads(storage.read_text(config_path)) if storage.exists(config_path) else {}
+
+        def token_id(entry):
+            text = entry.get("content") if isinstance(entry, dict) else entry
+            return tokenizer.token_to_id(text) if text else None
+
+        eos = token_id(config.get("eos_token"))
+        pad = token_id(config.get("pad_token")) if pad is None else pad
+    eos_ids = sorted({int(i) for i in (eos if isinstance(eos, list) else [eos]) if i is not None})
+    return {"eos_token_ids": eos_ids, "pad_token_id": int(pad) if pad is not None else 0}
+
+
+def write_generate_version(export_dir: str, version_dir: str, variant: str, default_max_tokens: int = 64,
+                           max_tokens_limit: int = 4096) -> dict:
+    """Fill ``version_dir`` with the text-generation model for ``export_dir``'s ``onnx/<variant>``.
+
+    Works for any mix of local and s3:// paths (s3 to s3 copies stay on the server). Returns
+    the generate.json it wrote."""
+    onnx_dir = storage.join(export_dir, "onnx", variant)
+    tokenizer_dir = storage.join(export_dir, "tokenizer")
+    for needed in (storage.join(onnx_dir, "model.onnx"), storage.join(tokenizer_dir, "tokenizer.json")):
+        if not storage.exists(needed):
+            raise UserError(f"export.path: {needed} is missing (expected the export stage's output: "
+                            f"onnx/<variant>/model.onnx and tokenizer/)")
+    settings = {**_eos_and_pad(export_dir), "default_max_tokens": default_max_tokens,
+                "max_tokens_limit": max_tokens_limit, "variant": variant, "export": export_dir}
+    storage.copy(onnx_dir, version_dir)  # model.onnx and any external-data files next to it
+    storage.copy(tokenizer_dir, storage.join(version_dir, "tokenizer"))
+    for name, source in VERSION_CODE.items():
+        with open(source, "rb") as f:
+            storage.write_bytes(storage.join(version_dir, name), f.read())
+    storage.write_text(storage.join(version_dir, "generate.json"), json.dumps(settings, indent=2))
+    return settings
+
+
+def write_onnx_version(export_dir: str, version_dir: str, variant: str) -> dict:
+    """Copy the raw decoder into ``version_dir``; returns its signature for :func:`onnx_config`."""
+    onnx_dir = storage.join(export_dir, "onnx", variant)
+    signature = onnx_signature(storage.localize(storage.join(onnx_dir, "model.onnx"), kind="file"))
+    storage.copy(onnx_dir, version_dir)
+    return signature
+
+
+def write_config(model_dir: str, config: dict) -> str:
+    text = to_pbtxt(config) + "\n"
+    storage.write_text(storage.join(model_dir, CONFIG), text)
+    return text
+
+
+def read_config(model_dir: str) -> str | None:
+    path = storage.join(model_dir, CONFIG)
+    return storage.read_text(path) if storage.exists(path) else None
