@@ -15,20 +15,23 @@ from trainer_lib.serving import repository as repo
 
 
 def _parse(text: str):
-    """The config parsed by protobuf into Triton's ModelConfig (tritonclient ships the proto), or None."""
-    try:
-        from google.protobuf import text_format
-        from tritonclient.grpc import model_config_pb2
-    except ImportError:
-        return None
+    """The config parsed by protobuf into Triton's ModelConfig (tritonclient ships the proto)."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
     return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+def test_a_config_that_is_not_a_model_config_is_refused():
+    with pytest.raises(ValueError, match="max_batch_sise"):
+        repo.config_text({"name": "m", "backend": "python", "max_batch_sise": 4})
 
 
 def test_onnx_config_matches_the_graph_and_parses_as_a_model_config(export_dir):
     onnx_path = os.path.join(export_dir, "onnx", "fp32", "model.onnx")
     signature = repo.onnx_signature(onnx_path)
     config = repo.onnx_config("posttrain_onnx", [3], signature, instance_kind="gpu", tensorrt_fp16=True)
-    text = repo.to_pbtxt(config)
+    text = repo.config_text(config)
 
     # structurally: the names, types and dims of the graph, batch axis included (max_batch_size 0)
     import onnxruntime as ort
@@ -43,28 +46,25 @@ def test_onnx_config_matches_the_graph_and_parses_as_a_model_config(export_dir):
     assert repo.served_versions(text) == [3]
 
     parsed = _parse(text)
-    if parsed is not None:
-        assert parsed.platform == "onnxruntime_onnx" and parsed.name == "posttrain_onnx"
-        assert list(parsed.version_policy.specific.versions) == [3]
-        assert parsed.instance_group[0].kind == parsed.instance_group[0].KIND_GPU
-        (accelerator,) = parsed.optimization.execution_accelerators.gpu_execution_accelerator
-        assert accelerator.name == "tensorrt" and dict(accelerator.parameters) == {"precision_mode": "FP16"}
-        assert [i.name for i in parsed.input] == [i["name"] for i in config["input"]]
-        assert list(parsed.output[0].dims) == config["output"][0]["dims"]
-        from tritonclient.grpc.model_config_pb2 import DataType
+    assert parsed.platform == "onnxruntime_onnx" and parsed.name == "posttrain_onnx"
+    assert list(parsed.version_policy.specific.versions) == [3]
+    assert parsed.instance_group[0].kind == parsed.instance_group[0].KIND_GPU
+    (accelerator,) = parsed.optimization.execution_accelerators.gpu_execution_accelerator
+    assert accelerator.name == "tensorrt" and dict(accelerator.parameters) == {"precision_mode": "FP16"}
+    assert [i.name for i in parsed.input] == [i["name"] for i in config["input"]]
+    assert list(parsed.output[0].dims) == config["output"][0]["dims"]
+    from tritonclient.grpc.model_config_pb2 import DataType
 
-        assert [DataType.Name(i.data_type) for i in parsed.input] == [i["data_type"] for i in config["input"]]
+    assert [DataType.Name(i.data_type) for i in parsed.input] == [i["data_type"] for i in config["input"]]
 
     with pytest.raises(ValueError, match="GPU"):
         repo.onnx_config("m", [1], signature, instance_kind="cpu", tensorrt_fp16=True)
 
 
 def test_generate_config_has_the_generate_extension_names():
-    text = repo.to_pbtxt(repo.generate_config("chat", [1, 2], max_batch_size=4, execution_env="/envs/triton.tar.gz"))
+    text = repo.config_text(repo.generate_config("chat", [1, 2], max_batch_size=4, execution_env="/envs/triton.tar.gz"))
     assert repo.served_versions(text) == [1, 2]
     parsed = _parse(text)
-    if parsed is None:
-        pytest.skip("no ModelConfig proto in tritonclient: the structural checks above are all")
     assert parsed.backend == "python" and parsed.max_batch_size == 4
     assert parsed.HasField("dynamic_batching")
     inputs = {i.name: i for i in parsed.input}

@@ -9,14 +9,14 @@
     <repo>/<model>_onnx/<N>/model.onnx     optional: the raw decoder, platform onnxruntime_onnx
 
 KServe takes the repository root as ``storageUri``; ``tritonserver --model-repository=<repo>`` serves
-it directly. Configs are built as plain dicts and written in protobuf text format by :func:`to_pbtxt`.
+it directly. Configs are built as dicts in protobuf's JSON form, then checked against Triton's own
+``ModelConfig`` message (shipped with tritonclient) and written in its text format by :func:`config_text`.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 
 from trainer_lib import storage
 from trainer_lib.errors import UserError
@@ -32,50 +32,20 @@ _TRITON_TYPES = {1: "TYPE_FP32", 10: "TYPE_FP16", 16: "TYPE_BF16", 11: "TYPE_FP6
                  6: "TYPE_INT32", 3: "TYPE_INT8", 2: "TYPE_UINT8", 9: "TYPE_BOOL"}
 
 
-class Enum(str):
-    """A protobuf enum value (``TYPE_FP32``): written without quotes."""
+# --------------------------------------------------------------------------- configs
 
 
-# --------------------------------------------------------------------------- config text
+def config_text(config: dict) -> str:
+    """A config (a dict in protobuf's JSON form) checked against Triton's ``ModelConfig`` message and
+    written in protobuf text format, the form ``config.pbtxt`` takes; a ValueError names a bad field."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
 
-
-def to_pbtxt(config: dict, indent: int = 0) -> str:
-    """A config dict in protobuf text format: dicts are messages, lists of dicts repeated messages,
-    lists of scalars ``[a, b]``, str quoted, :class:`Enum` bare, bool ``true``/``false``."""
-    pad = "  " * indent
-    lines = []
-    for key, value in config.items():
-        if isinstance(value, dict):
-            lines += [f"{pad}{key} {{", to_pbtxt(value, indent + 1), f"{pad}}}"] if value else [f"{pad}{key} {{ }}"]
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            items = [f"{pad}  {{ {_flat(v)} }}" if _is_flat(v) else f"{pad}  {{\n{to_pbtxt(v, indent + 2)}\n{pad}  }}"
-                     for v in value]
-            lines.append(f"{pad}{key} [\n" + ",\n".join(items) + f"\n{pad}]")
-        elif isinstance(value, list):
-            lines.append(f"{pad}{key}: [ {', '.join(_scalar(v) for v in value)} ]")
-        else:
-            lines.append(f"{pad}{key}: {_scalar(value)}")
-    return "\n".join(line for line in lines if line)
-
-
-def _is_flat(message: dict) -> bool:
-    return not any(isinstance(v, dict) or (isinstance(v, list) and any(isinstance(x, dict) for x in v))
-                   for v in message.values())
-
-
-def _flat(message: dict) -> str:
-    """A message of scalars on one line: ``name: "x" data_type: TYPE_FP32 dims: [ 1 ]``."""
-    return " ".join(to_pbtxt({k: v}) for k, v in message.items())
-
-
-def _scalar(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, Enum):
-        return str(value)
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a valid text-format string literal
-    return repr(value)
+    try:
+        message = json_format.ParseDict(config, model_config_pb2.ModelConfig())
+    except json_format.ParseError as exc:
+        raise ValueError(f"not a valid Triton model config: {exc}") from None
+    return text_format.MessageToString(message)
 
 
 def version_policy(versions: list[int]) -> dict:
@@ -92,17 +62,17 @@ def generate_config(name: str, versions: list[int], max_batch_size: int = 8, ins
         "backend": "python",
         "max_batch_size": max_batch_size,
         "input": [
-            {"name": "text_input", "data_type": Enum("TYPE_STRING"), "dims": [1]},
-            {"name": "max_tokens", "data_type": Enum("TYPE_INT32"), "dims": [1], "optional": True},
-            {"name": "temperature", "data_type": Enum("TYPE_FP32"), "dims": [1], "optional": True},
+            {"name": "text_input", "data_type": "TYPE_STRING", "dims": [1]},
+            {"name": "max_tokens", "data_type": "TYPE_INT32", "dims": [1], "optional": True},
+            {"name": "temperature", "data_type": "TYPE_FP32", "dims": [1], "optional": True},
         ],
-        "output": [{"name": "text_output", "data_type": Enum("TYPE_STRING"), "dims": [1]}],
+        "output": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": [1]}],
         "dynamic_batching": {},
-        "instance_group": [{"count": instance_count, "kind": Enum(f"KIND_{instance_kind.upper()}")}],
+        "instance_group": [{"count": instance_count, "kind": f"KIND_{instance_kind.upper()}"}],
         "version_policy": version_policy(versions),
     }
     if execution_env:
-        config["parameters"] = [{"key": "EXECUTION_ENV_PATH", "value": {"string_value": execution_env}}]
+        config["parameters"] = {"EXECUTION_ENV_PATH": {"string_value": execution_env}}
     return config
 
 
@@ -117,16 +87,16 @@ def onnx_config(name: str, versions: list[int], signature: dict, instance_kind: 
         "name": name,
         "platform": "onnxruntime_onnx",
         "max_batch_size": 0,
-        "input": [{"name": n, "data_type": Enum(t), "dims": d} for n, t, d in signature["inputs"]],
-        "output": [{"name": n, "data_type": Enum(t), "dims": d} for n, t, d in signature["outputs"]],
-        "instance_group": [{"count": instance_count, "kind": Enum(f"KIND_{instance_kind.upper()}")}],
+        "input": [{"name": n, "data_type": t, "dims": d} for n, t, d in signature["inputs"]],
+        "output": [{"name": n, "data_type": t, "dims": d} for n, t, d in signature["outputs"]],
+        "instance_group": [{"count": instance_count, "kind": f"KIND_{instance_kind.upper()}"}],
         "version_policy": version_policy(versions),
     }
     if tensorrt_fp16:
         if instance_kind != "gpu":
             raise ValueError("tensorrt_fp16 needs GPU instances")
         config["optimization"] = {"execution_accelerators": {"gpu_execution_accelerator": [
-            {"name": "tensorrt", "parameters": [{"key": "precision_mode", "value": "FP16"}]}]}}
+            {"name": "tensorrt", "parameters": {"precision_mode": "FP16"}}]}}
     return config
 
 
@@ -153,10 +123,13 @@ def onnx_signature(onnx_path: str) -> dict:
     return {"inputs": rows(graph.input), "outputs": rows(graph.output)}
 
 
-def served_versions(config_text: str) -> list[int]:
+def served_versions(text: str) -> list[int]:
     """The versions a config's ``version_policy { specific { versions: [...] } }`` names."""
-    match = re.search(r"specific\s*:?\s*\{\s*versions\s*:\s*\[([^\]]*)\]", config_text)
-    return sorted(int(v) for v in match.group(1).replace(",", " ").split()) if match else []
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    return sorted(config.version_policy.specific.versions)
 
 
 # --------------------------------------------------------------------------- repository contents
@@ -227,7 +200,7 @@ def write_onnx_version(export_dir: str, version_dir: str, variant: str) -> dict:
 
 
 def write_config(model_dir: str, config: dict) -> str:
-    text = to_pbtxt(config) + "\n"
+    text = config_text(config)
     storage.write_text(storage.join(model_dir, CONFIG), text)
     return text
 
