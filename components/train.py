@@ -43,6 +43,8 @@ def train(
     from components.common import last_logged, log_summary, source_of, store_prefix
     from trainer_lib.stage_api import run_stage
 
+    if stage not in ("sft", "reward", "dpo", "ppo", "grpo"):
+        raise ValueError(f"stage: expected a training stage (sft, reward, dpo, ppo, grpo), got {stage!r}")
     typed = {"max_steps": max_steps, "lr": lr, "batch_size": batch_size, "data.max_length": max_length,
              "seed": seed}
     given = {key: value for key, value in params.items() if value not in ([], "[]", "", None)}

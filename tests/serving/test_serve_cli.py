@@ -22,10 +22,16 @@ def _serve(*args: str) -> subprocess.Popen:
                             text=True, env=clean_env())
 
 
-def test_serve_prints_the_endpoint_answers_generate_and_stops_on_ctrl_c(export_dir, triton_env, tmp_path):
-    repository = str(tmp_path / "repo")
-    deploy.run(load_config(deploy.CONFIG, None, nest({"export.path": export_dir, "repository": repository,
-                                                      "model_name": "tiny"})))
+def test_serve_and_deploy_as_a_user_runs_them_on_an_s3_repository(s3_bucket, export_dir, tiny_model_dir, triton_env):
+    """`posttrain serve --repo s3://...` in the foreground, then `posttrain deploy ... triton.url=...`: the
+    new FP32 version answers `text_input` over HTTP with PyTorch's greedy text; Ctrl-C stops the server."""
+    from tests.serving.helpers import torch_greedy
+    from trainer_lib import storage
+
+    export, repository = f"s3://{s3_bucket}/export", f"s3://{s3_bucket}/triton"
+    storage.copy(export_dir, export)
+    deploy.run(load_config(deploy.CONFIG, None, nest({"export.path": export, "repository": repository,
+                                                      "model_name": "tiny"})))  # version 1: publish only
     proc = _serve("--repo", repository, "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
                   "--env", triton_env, "--timeout", "60")
     try:
@@ -36,11 +42,21 @@ def test_serve_prints_the_endpoint_answers_generate_and_stops_on_ctrl_c(export_d
         endpoint = json.loads(line)
         assert endpoint["http"].startswith("http://127.0.0.1:")
         assert {"name": "tiny", "version": "1", "state": "READY"} in endpoint["models"]
+
+        deployed = subprocess.run([sys.executable, "-m", "trainer_lib.cli", "deploy", f"export.path={export}",
+                                   f"repository={repository}", f"triton.url={endpoint['http']}", "model_name=tiny",
+                                   "variant=fp32"], capture_output=True, text=True, env=clean_env(), timeout=300)
+        assert deployed.returncode == 0, deployed.stderr[-2000:]
+        summary = json.loads(deployed.stdout)
+        assert summary["version"] == 2 and summary["loaded"]
+
+        prompt = "What is two plus two?"
         req = urllib.request.Request(f"{endpoint['http']}/v2/models/tiny/generate", method="POST",
-                                     data=json.dumps({"text_input": "Say hello.", "max_tokens": 3}).encode())
+                                     data=json.dumps({"text_input": prompt, "max_tokens": 12}).encode())
         with urllib.request.urlopen(req, timeout=30) as resp:
             body = json.loads(resp.read())
-        assert body["model_name"] == "tiny" and isinstance(body["text_output"], str)
+        assert body["model_name"] == "tiny" and body["model_version"] == "2"
+        assert body["text_output"] == torch_greedy(tiny_model_dir, prompt, 12) != ""
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=30) == 0
     finally:
