@@ -5,9 +5,10 @@ component does is the same for all of them: turn artifacts and parameters into t
 run it, describe the model it wrote and log its summary. The DAG names each task after its stage
 (``SFT``, ``DPO``, ...), so the KFP UI reads the same as with one component per stage.
 
-``params`` carries the stage's own keys (``loss``, ``beta``, ``rollout.n``, ``reward.functions``...):
-a dict whose values may arrive as text when the DAG fills them from pipeline parameters; the typed
-config parses them like ``key=value`` on the command line. Empty lists are left out, so
+``params`` carries the stage's own scalar keys (``loss``, ``beta``, ``rollout.n``...): a dict whose
+values may arrive as text when the DAG fills them from pipeline parameters; the typed config parses
+them like ``key=value`` on the command line. Lists (the RL reward sources) are parameters of their
+own, since a list inside a dict does not survive that substitution; empty ones are left out, so
 ``config_yaml`` can set them instead.
 """
 
@@ -25,6 +26,8 @@ def train(
     output_model: Output[Model],
     metrics: Output[Metrics],
     reward_model: Input[Model] = None,
+    reward_functions: list = [],
+    reward_weights: list = [],
     max_steps: int = 100,
     lr: float = 1e-4,
     batch_size: int = 8,
@@ -47,7 +50,9 @@ def train(
         raise ValueError(f"stage: expected a training stage (sft, reward, dpo, ppo, grpo), got {stage!r}")
     typed = {"max_steps": max_steps, "lr": lr, "batch_size": batch_size, "data.max_length": max_length,
              "seed": seed}
-    given = {key: value for key, value in params.items() if value not in ([], "[]", "", None)}
+    lists = {"reward.functions": reward_functions, "reward.weights": reward_weights}
+    given = {**{key: value for key, value in params.items() if value not in ("", None)},
+             **{key: value for key, value in lists.items() if value}}
     store = store_prefix(data) if stage == "dpo" else None
     if store:
         given.setdefault("reference_logps_path", store + "/reference_logps")

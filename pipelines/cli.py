@@ -11,6 +11,7 @@ pipeline signature. Errors in names or values exit with code 2 before anything s
 """
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -277,6 +278,28 @@ def kfp_cron(cron: str) -> str:
     return " ".join(["0", *fields] if len(fields) == 5 else fields)
 
 
+class ServerError(Exception):
+    """The KFP API refused a request or could not be reached; exit code 1."""
+
+
+@contextlib.contextmanager
+def _kfp_errors(host: str):
+    """A KFP API error or an unreachable host becomes one line naming the host, not a traceback."""
+    import urllib3
+    from kfp_server_api.exceptions import ApiException
+
+    try:
+        yield
+    except ApiException as exc:
+        try:
+            detail = json.loads(exc.body or "{}").get("message") or exc.reason
+        except (ValueError, AttributeError):
+            detail = exc.body or exc.reason
+        raise ServerError(f"the KFP API at {host} answered HTTP {exc.status}: {detail}") from None
+    except urllib3.exceptions.HTTPError as exc:
+        raise ServerError(f"cannot reach the KFP API at {host}: {getattr(exc, 'reason', None) or exc}") from None
+
+
 def _client(args):
     import kfp
 
@@ -284,12 +307,25 @@ def _client(args):
     return kfp.Client(host=args.host, existing_token=os.environ.get("KFP_TOKEN"), **extra)
 
 
-def _package(pipeline, tmp: str) -> str:
-    """Compile ``pipeline`` fresh (the code is the source of truth) into ``tmp``."""
+def _package(pipeline, tmp: str, no_cache: bool = False) -> str:
+    """Compile ``pipeline`` fresh (the code is the source of truth) into ``tmp``.
+
+    ``no_cache`` turns caching off for every task, those inside sub-pipelines and conditions
+    included: kfp.Client's ``enable_caching=False`` reaches only the root DAG's tasks.
+    """
+    import yaml
     from kfp import compiler
 
     path = os.path.join(tmp, f"{pipeline.name}.yaml")
     compiler.Compiler().compile(pipeline, path)
+    if no_cache:
+        with open(path, encoding="utf-8") as fh:
+            spec, *platform = list(yaml.safe_load_all(fh))
+        dags = [spec["root"]] + list(spec.get("components", {}).values())
+        for task in (t for dag in dags for t in (dag.get("dag") or {}).get("tasks", {}).values()):
+            task["cachingOptions"] = {**task.get("cachingOptions", {}), "enableCache": False}
+        with open(path, "w", encoding="utf-8") as fh:
+            yaml.safe_dump_all([spec, *platform], fh, sort_keys=False)
     return path
 
 
@@ -297,12 +333,11 @@ def cmd_submit(args) -> int:
     args.host = _check_host(args.host)
     pipeline = get_pipeline(args.pipeline)
     params = parse_params(pipeline, args.params)
-    client = _client(args)
-    with tempfile.TemporaryDirectory() as tmp:
-        result = client.create_run_from_pipeline_package(
-            _package(pipeline, tmp), arguments=params, run_name=args.run_name, experiment_name=args.experiment,
-            namespace=args.namespace, enable_caching=False if args.no_cache else None,
-            service_account=args.service_account)
+    with tempfile.TemporaryDirectory() as tmp, _kfp_errors(args.host):
+        result = _client(args).create_run_from_pipeline_package(
+            _package(pipeline, tmp, args.no_cache), arguments=params,
+            run_name=args.run_name or f"{pipeline.name} {datetime.datetime.now():%Y-%m-%d %H:%M:%S}",
+            experiment_name=args.experiment, namespace=args.namespace, service_account=args.service_account)
     print(f"submitted {pipeline.name} run {result.run_id}")
     print(f"run: {args.host}/#/runs/details/{result.run_id}")
     return 0
@@ -315,14 +350,13 @@ def cmd_schedule(args) -> int:
     params = parse_params(pipeline, args.params)
     if args.max_concurrency < 1:
         raise UsageError(f"--max-concurrency: expected >= 1, got {args.max_concurrency}")
-    client = _client(args)
-    experiment = client.create_experiment(args.experiment, namespace=args.namespace)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _kfp_errors(args.host):
+        client = _client(args)
+        experiment = client.create_experiment(args.experiment, namespace=args.namespace)
         job = client.create_recurring_run(
             experiment_id=experiment.experiment_id, job_name=args.job_name or f"{pipeline.name} ({args.cron})",
             cron_expression=cron, max_concurrency=args.max_concurrency, no_catchup=True, params=params,
-            pipeline_package_path=_package(pipeline, tmp), enable_caching=False if args.no_cache else None,
-            service_account=args.service_account)
+            pipeline_package_path=_package(pipeline, tmp, args.no_cache), service_account=args.service_account)
     print(f"scheduled {pipeline.name} with cron '{cron}' as recurring run {job.recurring_run_id}")
     print(f"recurring run: {args.host}/#/recurringrun/details/{job.recurring_run_id}")
     return 0
@@ -408,6 +442,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except ServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
 
 
 def posttrain(argv: list[str] | None = None) -> int:

@@ -267,14 +267,14 @@ def posttrain_rlhf(
     scorer = prepare_and_train("reward", "reward model", sft, boot.outputs["preferences"],
                                max_steps=reward_max_steps, overrides=reward_overrides,
                                **common).outputs["output_model"]
-    rollouts = {"reward.functions": reward_functions, "reward.weights": reward_weights, "rollout.n": rollout_n,
-                "rollout.max_new_tokens": max_new_tokens}
+    rollouts = {"rollout.n": rollout_n, "rollout.max_new_tokens": max_new_tokens}
 
     def rl_then_release(algorithm: str, reward_model=None):
         """One RL branch: train the policy from SFT, evaluate it against SFT, release if it passed."""
         sources = {"reward_model": reward_model} if reward_model is not None else {}
         policy = configure(train(stage=algorithm, model=sft, data=boot.outputs["prompts"], max_steps=rl_max_steps,
-                                 lr=rl_lr, params=rollouts, overrides=rl_overrides, **sources, **common),
+                                 lr=rl_lr, params=rollouts, reward_functions=reward_functions,
+                                 reward_weights=reward_weights, overrides=rl_overrides, **sources, **common),
                            algorithm.upper())
         evaluate_and_release(boot, policy.outputs["output_model"], sft, algorithm, gate_rules, release_uri,
                              humaneval_limit, seed, evaluate_overrides, serving, reward_model=scorer)
@@ -337,9 +337,10 @@ def posttrain_all(
     scorer = prepare_and_train("reward", "reward model", sft, boot.outputs["preferences"],
                                max_steps=reward_max_steps, overrides=reward_overrides,
                                **common).outputs["output_model"]
-    rollouts = {"reward.functions": reward_functions, "rollout.n": rollout_n, "rollout.max_new_tokens": max_new_tokens}
+    rollouts = {"rollout.n": rollout_n, "rollout.max_new_tokens": max_new_tokens}
     policy = configure(train(stage="grpo", model=sft, data=boot.outputs["prompts"], reward_model=scorer,
-                             max_steps=rl_max_steps, lr=rl_lr, params=rollouts, overrides=rl_overrides, **common),
+                             reward_functions=reward_functions, max_steps=rl_max_steps, lr=rl_lr, params=rollouts,
+                             overrides=rl_overrides, **common),
                        "GRPO")
     evaluate_and_release(boot, policy.outputs["output_model"], sft, "grpo", gate_rules, release_uri, humaneval_limit,
                          seed, evaluate_overrides, serving, extra=dpo, extra_label="dpo", reward_model=scorer)

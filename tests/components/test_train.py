@@ -55,11 +55,10 @@ def test_grpo_body_with_parameters_given_as_text(tiny_model_dir, tmp_path):
     model = dsl.Model(uri=tiny_model_dir)
     data = dsl.Dataset(uri=write_prompts(tmp_path / "prompts.jsonl", 8))
     out, metrics = dsl.Model(uri=str(tmp_path / "out")), dsl.Metrics(uri=str(tmp_path / "metrics"))
-    params = {"advantage": "dr_grpo", "rollout.n": "2.0", "rollout.max_new_tokens": "8", "prompts_per_step": 2,
-              "reward.functions": f"['{LENGTH_REWARD}']", "reward.weights": "[]"}
+    params = {"advantage": "dr_grpo", "rollout.n": "2.0", "rollout.max_new_tokens": "8", "prompts_per_step": 2}
     with one_thread():
         train.python_func(stage="grpo", model=model, data=data, output_model=out, metrics=metrics, params=params,
-                          max_steps=2, lr=1e-3, batch_size=4,
+                          reward_functions=[LENGTH_REWARD], reward_weights=[], max_steps=2, lr=1e-3, batch_size=4,
                           config_yaml="reward:\n  functions: [ignored:fn]\nlogging_steps: 1\n",
                           overrides=["data.eval_fraction=0.25", "save_steps=0"])
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())

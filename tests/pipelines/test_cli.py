@@ -1,6 +1,4 @@
-"""posttrain pipeline: argument checking, compile --check, and the submit/schedule calls."""
-
-import types
+"""posttrain pipeline: argument checking and compile --check (submit/schedule over HTTP: test_submit_http.py)."""
 
 import kfp
 import pytest
@@ -84,47 +82,3 @@ def test_compile_check_passes_on_the_committed_files_and_fails_on_drift(tmp_path
 def test_cron_gets_kfp_seconds_field():
     assert cli.kfp_cron("0 3 * * 0") == "0 0 3 * * 0"
     assert cli.kfp_cron("30 0 3 * * 1-5") == "30 0 3 * * 1-5"
-
-
-class FakeClient:
-    calls: list = []
-
-    def __init__(self, **kwargs):
-        FakeClient.calls = [("init", kwargs)]
-
-    def create_run_from_pipeline_package(self, pipeline_file, **kwargs):
-        text = open(pipeline_file).read()
-        FakeClient.calls.append(("run", pipeline_file, "posttrain-sft" in text, kwargs))
-        return types.SimpleNamespace(run_id="run-123")
-
-    def create_experiment(self, name, namespace=None):
-        FakeClient.calls.append(("experiment", name, namespace))
-        return types.SimpleNamespace(experiment_id="exp-1")
-
-    def create_recurring_run(self, **kwargs):
-        FakeClient.calls.append(("recurring", open(kwargs.pop("pipeline_package_path")).read()[:60], kwargs))
-        return types.SimpleNamespace(recurring_run_id="rr-9")
-
-
-def test_submit_compiles_and_creates_a_run(monkeypatch, capsys):
-    monkeypatch.setattr(kfp, "Client", FakeClient)
-    monkeypatch.setenv("KFP_TOKEN", "tok")
-    assert posttrain(["pipeline", "submit", "--host", "http://kfp.example:8080/", "--experiment", "nightly",
-                      "--no-cache", "sft_max_steps=5", "base_model=org/model"]) == 0
-    (_, init), (_, _, is_sft, kwargs) = FakeClient.calls
-    assert init == {"host": "http://kfp.example:8080", "existing_token": "tok"}
-    assert is_sft and kwargs["arguments"] == {"sft_max_steps": 5, "base_model": "org/model"}
-    assert kwargs["experiment_name"] == "nightly" and kwargs["enable_caching"] is False
-    assert "http://kfp.example:8080/#/runs/details/run-123" in capsys.readouterr().out
-
-
-def test_schedule_creates_a_recurring_run(monkeypatch, capsys):
-    monkeypatch.setattr(kfp, "Client", FakeClient)
-    assert posttrain(["pipeline", "schedule", "--host", "https://kfp", "--cron", "0 3 * * 0",
-                      "--namespace", "team-a", "lr=1e-5"]) == 0
-    _, (_, experiment, namespace), (_, package_head, kwargs) = FakeClient.calls
-    assert (experiment, namespace) == ("posttrain", "team-a")
-    assert package_head.startswith("# PIPELINE DEFINITION\n# Name: posttrain-sft")
-    assert kwargs["experiment_id"] == "exp-1" and kwargs["cron_expression"] == "0 0 3 * * 0"
-    assert kwargs["params"] == {"lr": 1e-5} and kwargs["max_concurrency"] == 1
-    assert "rr-9" in capsys.readouterr().out
