@@ -10,7 +10,11 @@ import yaml
 from components.common import IMAGE
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "manifests")
-FILES = sorted(f for f in os.listdir(ROOT) if f.endswith((".yaml", ".yml")))
+#: every YAML file under manifests/, as a path relative to it (serving options live in subfolders)
+FILES = sorted(os.path.relpath(os.path.join(d, f), ROOT) for d, _, names in os.walk(ROOT)
+               for f in names if f.endswith((".yaml", ".yml")))
+#: the serving image of manifests/triton and manifests/kserve: Triton 2.51, the server the local tests run
+TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 PLACEHOLDER = re.compile(r"^(REPLACE_ME|CHANGE_ME|<[^>]+>)?$")
 
 
@@ -20,8 +24,9 @@ def docs(name):
 
 
 def test_there_are_manifests():
-    assert {"kustomization.yaml", "s3-secret.yaml", "configmap.yaml", "serviceaccount.yaml",
-            "trainjob-sft.yaml"} <= set(FILES)
+    assert {"kustomization.yaml", "s3-secret.yaml", "configmap.yaml", "serviceaccount.yaml", "rbac.yaml",
+            "trainjob-sft.yaml", "triton/kustomization.yaml", "triton/triton.yaml", "kserve/kustomization.yaml",
+            "kserve/inferenceservice.yaml", "kserve/serviceaccount.yaml", "kserve/s3-secret.yaml"} <= set(FILES)
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -32,12 +37,13 @@ def test_every_object_has_api_version_kind_and_name(name):
         assert doc.get("metadata", {}).get("name"), f"{name}: {doc['kind']} without metadata.name"
 
 
-def test_kustomization_lists_existing_files():
-    (kustomization,) = docs("kustomization.yaml")
+@pytest.mark.parametrize("name", [f for f in FILES if os.path.basename(f) == "kustomization.yaml"])
+def test_kustomization_lists_existing_files(name):
+    (kustomization,) = docs(name)
     assert kustomization["kind"] == "Kustomization"
     assert kustomization["resources"]
     for resource in kustomization["resources"]:
-        assert os.path.isfile(os.path.join(ROOT, resource)), resource
+        assert os.path.isfile(os.path.join(ROOT, os.path.dirname(name), resource)), resource
 
 
 def test_secrets_hold_only_placeholders():
@@ -52,14 +58,14 @@ def test_secrets_hold_only_placeholders():
 
 
 def test_no_credentials_anywhere_in_manifests():
-    for name in os.listdir(ROOT):
-        text = open(os.path.join(ROOT, name), encoding="utf-8").read()
+    for name in (os.path.join(d, f) for d, _, names in os.walk(ROOT) for f in names):
+        text = open(name, encoding="utf-8").read()
         assert not re.search(r"\b(AKIA|ASIA)[0-9A-Z]{16}\b", text), name  # AWS access key ids
         assert not re.search(r"(?<![A-Za-z0-9/+])[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])", text), name  # secret keys
         assert "BEGIN PRIVATE KEY" not in text and "BEGIN RSA" not in text, name
 
 
-def test_images_are_ours():
+def test_images_are_ours_or_the_pinned_triton():
     found = []
 
     def walk(node):
@@ -75,7 +81,9 @@ def test_images_are_ours():
     for name in FILES:
         for doc in docs(name):
             walk(doc)
-    assert found and set(found) == {IMAGE}
+    assert found and set(found) == {IMAGE, TRITON_IMAGE}
+    (service,) = docs("kserve/inferenceservice.yaml")  # KServe picks the same tag by runtimeVersion
+    assert TRITON_IMAGE.endswith(":" + service["spec"]["predictor"]["model"]["runtimeVersion"])
 
 
 def test_trainjob_runs_posttrain_sft_with_the_shared_credentials():
