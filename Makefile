@@ -49,8 +49,15 @@ DEMO_PARAMS ?= sft_max_steps=900 sft_lr=1e-3 dpo_max_steps=150 dpo_lr=1e-4 rewar
 	'rl_overrides=["prompts_per_step=8","rollout.temperature=0.6","batch_size=32","mini_batch_size=64","lr_scheduler=constant","beta=0.04"]' \
 	'evaluate_overrides=["tasks.limit=150","safety.limit=100"]'
 
+DEMO_PROMPT ?= Define a Python function `floor_at_two(x)` that returns the larger of x and 2.
+
+# ... then the released model, quantized, answers one prompt through a local Triton server, next to PyTorch.
 demo: setup
 	$(BIN)/posttrain pipeline run --pipeline posttrain-all --root runs/demo $(DEMO_PARAMS)
+	@if [ -d runs/latest/repository ]; then \
+		$(BIN)/posttrain serve --repo runs/latest/repository --http-port 0 --grpc-port 0 --metrics-port 0 \
+			--log runs/latest/triton.log --ask '$(DEMO_PROMPT)' --chat --compare runs/latest/exported_model; \
+	else echo "the evaluation gate failed, so nothing was exported or served (see runs/latest/report.html)"; fi
 
 compile: setup
 	$(BIN)/posttrain pipeline compile

@@ -234,6 +234,20 @@ def check_latest(latest: str) -> None:
     raise UsageError(f"--latest: {latest} exists and is not an earlier run record; refusing to replace it")
 
 
+def served_paths(record: dict) -> dict:
+    """Where this run's Triton repository, export and exported HF model are (those that exist)."""
+    paths = {}
+    for task, outputs in sorted(record["tasks"].items()):
+        repository, exported = outputs.get("repository", ""), outputs.get("exported", "")
+        if task.startswith("deploy") and os.path.isdir(repository) and os.listdir(repository):
+            paths.setdefault("repository", repository)
+        if task.startswith("export") and os.path.isfile(os.path.join(exported, "export.json")):
+            paths.setdefault("exported", exported)
+            with open(os.path.join(exported, "export.json"), encoding="utf-8") as fh:
+                paths.setdefault("exported_model", json.load(fh)["model_path"])
+    return paths
+
+
 def write_latest(latest: str, record: dict) -> None:
     """Replace ``latest`` with a directory holding run.json and a link per output directory."""
     parent = os.path.dirname(latest)
@@ -248,6 +262,8 @@ def write_latest(latest: str, record: dict) -> None:
     for name, out in record["outputs"].items():
         if os.path.exists(out["path"]):
             os.symlink(out["path"], os.path.join(tmp, name))
+    for name, target in served_paths(record).items():  # runs/latest/repository, exported, exported_model
+        os.symlink(target, os.path.join(tmp, name))
     if record.get("evaluation"):  # runs/latest/metrics.json (with its `models` map) and report.html
         for name in ("metrics.json", "report.html", "summary.md"):
             src = os.path.join(record["evaluation"]["results"], name)

@@ -84,3 +84,6 @@ def test_local_run_of_the_whole_dag_evaluates_releases_exports_and_deploys(tmp_p
     assert {"rewards/code_execution", "rewards/code_style"} <= set(logged[-1])
     repository = next(t["repository"] for name, t in tasks.items() if name.startswith("deploy"))
     assert os.path.isfile(os.path.join(repository, "demo", "1", "model.onnx"))
+    # runs/latest points at what `make demo` serves: the repository and the HF model that was exported
+    assert os.path.realpath(tmp_path / "latest" / "repository") == repository
+    assert os.path.realpath(tmp_path / "latest" / "exported_model") == grpo_dir

@@ -80,3 +80,21 @@ def test_serve_errors_say_what_to_do(tmp_path, args, message):
     proc = subprocess.run([sys.executable, "-c", SERVE, "--repo", repo, *args], capture_output=True, text=True,
                           env=clean_env(), timeout=60)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+
+
+def test_serve_ask_prints_the_served_answer_next_to_pytorch(export_dir, tiny_model_dir, triton_env, tmp_path):
+    """`posttrain serve --ask TEXT --chat --compare MODEL` (what `make demo` ends with): one request, both answers."""
+    repository = str(tmp_path / "repo")
+    deploy.run(load_config(deploy.CONFIG, None, nest({"export.path": export_dir, "repository": repository,
+                                                      "model_name": "tiny", "variant": "fp32"})))
+    proc = subprocess.run([sys.executable, "-c", SERVE, "--repo", repository, "--http-port", "0", "--grpc-port", "0",
+                           "--metrics-port", "0", "--env", triton_env, "--ask", "Say hello.", "--max-tokens", "8",
+                           "--chat", "--compare", tiny_model_dir], capture_output=True, text=True, env=clean_env(),
+                          timeout=300)
+    if proc.returncode == 1 and "tritonserver" in proc.stderr:
+        pytest.skip(f"tritonserver cannot start: {proc.stderr[-2000:]}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert answer["model"] == "tiny" and answer["prompt"].endswith("\n") and "Say hello." in answer["prompt"]
+    assert answer["text_output"] == answer["pytorch"] != ""
+    assert "served (tiny v1)" in proc.stderr and "PyTorch (" in proc.stderr

@@ -1,8 +1,11 @@
 """``posttrain serve``: run Triton on a model repository in the foreground (Ctrl-C stops it).
 
     posttrain serve --repo DIR|s3://bucket/prefix [--http-port P] [--grpc-port Q] [--load NAME ...]
+    posttrain serve --repo DIR --ask "Write add(a, b)" [--chat --compare HF_MODEL_DIR]
 
-Prints one JSON line with the endpoints and the models' states, then serves until interrupted.
+Prints one JSON line with the endpoints and the models' states, then serves until interrupted;
+with ``--ask`` it sends one generate request instead, prints the served answer (and PyTorch's
+greedy answer from ``--compare`` next to it), and stops the server.
 Models are loaded with explicit model control, so ``posttrain deploy triton.url=<http endpoint>``
 can publish and load new versions while it runs.
 """
@@ -34,7 +37,51 @@ def build_parser() -> argparse.ArgumentParser:
                         help="S3 endpoint for an s3:// repository [default: $AWS_ENDPOINT_URL]")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait until ready [default: 120]")
     parser.add_argument("--log", default="-", help="file for the server's log ('-': stderr) [default: -]")
+    parser.add_argument("--ask", metavar="TEXT", help="send one generate request, print the answer, stop")
+    parser.add_argument("--max-tokens", type=int, default=48, help="with --ask: max_tokens [default: 48]")
+    parser.add_argument("--compare", metavar="HF_MODEL_DIR",
+                        help="with --ask: also print PyTorch's greedy answer from this Hugging Face model")
+    parser.add_argument("--chat", action="store_true",
+                        help="with --ask and --compare: wrap TEXT in that model's chat template first (the "
+                             "served model takes raw text, like Triton's LLM backends)")
     return parser
+
+
+def ask(server, args) -> dict:
+    """One greedy generate request to the served model (the only one loaded, or --load's first), with
+    PyTorch's greedy answer for the same text when ``--compare`` names the model it came from."""
+    from trainer_lib.serving.client import connected, generate
+
+    loaded = [m["name"] for m in server.model_states() if m.get("state") == "READY"]
+    name = (args.load or loaded or [""])[0]
+    if not name:
+        raise UserError(f"--ask: no model is loaded from {args.repo}")
+    text = args.ask
+    if args.chat:
+        if not args.compare:
+            raise UserError("--chat: needs --compare (the chat template comes from that model's tokenizer)")
+        from transformers import AutoTokenizer
+
+        text = AutoTokenizer.from_pretrained(args.compare).apply_chat_template(
+            [{"role": "user", "content": args.ask}], add_generation_prompt=True, tokenize=False)
+    with connected(server.url) as client:
+        answer = {"model": name, "prompt": text, **generate(client, name, text, max_tokens=args.max_tokens)}
+    if args.compare:
+        answer["pytorch"] = pytorch_greedy(args.compare, text, args.max_tokens)
+    return answer
+
+
+def pytorch_greedy(model_dir: str, text: str, max_new_tokens: int) -> str:
+    """Greedy completion of raw ``text`` with the Hugging Face model, without the prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    batch = tokenizer(text, return_tensors="pt")  # special tokens as the served tokenizer adds them
+    with torch.no_grad():
+        out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False)
+    return tokenizer.decode(out[0, batch["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
 def _check_repository(repo: str, endpoint: str | None) -> None:
@@ -64,6 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     except TritonServerError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if args.ask is not None:
+        try:
+            answer = ask(server, args)
+        finally:
+            server.stop()
+        print(json.dumps(answer))
+        print(f"served ({answer['model']} v{answer['model_version']}): {answer['text_output']!r}", file=sys.stderr)
+        if "pytorch" in answer:
+            print(f"PyTorch ({args.compare}): {answer['pytorch']!r}", file=sys.stderr)
+        return 0
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     try:
         models = [m for m in server.model_states() if m.get("state")]
