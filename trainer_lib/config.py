@@ -20,11 +20,8 @@ from typing import Any, Union
 
 import yaml
 
-from trainer_lib.errors import UserError
-
-
-class ConfigError(UserError):
-    """A config value is unknown, of the wrong type or impossible. Exit code 2."""
+from trainer_lib import config_aliases as aliases
+from trainer_lib.errors import ConfigError  # noqa: F401 - the stages import it from here
 
 
 def opt(default: Any, help: str, choices: tuple | None = None) -> Any:  # noqa: A002
@@ -289,27 +286,67 @@ def merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def load_config(cls: type, config_file: str | None = None, overrides: list[str] | dict | None = None,
-                validate: bool = True) -> Any:
-    """Build ``cls`` from an optional YAML file plus overrides, then run ``validate()``."""
-    values: dict = {}
-    if config_file:
-        if not os.path.exists(config_file):
-            raise ConfigError(f"--config {config_file}: file not found")
-        with open(config_file, encoding="utf-8") as fh:
-            try:
-                loaded = yaml.safe_load(fh) or {}
-            except yaml.YAMLError as exc:
-                raise ConfigError(f"{config_file}: invalid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{config_file}: expected a mapping at the top level")
-        values = loaded
+def read_yaml(path: str) -> dict:
+    """The top-level mapping of a YAML config file (a ConfigError naming the file otherwise)."""
+    if not os.path.exists(path):
+        raise ConfigError(f"--config {path}: file not found")
+    with open(path, encoding="utf-8") as fh:
+        try:
+            loaded = yaml.safe_load(fh) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return loaded
+
+
+def has_key(cls: type, dotted: str) -> bool:
+    """Whether config class ``cls`` has the (dotted) key, e.g. ``has_key(SFTConfig, "lora.r")``."""
+    tp: Any = cls
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(tp) or part not in _fields(tp):
+            return False
+        tp = _fields(tp)[part][1]
+    return True
+
+
+def load_config(cls: type, config_files: str | dict | list[str | dict] | None = None,
+                overrides: list[str] | dict | None = None, validate: bool = True,
+                stage: str | None = None) -> Any:
+    """Build ``cls`` from YAML files (or already-read mappings), merged in order, then the
+    overrides; then run ``validate()``.
+
+    Each file and the overrides are one layer: TRL's and LLaMA-Factory's key names in a layer
+    become ours (:mod:`trainer_lib.config_aliases`, the mapping printed once) before the layers
+    are merged, so a later layer wins whichever names it uses. ``stage`` is the stage being run,
+    which LLaMA-Factory's ``stage`` key must match.
+    """
+    files = config_files if isinstance(config_files, list) else [config_files] if config_files else []
+    layers = [f if isinstance(f, dict) else read_yaml(f) for f in files]
     if overrides:
-        extra = overrides if isinstance(overrides, dict) else parse_overrides(list(overrides))
-        values = merge(values, extra)
-    cfg = _build(cls, values)
-    if validate and hasattr(cfg, "validate"):
-        cfg.validate()
+        layers.append(overrides if isinstance(overrides, dict) else parse_overrides(list(overrides)))
+    values: dict = {}
+    lines: list[str] = []
+    set_by: dict[str, str] = {}
+    warmup_ratio = None
+    for layer in layers:
+        translated = aliases.translate(layer, lambda key: has_key(cls, key), stage)
+        values = merge(values, translated.values)
+        lines += translated.lines
+        set_by.update(translated.set_by)
+        if translated.warmup_ratio is not None:
+            warmup_ratio = translated.warmup_ratio
+    try:
+        try:
+            cfg = _build(cls, values)
+            if warmup_ratio is not None:
+                lines.append(aliases.resolve_warmup_ratio(cfg, warmup_ratio, "warmup_steps" in values))
+        finally:
+            aliases.announce(lines)
+        if validate and hasattr(cfg, "validate"):
+            cfg.validate()
+    except ConfigError as exc:
+        raise aliases.explain(exc, set_by) from None
     return cfg
 
 

@@ -69,10 +69,15 @@ def build_values(overrides: dict | list[Layer] | None, config_yaml: str = "") ->
 
 
 def stage_config(name: str, overrides: dict | list[Layer] | None = None, config_yaml: str = ""):
-    """The validated config of stage ``name`` (a ConfigError naming the key otherwise)."""
+    """The validated config of stage ``name`` (a ConfigError naming the key otherwise).
+
+    ``config_yaml`` stays a layer of its own, so TRL's or LLaMA-Factory's key names in it are
+    translated before the overrides are laid over it (a component's typed ``lr`` then wins over
+    the file's ``learning_rate``, as it would over the file's ``lr``)."""
     if name not in STAGES:
         raise ConfigError(f"unknown stage '{name}'; expected one of {sorted(STAGES)}")
-    return load_config(stage_module(name).CONFIG, None, build_values(overrides, config_yaml))
+    return load_config(stage_module(name).CONFIG, [build_values(None, config_yaml)],
+                       build_values(overrides), stage=name)
 
 
 def run_config(name: str, cfg) -> dict:
