@@ -152,7 +152,9 @@ def test_unknown_keys_are_still_refused(capsys, tmp_path):
     ({"finetuning_type": "freeze"}, "finetuning_type: expected lora or full"),
     ({"fp16": True}, "fp16: fp16 mixed precision is not supported"),
     ({"do_train": False}, "do_train: false"),
-    ({"dataset": "alpaca_en_demo"}, "dataset: LLaMA-Factory dataset names"),
+    ({"dataset": "alpaca_en_demo", "dataset_dir": "/nonexistent"},
+     "dataset: 'alpaca_en_demo' is looked up in /nonexistent/dataset_info.json"),
+    ({"dataset": "a,b"}, "dataset: expected one dataset name"),
     ({"num_train_epochs": 2, "warmup_ratio": 0.1}, "warmup_ratio: the number of steps is not known"),
     ({"warmup_steps": 5, "warmup_ratio": 0.1}, "set either warmup_ratio or warmup_steps"),
     ({"per_device_train_batch_size": 0}, "batch_size: expected a positive number, got 0 "

@@ -50,15 +50,31 @@ class ModelConfig:
 class DataConfig:
     path: str | None = opt(None, "Dataset: prepared dataset dir, JSONL/JSON/Parquet/CSV file, "
                                  "datasets saved dir or hub id; local or s3://.")
-    format: str = opt("auto", "Dataset format; 'auto' detects it from the columns.",
+    format: str = opt("auto", "Dataset format; 'auto' detects it from the columns. alpaca and sharegpt "
+                              "(LLaMA-Factory's) are converted to messages.",
                       ("auto", "text", "prompt_completion", "messages", "preference",
-                       "unpaired_preference", "prompt_only"))
+                       "unpaired_preference", "prompt_only", "alpaca", "sharegpt"))
+    columns: dict[str, str] = opt({}, "Renamed columns of alpaca/sharegpt data, named like the columns and "
+                                      "tags of LLaMA-Factory's dataset_info.json, e.g. "
+                                      "{prompt: question, response: answer} or {messages: dialog, role_tag: "
+                                      "role, content_tag: text, user_tag: user, assistant_tag: assistant}.")
     eval_path: str | None = opt(None, "Separate eval dataset (otherwise split off data.path).")
     eval_fraction: float = opt(0.05, "Fraction of rows held out for eval when no eval split exists.")
     max_length: int = opt(512, "Maximum tokens per example (longer ones are dropped in prepare, "
                                "truncated in training).")
     packing: bool = opt(True, "Pack several examples per row (padding-free, no cross-attention).")
     num_workers: int = opt(1, "Processes used for tokenization.")
+
+    def validate(self) -> None:
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ConfigError(f"data.eval_fraction: expected 0 <= x < 1, got {self.eval_fraction}")
+        if self.columns:
+            from trainer_lib.data.llamafactory import source_format
+
+            try:
+                source_format(self.columns, self.format)
+            except ValueError as exc:
+                raise ConfigError(f"data.columns: {exc}") from None
 
 
 @dataclass
@@ -126,8 +142,7 @@ class TrainingConfig:
                       "save_total_limit", "num_epochs", "engine.max_grad_norm")
         if not self.lr > 0:
             raise ConfigError(f"lr: expected a positive number, got {self.lr}")
-        if not 0.0 <= self.data.eval_fraction < 1.0:
-            raise ConfigError(f"data.eval_fraction: expected 0 <= x < 1, got {self.data.eval_fraction}")
+        self.data.validate()
         if self.engine.offload_optimizer and self.engine.zero_stage == 0:
             raise ConfigError("engine.offload_optimizer: needs engine.zero_stage >= 1")
         if self.engine.offload_params and self.engine.zero_stage != 3:
@@ -221,6 +236,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return str(value)
     if tp is dict or typing.get_origin(tp) is dict:
+        if isinstance(value, str) and value.strip().startswith("{"):  # a YAML/JSON mapping given as text
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError:
+                raise ConfigError(f"{key}: expected a mapping, got {value!r}") from None
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
         return dict(value)

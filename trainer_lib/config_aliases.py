@@ -15,6 +15,7 @@ alone and refused as unknown. Pure Python: this runs when a config is validated.
 from __future__ import annotations
 
 import copy
+import json
 import math
 import os
 import sys
@@ -155,9 +156,61 @@ def _deepspeed(value, ctx):
                       "engine.offload_params instead")
 
 
+#: the entries of a dataset_info.json dataset that can be followed.
+DATASET_INFO_KEYS = ("file_name", "hf_hub_url", "formatting", "columns", "tags", "file_sha1")
+
+
+def _dataset_entry(key: str, name: Any, ctx: Context) -> dict:
+    """data.path/format/columns for a dataset named in LLaMA-Factory's ``dataset_info.json``
+    (in ``dataset_dir``, default ``data``, like LLaMA-Factory)."""
+    if not isinstance(name, str) or "," in name:
+        raise ConfigError(f"{key}: expected one dataset name, got {name!r} (merge the files into one)")
+    directory = str(ctx.layer.get("dataset_dir", "data"))
+    info_file = os.path.join(directory, "dataset_info.json")
+    if not os.path.isfile(info_file):
+        raise ConfigError(f"{key}: {name!r} is looked up in {info_file} (LLaMA-Factory's dataset_dir), "
+                          f"which does not exist; set dataset_dir, or data.path to the file")
+    try:
+        with open(info_file, encoding="utf-8") as fh:
+            info = json.load(fh)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {info_file}: not valid JSON ({exc})") from None
+    entry = info.get(name) if isinstance(info, dict) else None
+    if not isinstance(entry, dict):
+        raise ConfigError(f"{key}: no dataset {name!r} in {info_file}")
+    unsupported = sorted(set(entry) - set(DATASET_INFO_KEYS))
+    if unsupported:
+        raise ConfigError(f"{key}: {name!r} in {info_file} uses {unsupported[0]!r}, which posttrain does not "
+                          f"read (it follows {', '.join(DATASET_INFO_KEYS)})")
+    if "file_name" in entry:
+        path = os.path.join(directory, entry["file_name"])
+    elif "hf_hub_url" in entry:
+        path = entry["hf_hub_url"]
+    else:
+        raise ConfigError(f"{key}: {name!r} in {info_file} has neither file_name nor hf_hub_url")
+    columns = {**entry.get("columns", {}), **entry.get("tags", {})}
+    return {"path": path, "format": entry.get("formatting", "alpaca"), "columns": columns}
+
+
 def _dataset(value, ctx):
-    raise ConfigError("dataset: LLaMA-Factory dataset names (dataset_info.json) are not read; "
-                      "set data.path to the data file instead")
+    entry = _dataset_entry("dataset", value, ctx)
+    sets = {"data.path": entry["path"], "data.format": entry["format"]}
+    if entry["columns"]:
+        sets["data.columns"] = entry["columns"]
+    return sets, (), ""
+
+
+def _eval_dataset(value, ctx):
+    entry = _dataset_entry("eval_dataset", value, ctx)
+    if "dataset" in ctx.layer:
+        train = _dataset_entry("dataset", ctx.layer["dataset"], ctx)
+        if (train["format"], train["columns"]) != (entry["format"], entry["columns"]):
+            raise ConfigError("eval_dataset: expected the same formatting and columns as dataset")
+    return {"data.eval_path": entry["path"]}, (), ""
+
+
+def _dataset_dir(value, ctx):
+    return {}, (), "(where dataset_info.json is)"
 
 
 RULES: dict[str, Rule] = {
@@ -169,6 +222,8 @@ RULES: dict[str, Rule] = {
     "do_train": _do_train,
     "deepspeed": _deepspeed,
     "dataset": _dataset,
+    "eval_dataset": _eval_dataset,
+    "dataset_dir": _dataset_dir,
 }
 
 #: keys that are resolved after the whole config is built (see :func:`resolve_warmup_ratio`).
