@@ -171,6 +171,10 @@ def test_lora_switches():
     assert load_config(SFTConfig, [{**REQUIRED, "use_peft": False, "lora_r": 32}]).lora.r == 0
     assert load_config(SFTConfig, [{**REQUIRED, "finetuning_type": "lora"}]).lora.r == 8  # LLaMA-Factory's
     assert load_config(SFTConfig, [{**REQUIRED, "finetuning_type": "full", "lora_rank": 8}]).lora.r == 0
+    cfg = load_config(SFTConfig, [{**REQUIRED, "finetuning_type": "lora", "lora_target": "all"}])
+    assert cfg.lora.target_modules == ["all-linear"]
+    with pytest.raises(ConfigError, match="all-linear already names every linear layer"):
+        load_config(SFTConfig, [{**REQUIRED, "lora_r": 4, "lora_target_modules": ["all-linear", "q_proj"]}])
 
 
 def test_preference_and_rl_keys(capsys):

@@ -116,6 +116,7 @@ class Cadence:
         return summary
 
     def save_model(self, tokenizer, summary: dict, extra_files: dict[str, str] | None = None) -> dict:
-        """The Hugging Face model (LoRA merged) and ``summary.json`` at the output root, published."""
+        """The Hugging Face model (LoRA merged, or the adapter alone with ``lora.merge=false``) and
+        ``summary.json`` at the output root, published."""
         self.ckpt.finish(self.engine, tokenizer, summary, extra_files=extra_files)
         return summary

@@ -94,7 +94,11 @@ class LoraConfig:
     alpha: int = opt(16, "LoRA scaling alpha.")
     dropout: float = opt(0.0, "LoRA dropout.")
     target_modules: list[str] = opt(["q_proj", "k_proj", "v_proj", "o_proj"],
-                                    "Module names that get adapters (comma-separated on the CLI).")
+                                    "Module names that get adapters (comma-separated on the CLI); "
+                                    "all-linear: every linear layer but the output head.")
+    merge: bool = opt(True, "Save the model with the adapters merged in (a plain HF model); false saves "
+                            "only the PEFT adapter (adapter_config.json, adapter_model.safetensors), "
+                            "loadable with PeftModel.from_pretrained(base, output_dir).")
 
 
 @dataclass
@@ -149,6 +153,9 @@ class TrainingConfig:
             raise ConfigError("engine.offload_params: needs engine.zero_stage=3")
         if self.lora.r > 0 and not self.lora.target_modules:
             raise ConfigError("lora.target_modules: expected at least one module name when lora.r > 0")
+        if "all-linear" in self.lora.target_modules and len(self.lora.target_modules) > 1:
+            raise ConfigError("lora.target_modules: all-linear already names every linear layer; "
+                              "give it alone")
 
 
 def lookup(cfg: Any, dotted: str) -> Any:

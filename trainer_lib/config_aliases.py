@@ -58,6 +58,9 @@ RENAMES: dict[str, tuple[str, ...]] = {
     "preprocessing_num_workers": ("data.num_workers",),
 }
 
+#: their key -> {their value: our value}, for the values that are spelled differently.
+VALUE_RENAMES: dict[str, dict[Any, Any]] = {"lora_target": {"all": "all-linear"}}
+
 #: LLaMA-Factory's ``stage`` -> the posttrain stage that does the same.
 LLAMAFACTORY_STAGES = {"sft": "sft", "rm": "reward", "dpo": "dpo", "kto": "dpo", "ppo": "ppo"}
 
@@ -296,8 +299,10 @@ def translate(layer: dict, has_key: Callable[[str], bool], stage: str | None = N
         target = next((t for t in RENAMES[key] if has_key(t)), None)
         if target is None:
             continue
-        _put(out, target, out.pop(key), key, result.set_by)
-        result.lines.append(f"{key} -> {target}")
+        value = out.pop(key)
+        renamed = VALUE_RENAMES.get(key, {}).get(value, value) if isinstance(value, str) else value
+        _put(out, target, renamed, key, result.set_by)
+        result.lines.append(f"{key} -> {target}" + (f"={renamed}" if renamed != value else ""))
     return result
 
 

@@ -273,19 +273,23 @@ class DeepSpeedStrategy:
     def unwrap(self, engine):
         return getattr(engine, "module", engine)
 
-    def save_hf_model(self, engine, tokenizer, out_dir: str, extra_files: dict[str, str] | None = None) -> None:
-        """Final Hugging Face directory (safetensors, config, tokenizer), LoRA merged in.
+    def save_hf_model(self, engine, tokenizer, out_dir: str, extra_files: dict[str, str] | None = None,
+                      merge_lora: bool = True) -> None:
+        """Final Hugging Face directory (safetensors, config, tokenizer), LoRA merged in; with
+        ``merge_lora=False`` a LoRA model is saved as its PEFT adapter only.
 
         Call once, at the end: merging folds the adapters into the live module's weights.
         """
         module = self.unwrap(engine)
         with self.gathered(module):
             if self.is_rank_0:
-                model = module.merge_and_unload() if hasattr(module, "merge_and_unload") else module
+                is_peft = hasattr(module, "merge_and_unload")
+                model = module.merge_and_unload() if is_peft and merge_lora else module
                 if hasattr(model, "config"):
                     model.config.use_cache = True
                 os.makedirs(out_dir, exist_ok=True)
                 state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+                # a PeftModel picks its adapter's tensors out of the state dict it is given
                 model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
                 if tokenizer is not None:
                     tokenizer.save_pretrained(out_dir)
