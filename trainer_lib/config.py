@@ -36,6 +36,12 @@ def opt(default: Any, help: str, choices: tuple | None = None) -> Any:  # noqa: 
 
 # --------------------------------------------------------------------------- sections
 
+#: transformers' SchedulerType names that step once per optimizer step (a test keeps this list
+#: equal to the installed transformers'), and those that need a metric instead.
+SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+              "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay")
+METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
+
 
 @dataclass
 class ModelConfig:
@@ -129,9 +135,17 @@ class TrainingConfig:
     eval_steps: int = opt(50, "Evaluate every N steps (0: only at the end).")
     logging_steps: int = opt(5, "Log metrics every N steps.")
     lr: float = opt(1e-4, "Peak learning rate.")
-    lr_scheduler: str = opt("cosine", "Decay after warmup.", ("cosine", "linear", "constant"))
+    lr_scheduler: str = opt("cosine", "Schedule after warmup, by its transformers.get_scheduler name: "
+                                      + ", ".join(SCHEDULERS) + ".")
+    lr_scheduler_kwargs: dict = opt({}, "Extra arguments of the schedule, as in transformers, e.g. "
+                                        "{min_lr_rate: 0.1} for cosine_with_min_lr or {num_cycles: 2} for "
+                                        "cosine_with_restarts.")
     warmup_steps: int = opt(0, "Linear warmup steps.")
     weight_decay: float = opt(0.0, "AdamW weight decay.")
+    adam_beta1: float = opt(0.9, "AdamW beta1 (Hugging Face's default too).")
+    adam_beta2: float = opt(0.95, "AdamW beta2. Ours is 0.95 (steadier for LLM fine-tuning, and what "
+                                  "posttrain always used); Hugging Face's (TRL's, LLaMA-Factory's) is 0.999.")
+    adam_epsilon: float = opt(1e-8, "AdamW epsilon (Hugging Face's default too).")
     batch_size: int = opt(8, "Per-process micro-batch size (rows; packed rows when packing).")
     eval_batch_size: int = opt(16, "Per-process batch size for evaluation.")
     resume: bool = opt(True, "Resume from the latest complete checkpoint in output_dir if one exists.")
@@ -146,6 +160,12 @@ class TrainingConfig:
                       "save_total_limit", "num_epochs", "engine.max_grad_norm")
         if not self.lr > 0:
             raise ConfigError(f"lr: expected a positive number, got {self.lr}")
+        check_scheduler(self.lr_scheduler)
+        for key in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"{key}: expected 0 <= x < 1, got {getattr(self, key)}")
+        if not self.adam_epsilon > 0:
+            raise ConfigError(f"adam_epsilon: expected a positive number, got {self.adam_epsilon}")
         self.data.validate()
         if self.engine.offload_optimizer and self.engine.zero_stage == 0:
             raise ConfigError("engine.offload_optimizer: needs engine.zero_stage >= 1")
@@ -156,6 +176,30 @@ class TrainingConfig:
         if "all-linear" in self.lora.target_modules and len(self.lora.target_modules) > 1:
             raise ConfigError("lora.target_modules: all-linear already names every linear layer; "
                               "give it alone")
+
+
+    def optimizer_args(self) -> dict:
+        """The keyword arguments of ``strategy.prepare`` that set the optimizer and its schedule."""
+        return {"lr": self.lr, "weight_decay": self.weight_decay, "betas": (self.adam_beta1, self.adam_beta2),
+                "eps": self.adam_epsilon, "warmup_steps": self.warmup_steps, "lr_scheduler": self.lr_scheduler,
+                "lr_scheduler_kwargs": dict(self.lr_scheduler_kwargs)}
+
+
+def check_scheduler(name: str) -> None:
+    """A ConfigError unless ``name`` is a schedule the training loops can step.
+
+    Names outside :data:`SCHEDULERS` (a newer transformers may add some) are looked up in
+    transformers' ``SchedulerType``, which costs a torch import, so only then."""
+    if name in METRIC_SCHEDULERS:
+        raise ConfigError(f"lr_scheduler: {name} steps on an evaluation metric, which the training loops "
+                          f"do not feed it; expected one of {', '.join(SCHEDULERS)}")
+    if name in SCHEDULERS:
+        return
+    from transformers.trainer_utils import SchedulerType
+
+    known = [s.value for s in SchedulerType if s.value not in METRIC_SCHEDULERS]
+    if name not in known:
+        raise ConfigError(f"lr_scheduler: expected one of {', '.join(known)}, got {name!r}")
 
 
 def lookup(cfg: Any, dotted: str) -> Any:
