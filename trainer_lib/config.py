@@ -149,6 +149,9 @@ class TrainingConfig:
     batch_size: int = opt(8, "Per-process micro-batch size (rows; packed rows when packing).")
     eval_batch_size: int = opt(16, "Per-process batch size for evaluation.")
     resume: bool = opt(True, "Resume from the latest complete checkpoint in output_dir if one exists.")
+    report_to: list[str] = opt(["tensorboard"], "Trackers besides metrics.jsonl (comma-separated): tensorboard, "
+                                                "mlflow ($MLFLOW_TRACKING_URI, default sqlite:///<output_dir>/"
+                                                "mlflow.db), wandb (offline; needs wandb installed), none.")
 
     def validate(self) -> None:
         _require(self.output_dir, "output_dir", "a local path or s3:// prefix")
@@ -161,6 +164,7 @@ class TrainingConfig:
         if not self.lr > 0:
             raise ConfigError(f"lr: expected a positive number, got {self.lr}")
         check_scheduler(self.lr_scheduler)
+        check_report_to(self.report_to)
         for key in ("adam_beta1", "adam_beta2"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"{key}: expected 0 <= x < 1, got {getattr(self, key)}")
@@ -183,6 +187,17 @@ class TrainingConfig:
         return {"lr": self.lr, "weight_decay": self.weight_decay, "betas": (self.adam_beta1, self.adam_beta2),
                 "eps": self.adam_epsilon, "warmup_steps": self.warmup_steps, "lr_scheduler": self.lr_scheduler,
                 "lr_scheduler_kwargs": dict(self.lr_scheduler_kwargs)}
+
+
+def check_report_to(report_to: list[str]) -> None:
+    """A ConfigError for an unknown tracker, or ``none`` with others."""
+    from trainer_lib.tracking import REPORTERS
+
+    unknown = [name for name in report_to if name not in REPORTERS]
+    if unknown:
+        raise ConfigError(f"report_to: expected some of {', '.join(REPORTERS)}, got {unknown[0]!r}")
+    if "none" in report_to and len(report_to) > 1:
+        raise ConfigError(f"report_to: none means no tracker, but {report_to} names others too")
 
 
 def check_scheduler(name: str) -> None:
@@ -423,6 +438,20 @@ def load_config(cls: type, config_files: str | dict | list[str | dict] | None = 
 
 def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
+
+
+def flat_dict(cfg: Any) -> dict[str, Any]:
+    """``{"engine.zero_stage": 2, "lr": 1e-4, ...}``: every key of a config, dotted (trackers' params)."""
+    def flatten(tree: dict, prefix: str) -> dict:
+        out = {}
+        for key, value in tree.items():
+            if isinstance(value, dict) and dataclasses.is_dataclass(lookup(cfg, f"{prefix}{key}")):
+                out.update(flatten(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    return flatten(to_dict(cfg), "")
 
 
 def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:

@@ -19,6 +19,7 @@ import yaml
 from trainer_lib import storage
 from trainer_lib.config import ConfigError, load_config, merge, parse_overrides
 from trainer_lib.stages import STAGES, stage_module
+from trainer_lib.tracking import check_reporters
 
 Layer = dict | str
 
@@ -81,10 +82,13 @@ def stage_config(name: str, overrides: dict | list[Layer] | None = None, config_
 
 
 def run_config(name: str, cfg) -> dict:
-    """Start stage ``name`` with a built config: configure the object store, then ``run``."""
+    """Start stage ``name`` with a built config: configure the object store, check that the trackers
+    in ``report_to`` are installed (on every rank, before any model is loaded), then ``run``."""
     section = getattr(cfg, "storage", None)
     if section is not None:
         storage.configure(endpoint_url=section.endpoint_url, region=section.region, cache_dir=section.cache_dir)
+    if getattr(cfg, "report_to", None):
+        check_reporters(cfg.report_to)
     return stage_module(name).run(cfg) or {}
 
 
