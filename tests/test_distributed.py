@@ -23,8 +23,10 @@ def test_two_processes_match_one_with_accumulation(tiny_model_dir, chat_jsonl, t
     common = [f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", "max_steps=3", "lr=3e-3",
               "batch_size=2", "data.max_length=64", "data.packing=false", "save_steps=0", "eval_steps=0",
               "engine.zero_stage=2", "seed=3"]
-    two = _run(["--nproc", "2", *common, f"output_dir={tmp_path / 'two'}"], tmp_path)
+    trl_names = [item.replace("lr=", "learning_rate=") for item in common]  # TRL's name, same value
+    two = _run(["--nproc", "2", *trl_names, f"output_dir={tmp_path / 'two'}"], tmp_path)
     assert "world size 2" in two.stdout
+    assert two.stderr.count("config: learning_rate -> lr") == 1  # by the launcher, not again by each worker
     one = _run([*common, "engine.gradient_accumulation_steps=2", f"output_dir={tmp_path / 'one'}"], tmp_path)
     assert "world size 1" in one.stdout
     from safetensors.torch import load_file

@@ -14,7 +14,7 @@ is one small object, and each stage keeps its algorithm and loop body in its own
     run.save_model(tokenizer, summary) # HF model + summary.json at output_dir, published
 
 Schedules come from the shared training keys (``logging_steps``, ``eval_steps``, ``save_steps``,
-``save_total_limit``, ``checkpoint_dir``, ``resume``). A log record holds the window's means, the
+``save_total_limit``, ``checkpoint_dir``, ``resume``; trackers from ``report_to``). A log record holds the window's means, the
 same throughput keys in every stage (``samples_per_s``, ``tokens_per_s``), ``lr`` and
 ``grad_norm`` of the main engine, ``epoch`` when the stage passes one, and ``log_extra()``.
 """
@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Callable
 
 from trainer_lib.checkpoint import CheckpointManager
+from trainer_lib.config import flat_dict
 from trainer_lib.tracking import MetricsWindow, Tracker
 
 
@@ -72,7 +73,8 @@ class Cadence:
                             f"world size {self.strategy.world_size}"
                             + (f", resuming at step {self.start}" if self.start else ""))
         self.tracker = Tracker(self.ckpt.local_dir, enabled=self.strategy.is_rank_0, total_steps=self.total,
-                               initial_step=self.start, desc=self.stage)
+                               initial_step=self.start, desc=self.stage, report_to=self.cfg.report_to,
+                               params=flat_dict(self.cfg))
         if state is None and self.evaluate is not None:
             self.tracker.log(0, self.evaluate(), split="eval")
         self.engine.train()  # (models load in eval mode; gradient checkpointing runs only in train mode)
@@ -116,6 +118,7 @@ class Cadence:
         return summary
 
     def save_model(self, tokenizer, summary: dict, extra_files: dict[str, str] | None = None) -> dict:
-        """The Hugging Face model (LoRA merged) and ``summary.json`` at the output root, published."""
+        """The Hugging Face model (LoRA merged, or the adapter alone with ``lora.merge=false``) and
+        ``summary.json`` at the output root, published."""
         self.ckpt.finish(self.engine, tokenizer, summary, extra_files=extra_files)
         return summary

@@ -36,8 +36,10 @@ def staging_dir(location: str) -> str:
 
 
 class CheckpointManager:
-    def __init__(self, output_dir: str, strategy, keep: int = 2, checkpoint_dir: str | None = None):
+    def __init__(self, output_dir: str, strategy, keep: int = 2, checkpoint_dir: str | None = None,
+                 merge_lora: bool = True):
         self.output_dir = output_dir
+        self.merge_lora = merge_lora
         self.strategy = strategy
         self.keep = keep
         self.remote = storage.is_remote(output_dir)
@@ -50,8 +52,9 @@ class CheckpointManager:
 
     @classmethod
     def for_stage(cls, cfg, strategy) -> "CheckpointManager":
-        """From the shared training keys: output_dir, checkpoint_dir, save_total_limit."""
-        return cls(cfg.output_dir, strategy, keep=cfg.save_total_limit, checkpoint_dir=cfg.checkpoint_dir)
+        """From the shared training keys: output_dir, checkpoint_dir, save_total_limit, lora.merge."""
+        return cls(cfg.output_dir, strategy, keep=cfg.save_total_limit, checkpoint_dir=cfg.checkpoint_dir,
+                   merge_lora=cfg.lora.merge)
 
     # ------------------------------------------------------------------ discovery
     def complete_steps(self) -> list[int]:
@@ -123,8 +126,10 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ final output
     def finish(self, engine, tokenizer, summary: dict, extra_files: dict[str, str] | None = None) -> None:
-        """End of training: HF model and summary.json at the output root, mirrored to the store."""
-        self.strategy.save_hf_model(engine, tokenizer, self.local_dir, extra_files=extra_files)
+        """End of training: HF model (or LoRA adapter) and summary.json at the output root, mirrored
+        to the store."""
+        self.strategy.save_hf_model(engine, tokenizer, self.local_dir, extra_files=extra_files,
+                                    merge_lora=self.merge_lora)
         if self.strategy.is_rank_0:
             storage.write_text(os.path.join(self.local_dir, "summary.json"), json.dumps(summary, indent=2))
         self.publish()

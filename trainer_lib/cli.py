@@ -1,6 +1,6 @@
 """``posttrain``: one command line for every stage.
 
-    posttrain <stage> [--config FILE] [--nproc N] [key=value ...]
+    posttrain <stage> [--config FILE ...] [--nproc N] [key=value ...]
     posttrain humaneval --samples FILE --out DIR
     posttrain serve --repo DIR|s3://... [--http-port P] [--grpc-port Q]
 
@@ -51,13 +51,14 @@ COMMANDS: dict[str, Command] = {
 def _stage_help(name: str, module) -> str:
     rows = describe(module.CONFIG)
     width = max(len(k) for k, _, _ in rows) + 2
-    lines = [f"usage: posttrain {name} [--config FILE] [--nproc N] [key=value ...]", "",
+    lines = [f"usage: posttrain {name} [--config FILE ...] [--nproc N] [key=value ...]", "",
              STAGES[name][1], "", "options (YAML keys, or key=value on the command line):"]
     for key, default, text in rows:
         wrapped = textwrap.wrap(f"{text} [default: {default}]", 100 - width) or [""]
         lines.append(f"  {key.ljust(width)}{wrapped[0]}")
         lines.extend(" " * (width + 2) + w for w in wrapped[1:])
-    lines += ["", "  --config FILE   YAML file with any of the keys above; key=value overrides it.",
+    lines += ["", "  --config FILE   YAML file with any of the keys above (or TRL's / LLaMA-Factory's names for",
+              "                  them); repeat it to merge several files in order; key=value overrides them.",
               "  --nproc N       Launch N local worker processes (torchrun-style) for this stage.",
               "  --print-config  Print the resolved config as YAML and exit."]
     return "\n".join(lines)
@@ -71,7 +72,7 @@ def stage_main(name: str, argv: list[str]) -> int:
     module = stage_module(name)
     parser = argparse.ArgumentParser(prog=f"posttrain {name}", add_help=False)
     parser.add_argument("-h", "--help", action="store_true")
-    parser.add_argument("--config")
+    parser.add_argument("--config", action="append", default=[])
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--print-config", action="store_true")
     args, overrides = parser.parse_known_args(argv)
@@ -83,7 +84,7 @@ def stage_main(name: str, argv: list[str]) -> int:
         print(f"error: unknown option {bad[0]} (see posttrain {name} --help)", file=sys.stderr)
         return 2
     try:
-        cfg = load_config(module.CONFIG, args.config, overrides)
+        cfg = load_config(module.CONFIG, args.config, overrides, stage=name)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -96,7 +97,10 @@ def stage_main(name: str, argv: list[str]) -> int:
     if args.nproc > 1 and "TORCHELASTIC_RUN_ID" not in os.environ:  # not yet inside torchrun
         from trainer_lib.launch import launch_workers
 
-        return launch_workers(args.nproc, ["-m", "trainer_lib.cli", name, *argv_without_nproc(argv)])
+        from trainer_lib.config_aliases import ANNOUNCED_ENV
+
+        return launch_workers(args.nproc, ["-m", "trainer_lib.cli", name, *argv_without_nproc(argv)],
+                              env={ANNOUNCED_ENV: "1"})
     try:
         summary = run_config(name, cfg)
     except UserError as exc:

@@ -20,11 +20,8 @@ from typing import Any, Union
 
 import yaml
 
-from trainer_lib.errors import UserError
-
-
-class ConfigError(UserError):
-    """A config value is unknown, of the wrong type or impossible. Exit code 2."""
+from trainer_lib import config_aliases as aliases
+from trainer_lib.errors import ConfigError  # noqa: F401 - the stages import it from here
 
 
 def opt(default: Any, help: str, choices: tuple | None = None) -> Any:  # noqa: A002
@@ -38,6 +35,12 @@ def opt(default: Any, help: str, choices: tuple | None = None) -> Any:  # noqa: 
 
 
 # --------------------------------------------------------------------------- sections
+
+#: transformers' SchedulerType names that step once per optimizer step (a test keeps this list
+#: equal to the installed transformers'), and those that need a metric instead.
+SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+              "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay")
+METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
 
 
 @dataclass
@@ -53,15 +56,31 @@ class ModelConfig:
 class DataConfig:
     path: str | None = opt(None, "Dataset: prepared dataset dir, JSONL/JSON/Parquet/CSV file, "
                                  "datasets saved dir or hub id; local or s3://.")
-    format: str = opt("auto", "Dataset format; 'auto' detects it from the columns.",
+    format: str = opt("auto", "Dataset format; 'auto' detects it from the columns. alpaca and sharegpt "
+                              "(LLaMA-Factory's) are converted to messages.",
                       ("auto", "text", "prompt_completion", "messages", "preference",
-                       "unpaired_preference", "prompt_only"))
+                       "unpaired_preference", "prompt_only", "alpaca", "sharegpt"))
+    columns: dict[str, str] = opt({}, "Renamed columns of alpaca/sharegpt data, named like the columns and "
+                                      "tags of LLaMA-Factory's dataset_info.json, e.g. "
+                                      "{prompt: question, response: answer} or {messages: dialog, role_tag: "
+                                      "role, content_tag: text, user_tag: user, assistant_tag: assistant}.")
     eval_path: str | None = opt(None, "Separate eval dataset (otherwise split off data.path).")
     eval_fraction: float = opt(0.05, "Fraction of rows held out for eval when no eval split exists.")
     max_length: int = opt(512, "Maximum tokens per example (longer ones are dropped in prepare, "
                                "truncated in training).")
     packing: bool = opt(True, "Pack several examples per row (padding-free, no cross-attention).")
     num_workers: int = opt(1, "Processes used for tokenization.")
+
+    def validate(self) -> None:
+        if not 0.0 <= self.eval_fraction < 1.0:
+            raise ConfigError(f"data.eval_fraction: expected 0 <= x < 1, got {self.eval_fraction}")
+        if self.columns:
+            from trainer_lib.data.llamafactory import source_format
+
+            try:
+                source_format(self.columns, self.format)
+            except ValueError as exc:
+                raise ConfigError(f"data.columns: {exc}") from None
 
 
 @dataclass
@@ -81,7 +100,11 @@ class LoraConfig:
     alpha: int = opt(16, "LoRA scaling alpha.")
     dropout: float = opt(0.0, "LoRA dropout.")
     target_modules: list[str] = opt(["q_proj", "k_proj", "v_proj", "o_proj"],
-                                    "Module names that get adapters (comma-separated on the CLI).")
+                                    "Module names that get adapters (comma-separated on the CLI); "
+                                    "all-linear: every linear layer but the output head.")
+    merge: bool = opt(True, "Save the model with the adapters merged in (a plain HF model); false saves "
+                            "only the PEFT adapter (adapter_config.json, adapter_model.safetensors), "
+                            "loadable with PeftModel.from_pretrained(base, output_dir).")
 
 
 @dataclass
@@ -112,12 +135,23 @@ class TrainingConfig:
     eval_steps: int = opt(50, "Evaluate every N steps (0: only at the end).")
     logging_steps: int = opt(5, "Log metrics every N steps.")
     lr: float = opt(1e-4, "Peak learning rate.")
-    lr_scheduler: str = opt("cosine", "Decay after warmup.", ("cosine", "linear", "constant"))
+    lr_scheduler: str = opt("cosine", "Schedule after warmup, by its transformers.get_scheduler name: "
+                                      + ", ".join(SCHEDULERS) + ".")
+    lr_scheduler_kwargs: dict = opt({}, "Extra arguments of the schedule, as in transformers, e.g. "
+                                        "{min_lr_rate: 0.1} for cosine_with_min_lr or {num_cycles: 2} for "
+                                        "cosine_with_restarts.")
     warmup_steps: int = opt(0, "Linear warmup steps.")
     weight_decay: float = opt(0.0, "AdamW weight decay.")
+    adam_beta1: float = opt(0.9, "AdamW beta1 (Hugging Face's default too).")
+    adam_beta2: float = opt(0.95, "AdamW beta2. Ours is 0.95 (steadier for LLM fine-tuning, and what "
+                                  "posttrain always used); Hugging Face's (TRL's, LLaMA-Factory's) is 0.999.")
+    adam_epsilon: float = opt(1e-8, "AdamW epsilon (Hugging Face's default too).")
     batch_size: int = opt(8, "Per-process micro-batch size (rows; packed rows when packing).")
     eval_batch_size: int = opt(16, "Per-process batch size for evaluation.")
     resume: bool = opt(True, "Resume from the latest complete checkpoint in output_dir if one exists.")
+    report_to: list[str] = opt(["tensorboard"], "Trackers besides metrics.jsonl (comma-separated): tensorboard, "
+                                                "mlflow ($MLFLOW_TRACKING_URI, default sqlite:///<output_dir>/"
+                                                "mlflow.db), wandb (offline; needs wandb installed), none.")
 
     def validate(self) -> None:
         _require(self.output_dir, "output_dir", "a local path or s3:// prefix")
@@ -129,14 +163,58 @@ class TrainingConfig:
                       "save_total_limit", "num_epochs", "engine.max_grad_norm")
         if not self.lr > 0:
             raise ConfigError(f"lr: expected a positive number, got {self.lr}")
-        if not 0.0 <= self.data.eval_fraction < 1.0:
-            raise ConfigError(f"data.eval_fraction: expected 0 <= x < 1, got {self.data.eval_fraction}")
+        check_scheduler(self.lr_scheduler)
+        check_report_to(self.report_to)
+        for key in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"{key}: expected 0 <= x < 1, got {getattr(self, key)}")
+        if not self.adam_epsilon > 0:
+            raise ConfigError(f"adam_epsilon: expected a positive number, got {self.adam_epsilon}")
+        self.data.validate()
         if self.engine.offload_optimizer and self.engine.zero_stage == 0:
             raise ConfigError("engine.offload_optimizer: needs engine.zero_stage >= 1")
         if self.engine.offload_params and self.engine.zero_stage != 3:
             raise ConfigError("engine.offload_params: needs engine.zero_stage=3")
         if self.lora.r > 0 and not self.lora.target_modules:
             raise ConfigError("lora.target_modules: expected at least one module name when lora.r > 0")
+        if "all-linear" in self.lora.target_modules and len(self.lora.target_modules) > 1:
+            raise ConfigError("lora.target_modules: all-linear already names every linear layer; "
+                              "give it alone")
+
+
+    def optimizer_args(self) -> dict:
+        """The keyword arguments of ``strategy.prepare`` that set the optimizer and its schedule."""
+        return {"lr": self.lr, "weight_decay": self.weight_decay, "betas": (self.adam_beta1, self.adam_beta2),
+                "eps": self.adam_epsilon, "warmup_steps": self.warmup_steps, "lr_scheduler": self.lr_scheduler,
+                "lr_scheduler_kwargs": dict(self.lr_scheduler_kwargs)}
+
+
+def check_report_to(report_to: list[str]) -> None:
+    """A ConfigError for an unknown tracker, or ``none`` with others."""
+    from trainer_lib.tracking import REPORTERS
+
+    unknown = [name for name in report_to if name not in REPORTERS]
+    if unknown:
+        raise ConfigError(f"report_to: expected some of {', '.join(REPORTERS)}, got {unknown[0]!r}")
+    if "none" in report_to and len(report_to) > 1:
+        raise ConfigError(f"report_to: none means no tracker, but {report_to} names others too")
+
+
+def check_scheduler(name: str) -> None:
+    """A ConfigError unless ``name`` is a schedule the training loops can step.
+
+    Names outside :data:`SCHEDULERS` (a newer transformers may add some) are looked up in
+    transformers' ``SchedulerType``, which costs a torch import, so only then."""
+    if name in METRIC_SCHEDULERS:
+        raise ConfigError(f"lr_scheduler: {name} steps on an evaluation metric, which the training loops "
+                          f"do not feed it; expected one of {', '.join(SCHEDULERS)}")
+    if name in SCHEDULERS:
+        return
+    from transformers.trainer_utils import SchedulerType
+
+    known = [s.value for s in SchedulerType if s.value not in METRIC_SCHEDULERS]
+    if name not in known:
+        raise ConfigError(f"lr_scheduler: expected one of {', '.join(known)}, got {name!r}")
 
 
 def lookup(cfg: Any, dotted: str) -> Any:
@@ -224,6 +302,11 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a string, got {value!r}")
         return str(value)
     if tp is dict or typing.get_origin(tp) is dict:
+        if isinstance(value, str) and value.strip().startswith("{"):  # a YAML/JSON mapping given as text
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError:
+                raise ConfigError(f"{key}: expected a mapping, got {value!r}") from None
         if not isinstance(value, dict):
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
         return dict(value)
@@ -289,32 +372,86 @@ def merge(base: dict, extra: dict) -> dict:
     return out
 
 
-def load_config(cls: type, config_file: str | None = None, overrides: list[str] | dict | None = None,
-                validate: bool = True) -> Any:
-    """Build ``cls`` from an optional YAML file plus overrides, then run ``validate()``."""
-    values: dict = {}
-    if config_file:
-        if not os.path.exists(config_file):
-            raise ConfigError(f"--config {config_file}: file not found")
-        with open(config_file, encoding="utf-8") as fh:
-            try:
-                loaded = yaml.safe_load(fh) or {}
-            except yaml.YAMLError as exc:
-                raise ConfigError(f"{config_file}: invalid YAML: {exc}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{config_file}: expected a mapping at the top level")
-        values = loaded
+def read_yaml(path: str) -> dict:
+    """The top-level mapping of a YAML config file (a ConfigError naming the file otherwise)."""
+    if not os.path.exists(path):
+        raise ConfigError(f"--config {path}: file not found")
+    with open(path, encoding="utf-8") as fh:
+        try:
+            loaded = yaml.safe_load(fh) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return loaded
+
+
+def has_key(cls: type, dotted: str) -> bool:
+    """Whether config class ``cls`` has the (dotted) key, e.g. ``has_key(SFTConfig, "lora.r")``."""
+    tp: Any = cls
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(tp) or part not in _fields(tp):
+            return False
+        tp = _fields(tp)[part][1]
+    return True
+
+
+def load_config(cls: type, config_files: str | dict | list[str | dict] | None = None,
+                overrides: list[str] | dict | None = None, validate: bool = True,
+                stage: str | None = None) -> Any:
+    """Build ``cls`` from YAML files (or already-read mappings), merged in order, then the
+    overrides; then run ``validate()``.
+
+    Each file and the overrides are one layer: TRL's and LLaMA-Factory's key names in a layer
+    become ours (:mod:`trainer_lib.config_aliases`, the mapping printed once) before the layers
+    are merged, so a later layer wins whichever names it uses. ``stage`` is the stage being run,
+    which LLaMA-Factory's ``stage`` key must match.
+    """
+    files = config_files if isinstance(config_files, list) else [config_files] if config_files else []
+    layers = [f if isinstance(f, dict) else read_yaml(f) for f in files]
     if overrides:
-        extra = overrides if isinstance(overrides, dict) else parse_overrides(list(overrides))
-        values = merge(values, extra)
-    cfg = _build(cls, values)
-    if validate and hasattr(cfg, "validate"):
-        cfg.validate()
+        layers.append(overrides if isinstance(overrides, dict) else parse_overrides(list(overrides)))
+    values: dict = {}
+    lines: list[str] = []
+    set_by: dict[str, str] = {}
+    warmup_ratio = None
+    for layer in layers:
+        translated = aliases.translate(layer, lambda key: has_key(cls, key), stage)
+        values = merge(values, translated.values)
+        lines += translated.lines
+        set_by.update(translated.set_by)
+        if translated.warmup_ratio is not None:
+            warmup_ratio = translated.warmup_ratio
+    try:
+        try:
+            cfg = _build(cls, values)
+            if warmup_ratio is not None:
+                lines.append(aliases.resolve_warmup_ratio(cfg, warmup_ratio, "warmup_steps" in values))
+        finally:
+            aliases.announce(lines)
+        if validate and hasattr(cfg, "validate"):
+            cfg.validate()
+    except ConfigError as exc:
+        raise aliases.explain(exc, set_by) from None
     return cfg
 
 
 def to_dict(cfg: Any) -> dict:
     return dataclasses.asdict(cfg)
+
+
+def flat_dict(cfg: Any) -> dict[str, Any]:
+    """``{"engine.zero_stage": 2, "lr": 1e-4, ...}``: every key of a config, dotted (trackers' params)."""
+    def flatten(tree: dict, prefix: str) -> dict:
+        out = {}
+        for key, value in tree.items():
+            if isinstance(value, dict) and dataclasses.is_dataclass(lookup(cfg, f"{prefix}{key}")):
+                out.update(flatten(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    return flatten(to_dict(cfg), "")
 
 
 def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:

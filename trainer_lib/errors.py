@@ -5,6 +5,10 @@ class UserError(Exception):
     """Bad input (data, paths, settings) found after the config itself validated."""
 
 
+class ConfigError(UserError):
+    """A config value is unknown, of the wrong type or impossible. Exit code 2."""
+
+
 class DataError(UserError):
     """A dataset row is malformed. The message names file, line, field and what was expected."""
 

@@ -13,9 +13,10 @@ import sys
 from trainer_lib.strategy import free_port
 
 
-def launch_workers(nproc: int, worker_args: list[str]) -> int:
-    """Run ``python <worker_args>`` in ``nproc`` processes; returns the launcher's exit code."""
-    env = dict(os.environ)
+def launch_workers(nproc: int, worker_args: list[str], env: dict[str, str] | None = None) -> int:
+    """Run ``python <worker_args>`` in ``nproc`` processes (``env`` added to their environment);
+    returns the launcher's exit code."""
+    env = {**os.environ, **(env or {})}
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
     if "PET_NNODES" not in env:  # single node: a private rendezvous on loopback
         cmd += ["--nnodes=1", "--master_addr=127.0.0.1", f"--master_port={free_port()}"]

@@ -19,6 +19,7 @@ import yaml
 from trainer_lib import storage
 from trainer_lib.config import ConfigError, load_config, merge, parse_overrides
 from trainer_lib.stages import STAGES, stage_module
+from trainer_lib.tracking import check_reporters
 
 Layer = dict | str
 
@@ -69,17 +70,25 @@ def build_values(overrides: dict | list[Layer] | None, config_yaml: str = "") ->
 
 
 def stage_config(name: str, overrides: dict | list[Layer] | None = None, config_yaml: str = ""):
-    """The validated config of stage ``name`` (a ConfigError naming the key otherwise)."""
+    """The validated config of stage ``name`` (a ConfigError naming the key otherwise).
+
+    ``config_yaml`` stays a layer of its own, so TRL's or LLaMA-Factory's key names in it are
+    translated before the overrides are laid over it (a component's typed ``lr`` then wins over
+    the file's ``learning_rate``, as it would over the file's ``lr``)."""
     if name not in STAGES:
         raise ConfigError(f"unknown stage '{name}'; expected one of {sorted(STAGES)}")
-    return load_config(stage_module(name).CONFIG, None, build_values(overrides, config_yaml))
+    return load_config(stage_module(name).CONFIG, [build_values(None, config_yaml)],
+                       build_values(overrides), stage=name)
 
 
 def run_config(name: str, cfg) -> dict:
-    """Start stage ``name`` with a built config: configure the object store, then ``run``."""
+    """Start stage ``name`` with a built config: configure the object store, check that the trackers
+    in ``report_to`` are installed (on every rank, before any model is loaded), then ``run``."""
     section = getattr(cfg, "storage", None)
     if section is not None:
         storage.configure(endpoint_url=section.endpoint_url, region=section.region, cache_dir=section.cache_dir)
+    if getattr(cfg, "report_to", None):
+        check_reporters(cfg.report_to)
     return stage_module(name).run(cfg) or {}
 
 

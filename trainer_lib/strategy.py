@@ -175,7 +175,7 @@ class DeepSpeedStrategy:
             "wall_clock_breakdown": False,
         }
 
-    def _optimizer(self, model, lr: float, weight_decay: float):
+    def _optimizer(self, model, lr: float, weight_decay: float, betas: tuple[float, float], eps: float):
         import torch
 
         decay, no_decay = [], []
@@ -189,22 +189,30 @@ class DeepSpeedStrategy:
         if self.cfg.offload_optimizer:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-            return DeepSpeedCPUAdam(groups, lr=lr, betas=(0.9, 0.95), adamw_mode=True)
-        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95))
+            return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True)
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
 
     def prepare(self, model, *, lr: float, weight_decay: float, total_steps: int,
-                warmup_steps: int = 0, lr_scheduler: str = "cosine"):
-        """Wrap a trainable model: optimizer, LR schedule and ZeRO partitioning in one engine."""
+                warmup_steps: int = 0, lr_scheduler: str = "cosine", lr_scheduler_kwargs: dict | None = None,
+                betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8):
+        """Wrap a trainable model: AdamW, LR schedule and ZeRO partitioning in one engine."""
         import deepspeed
         from transformers import get_scheduler
+
+        from trainer_lib.errors import UserError
 
         if self.cfg.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if hasattr(model, "config"):
                 model.config.use_cache = False
-        optimizer = self._optimizer(model, lr, weight_decay)
-        scheduler = get_scheduler(lr_scheduler, optimizer, num_warmup_steps=warmup_steps,
-                                  num_training_steps=total_steps)
+        optimizer = self._optimizer(model, lr, weight_decay, betas, eps)
+        try:
+            scheduler = get_scheduler(lr_scheduler, optimizer, num_warmup_steps=warmup_steps,
+                                      num_training_steps=total_steps,
+                                      scheduler_specific_kwargs=dict(lr_scheduler_kwargs or {}))
+        except (TypeError, ValueError) as exc:  # a missing or unknown schedule argument
+            raise UserError(f"lr_scheduler_kwargs: {lr_scheduler} cannot start with "
+                            f"{lr_scheduler_kwargs or {}}: {exc}") from None
         engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                           config=self.ds_config(train=True))
         return engine
@@ -273,19 +281,23 @@ class DeepSpeedStrategy:
     def unwrap(self, engine):
         return getattr(engine, "module", engine)
 
-    def save_hf_model(self, engine, tokenizer, out_dir: str, extra_files: dict[str, str] | None = None) -> None:
-        """Final Hugging Face directory (safetensors, config, tokenizer), LoRA merged in.
+    def save_hf_model(self, engine, tokenizer, out_dir: str, extra_files: dict[str, str] | None = None,
+                      merge_lora: bool = True) -> None:
+        """Final Hugging Face directory (safetensors, config, tokenizer), LoRA merged in; with
+        ``merge_lora=False`` a LoRA model is saved as its PEFT adapter only.
 
         Call once, at the end: merging folds the adapters into the live module's weights.
         """
         module = self.unwrap(engine)
         with self.gathered(module):
             if self.is_rank_0:
-                model = module.merge_and_unload() if hasattr(module, "merge_and_unload") else module
+                is_peft = hasattr(module, "merge_and_unload")
+                model = module.merge_and_unload() if is_peft and merge_lora else module
                 if hasattr(model, "config"):
                     model.config.use_cache = True
                 os.makedirs(out_dir, exist_ok=True)
                 state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
+                # a PeftModel picks its adapter's tensors out of the state dict it is given
                 model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
                 if tokenizer is not None:
                     tokenizer.save_pretrained(out_dir)

@@ -101,7 +101,7 @@ def test_refuses_to_overwrite_unrelated_dir(tmp_path, capsys):
     (["data.path=x.jsonl"], "error: output_dir: required, expected a local path or s3:// prefix\n"),
     (["data.path=x.jsonl", "output_dir=x", "data.format=chat"],
      "error: data.format: expected one of ['auto', 'text', 'prompt_completion', 'messages', "
-     "'preference', 'unpaired_preference', 'prompt_only'], got 'chat'\n"),
+     "'preference', 'unpaired_preference', 'prompt_only', 'alpaca', 'sharegpt'], got 'chat'\n"),
     (["data.path=x.jsonl", "output_dir=x", "max_rows=-1"], "error: max_rows: expected >= 0, got -1\n"),
 ])
 def test_config_errors(capsys, args, message):
@@ -136,8 +136,8 @@ GOOD_MSG = {"messages": conv(("user", "u"), ("assistant", "a"))}
      "{src}:1: field 'messages[1].role': expected one of system, user, assistant, tool, got str 'robot'"),
     ([{"question": "q", "answer": "a"}],
      "{src}:1: expected the columns of a known format: text | prompt+completion | messages | "
-     "prompt+chosen+rejected (or chosen+rejected) | prompt+completion+label | prompt, "
-     "got list ['answer', 'question']"),
+     "prompt+chosen+rejected (or chosen+rejected) | prompt+completion+label | prompt | "
+     "instruction+output (alpaca) | conversations (sharegpt), got list ['answer', 'question']"),
     ([{"chosen": "yes", "rejected": "no"}],
      "{src}:1: field 'rejected': expected to start with the same prompt as 'chosen' (no 'prompt' "
      "column, so the prompt is their common prefix), got str 'no'"),

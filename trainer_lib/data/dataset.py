@@ -15,7 +15,8 @@ import random
 from collections.abc import Iterable
 from typing import Any
 
-from trainer_lib.data.formats import (AUTO, FORMATS, canonical_key, detect_format, is_empty,
+from trainer_lib.data import llamafactory
+from trainer_lib.data.formats import (AUTO, FORMATS, SOURCE_FORMATS, canonical_key, detect_format, is_empty,
                                       normalize_row, row_format, row_is_conversational)
 from trainer_lib.data.sources import STATS_FILE, Source, is_prepared_dir, open_source
 from trainer_lib.errors import DataError, UserError
@@ -46,25 +47,41 @@ def _category(value: Any) -> str:
 
 class Normalizer:
     """Normalizes rows of one dataset (train and eval sources share it), enforcing one format,
-    one text kind (plain or conversational) and one type per extra column across rows."""
+    one text kind (plain or conversational) and one type per extra column across rows.
+
+    ``fmt`` is the format of the raw rows (``None``/``auto``: detected from the first row);
+    ``self.fmt`` is the normalized format, which differs for the formats converted first
+    (alpaca and sharegpt become messages; ``columns`` renames theirs, and implies one of them).
+    """
 
     def __init__(self, fmt: str | None = None, allowed_formats: Iterable[str] | None = None,
-                 stage: str = "this stage", conversational: bool | None = None):
-        self.fmt = None if fmt in (None, AUTO) else fmt
-        self.auto = self.fmt is None
+                 stage: str = "this stage", conversational: bool | None = None,
+                 columns: dict[str, str] | None = None):
+        source = None if fmt in (None, AUTO) else fmt
+        if columns:
+            source = llamafactory.source_format(columns, source or AUTO)
+        self.columns = dict(columns or {})
+        self.auto = source is None
         self.allowed = tuple(allowed_formats) if allowed_formats else None
         self.stage = stage
         self.first: str | None = None
         self.conversational = conversational
         self.kind_from = "the prepared data"  # where `conversational` was decided
         self.extras: dict[str, tuple[str, str]] = {}
-        if self.fmt is not None:
-            self._check_allowed()
+        self.source = self.fmt = self.convert = None
+        if source is not None:
+            self._set_source(source)
+
+    def _set_source(self, source: str) -> None:
+        self.source = source
+        self.fmt = SOURCE_FORMATS.get(source, source)
+        self.convert = llamafactory.converter(source, self.columns) if source in SOURCE_FORMATS else None
+        self._check_allowed()
 
     def _check_allowed(self) -> None:
         if self.allowed is not None and self.fmt not in self.allowed:
-            raise UserError(f"data.path: {self.stage} needs one of {', '.join(self.allowed)}; "
-                            f"got {self.fmt}")
+            got = self.fmt if self.source == self.fmt else f"{self.source} (converted to {self.fmt})"
+            raise UserError(f"data.path: {self.stage} needs one of {', '.join(self.allowed)}; got {got}")
 
     def _explain(self, exc: DataError) -> DataError:
         """Say why a string/conversation was expected when an earlier row decided it."""
@@ -80,13 +97,14 @@ class Normalizer:
     def __call__(self, location: str, row: Any) -> dict:
         if not isinstance(row, dict):
             raise DataError(location, None, "an object with named columns", row)
-        if self.fmt is None:
-            self.fmt = detect_format(row, location)
-            self._check_allowed()
+        if self.source is None:
+            self._set_source(detect_format(row, location))
         elif self.auto:
-            row_format(row, self.fmt, location, self.first)
+            row_format(row, self.source, location, self.first)
         if self.first is None:
             self.first = location
+        if self.convert is not None:
+            row = self.convert(row, location)
         try:
             out = normalize_row(row, self.fmt, location, self.conversational)
         except DataError as exc:
@@ -308,7 +326,7 @@ def build_dataset(data_cfg, seed: int, *, tokenizer=None, drop_empty: bool = Tru
     fmt = data_cfg.format
     if fmt == AUTO and source.prepared:
         fmt = source.prepared.get("format", AUTO)  # keep what prepare decided (maybe forced)
-    normalizer = Normalizer(fmt, allowed_formats, stage)
+    normalizer = Normalizer(fmt, allowed_formats, stage, columns=None if source.prepared else getattr(data_cfg, "columns", None))
     train = _read(source, source.train_split, normalizer, max_rows)
     rows_read = len(train)
     if not train:
@@ -347,6 +365,7 @@ def build_dataset(data_cfg, seed: int, *, tokenizer=None, drop_empty: bool = Tru
     dd = _to_dataset_dict(splits, fmt, data_cfg.path)
     stats = {
         "format": fmt,
+        "source_format": normalizer.source,
         "conversational": conv,
         "source": data_cfg.path,
         "eval_source": eval_source,
@@ -404,10 +423,12 @@ def load_training_data(data_cfg, seed: int, allowed_formats: tuple[str, ...] | N
     fmt = stats.get("format")
     if fmt not in FORMATS:
         raise UserError(f"data.path: {data_cfg.path}/{STATS_FILE}: unknown format {fmt!r}")
-    if data_cfg.format not in (AUTO, fmt):
+    source_format = stats.get("source_format") or fmt
+    if data_cfg.format not in (AUTO, fmt, source_format):
         raise UserError(f"data.format: {data_cfg.format}, but {data_cfg.path} was prepared "
-                        f"as {fmt}")
-    normalizer = Normalizer(fmt, allowed_formats, stage, stats.get("conversational"))
+                        f"as {source_format}")
+    normalizer = Normalizer(source_format, allowed_formats, stage, stats.get("conversational"),
+                            columns=getattr(data_cfg, "columns", None))
     local = storage.localize(data_cfg.path)
     dd = datasets.load_from_disk(local)
     if not isinstance(dd, datasets.DatasetDict) or "train" not in dd:

@@ -15,6 +15,9 @@ format                   columns                            values
 ``prompt_only``          prompt                             str or conversation
 =======================  =================================  ===========================================
 
+LLaMA-Factory's ``alpaca`` and ``sharegpt`` (see :mod:`trainer_lib.data.llamafactory`) are
+detected here too (:data:`SOURCE_FORMATS`); their rows are converted to ``messages`` first.
+
 A conversation is a list of ``{"role": ..., "content": str}`` with roles in
 :data:`ROLES`; normalized messages keep exactly those two keys.
 Preference rows without a ``prompt`` (implicit prompt) get one extracted from the common
@@ -39,8 +42,12 @@ FORMATS: dict[str, tuple[str, ...]] = {
     "prompt_only": ("prompt",),
 }
 
+#: formats that are converted to a normalized format before normalization -> that format.
+SOURCE_FORMATS: dict[str, str] = {"alpaca": "messages", "sharegpt": "messages"}
+
 #: columns that must be present in a raw row for each format (preference: prompt is optional).
-REQUIRED: dict[str, tuple[str, ...]] = {**FORMATS, "preference": ("chosen", "rejected")}
+REQUIRED: dict[str, tuple[str, ...]] = {**FORMATS, "preference": ("chosen", "rejected"),
+                                        "alpaca": ("instruction", "output"), "sharegpt": ("conversations",)}
 
 #: columns that identify a format; a row that has one of them but misses another required
 #: column is reported as a missing field rather than as another format.
@@ -51,6 +58,8 @@ _DISTINCTIVE: dict[str, tuple[str, ...]] = {
     "preference": ("chosen", "rejected"),
     "unpaired_preference": ("label",),
     "prompt_only": ("prompt",),
+    "alpaca": ("instruction", "output"),
+    "sharegpt": ("conversations",),
 }
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -59,7 +68,8 @@ ROLES = ("system", "user", "assistant", "tool")
 AUTO = "auto"
 
 _DETECT_HELP = ("the columns of a known format: text | prompt+completion | messages | "
-                "prompt+chosen+rejected (or chosen+rejected) | prompt+completion+label | prompt")
+                "prompt+chosen+rejected (or chosen+rejected) | prompt+completion+label | prompt | "
+                "instruction+output (alpaca) | conversations (sharegpt)")
 
 
 # --------------------------------------------------------------------------- detection
@@ -68,8 +78,8 @@ _DETECT_HELP = ("the columns of a known format: text | prompt+completion | messa
 def detect_format(columns: Iterable[str] | Mapping[str, Any], location: str = "data") -> str:
     """Format name for a row's columns (a dict's keys or a list of names).
 
-    Priority: preference > unpaired_preference > messages > prompt_completion > text > prompt_only;
-    other columns are extras. Raises :class:`DataError` when no format matches.
+    Priority: preference > unpaired_preference > messages > sharegpt > prompt_completion > alpaca >
+    text > prompt_only; other columns are extras. Raises :class:`DataError` when no format matches.
     """
     cols = set(columns.keys() if isinstance(columns, Mapping) else columns)
     if {"chosen", "rejected"} <= cols:
@@ -78,8 +88,12 @@ def detect_format(columns: Iterable[str] | Mapping[str, Any], location: str = "d
         return "unpaired_preference"
     if "messages" in cols:
         return "messages"
+    if "conversations" in cols:
+        return "sharegpt"
     if {"prompt", "completion"} <= cols:
         return "prompt_completion"
+    if {"instruction", "output"} <= cols:
+        return "alpaca"
     if "text" in cols:
         return "text"
     if "prompt" in cols:
@@ -94,7 +108,12 @@ def row_format(row: Mapping[str, Any], fmt: str, location: str, first_location: 
     as ``fmt`` (normalization then names the missing field); a row of another format is an
     error naming both rows (one format per file).
     """
-    got = detect_format(row, location)
+    try:
+        got = detect_format(row, location)
+    except DataError:  # e.g. an alpaca row without 'output': a missing field, named later
+        if set(row) & set(_DISTINCTIVE[fmt]):
+            return fmt
+        raise
     if got == fmt:
         return fmt
     keys = set(row)

@@ -35,7 +35,8 @@ EVAL_SPLITS = ("eval", "validation", "valid", "test")
 STATS_FILE = "stats.json"
 DATASET_DICT_FILE = "dataset_dict.json"
 
-_TEXT_COLUMNS = ("text", "prompt", "completion", "chosen", "rejected", "messages")
+_TEXT_COLUMNS = ("text", "prompt", "completion", "chosen", "rejected", "messages",
+                 "instruction", "input", "output", "system", "history", "conversations")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _INT = re.compile(r"^[+-]?\d+$")
 
@@ -323,7 +324,8 @@ def _json_rows(text: str, display: str) -> Iterator[Row]:
 def _csv_rows(local: str, display: str) -> Iterator[Row]:
     """CSV rows, typed per column so that every row of a column has the same type.
 
-    Text columns of the formats (text, prompt, completion, chosen, rejected, messages) stay
+    Text columns of the formats (text, prompt, completion, chosen, rejected, messages, and
+    alpaca's and sharegpt's instruction, input, output, system, history, conversations) stay
     strings, unless every non-empty cell of the column is a JSON list (conversations).
     Other columns become bool (true/false), int or float when all their non-empty cells
     are; empty cells in those columns are null. Anything else stays a string.

@@ -8,6 +8,9 @@ from trainer_lib import storage
 from trainer_lib.config import LoraConfig, ModelConfig
 from trainer_lib.errors import UserError
 
+#: ``lora.target_modules=all-linear``: PEFT's name for every linear layer but the output head.
+ALL_LINEAR = "all-linear"
+
 
 def resolve_model_path(path: str, key: str = "model.path") -> str:
     """A local directory for s3:// and local paths; hub ids pass through unchanged."""
@@ -62,14 +65,17 @@ def apply_lora(model, lora: LoraConfig, task_type: str = "CAUSAL_LM", modules_to
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
-    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    missing = [m for m in lora.target_modules if m not in names]
-    if missing:
-        raise UserError(f"lora.target_modules: {missing} not found in the model "
-                        f"(linear layers include e.g. {sorted(n for n in names if n.endswith('proj'))[:8]})")
+    targets: str | list[str] = list(lora.target_modules)
+    if targets == [ALL_LINEAR]:
+        targets = ALL_LINEAR  # PEFT's shorthand: every nn.Linear except the output head
+    else:
+        names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+        missing = [m for m in targets if m not in names]
+        if missing:
+            raise UserError(f"lora.target_modules: {missing} not found in the model (linear layers include "
+                            f"e.g. {sorted(n for n in names if n.endswith('proj'))[:8]}, or use all-linear)")
     peft_cfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                              target_modules=list(lora.target_modules), task_type=task_type,
-                              modules_to_save=modules_to_save)
+                              target_modules=targets, task_type=task_type, modules_to_save=modules_to_save)
     return get_peft_model(model, peft_cfg)
 
 

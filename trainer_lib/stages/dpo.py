@@ -232,8 +232,7 @@ def run(cfg: DPOConfig) -> dict:
 
     # ---- policy engine
     model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
-    engine = strategy.prepare(model, lr=cfg.lr, weight_decay=cfg.weight_decay, total_steps=steps,
-                              warmup_steps=cfg.warmup_steps, lr_scheduler=cfg.lr_scheduler)
+    engine = strategy.prepare(model, total_steps=steps, **cfg.optimizer_args())
     run = Cadence(cfg, strategy, "dpo", steps, engine, parameters=count_parameters(model),
                   window_keys=PAIRED_METRICS if train.kind == "paired" else UNPAIRED_METRICS,
                   evaluate=(lambda: evaluate_all(engine, strategy, sets, reference, objective, cfg))

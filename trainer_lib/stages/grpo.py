@@ -74,9 +74,7 @@ def run(cfg: GRPOConfig) -> dict:
     steps, n, temperature = schedule.steps, cfg.rollout.n, cfg.rollout.temperature
     policy = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
     disable_dropout(policy)
-    engine = strategy.prepare(policy, lr=cfg.lr, weight_decay=cfg.weight_decay,
-                              total_steps=steps * cfg.updates_per_step(), warmup_steps=cfg.warmup_steps,
-                              lr_scheduler=cfg.lr_scheduler)
+    engine = strategy.prepare(policy, total_steps=steps * cfg.updates_per_step(), **cfg.optimizer_args())
     reference = rl.load_reference(cfg, strategy) if cfg.beta > 0 else None
     rewards = rl.build_rewards(cfg, strategy, tokenizer)
     advantages_of, aggregate = advantage_and_loss(cfg)

@@ -124,11 +124,9 @@ def run(cfg: PPOConfig) -> dict:
     critic = load_critic(cfg, tokenizer.pad_token_id, len(tokenizer))
     for model in (actor, critic):
         disable_dropout(model)
-    actor_engine = strategy.prepare(actor, lr=cfg.lr, weight_decay=cfg.weight_decay, total_steps=actor_updates,
-                                    warmup_steps=cfg.warmup_steps, lr_scheduler=cfg.lr_scheduler)
-    critic_engine = strategy.prepare(critic, lr=cfg.critic_lr or cfg.lr, weight_decay=cfg.weight_decay,
-                                     total_steps=updates, warmup_steps=cfg.warmup_steps,
-                                     lr_scheduler=cfg.lr_scheduler)
+    actor_engine = strategy.prepare(actor, total_steps=actor_updates, **cfg.optimizer_args())
+    critic_engine = strategy.prepare(critic, total_steps=updates,
+                                     **{**cfg.optimizer_args(), "lr": cfg.critic_lr or cfg.lr})
     use_reference = cfg.kl.coef > 0
     reference = rl.load_reference(cfg, strategy) if use_reference else None
     rewards = rl.build_rewards(cfg, strategy, tokenizer)

@@ -38,8 +38,7 @@ class PrepareConfig:
             raise ConfigError("data.path: required, expected a dataset path")
         if self.output_dir in (None, ""):
             raise ConfigError("output_dir: required, expected a local path or s3:// prefix")
-        if not 0.0 <= self.data.eval_fraction < 1.0:
-            raise ConfigError(f"data.eval_fraction: expected 0 <= x < 1, got {self.data.eval_fraction}")
+        self.data.validate()
         if self.data.max_length <= 0:
             raise ConfigError(f"data.max_length: expected a positive number, got {self.data.max_length}")
         if self.max_rows < 0:

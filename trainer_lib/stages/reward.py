@@ -130,8 +130,7 @@ def run(cfg: RewardConfig) -> dict:
     # ---- model: backbone + scalar head (LoRA keeps the head fully trainable)
     model = load_reward_model(cfg.model, tokenizer.pad_token_id, cfg.engine.precision)
     model = apply_reward_lora(model, cfg.lora)
-    engine = strategy.prepare(model, lr=cfg.lr, weight_decay=cfg.weight_decay, total_steps=steps,
-                              warmup_steps=cfg.warmup_steps, lr_scheduler=cfg.lr_scheduler)
+    engine = strategy.prepare(model, total_steps=steps, **cfg.optimizer_args())
     run = Cadence(cfg, strategy, "reward", steps, engine, parameters=count_parameters(model), window_keys=METRICS,
                   evaluate=(lambda: evaluate(engine, strategy, evals, eval_groups, collate)) if evals else None)
     run.restore(f"{len(train)} train / {len(evals)} eval pairs ({fmt}), {len(train_groups)} micro-batches")

@@ -81,8 +81,7 @@ def run(cfg: SFTConfig) -> dict:
     # ---- model and engine
     model = load_causal_lm(cfg.model, cfg.engine.precision)
     model = apply_lora(model, cfg.lora)
-    engine = strategy.prepare(model, lr=cfg.lr, weight_decay=cfg.weight_decay, total_steps=steps,
-                              warmup_steps=cfg.warmup_steps, lr_scheduler=cfg.lr_scheduler)
+    engine = strategy.prepare(model, total_steps=steps, **cfg.optimizer_args())
     run = Cadence(cfg, strategy, "sft", steps, engine, parameters=count_parameters(model), evaluate=(
         lambda: evaluate_loss(engine, strategy, evals, eval_groups, collate)) if evals else None)
     run.restore(f"{len(train)} train / {len(evals)} eval examples ({fmt}), {len(train_groups)} micro-batches")
