@@ -237,7 +237,7 @@ def check_latest(latest: str) -> None:
 def served_paths(record: dict) -> dict:
     """Where this run's Triton repository, export and exported HF model are (those that exist)."""
     paths = {}
-    for task, outputs in sorted(record["tasks"].items()):
+    for task, outputs in sorted(record.get("tasks", {}).items()):
         repository, exported = outputs.get("repository", ""), outputs.get("exported", "")
         if task.startswith("deploy") and os.path.isdir(repository) and os.listdir(repository):
             paths.setdefault("repository", repository)
