@@ -36,15 +36,20 @@ def train(
     params: dict = {},
     config_yaml: str = "",
     overrides: list = [],
+    checkpoint_root: str = "",
 ):
     """Precedence, lowest first: config_yaml, the typed parameters and ``params``, overrides, the artifacts.
 
+    ``checkpoint_root`` (the pipeline root): resumable checkpoints go under it, outside the output
+    artifact, at a location a retried pod of this task finds again (unless the config sets
+    ``checkpoint_dir``); the Model artifact then holds only the final model.
     ``reward_model`` is the RL stages' reward source (and PPO's critic start); under ``dpo``, precomputed
     reference log-probs are cached next to a dataset that lives in the object store, so a retry, a
     resumed run or another DPO run on the same data and reference finds them there.
     """
     from components.common import last_logged, log_summary, source_of, store_prefix
-    from trainer_lib.stage_api import run_stage
+    from trainer_lib.checkpoint import stable_checkpoint_dir
+    from trainer_lib.stage_api import run_config, stage_config
 
     if stage not in ("sft", "reward", "dpo", "ppo", "grpo"):
         raise ValueError(f"stage: expected a training stage (sft, reward, dpo, ppo, grpo), got {stage!r}")
@@ -59,7 +64,10 @@ def train(
     paths = {"model.path": source_of(model), "data.path": source_of(data), "output_dir": output_model.path}
     if reward_model is not None:
         paths["reward.model_path"] = source_of(reward_model)
-    summary = run_stage(stage, [typed, given, *overrides, paths], config_yaml)
+    cfg = stage_config(stage, [typed, given, *overrides, paths], config_yaml)
+    if checkpoint_root and not cfg.checkpoint_dir:
+        cfg.checkpoint_dir = stable_checkpoint_dir(cfg, checkpoint_root, stage)
+    summary = run_config(stage, cfg)
 
     described = {**summary, **summary.get("reward_stats", {})}  # reward models: their mean and std too
     output_model.metadata.update({"base": source_of(model), **{k: v for k, v in described.items() if k in (

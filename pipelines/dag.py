@@ -112,6 +112,7 @@ def prepare_and_train(stage: str, title: str, model, data, *, max_length, seed, 
     prepared = configure(prepare(data=data, model=model, max_length=max_length, eval_fraction=eval_fraction,
                                  seed=seed, overrides=prepare_overrides), f"prepare {title} data")
     return configure(train(stage=stage, model=model, data=prepared.outputs["prepared"], max_length=max_length,
+                           checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
                            seed=seed, **training), title)
 
 
@@ -273,6 +274,7 @@ def posttrain_rlhf(
         """One RL branch: train the policy from SFT, evaluate it against SFT, release if it passed."""
         sources = {"reward_model": reward_model} if reward_model is not None else {}
         policy = configure(train(stage=algorithm, model=sft, data=boot.outputs["prompts"], max_steps=rl_max_steps,
+                                 checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
                                  lr=rl_lr, params=rollouts, reward_functions=reward_functions,
                                  reward_weights=reward_weights, overrides=rl_overrides, **sources, **common),
                            algorithm.upper())
@@ -339,6 +341,7 @@ def posttrain_all(
                                **common).outputs["output_model"]
     rollouts = {"rollout.n": rollout_n, "rollout.max_new_tokens": max_new_tokens}
     policy = configure(train(stage="grpo", model=sft, data=boot.outputs["prompts"], reward_model=scorer,
+                             checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
                              reward_functions=reward_functions, max_steps=rl_max_steps, lr=rl_lr, params=rollouts,
                              overrides=rl_overrides, **common),
                        "GRPO")

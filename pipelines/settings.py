@@ -54,12 +54,24 @@ S3_SECRET_ENV = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KE
 CONFIG_MAP = "posttrain-config"
 CONFIG_MAP_ENV = {"AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION": "AWS_DEFAULT_REGION"}
 
+#: Tasks whose pods may be preempted or evicted are retried with backoff: training resumes from its
+#: last complete checkpoint (on the pipeline root, see components/train.py), the others redo their work.
+RETRIES = {
+    "train": dict(num_retries=3, backoff_duration="60s", backoff_factor=2.0, backoff_max_duration="1800s"),
+    "evaluate": dict(num_retries=2, backoff_duration="30s", backoff_factor=2.0, backoff_max_duration="600s"),
+    "export": dict(num_retries=2, backoff_duration="30s", backoff_factor=2.0, backoff_max_duration="600s"),
+}
+
+#: Tasks that act on the world (publish a model, load it on a server) never answer from the cache.
+NOT_CACHED = {"release", "deploy"}
+
 #: plain environment variables for every task.
 ENV = {"PYTHONUNBUFFERED": "1"}
 
 
 def configure(task: PipelineTask, display_name: str | None = None) -> PipelineTask:
-    """Apply the shared settings to one task: resources by stage kind, environment, secrets."""
+    """Apply the shared settings to one task: resources by stage kind, environment, secrets, retries
+    and caching."""
     name = task.component_spec.name
     if name not in STAGE_KIND:
         raise ValueError(f"pipelines/settings.py: add component '{name}' to STAGE_KIND")
@@ -71,10 +83,14 @@ def configure(task: PipelineTask, display_name: str | None = None) -> PipelineTa
     if res.shm:
         kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
                                    size_limit=res.shm)
-    for name, value in ENV.items():
-        task.set_env_variable(name, value)
+    for variable, value in ENV.items():
+        task.set_env_variable(variable, value)
     kubernetes.use_secret_as_env(task, S3_SECRET, S3_SECRET_ENV, optional=True)
     kubernetes.use_config_map_as_env(task, CONFIG_MAP, CONFIG_MAP_ENV, optional=True)
+    if name in RETRIES:
+        task.set_retry(**RETRIES[name])
+    if name in NOT_CACHED:
+        task.set_caching_options(enable_caching=False)
     if display_name:
         task.set_display_name(display_name)
     return task

@@ -27,6 +27,22 @@ def tag_for(step: int) -> str:
     return f"step-{step:08d}"
 
 
+def stable_checkpoint_dir(cfg, root: str, stage: str) -> str:
+    """A checkpoint location under ``root`` that a retried pod finds again: ``<root>/checkpoints/
+    <stage>-<fingerprint>``, the fingerprint covering the whole config except where outputs go.
+
+    In a pipeline the inputs' paths belong to the run, so the location is per run and per task,
+    stable across retries of that task, and outside the output artifact (which then holds only
+    the final model). KFP's ``minio://`` pipeline root is read as the S3 bucket it is.
+    """
+    from trainer_lib.config import to_dict
+
+    settings = {k: v for k, v in to_dict(cfg).items() if k not in ("output_dir", "checkpoint_dir", "storage")}
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    root = root.replace("minio://", "s3://", 1).rstrip("/")
+    return storage.join(root, "checkpoints", f"{stage}-{digest}")
+
+
 def staging_dir(location: str) -> str:
     """Local working directory for a location (itself, when it is local)."""
     if not storage.is_remote(location):

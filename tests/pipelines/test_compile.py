@@ -107,3 +107,29 @@ def test_a_component_without_settings_is_named(monkeypatch, tmp_path):
             settings.configure(train(stage="sft", model=model, data=data))
 
         compiler.Compiler().compile(broken, str(tmp_path / "broken.yaml"))
+
+
+def _tasks(spec):
+    """(component name, task) of every task in the IR, conditions and branches included."""
+    dags = [spec["root"]] + [c for c in spec.get("components", {}).values() if "dag" in c]
+    for dag in dags:
+        for task in dag["dag"]["tasks"].values():
+            if "componentRef" in task:
+                yield re.sub(r"-\d+$", "", task["componentRef"]["name"].removeprefix("comp-")), task
+
+
+def test_training_retries_and_nothing_that_publishes_is_cached(compiled):
+    for name in PIPELINES:
+        spec, _ = load(compiled, name)
+        seen = set()
+        for component, task in _tasks(spec):
+            seen.add(component)
+            if component == "train":
+                assert task["retryPolicy"]["maxRetryCount"] == 3, name
+                assert task["inputs"]["parameters"]["checkpoint_root"]["runtimeValue"]["constant"] == \
+                    "{{$.pipeline_root}}"  # checkpoints outside the artifact, found again by a retry
+            if component in ("release", "deploy"):
+                assert not task.get("cachingOptions", {}).get("enableCache"), (name, component)
+            elif not component.startswith("condition"):  # (condition groups are not tasks of their own)
+                assert task.get("cachingOptions", {}).get("enableCache") is True, (name, component)
+        assert {"train", "export", "deploy"} <= seen, name

@@ -38,6 +38,12 @@ def test_local_run_trains_and_records_the_latest_run(tmp_path, capsys):
     assert [r["step"] for r in logs if r["split"] == "train"] == [1, 2, 3]  # sft_overrides beat the YAML
     assert [r["step"] for r in logs if r["split"] == "eval"] == [0, 2, 3]  # sft_config_yaml reached sft
 
+    # checkpoints (optimizer state) live under the pipeline root, where a retried task finds them; the
+    # Model artifact holds only the final model
+    assert not os.path.exists(os.path.join(model_dir, "checkpoints"))
+    (checkpoints,) = (tmp_path / "local" / "checkpoints").glob("sft-*")
+    assert (checkpoints / "step-00000003" / "COMPLETE").is_file()
+
     # the model leaves the pipeline exported (FP32 + INT8, parity checked) and published as Triton version 1
     tasks = record["tasks"]
     exported = next(t["exported"] for name, t in tasks.items() if name.startswith("export"))
