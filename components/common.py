@@ -73,3 +73,15 @@ def store_prefix(artifact) -> str | None:
     if store and "." in store.rsplit("/", 1)[-1]:
         store = store.rsplit("/", 1)[0]
     return store
+
+
+def training_layers(values: dict, paths: dict) -> list:
+    """The config layers of a training task, lowest precedence first: its typed parameters, ``params``
+    (empty values left out), the reward lists when non-empty, the user's overrides, the artifact
+    paths. The train component runs these; ``posttrain pipeline run`` validates them beforehand."""
+    typed = {"max_steps": values["max_steps"], "lr": values["lr"], "batch_size": values["batch_size"],
+             "data.max_length": values["max_length"], "seed": values["seed"]}
+    lists = {"reward.functions": values["reward_functions"], "reward.weights": values["reward_weights"]}
+    given = {**{key: value for key, value in values["params"].items() if value not in ("", None)},
+             **{key: value for key, value in lists.items() if value}}
+    return [typed, given, *values["overrides"], paths]

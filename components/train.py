@@ -47,24 +47,22 @@ def train(
     reference log-probs are cached next to a dataset that lives in the object store, so a retry, a
     resumed run or another DPO run on the same data and reference finds them there.
     """
-    from components.common import last_logged, log_summary, source_of, store_prefix
+    from components.common import last_logged, log_summary, source_of, store_prefix, training_layers
     from trainer_lib.checkpoint import stable_checkpoint_dir
     from trainer_lib.stage_api import run_config, stage_config
 
     if stage not in ("sft", "reward", "dpo", "ppo", "grpo"):
         raise ValueError(f"stage: expected a training stage (sft, reward, dpo, ppo, grpo), got {stage!r}")
-    typed = {"max_steps": max_steps, "lr": lr, "batch_size": batch_size, "data.max_length": max_length,
-             "seed": seed}
-    lists = {"reward.functions": reward_functions, "reward.weights": reward_weights}
-    given = {**{key: value for key, value in params.items() if value not in ("", None)},
-             **{key: value for key, value in lists.items() if value}}
     store = store_prefix(data) if stage == "dpo" else None
-    if store:
-        given.setdefault("reference_logps_path", store + "/reference_logps")
+    if store:  # below the user's overrides: they may put the cache elsewhere
+        params = {"reference_logps_path": store + "/reference_logps", **params}
     paths = {"model.path": source_of(model), "data.path": source_of(data), "output_dir": output_model.path}
     if reward_model is not None:
         paths["reward.model_path"] = source_of(reward_model)
-    cfg = stage_config(stage, [typed, given, *overrides, paths], config_yaml)
+    layers = training_layers(dict(max_steps=max_steps, lr=lr, batch_size=batch_size, max_length=max_length, seed=seed,
+                                  params=params, reward_functions=reward_functions, reward_weights=reward_weights,
+                                  overrides=overrides), paths)
+    cfg = stage_config(stage, layers, config_yaml)
     if checkpoint_root and not cfg.checkpoint_dir:
         cfg.checkpoint_dir = stable_checkpoint_dir(cfg, checkpoint_root, stage)
     summary = run_config(stage, cfg)

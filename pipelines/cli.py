@@ -98,6 +98,16 @@ def parse_params(pipeline, items: list[str]) -> dict:
     return params
 
 
+def check_stages(pipeline, params: dict) -> None:
+    """Every stage config the run would build, checked here first (a UsageError names task and key)."""
+    from pipelines.validate import ValidationError, validate
+
+    try:
+        validate(pipeline, params)
+    except ValidationError as exc:
+        raise UsageError(f"{pipeline.name}: {exc}") from None
+
+
 # --------------------------------------------------------------------------- compile
 
 
@@ -147,6 +157,7 @@ def cmd_compile(args) -> int:
 def cmd_run(args) -> int:
     pipeline = get_pipeline(args.pipeline)
     params = parse_params(pipeline, args.params)
+    check_stages(pipeline, params)
     root = os.path.abspath(args.root)
     latest = os.path.abspath(args.latest or os.path.join(os.path.dirname(root), "latest"))
     check_latest(latest)  # before the run, not after it
@@ -349,6 +360,7 @@ def cmd_submit(args) -> int:
     args.host = _check_host(args.host)
     pipeline = get_pipeline(args.pipeline)
     params = parse_params(pipeline, args.params)
+    check_stages(pipeline, params)
     with tempfile.TemporaryDirectory() as tmp, _kfp_errors(args.host):
         result = _client(args).create_run_from_pipeline_package(
             _package(pipeline, tmp, args.no_cache), arguments=params,
@@ -364,6 +376,7 @@ def cmd_schedule(args) -> int:
     cron = kfp_cron(args.cron)
     pipeline = get_pipeline(args.pipeline)
     params = parse_params(pipeline, args.params)
+    check_stages(pipeline, params)
     if args.max_concurrency < 1:
         raise UsageError(f"--max-concurrency: expected >= 1, got {args.max_concurrency}")
     with tempfile.TemporaryDirectory() as tmp, _kfp_errors(args.host):
