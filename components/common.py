@@ -85,3 +85,27 @@ def training_layers(values: dict, paths: dict) -> list:
     given = {**{key: value for key, value in values["params"].items() if value not in ("", None)},
              **{key: value for key, value in lists.items() if value}}
     return [typed, given, *values["overrides"], paths]
+
+
+def run_in_processes(stage: str, cfg, processes: int) -> dict:
+    """Run a built stage config in ``processes`` local workers, as ``posttrain <stage> --config F
+    --nproc N`` (torchrun); returns the summary rank 0 wrote. A worker's failure fails the step."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    import yaml
+
+    from trainer_lib.config import to_dict
+
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
+        yaml.safe_dump(to_dict(cfg), fh, sort_keys=False)
+    command = [sys.executable, "-m", "trainer_lib.cli", stage, "--config", fh.name, "--nproc", str(processes)]
+    try:
+        if subprocess.run(command).returncode != 0:
+            raise RuntimeError(f"posttrain {stage} --nproc {processes} failed (see the workers' log above)")
+    finally:
+        os.remove(fh.name)
+    with open(os.path.join(cfg.output_dir, "summary.json"), encoding="utf-8") as fh:
+        return json.load(fh)

@@ -37,9 +37,12 @@ def train(
     config_yaml: str = "",
     overrides: list = [],
     checkpoint_root: str = "",
+    gpus: int = 1,
 ):
     """Precedence, lowest first: config_yaml, the typed parameters and ``params``, overrides, the artifacts.
 
+    ``gpus`` > 1 runs the stage in that many processes in this pod (``posttrain <stage> --nproc N``,
+    torchrun); rank 0 writes the model. Under ``kfp.local`` they are CPU processes.
     ``checkpoint_root`` (the pipeline root): resumable checkpoints go under it, outside the output
     artifact, at a location a retried pod of this task finds again (unless the config sets
     ``checkpoint_dir``); the Model artifact then holds only the final model.
@@ -47,7 +50,8 @@ def train(
     reference log-probs are cached next to a dataset that lives in the object store, so a retry, a
     resumed run or another DPO run on the same data and reference finds them there.
     """
-    from components.common import last_logged, log_summary, source_of, store_prefix, training_layers
+    from components.common import (last_logged, log_summary, run_in_processes, source_of, store_prefix,
+                                   training_layers)
     from trainer_lib.checkpoint import stable_checkpoint_dir
     from trainer_lib.stage_api import run_config, stage_config
 
@@ -65,7 +69,7 @@ def train(
     cfg = stage_config(stage, layers, config_yaml)
     if checkpoint_root and not cfg.checkpoint_dir:
         cfg.checkpoint_dir = stable_checkpoint_dir(cfg, checkpoint_root, stage)
-    summary = run_config(stage, cfg)
+    summary = run_config(stage, cfg) if gpus <= 1 else run_in_processes(stage, cfg, gpus)
 
     described = {**summary, **summary.get("reward_stats", {})}  # reward models: their mean and std too
     output_model.metadata.update({"base": source_of(model), **{k: v for k, v in described.items() if k in (

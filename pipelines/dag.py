@@ -68,6 +68,9 @@ PARAMETER_DOCS = {
     "max_length": "Maximum tokens per example (longer rows are dropped in prepare).",
     "eval_fraction": "Fraction of rows held out for evaluation when the data has no eval split.",
     "seed": "Seed for data generation, splits, initialisation, data order and sampling.",
+    "gpus_per_step": "Accelerators (and training processes, torchrun) per training step; under kfp.local, CPU "
+                     "processes.",
+    "accelerator_type": "Kubernetes resource name of the accelerator training steps request.",
     "gate_rules": "Release rules such as 'harmless_rate>=0.8' or 'task_pass_rate>=baseline'.",
     "release_uri": "Where a model that passed the gate is published (s3:// or a path); empty: the release artifact.",
     "model_name": "Name of the served model in the Triton repository (/v2/models/<name>/generate).",
@@ -106,14 +109,15 @@ def start(base_model: str, dataset: str, seed: int, demo_overrides: list, tiny_m
                                tiny_model_overrides=tiny_model_overrides, **datasets), "bootstrap")
 
 
-def prepare_and_train(stage: str, title: str, model, data, *, max_length, seed, prepare_overrides=[],
-                      eval_fraction: float = 0.05, **training):
-    """Validate, normalize and split ``data`` for ``stage`` (``prepare``), then train ``model`` on it."""
+def prepare_and_train(stage: str, title: str, model, data, *, max_length, seed, accelerator_type, gpus,
+                      prepare_overrides=[], eval_fraction: float = 0.05, **training):
+    """Validate, normalize and split ``data`` for ``stage`` (``prepare``), then train ``model`` on it
+    with ``gpus`` accelerators (and processes) of ``accelerator_type``."""
     prepared = configure(prepare(data=data, model=model, max_length=max_length, eval_fraction=eval_fraction,
                                  seed=seed, overrides=prepare_overrides), f"prepare {title} data")
     return configure(train(stage=stage, model=model, data=prepared.outputs["prepared"], max_length=max_length,
-                           checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
-                           seed=seed, **training), title)
+                           checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER, gpus=gpus, seed=seed, **training),
+                     title, accelerator=accelerator_type, gpus=gpus)
 
 
 def export_and_deploy(model, gate_passed, label: str, model_name, deploy_variant, model_repository, triton_url,
@@ -158,6 +162,8 @@ def posttrain_sft(
     max_length: int = 512,
     eval_fraction: float = 0.05,
     seed: int = 0,
+    gpus_per_step: int = 1,
+    accelerator_type: str = "nvidia.com/gpu",
     sft_config_yaml: str = "",
     sft_overrides: list = [],
     prepare_overrides: list = [],
@@ -173,7 +179,8 @@ def posttrain_sft(
     tuned = prepare_and_train("sft", "SFT", boot.outputs["model"], boot.outputs["data"], max_steps=sft_max_steps,
                               lr=lr, batch_size=batch_size, max_length=max_length, eval_fraction=eval_fraction,
                               seed=seed, config_yaml=sft_config_yaml, overrides=sft_overrides,
-                              prepare_overrides=prepare_overrides)
+                              prepare_overrides=prepare_overrides, accelerator_type=accelerator_type,
+                              gpus=gpus_per_step)
     export_and_deploy(tuned.outputs["output_model"], True, "SFT", model_name=model_name, deploy_variant=deploy_variant,
                       model_repository=model_repository, triton_url=triton_url, export_overrides=export_overrides)
     return Outputs(model=tuned.outputs["output_model"], metrics=tuned.outputs["metrics"])
@@ -194,6 +201,8 @@ def posttrain_dpo(
     batch_size: int = 8,
     max_length: int = 512,
     seed: int = 0,
+    gpus_per_step: int = 1,
+    accelerator_type: str = "nvidia.com/gpu",
     gate_rules: list = DEFAULT_GATE,
     release_uri: str = "",
     humaneval_limit: int = 0,
@@ -211,13 +220,14 @@ def posttrain_dpo(
     boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides,
                  preference_dataset=preference_dataset)
     common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
+    cluster = dict(accelerator_type=accelerator_type, gpus=gpus_per_step)
     serving = dict(model_name=model_name, deploy_variant=deploy_variant, model_repository=model_repository,
                    triton_url=triton_url, export_overrides=export_overrides)
     sft = prepare_and_train("sft", "SFT", boot.outputs["model"], boot.outputs["data"], max_steps=sft_max_steps,
-                            lr=sft_lr, overrides=sft_overrides, **common).outputs["output_model"]
+                            lr=sft_lr, overrides=sft_overrides, **common, **cluster).outputs["output_model"]
     dpo = prepare_and_train("dpo", "DPO", sft, boot.outputs["preferences"], max_steps=dpo_max_steps, lr=dpo_lr,
                             params={"loss": dpo_loss, "beta": dpo_beta}, overrides=dpo_overrides,
-                            **common).outputs["output_model"]
+                            **common, **cluster).outputs["output_model"]
     evaluate_and_release(boot, dpo, sft, "dpo", gate_rules, release_uri, humaneval_limit, seed, evaluate_overrides,
                          serving)
 
@@ -243,6 +253,8 @@ def posttrain_rlhf(
     batch_size: int = 8,
     max_length: int = 512,
     seed: int = 0,
+    gpus_per_step: int = 1,
+    accelerator_type: str = "nvidia.com/gpu",
     gate_rules: list = DEFAULT_GATE,
     release_uri: str = "",
     humaneval_limit: int = 0,
@@ -261,23 +273,24 @@ def posttrain_rlhf(
     boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides,
                  preference_dataset=preference_dataset, prompt_dataset=prompt_dataset)
     common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
+    cluster = dict(accelerator_type=accelerator_type, gpus=gpus_per_step)
     serving = dict(model_name=model_name, deploy_variant=deploy_variant, model_repository=model_repository,
                    triton_url=triton_url, export_overrides=export_overrides)
     sft = prepare_and_train("sft", "SFT", boot.outputs["model"], boot.outputs["data"], max_steps=sft_max_steps,
-                            lr=sft_lr, overrides=sft_overrides, **common).outputs["output_model"]
+                            lr=sft_lr, overrides=sft_overrides, **common, **cluster).outputs["output_model"]
     scorer = prepare_and_train("reward", "reward model", sft, boot.outputs["preferences"],
                                max_steps=reward_max_steps, overrides=reward_overrides,
-                               **common).outputs["output_model"]
+                               **common, **cluster).outputs["output_model"]
     rollouts = {"rollout.n": rollout_n, "rollout.max_new_tokens": max_new_tokens}
 
     def rl_then_release(algorithm: str, reward_model=None):
         """One RL branch: train the policy from SFT, evaluate it against SFT, release if it passed."""
         sources = {"reward_model": reward_model} if reward_model is not None else {}
         policy = configure(train(stage=algorithm, model=sft, data=boot.outputs["prompts"], max_steps=rl_max_steps,
-                                 checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
+                                 checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER, gpus=gpus_per_step,
                                  lr=rl_lr, params=rollouts, reward_functions=reward_functions,
                                  reward_weights=reward_weights, overrides=rl_overrides, **sources, **common),
-                           algorithm.upper())
+                           algorithm.upper(), accelerator=accelerator_type, gpus=gpus_per_step)
         evaluate_and_release(boot, policy.outputs["output_model"], sft, algorithm, gate_rules, release_uri,
                              humaneval_limit, seed, evaluate_overrides, serving, reward_model=scorer)
 
@@ -311,6 +324,8 @@ def posttrain_all(
     batch_size: int = 8,
     max_length: int = 512,
     seed: int = 0,
+    gpus_per_step: int = 1,
+    accelerator_type: str = "nvidia.com/gpu",
     gate_rules: list = DEFAULT_GATE,
     release_uri: str = "",
     humaneval_limit: int = 0,
@@ -330,21 +345,23 @@ def posttrain_all(
     boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides,
                  preference_dataset=preference_dataset, prompt_dataset=prompt_dataset)
     common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
+    cluster = dict(accelerator_type=accelerator_type, gpus=gpus_per_step)
     serving = dict(model_name=model_name, deploy_variant=deploy_variant, model_repository=model_repository,
                    triton_url=triton_url, export_overrides=export_overrides)
     sft = prepare_and_train("sft", "SFT", boot.outputs["model"], boot.outputs["data"], max_steps=sft_max_steps,
-                            lr=sft_lr, overrides=sft_overrides, **common).outputs["output_model"]
+                            lr=sft_lr, overrides=sft_overrides, **common, **cluster).outputs["output_model"]
     dpo = prepare_and_train("dpo", "DPO", sft, boot.outputs["preferences"], max_steps=dpo_max_steps, lr=dpo_lr,
-                            params={"loss": dpo_loss}, overrides=dpo_overrides, **common).outputs["output_model"]
+                            params={"loss": dpo_loss}, overrides=dpo_overrides, **common,
+                            **cluster).outputs["output_model"]
     scorer = prepare_and_train("reward", "reward model", sft, boot.outputs["preferences"],
                                max_steps=reward_max_steps, overrides=reward_overrides,
-                               **common).outputs["output_model"]
+                               **common, **cluster).outputs["output_model"]
     rollouts = {"rollout.n": rollout_n, "rollout.max_new_tokens": max_new_tokens}
     policy = configure(train(stage="grpo", model=sft, data=boot.outputs["prompts"], reward_model=scorer,
-                             checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
+                             checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER, gpus=gpus_per_step,
                              reward_functions=reward_functions, max_steps=rl_max_steps, lr=rl_lr, params=rollouts,
                              overrides=rl_overrides, **common),
-                       "GRPO")
+                       "GRPO", accelerator=accelerator_type, gpus=gpus_per_step)
     evaluate_and_release(boot, policy.outputs["output_model"], sft, "grpo", gate_rules, release_uri, humaneval_limit,
                          seed, evaluate_overrides, serving, extra=dpo, extra_label="dpo", reward_model=scorer)
 

@@ -69,16 +69,17 @@ NOT_CACHED = {"release", "deploy"}
 ENV = {"PYTHONUNBUFFERED": "1"}
 
 
-def configure(task: PipelineTask, display_name: str | None = None) -> PipelineTask:
+def configure(task: PipelineTask, display_name: str | None = None, accelerator=None, gpus=None) -> PipelineTask:
     """Apply the shared settings to one task: resources by stage kind, environment, secrets, retries
-    and caching."""
+    and caching. ``accelerator`` / ``gpus`` (pipeline parameters) replace the kind's accelerator type
+    and count on tasks that have one."""
     name = task.component_spec.name
     if name not in STAGE_KIND:
         raise ValueError(f"pipelines/settings.py: add component '{name}' to STAGE_KIND")
     res = RESOURCES[STAGE_KIND[name]]
     task.set_cpu_request(res.cpu).set_memory_request(res.memory).set_memory_limit(res.memory)
     if res.gpus:
-        task.set_accelerator_type(res.accelerator).set_accelerator_limit(res.gpus)
+        task.set_accelerator_type(accelerator or res.accelerator).set_accelerator_limit(gpus or res.gpus)
         kubernetes.add_toleration(task, key=res.accelerator, operator="Exists", effect="NoSchedule")
     if res.shm:
         kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory",

@@ -77,7 +77,12 @@ def test_every_task_uses_the_shared_settings(compiled):
             component = re.sub(r"-\d+$", "", label.removeprefix("exec-"))  # exec-prepare-2: a second prepare
             kind = settings.RESOURCES[settings.STAGE_KIND[component]]
             assert container["resources"]["resourceCpuRequest"] == kind.cpu
-            if kind.gpus:
+            if kind.gpus and component == "train":  # the pipeline's accelerator parameters
+                assert container["resources"]["accelerator"]["resourceType"] == \
+                    "{{$.inputs.parameters['pipelinechannel--accelerator_type']}}"
+                assert container["resources"]["accelerator"]["resourceCount"] == \
+                    "{{$.inputs.parameters['pipelinechannel--gpus_per_step']}}"
+            elif kind.gpus:
                 assert container["resources"]["accelerator"]["resourceType"] == kind.accelerator
             assert k8s[label]["secretAsEnv"][0]["secretName"] == settings.S3_SECRET
             assert k8s[label]["configMapAsEnv"][0]["configMapName"] == settings.CONFIG_MAP
