@@ -21,10 +21,12 @@ same throughput keys in every stage (``samples_per_s``, ``tokens_per_s``), ``lr`
 
 from __future__ import annotations
 
+import math
 from typing import Callable
 
 from trainer_lib.checkpoint import CheckpointManager
 from trainer_lib.config import flat_dict
+from trainer_lib.errors import NonFiniteLossError
 from trainer_lib.tracking import MetricsWindow, Tracker
 
 
@@ -88,6 +90,7 @@ class Cadence:
         """After optimizer step ``step`` (0-based): log, evaluate and checkpoint on their schedules;
         the last step's evaluation and checkpoint are left to :meth:`finish`."""
         cfg, done = self.cfg, step + 1
+        self.check_finite(done)
         self.tracker.advance()
         if done % cfg.logging_steps == 0 or done == self.total:
             record = self.window.reduce(self.strategy)
@@ -102,6 +105,29 @@ class Cadence:
             self.tracker.log(done, self.evaluate(), split="eval")
         if cfg.save_steps and done % cfg.save_steps == 0:
             self.save_checkpoint(done)
+
+    def check_finite(self, done: int) -> None:
+        """Stop the run when a loss of this window (``loss``, ``*_loss``) or the main engine's
+        gradient norm is NaN or inf on any rank.
+
+        The window's sums hold every loss since the last log, so the first non-finite one shows
+        here at its own step; a non-finite gradient norm means this step's update already spoiled
+        the weights (the loss only shows it a step later). All ranks take part in one all-reduce
+        and raise together; nothing of this step is logged or saved, so the newest checkpoint is
+        the last good one."""
+        bad = {k: v for k, v in self.window.sums.items()
+               if (k == "loss" or k.endswith("_loss")) and not math.isfinite(v)}
+        norm = self.strategy.recorded_grad_norm(self.engine)
+        if norm is not None and not math.isfinite(norm):
+            bad["grad_norm"] = norm
+        if self.strategy.all_reduce(1.0 if bad else 0.0, op="max") == 0.0:
+            return
+        found = ", ".join(f"{k}={v}" for k, v in bad.items()) or "on another rank"
+        latest = self.ckpt.latest_step()
+        kept = (f"the last complete checkpoint is step {latest} in {self.ckpt.ckpt_root}" if latest is not None
+                else "no checkpoint was saved")
+        raise NonFiniteLossError(f"{self.stage}: step {done}: loss or gradient is not finite ({found}); stopped without "
+                                 f"saving this step, {kept} (lower lr, or check the data and model)")
 
     def save_checkpoint(self, step: int) -> None:
         self.ckpt.save(self.engine, step, {"step": step, **self.client_state(step)}, self.extra_engines)

@@ -30,6 +30,11 @@ def _lazy(module: str) -> Callable[[list[str]], int]:
     return lambda argv: importlib.import_module(module).main(argv)
 
 
+def one_line(exc: BaseException) -> str:
+    """An error's message on one line (library messages, e.g. transformers', span several)."""
+    return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+
+
 def run_command(command: Callable[[list[str]], int], argv: list[str]) -> int:
     """Run a command's ``main``; a user's mistake (bad file, path or value) is one line and exit code 2."""
     from trainer_lib.errors import UserError
@@ -37,7 +42,7 @@ def run_command(command: Callable[[list[str]], int], argv: list[str]) -> int:
     try:
         return command(argv)
     except (UserError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
 
 
@@ -86,7 +91,7 @@ def stage_main(name: str, argv: list[str]) -> int:
     try:
         cfg = load_config(module.CONFIG, args.config, overrides, stage=name)
     except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     if args.print_config:
         import yaml
@@ -104,7 +109,7 @@ def stage_main(name: str, argv: list[str]) -> int:
     try:
         summary = run_config(name, cfg)
     except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     if summary and int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(summary, indent=2, default=str))

@@ -372,6 +372,15 @@ def merge(base: dict, extra: dict) -> dict:
     return out
 
 
+def _one_line_yaml_error(exc) -> str:
+    """PyYAML's multi-line message as one line: what went wrong and where (1-based line, column)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    context = getattr(exc, "context", None)
+    return f"{where}{problem}" + (f" ({context})" if context else "")
+
+
 def read_yaml(path: str) -> dict:
     """The top-level mapping of a YAML config file (a ConfigError naming the file otherwise)."""
     if not os.path.exists(path):
@@ -380,7 +389,9 @@ def read_yaml(path: str) -> dict:
         try:
             loaded = yaml.safe_load(fh) or {}
         except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+            raise ConfigError(f"{path}: invalid YAML: {_one_line_yaml_error(exc)}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return loaded

@@ -19,6 +19,10 @@ class DataError(UserError):
         super().__init__(f"{location}: {where}expected {expected}{got_text}")
 
 
+class NonFiniteLossError(UserError):
+    """A training loss became NaN or inf: the run stops before saving that step (exit code 2)."""
+
+
 def _describe(value: object) -> str:
     if value is None:
         return "null"

@@ -243,9 +243,14 @@ class DeepSpeedStrategy:
         engine.step()
 
     def grad_norm(self, engine) -> float:
-        """Global gradient norm of the last optimizer step (before clipping)."""
+        """Global gradient norm of the last optimizer step (before clipping); NaN if none was recorded."""
+        norm = self.recorded_grad_norm(engine)
+        return norm if norm is not None else float("nan")
+
+    def recorded_grad_norm(self, engine) -> float | None:
+        """:meth:`grad_norm`, or None before the engine recorded one."""
         norm = engine.get_global_grad_norm() if self.cfg.zero_stage else self._grad_norms.get(id(engine))
-        return float(norm) if norm is not None else float("nan")
+        return float(norm) if norm is not None else None
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, engine, save_dir: str, tag: str, client_state: dict) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 from trainer_lib.data import llamafactory
 from trainer_lib.data.formats import (AUTO, FORMATS, SOURCE_FORMATS, canonical_key, detect_format, is_empty,
                                       normalize_row, row_format, row_is_conversational)
-from trainer_lib.data.sources import STATS_FILE, Source, is_prepared_dir, open_source
+from trainer_lib.data.sources import STATS_FILE, Source, is_prepared_dir, load_saved, open_source
 from trainer_lib.errors import DataError, UserError
 
 log = logging.getLogger(__name__)
@@ -429,8 +429,7 @@ def load_training_data(data_cfg, seed: int, allowed_formats: tuple[str, ...] | N
                         f"as {source_format}")
     normalizer = Normalizer(source_format, allowed_formats, stage, stats.get("conversational"),
                             columns=getattr(data_cfg, "columns", None))
-    local = storage.localize(data_cfg.path)
-    dd = datasets.load_from_disk(local)
+    dd = load_saved(storage.localize(data_cfg.path), data_cfg.path)
     if not isinstance(dd, datasets.DatasetDict) or "train" not in dd:
         raise UserError(f"data.path: {data_cfg.path}: expected a DatasetDict with a 'train' split")
     if data_cfg.eval_path:

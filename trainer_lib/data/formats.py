@@ -84,6 +84,10 @@ def detect_format(columns: Iterable[str] | Mapping[str, Any], location: str = "d
     cols = set(columns.keys() if isinstance(columns, Mapping) else columns)
     if {"chosen", "rejected"} <= cols:
         return "preference"
+    if "chosen" in cols or "rejected" in cols:  # half a pair is not prompt-only (or other) data
+        missing = "rejected" if "chosen" in cols else "chosen"
+        raise DataError(location, missing, "a value: a preference row needs both 'chosen' and "
+                        f"'rejected' (this row has columns {', '.join(sorted(cols))})")
     if {"prompt", "completion", "label"} <= cols:
         return "unpaired_preference"
     if "messages" in cols:
@@ -236,6 +240,8 @@ def normalize_row(row: Mapping[str, Any], fmt: str, location: str,
         out["text"] = _field(row, "text", False, location)
     elif fmt == "messages":
         out["messages"] = _check_conversation(row.get("messages"), "messages", location)
+        if not out["messages"]:
+            raise DataError(location, "messages", "a non-empty list of messages", [])
     else:
         names = [c for c in FORMATS[fmt] if c != "label"]
         if fmt == "preference" and row.get("prompt") is None:
@@ -247,6 +253,9 @@ def normalize_row(row: Mapping[str, Any], fmt: str, location: str,
             out[name] = _field(row, name, conv, location)
         if fmt == "preference" and "prompt" not in out:
             out = _implicit_preference(out, location)
+        if fmt == "preference" and out["chosen"] == out["rejected"] and not _blank(out["chosen"]):
+            # nothing to learn from a tie, and every preference loss is constant on it
+            raise DataError(location, "rejected", "a response different from 'chosen'", out["rejected"])
         if fmt == "unpaired_preference":
             out["label"] = _label(row.get("label"), location)
         out = {c: out[c] for c in FORMATS[fmt]}

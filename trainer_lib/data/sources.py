@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import io
 import json
 import os
 import re
@@ -52,10 +53,36 @@ def _file_kind(path: str) -> str | None:
     return FILE_KINDS.get(os.path.splitext(name)[1])
 
 
-def _open_text(path: str):
-    if path.lower().endswith(".gz"):
-        return gzip.open(path, "rt", encoding="utf-8-sig", newline="")
-    return open(path, encoding="utf-8-sig", newline="")
+def _open_text(path: str, display: str):
+    """The file as UTF-8 text (a UTF-8 byte-order mark is skipped). Bytes that are not UTF-8 are
+    read as lone surrogates, which :func:`_check_utf8` reports with their line; a UTF-16 or
+    UTF-32 file (byte-order mark) or one with NUL bytes is refused here."""
+    opener = gzip.open if path.lower().endswith(".gz") else open
+    with opener(path, "rb") as fh:
+        head = fh.read(4096)
+    for bom, name in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
+                      (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16")):
+        if head.startswith(bom):
+            raise DataError(display, None, f"UTF-8 text, got a {name} file (byte-order mark {bom.hex()}); "
+                                           "save it as UTF-8")
+    if b"\x00" in head:
+        line = head.count(b"\n", 0, head.index(b"\x00")) + 1
+        raise DataError(f"{display}:{line}", None, "UTF-8 text, got NUL bytes (a UTF-16 or binary file?)")
+    return opener(path, "rt", encoding="utf-8-sig", errors="surrogateescape", newline="")
+
+
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
+
+
+def _check_utf8(text: str, display: str, first_line: int = 1) -> None:
+    """A :class:`DataError` naming the line and column of the first byte that was not UTF-8."""
+    bad = _NOT_UTF8.search(text)
+    if bad is None:
+        return
+    start = text.rfind("\n", 0, bad.start()) + 1
+    line = first_line + text.count("\n", 0, bad.start())
+    raise DataError(f"{display}:{line}", None, f"UTF-8 text (byte {ord(bad.group()) - 0xDC00:#04x} at "
+                                               f"column {bad.start() - start + 1} is not valid UTF-8)")
 
 
 def is_saved_dataset(local_dir: str) -> bool:
@@ -85,6 +112,7 @@ class Source:
     kind: str  # jsonl | json | csv | parquet | saved | dir | hub
     splits: list[str] = field(default_factory=list)  # saved DatasetDict, hub, dir of split files
     prepared: dict | None = None  # stats.json of a prepared dir
+    key: str = "data.path"  # the setting that named it, for errors
 
     @property
     def train_split(self) -> str | None:
@@ -110,8 +138,8 @@ class Source:
         elif self.kind == "saved":
             import datasets
 
-            obj = datasets.load_from_disk(self.local)
-            yield from _dataset_rows(obj, self.path, split or self.train_split)
+            yield from _dataset_rows(load_saved(self.local, self.path, self.key), self.path,
+                                     split or self.train_split)
         elif self.kind == "hub":
             yield from _dataset_rows(_load_hub(self.path), self.path, split or self.train_split)
         else:  # pragma: no cover
@@ -176,8 +204,12 @@ def _saved_source(path: str, local: str, key: str) -> Source:
     splits: list[str] = []
     dict_file = os.path.join(local, DATASET_DICT_FILE)
     if os.path.isfile(dict_file):
-        with open(dict_file, encoding="utf-8") as fh:
-            splits = list(json.load(fh).get("splits", []))
+        try:
+            with open(dict_file, encoding="utf-8") as fh:
+                splits = list(json.load(fh).get("splits", []))
+        except (OSError, ValueError, AttributeError, TypeError) as exc:
+            raise UserError(f"{key}: {path}/{DATASET_DICT_FILE}: not a datasets DatasetDict index "
+                            f"({type(exc).__name__}: {exc})") from None
         if not splits:
             raise UserError(f"{key}: {path}: DatasetDict has no splits")
     prepared = None
@@ -188,7 +220,20 @@ def _saved_source(path: str, local: str, key: str) -> Source:
                 prepared = json.load(fh)
         except (OSError, ValueError):
             raise UserError(f"{key}: {path}/{STATS_FILE}: not valid JSON") from None
-    return Source(path, local, "saved", splits=splits, prepared=prepared)
+    return Source(path, local, "saved", splits=splits, prepared=prepared, key=key)
+
+
+def load_saved(local: str, display: str, key: str = "data.path"):
+    """``datasets.load_from_disk`` with any failure (missing or corrupt Arrow files, bad JSON)
+    as one :class:`UserError` naming the setting and the path."""
+    import datasets
+
+    try:
+        return datasets.load_from_disk(local)
+    except Exception as exc:  # noqa: BLE001 - datasets raises many kinds for a broken directory
+        text = " ".join(str(exc).split())[:300]
+        raise UserError(f"{key}: {display}: not a readable datasets save_to_disk directory "
+                        f"({type(exc).__name__}: {text})") from None
 
 
 def _load_hub(path: str, key: str = "data.path"):
@@ -215,8 +260,9 @@ def _file_rows(local: str, kind: str, display: str) -> Iterator[Row]:
     if kind == "jsonl":
         yield from _jsonl_rows(local, display)
     elif kind == "json":
-        with _open_text(local) as fh:
+        with _open_text(local, display) as fh:
             text = fh.read()
+        _check_utf8(text, display)
         yield from _json_rows(text, display)
     elif kind == "csv":
         yield from _csv_rows(local, display)
@@ -233,10 +279,11 @@ def _object(value, location: str) -> dict:
 
 
 def _jsonl_rows(local: str, display: str) -> Iterator[Row]:
-    with _open_text(local) as fh:
+    with _open_text(local, display) as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
+            _check_utf8(line, display, lineno)
             location = f"{display}:{lineno}"
             try:
                 value = json.loads(line.rstrip("\r\n"))
@@ -330,21 +377,23 @@ def _csv_rows(local: str, display: str) -> Iterator[Row]:
     Other columns become bool (true/false), int or float when all their non-empty cells
     are; empty cells in those columns are null. Anything else stays a string.
     """
-    with _open_text(local) as fh:
-        reader = csv.reader(fh)
-        header, records, last = None, [], 0
-        for record in reader:
-            start, last = last + 1, reader.line_num
-            if not record or (len(record) == 1 and not record[0].strip()):
-                continue
-            if header is None:
-                header = [h.strip() for h in record]
-                continue
-            location = f"{display}:{start}"
-            if len(record) != len(header):
-                raise DataError(location, None, f"{len(header)} comma-separated fields like the "
-                                f"header, got {len(record)}")
-            records.append((location, record))
+    with _open_text(local, display) as fh:
+        text = fh.read()
+    _check_utf8(text, display)
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header, records, last = None, [], 0
+    for record in reader:
+        start, last = last + 1, reader.line_num
+        if not record or (len(record) == 1 and not record[0].strip()):
+            continue
+        if header is None:
+            header = [h.strip() for h in record]
+            continue
+        location = f"{display}:{start}"
+        if len(record) != len(header):
+            raise DataError(location, None, f"{len(header)} comma-separated fields like the "
+                            f"header, got {len(record)}")
+        records.append((location, record))
     if header is None:
         return
     columns = [_csv_convert(name, [r[j] for _, r in records]) for j, name in enumerate(header)]
@@ -408,5 +457,5 @@ def _dataset_rows(obj, display: str, split: str | None) -> Iterator[Row]:
             index += 1
 
 
-__all__ = ["Source", "open_source", "iter_source", "is_prepared_dir", "is_saved_dataset",
+__all__ = ["Source", "open_source", "load_saved", "iter_source", "is_prepared_dir", "is_saved_dataset",
            "FILE_KINDS", "EVAL_SPLITS", "STATS_FILE", "DATASET_DICT_FILE"]

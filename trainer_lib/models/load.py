@@ -54,7 +54,7 @@ def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None =
         return AutoModelForCausalLM.from_pretrained(
             resolve_model_path(source), dtype=torch_dtype(precision),
             attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code)
-    except OSError as exc:  # not a model directory, unknown hub id, missing weights
+    except (OSError, ValueError) as exc:  # not a model directory, unknown hub id, missing weights or config
         raise UserError(f"model.path: could not load a causal LM from {source}: {exc}") from None
 
 
