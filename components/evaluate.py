@@ -32,12 +32,15 @@ def evaluate(
     humaneval_limit: int = 0,
     humaneval_n: int = 1,
     seed: int = 0,
+    tasks_path: str = "",
+    safety_path: str = "",
     config_yaml: str = "",
     overrides: list = [],
 ) -> NamedTuple("Outputs", gate_passed=bool):
     """Precedence, lowest first: config_yaml, the typed parameters, overrides, the artifacts.
 
-    ``eval_data`` is a dataset directory (the demo's) with code_tasks_eval.jsonl and safety_eval.jsonl.
+    ``eval_data`` is a dataset directory (the demo's) with code_tasks_eval.jsonl and safety_eval.jsonl,
+    used for the sets that ``tasks_path`` / ``safety_path`` (the user's held-out data) do not give.
     Models are evaluated in the order base, baseline, extra, candidate; ``results`` holds metrics.json
     and per_problem/; ``metrics`` shows ``<label>_<metric>`` and ``gate_passed`` in the UI.
     """
@@ -60,6 +63,7 @@ def evaluate(
               "data_dir": source_of(eval_data), "output_dir": results.path}
     if reward_model is not None:
         wiring["reward_model_path"] = source_of(reward_model)
+    wiring.update({key: path for key, path in (("tasks.path", tasks_path), ("safety.path", safety_path)) if path})
     outcome = run_stage("evaluate", [params, *overrides, wiring], config_yaml)
 
     with open(os.path.join(results.path, "metrics.json"), encoding="utf-8") as fh:

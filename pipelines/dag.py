@@ -80,6 +80,9 @@ PARAMETER_DOCS = {
                   "publish the repository.",
     "export_overrides": "'key=value' strings for 'posttrain export', e.g. int4=true.",
     "humaneval_limit": "HumanEval problems to evaluate (0: all 164).",
+    "eval_tasks": "Held-out code tasks for the gate (prompt, tests, entry_point; file, dir, hub id or s3://); "
+                  "empty: the demo's. HumanEval is always evaluated too.",
+    "eval_safety": "Held-out safety prompts for the gate (prompt, kind harmful|benign); empty: the demo's.",
     "sft_config_yaml": "YAML text with any 'posttrain sft' keys; the typed parameters override it.",
     "sft_overrides": "'key=value' strings for 'posttrain sft', e.g. lora.r=8; they override everything else.",
     "prepare_overrides": "'key=value' strings for 'posttrain prepare', e.g. max_rows=1000.",
@@ -129,18 +132,17 @@ def export_and_deploy(model, gate_passed, label: str, model_name, deploy_variant
                      repository_uri=model_repository, triton_url=triton_url), f"deploy {label}")
 
 
-def evaluate_and_release(boot, candidate, baseline, candidate_label: str, gate_rules, release_uri,
-                         humaneval_limit, seed, overrides, serving: dict, extra=None, extra_label: str = "extra",
-                         reward_model=None):
+def evaluate_and_release(boot, candidate, baseline, candidate_label: str, judging: dict, release_uri,
+                         serving: dict, extra=None, extra_label: str = "extra", reward_model=None):
     """Evaluate candidate vs baseline (and the base model); if the gate passed, release, export and deploy it.
 
-    A plain function, not a sub-pipeline, so it can sit inside a ``dsl.If`` branch locally too.
+    ``judging``: the evaluate task's settings (gate rules, eval sets, seed, overrides). A plain function,
+    not a sub-pipeline, so it can sit inside a ``dsl.If`` branch locally too.
     """
     optional = {"extra_model": extra, "reward_model": reward_model}
     judged = configure(evaluate(candidate=candidate, baseline=baseline, eval_data=boot.outputs["demo"],
                                 base_model=boot.outputs["model"], candidate_label=candidate_label,
-                                baseline_label="sft", extra_label=extra_label, gate_rules=gate_rules,
-                                humaneval_limit=humaneval_limit, seed=seed, overrides=overrides,
+                                baseline_label="sft", extra_label=extra_label, **judging,
                                 **{k: v for k, v in optional.items() if v is not None}),
                        f"evaluate {candidate_label}")
     configure(release(model=candidate, results=judged.outputs["results"],
@@ -206,6 +208,8 @@ def posttrain_dpo(
     gate_rules: list = DEFAULT_GATE,
     release_uri: str = "",
     humaneval_limit: int = 0,
+    eval_tasks: str = "",
+    eval_safety: str = "",
     model_name: str = "posttrain",
     deploy_variant: str = "int8",
     model_repository: str = "",
@@ -221,6 +225,8 @@ def posttrain_dpo(
                  preference_dataset=preference_dataset)
     common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
     cluster = dict(accelerator_type=accelerator_type, gpus=gpus_per_step)
+    judging = dict(gate_rules=gate_rules, humaneval_limit=humaneval_limit, seed=seed, overrides=evaluate_overrides,
+                   tasks_path=eval_tasks, safety_path=eval_safety)
     serving = dict(model_name=model_name, deploy_variant=deploy_variant, model_repository=model_repository,
                    triton_url=triton_url, export_overrides=export_overrides)
     sft = prepare_and_train("sft", "SFT", boot.outputs["model"], boot.outputs["data"], max_steps=sft_max_steps,
@@ -228,8 +234,7 @@ def posttrain_dpo(
     dpo = prepare_and_train("dpo", "DPO", sft, boot.outputs["preferences"], max_steps=dpo_max_steps, lr=dpo_lr,
                             params={"loss": dpo_loss, "beta": dpo_beta}, overrides=dpo_overrides,
                             **common, **cluster).outputs["output_model"]
-    evaluate_and_release(boot, dpo, sft, "dpo", gate_rules, release_uri, humaneval_limit, seed, evaluate_overrides,
-                         serving)
+    evaluate_and_release(boot, dpo, sft, "dpo", judging, release_uri, serving)
 
 
 @dsl.pipeline(name="posttrain-rlhf")
@@ -258,6 +263,8 @@ def posttrain_rlhf(
     gate_rules: list = DEFAULT_GATE,
     release_uri: str = "",
     humaneval_limit: int = 0,
+    eval_tasks: str = "",
+    eval_safety: str = "",
     model_name: str = "posttrain",
     deploy_variant: str = "int8",
     model_repository: str = "",
@@ -274,6 +281,8 @@ def posttrain_rlhf(
                  preference_dataset=preference_dataset, prompt_dataset=prompt_dataset)
     common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
     cluster = dict(accelerator_type=accelerator_type, gpus=gpus_per_step)
+    judging = dict(gate_rules=gate_rules, humaneval_limit=humaneval_limit, seed=seed, overrides=evaluate_overrides,
+                   tasks_path=eval_tasks, safety_path=eval_safety)
     serving = dict(model_name=model_name, deploy_variant=deploy_variant, model_repository=model_repository,
                    triton_url=triton_url, export_overrides=export_overrides)
     sft = prepare_and_train("sft", "SFT", boot.outputs["model"], boot.outputs["data"], max_steps=sft_max_steps,
@@ -291,8 +300,8 @@ def posttrain_rlhf(
                                  lr=rl_lr, params=rollouts, reward_functions=reward_functions,
                                  reward_weights=reward_weights, overrides=rl_overrides, **sources, **common),
                            algorithm.upper(), accelerator=accelerator_type, gpus=gpus_per_step)
-        evaluate_and_release(boot, policy.outputs["output_model"], sft, algorithm, gate_rules, release_uri,
-                             humaneval_limit, seed, evaluate_overrides, serving, reward_model=scorer)
+        evaluate_and_release(boot, policy.outputs["output_model"], sft, algorithm, judging, release_uri, serving,
+                             reward_model=scorer)
 
     for algorithm in ("ppo", "grpo"):
         with dsl.If(rl_algorithm == algorithm, name=algorithm):
@@ -329,6 +338,8 @@ def posttrain_all(
     gate_rules: list = DEFAULT_GATE,
     release_uri: str = "",
     humaneval_limit: int = 0,
+    eval_tasks: str = "",
+    eval_safety: str = "",
     model_name: str = "posttrain",
     deploy_variant: str = "int8",
     model_repository: str = "",
@@ -346,6 +357,8 @@ def posttrain_all(
                  preference_dataset=preference_dataset, prompt_dataset=prompt_dataset)
     common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
     cluster = dict(accelerator_type=accelerator_type, gpus=gpus_per_step)
+    judging = dict(gate_rules=gate_rules, humaneval_limit=humaneval_limit, seed=seed, overrides=evaluate_overrides,
+                   tasks_path=eval_tasks, safety_path=eval_safety)
     serving = dict(model_name=model_name, deploy_variant=deploy_variant, model_repository=model_repository,
                    triton_url=triton_url, export_overrides=export_overrides)
     sft = prepare_and_train("sft", "SFT", boot.outputs["model"], boot.outputs["data"], max_steps=sft_max_steps,
@@ -362,8 +375,8 @@ def posttrain_all(
                              reward_functions=reward_functions, max_steps=rl_max_steps, lr=rl_lr, params=rollouts,
                              overrides=rl_overrides, **common),
                        "GRPO", accelerator=accelerator_type, gpus=gpus_per_step)
-    evaluate_and_release(boot, policy.outputs["output_model"], sft, "grpo", gate_rules, release_uri, humaneval_limit,
-                         seed, evaluate_overrides, serving, extra=dpo, extra_label="dpo", reward_model=scorer)
+    evaluate_and_release(boot, policy.outputs["output_model"], sft, "grpo", judging, release_uri, serving, extra=dpo,
+                         extra_label="dpo", reward_model=scorer)
 
 
 #: name -> pipeline; the CLI and the compile test iterate over this.

@@ -65,6 +65,16 @@ RETRIES = {
 #: Tasks that act on the world (publish a model, load it on a server) never answer from the cache.
 NOT_CACHED = {"release", "deploy"}
 
+#: Optional Secret with a Hugging Face token (key HF_TOKEN) for gated hub models and datasets.
+HF_SECRET = "posttrain-hf"
+HF_SECRET_ENV = {"HF_TOKEN": "HF_TOKEN"}
+#: Image pull secrets of a private registry holding IMAGE (empty: none).
+IMAGE_PULL_SECRETS: list[str] = []
+#: A ReadWriteMany PVC shared by every task as the download cache of models and datasets ($POSTTRAIN_CACHE,
+#: $HF_HOME), so a 70B base model is fetched once per run, not once per step (empty: none).
+MODEL_CACHE_PVC = ""
+MODEL_CACHE_PATH = "/cache"
+
 #: plain environment variables for every task.
 ENV = {"PYTHONUNBUFFERED": "1"}
 
@@ -88,6 +98,13 @@ def configure(task: PipelineTask, display_name: str | None = None, accelerator=N
         task.set_env_variable(variable, value)
     kubernetes.use_secret_as_env(task, S3_SECRET, S3_SECRET_ENV, optional=True)
     kubernetes.use_config_map_as_env(task, CONFIG_MAP, CONFIG_MAP_ENV, optional=True)
+    kubernetes.use_secret_as_env(task, HF_SECRET, HF_SECRET_ENV, optional=True)
+    if IMAGE_PULL_SECRETS:
+        kubernetes.set_image_pull_secrets(task, IMAGE_PULL_SECRETS)
+    if MODEL_CACHE_PVC:
+        kubernetes.mount_pvc(task, pvc_name=MODEL_CACHE_PVC, mount_path=MODEL_CACHE_PATH)
+        task.set_env_variable("POSTTRAIN_CACHE", f"{MODEL_CACHE_PATH}/posttrain")
+        task.set_env_variable("HF_HOME", f"{MODEL_CACHE_PATH}/huggingface")
     if name in RETRIES:
         task.set_retry(**RETRIES[name])
     if name in NOT_CACHED:

@@ -70,7 +70,8 @@ def _layers(component: str, v: dict) -> list[tuple[str, list, str]]:
         labels = [v["base_label"], v["baseline_label"], v["candidate_label"]]
         wiring = {"models": [f"{label}=/validate/{label}" for label in labels], "candidate": labels[-1],
                   "baseline": labels[1], "data_dir": "/validate/data", "output_dir": "/validate/out",
-                  "reward_model_path": "/validate/reward_model"}
+                  "reward_model_path": "/validate/reward_model",
+                  **{k: p for k, p in (("tasks.path", v["tasks_path"]), ("safety.path", v["safety_path"])) if p}}
         return [("evaluate", [typed, *v["overrides"], wiring], v["config_yaml"])]
     if component == "export":
         return [("export", [*v["overrides"], {"model_path": "/validate/model", "output_dir": "/validate/out"}],

@@ -86,6 +86,7 @@ def test_every_task_uses_the_shared_settings(compiled):
                 assert container["resources"]["accelerator"]["resourceType"] == kind.accelerator
             assert k8s[label]["secretAsEnv"][0]["secretName"] == settings.S3_SECRET
             assert k8s[label]["configMapAsEnv"][0]["configMapName"] == settings.CONFIG_MAP
+            assert settings.HF_SECRET in [secret["secretName"] for secret in k8s[label]["secretAsEnv"]]
 
 
 def test_settings_name_the_objects_the_manifests_create():
@@ -138,3 +139,26 @@ def test_training_retries_and_nothing_that_publishes_is_cached(compiled):
             elif not component.startswith("condition"):  # (condition groups are not tasks of their own)
                 assert task.get("cachingOptions", {}).get("enableCache") is True, (name, component)
         assert {"train", "export", "deploy"} <= seen, name
+
+
+def test_cluster_settings_for_a_private_registry_and_a_shared_model_cache(monkeypatch, tmp_path):
+    from kfp import compiler
+
+    import importlib
+
+    import pipelines.dag
+
+    monkeypatch.setattr(settings, "IMAGE_PULL_SECRETS", ["registry-creds"])
+    monkeypatch.setattr(settings, "MODEL_CACHE_PVC", "model-cache")
+    path = tmp_path / "sft.yaml"
+    try:  # the DAGs are traced when pipelines.dag is imported: trace them again with these settings
+        compiler.Compiler().compile(importlib.reload(pipelines.dag).PIPELINES["posttrain-sft"], str(path))
+    finally:
+        monkeypatch.undo()
+        importlib.reload(pipelines.dag)
+    spec, platform = list(yaml.safe_load_all(path.read_text()))
+    for label, executor in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"].items():
+        assert [s["secretName"] for s in executor["imagePullSecret"]] == ["registry-creds"], label
+        assert executor["pvcMount"][0]["mountPath"] == settings.MODEL_CACHE_PATH, label
+    env = spec["deploymentSpec"]["executors"]["exec-train"]["container"]["env"]
+    assert {"name": "HF_HOME", "value": "/cache/huggingface"} in env

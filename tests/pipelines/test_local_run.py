@@ -67,19 +67,25 @@ def test_failed_local_run_exits_1_and_keeps_latest(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_local_run_of_the_whole_dag_evaluates_releases_exports_and_deploys(tmp_path, capsys):
-    """posttrain-all with tiny settings: every stage, list parameters (reward functions) included."""
+    """posttrain-all with tiny settings: every stage, list parameters (reward functions) included, the gate
+    judged on the user's held-out tasks."""
+    tasks = tmp_path / "my_tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": f"Define f(x) that returns x + {i}.",
+                                         "tests": [f"assert f(1) == {1 + i}"]}) + "\n" for i in range(3)))
     rc = posttrain(["pipeline", "run", "--pipeline", "posttrain-all", "--root", str(tmp_path / "local"), *SMALL,
+                    f"eval_tasks={tasks}",
                     "sft_max_steps=2", "dpo_max_steps=2", "reward_max_steps=2", "rl_max_steps=2", "rollout_n=2",
                     "max_new_tokens=8", "humaneval_limit=1", "gate_rules=[\"task_pass_rate>=0\"]",
                     "reward_functions=[\"code_execution\", \"code_style\"]", "model_name=demo",
                     'rl_overrides=["prompts_per_step=2", "save_steps=0"]',
-                    'evaluate_overrides=["tasks.limit=4", "safety.limit=4"]'])
+                    'evaluate_overrides=["safety.limit=4"]'])
     out = capsys.readouterr().out
     assert rc == 0, out[-3000:]
     record = json.loads((tmp_path / "latest" / "run.json").read_text())
     assert record["evaluation"]["gate_passed"] is True
     metrics = json.loads((tmp_path / "latest" / "metrics.json").read_text())
     assert set(metrics["models"]) == {"base", "sft", "dpo", "grpo"}
+    assert metrics["data"]["tasks"] == {"path": str(tasks), "count": 3}  # the user's tasks, not the demo's
     tasks = record["tasks"]
     grpo_dir = next(t["output_model"] for name, t in tasks.items()
                     if "output_model" in t and json.load(open(os.path.join(t["output_model"], "summary.json")))
