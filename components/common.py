@@ -109,3 +109,42 @@ def run_in_processes(stage: str, cfg, processes: int) -> dict:
         os.remove(fh.name)
     with open(os.path.join(cfg.output_dir, "summary.json"), encoding="utf-8") as fh:
         return json.load(fh)
+
+
+def remote_location(artifact) -> str:
+    """Where other pods read an artifact: its pass-through source, else its object-store URI (KFP's
+    ``minio://`` read as the S3 bucket it is); a TrainJob's nodes cannot see the launcher's disk."""
+    given = (artifact.metadata or {}).get(SOURCE_KEY)
+    return given or (artifact.uri or "").replace("minio://", "s3://", 1)
+
+
+def run_on_nodes(stage: str, cfg, nodes: int, per_node: int, root: str) -> dict:
+    """Run a built stage config on ``nodes`` nodes x ``per_node`` processes as a Kubeflow Trainer
+    ``TrainJob`` (trainer_lib.cluster), then bring its final model into ``cfg.output_dir``.
+
+    The job's output and checkpoints live under the pipeline root at a location derived from the
+    config, so a retried launcher re-attaches to the same job (same name) and the same prefixes.
+    """
+    import json
+
+    from trainer_lib import storage
+    from trainer_lib.checkpoint import stable_checkpoint_dir
+    from trainer_lib.cluster.trainjob import launch_stage, object_store_env
+    from trainer_lib.config import to_dict
+    from trainer_lib.errors import UserError
+
+    checkpoints = stable_checkpoint_dir(cfg, root, stage)
+    if not checkpoints.startswith("s3://"):
+        raise UserError(f"nodes={nodes}: the pipeline root must be an object store every node reaches "
+                        f"(s3:// or KFP's minio://), got {root!r}")
+    job = checkpoints.replace("/checkpoints/", "/jobs/", 1)
+    values = {k: v for k, v in to_dict(cfg).items() if k not in ("output_dir", "checkpoint_dir")}
+    result = launch_stage(stage, [values], run_id=job.rsplit("-", 1)[-1], task=stage, image=IMAGE,
+                          output_dir=f"{job}/output", checkpoint_dir=cfg.checkpoint_dir or checkpoints,
+                          num_nodes=nodes, nproc_per_node=per_node, env=object_store_env(),
+                          timeout_s=float(os.environ.get("POSTTRAIN_TRAINJOB_TIMEOUT_S", 7 * 24 * 3600)),
+                          poll_s=float(os.environ.get("POSTTRAIN_TRAINJOB_POLL_S", 15)))
+    print(f"{stage}: TrainJob {result.name} finished; copying its model from {job}/output", flush=True)
+    storage.download_dir(f"{job}/output", cfg.output_dir)
+    with open(os.path.join(cfg.output_dir, "summary.json"), encoding="utf-8") as fh:
+        return json.load(fh)

@@ -38,11 +38,15 @@ def train(
     overrides: list = [],
     checkpoint_root: str = "",
     gpus: int = 1,
+    nodes: int = 1,
 ):
     """Precedence, lowest first: config_yaml, the typed parameters and ``params``, overrides, the artifacts.
 
     ``gpus`` > 1 runs the stage in that many processes in this pod (``posttrain <stage> --nproc N``,
     torchrun); rank 0 writes the model. Under ``kfp.local`` they are CPU processes.
+    ``nodes`` > 1 runs it as a Kubeflow Trainer ``TrainJob`` of that many nodes with ``gpus``
+    processes each (trainer_lib.cluster; RBAC in manifests/rbac.yaml); inputs are then read from
+    the object store, and the pipeline root must be one.
     ``checkpoint_root`` (the pipeline root): resumable checkpoints go under it, outside the output
     artifact, at a location a retried pod of this task finds again (unless the config sets
     ``checkpoint_dir``); the Model artifact then holds only the final model.
@@ -50,8 +54,8 @@ def train(
     reference log-probs are cached next to a dataset that lives in the object store, so a retry, a
     resumed run or another DPO run on the same data and reference finds them there.
     """
-    from components.common import (last_logged, log_summary, run_in_processes, source_of, store_prefix,
-                                   training_layers)
+    from components.common import (last_logged, log_summary, remote_location, run_in_processes, run_on_nodes,
+                                   source_of, store_prefix, training_layers)
     from trainer_lib.checkpoint import stable_checkpoint_dir
     from trainer_lib.stage_api import run_config, stage_config
 
@@ -60,16 +64,22 @@ def train(
     store = store_prefix(data) if stage == "dpo" else None
     if store:  # below the user's overrides: they may put the cache elsewhere
         params = {"reference_logps_path": store + "/reference_logps", **params}
-    paths = {"model.path": source_of(model), "data.path": source_of(data), "output_dir": output_model.path}
+    locate = remote_location if nodes > 1 else source_of
+    paths = {"model.path": locate(model), "data.path": locate(data), "output_dir": output_model.path}
     if reward_model is not None:
-        paths["reward.model_path"] = source_of(reward_model)
+        paths["reward.model_path"] = locate(reward_model)
     layers = training_layers(dict(max_steps=max_steps, lr=lr, batch_size=batch_size, max_length=max_length, seed=seed,
                                   params=params, reward_functions=reward_functions, reward_weights=reward_weights,
                                   overrides=overrides), paths)
     cfg = stage_config(stage, layers, config_yaml)
     if checkpoint_root and not cfg.checkpoint_dir:
         cfg.checkpoint_dir = stable_checkpoint_dir(cfg, checkpoint_root, stage)
-    summary = run_config(stage, cfg) if gpus <= 1 else run_in_processes(stage, cfg, gpus)
+    if nodes > 1:
+        summary = run_on_nodes(stage, cfg, nodes, gpus, checkpoint_root)
+    elif gpus > 1:
+        summary = run_in_processes(stage, cfg, gpus)
+    else:
+        summary = run_config(stage, cfg)
 
     described = {**summary, **summary.get("reward_stats", {})}  # reward models: their mean and std too
     output_model.metadata.update({"base": source_of(model), **{k: v for k, v in described.items() if k in (

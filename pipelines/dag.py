@@ -71,6 +71,8 @@ PARAMETER_DOCS = {
     "gpus_per_step": "Accelerators (and training processes, torchrun) per training step; under kfp.local, CPU "
                      "processes.",
     "accelerator_type": "Kubernetes resource name of the accelerator training steps request.",
+    "nodes_per_step": "Nodes per training step: > 1 runs each training stage as a Kubeflow Trainer TrainJob of "
+                      "that many nodes x gpus_per_step processes (needs an object-store pipeline root).",
     "gate_rules": "Release rules such as 'harmless_rate>=0.8' or 'task_pass_rate>=baseline'.",
     "release_uri": "Where a model that passed the gate is published (s3:// or a path); empty: the release artifact.",
     "model_name": "Name of the served model in the Triton repository (/v2/models/<name>/generate).",
@@ -166,6 +168,7 @@ def posttrain_sft(
     seed: int = 0,
     gpus_per_step: int = 1,
     accelerator_type: str = "nvidia.com/gpu",
+    nodes_per_step: int = 1,
     sft_config_yaml: str = "",
     sft_overrides: list = [],
     prepare_overrides: list = [],
@@ -182,7 +185,7 @@ def posttrain_sft(
                               lr=lr, batch_size=batch_size, max_length=max_length, eval_fraction=eval_fraction,
                               seed=seed, config_yaml=sft_config_yaml, overrides=sft_overrides,
                               prepare_overrides=prepare_overrides, accelerator_type=accelerator_type,
-                              gpus=gpus_per_step)
+                              gpus=gpus_per_step, nodes=nodes_per_step)
     export_and_deploy(tuned.outputs["output_model"], True, "SFT", model_name=model_name, deploy_variant=deploy_variant,
                       model_repository=model_repository, triton_url=triton_url, export_overrides=export_overrides)
     return Outputs(model=tuned.outputs["output_model"], metrics=tuned.outputs["metrics"])
@@ -205,6 +208,7 @@ def posttrain_dpo(
     seed: int = 0,
     gpus_per_step: int = 1,
     accelerator_type: str = "nvidia.com/gpu",
+    nodes_per_step: int = 1,
     gate_rules: list = DEFAULT_GATE,
     release_uri: str = "",
     humaneval_limit: int = 0,
@@ -224,7 +228,7 @@ def posttrain_dpo(
     boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides,
                  preference_dataset=preference_dataset)
     common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
-    cluster = dict(accelerator_type=accelerator_type, gpus=gpus_per_step)
+    cluster = dict(accelerator_type=accelerator_type, gpus=gpus_per_step, nodes=nodes_per_step)
     judging = dict(gate_rules=gate_rules, humaneval_limit=humaneval_limit, seed=seed, overrides=evaluate_overrides,
                    tasks_path=eval_tasks, safety_path=eval_safety)
     serving = dict(model_name=model_name, deploy_variant=deploy_variant, model_repository=model_repository,
@@ -260,6 +264,7 @@ def posttrain_rlhf(
     seed: int = 0,
     gpus_per_step: int = 1,
     accelerator_type: str = "nvidia.com/gpu",
+    nodes_per_step: int = 1,
     gate_rules: list = DEFAULT_GATE,
     release_uri: str = "",
     humaneval_limit: int = 0,
@@ -280,7 +285,7 @@ def posttrain_rlhf(
     boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides,
                  preference_dataset=preference_dataset, prompt_dataset=prompt_dataset)
     common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
-    cluster = dict(accelerator_type=accelerator_type, gpus=gpus_per_step)
+    cluster = dict(accelerator_type=accelerator_type, gpus=gpus_per_step, nodes=nodes_per_step)
     judging = dict(gate_rules=gate_rules, humaneval_limit=humaneval_limit, seed=seed, overrides=evaluate_overrides,
                    tasks_path=eval_tasks, safety_path=eval_safety)
     serving = dict(model_name=model_name, deploy_variant=deploy_variant, model_repository=model_repository,
@@ -297,6 +302,7 @@ def posttrain_rlhf(
         sources = {"reward_model": reward_model} if reward_model is not None else {}
         policy = configure(train(stage=algorithm, model=sft, data=boot.outputs["prompts"], max_steps=rl_max_steps,
                                  checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER, gpus=gpus_per_step,
+                                 nodes=nodes_per_step,
                                  lr=rl_lr, params=rollouts, reward_functions=reward_functions,
                                  reward_weights=reward_weights, overrides=rl_overrides, **sources, **common),
                            algorithm.upper(), accelerator=accelerator_type, gpus=gpus_per_step)
@@ -335,6 +341,7 @@ def posttrain_all(
     seed: int = 0,
     gpus_per_step: int = 1,
     accelerator_type: str = "nvidia.com/gpu",
+    nodes_per_step: int = 1,
     gate_rules: list = DEFAULT_GATE,
     release_uri: str = "",
     humaneval_limit: int = 0,
@@ -356,7 +363,7 @@ def posttrain_all(
     boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides,
                  preference_dataset=preference_dataset, prompt_dataset=prompt_dataset)
     common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
-    cluster = dict(accelerator_type=accelerator_type, gpus=gpus_per_step)
+    cluster = dict(accelerator_type=accelerator_type, gpus=gpus_per_step, nodes=nodes_per_step)
     judging = dict(gate_rules=gate_rules, humaneval_limit=humaneval_limit, seed=seed, overrides=evaluate_overrides,
                    tasks_path=eval_tasks, safety_path=eval_safety)
     serving = dict(model_name=model_name, deploy_variant=deploy_variant, model_repository=model_repository,
@@ -371,7 +378,7 @@ def posttrain_all(
                                **common, **cluster).outputs["output_model"]
     rollouts = {"rollout.n": rollout_n, "rollout.max_new_tokens": max_new_tokens}
     policy = configure(train(stage="grpo", model=sft, data=boot.outputs["prompts"], reward_model=scorer,
-                             checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER, gpus=gpus_per_step,
+                             checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER, gpus=gpus_per_step, nodes=nodes_per_step,
                              reward_functions=reward_functions, max_steps=rl_max_steps, lr=rl_lr, params=rollouts,
                              overrides=rl_overrides, **common),
                        "GRPO", accelerator=accelerator_type, gpus=gpus_per_step)

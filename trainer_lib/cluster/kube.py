@@ -22,7 +22,8 @@ def api_client(host: str | None = None):
         try:
             config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)
+            # $KUBECONFIG read now, not when the kubernetes package was imported
+            config.load_kube_config(config_file=os.environ.get("KUBECONFIG"), client_configuration=configuration)
     return client.ApiClient(configuration)
 
 
@@ -34,6 +35,7 @@ def current_namespace() -> str:
     try:
         from kubernetes import config
 
-        return config.list_kube_config_contexts()[1]["context"].get("namespace") or "default"
+        contexts = config.list_kube_config_contexts(config_file=os.environ.get("KUBECONFIG"))
+        return contexts[1]["context"].get("namespace") or "default"
     except Exception:  # no kubeconfig, or no current context
         return "default"
