@@ -33,8 +33,11 @@ def bootstrap(
     seed: int = 0,
     demo_overrides: list = [],
     tiny_model_overrides: list = [],
+    sources_fingerprint: str = "",
 ):
-    """``demo_overrides`` / ``tiny_model_overrides``: ``key=value`` strings for ``posttrain demo-data`` /
+    """``sources_fingerprint`` (from the ``fingerprint`` step) is not read: as an input it keys the cache.
+
+    ``demo_overrides`` / ``tiny_model_overrides``: ``key=value`` strings for ``posttrain demo-data`` /
     ``posttrain tiny-model`` (sizes of the embedded demo; their defaults live in those stages' configs)."""
     import os
     import shutil

@@ -29,6 +29,7 @@ from components.bootstrap import bootstrap
 from components.deploy import deploy
 from components.evaluate import evaluate
 from components.export import export
+from components.fingerprint import fingerprint
 from components.prepare import prepare
 from components.release import release
 from components.train import train
@@ -109,9 +110,11 @@ def documented(summary: str):
 
 def start(base_model: str, dataset: str, seed: int, demo_overrides: list, tiny_model_overrides: list,
           **datasets):
-    """The bootstrap task every DAG begins with."""
+    """The bootstrap task every DAG begins with, keyed for the cache by the content of the given locations."""
+    content = configure(fingerprint(base_model=base_model, dataset=dataset, **datasets), "fingerprint sources")
     return configure(bootstrap(base_model=base_model, dataset=dataset, seed=seed, demo_overrides=demo_overrides,
-                               tiny_model_overrides=tiny_model_overrides, **datasets), "bootstrap")
+                               tiny_model_overrides=tiny_model_overrides, sources_fingerprint=content.output,
+                               **datasets), "bootstrap")
 
 
 def prepare_and_train(stage: str, title: str, model, data, *, max_length, seed, accelerator_type, gpus,

@@ -39,6 +39,7 @@ RESOURCES = {
 
 #: which resources each component gets, by component name.
 STAGE_KIND = {
+    "fingerprint": "light",
     "bootstrap": "light",
     "prepare": "light",
     "train": "train",  # sft, reward, dpo, ppo, grpo
@@ -62,8 +63,9 @@ RETRIES = {
     "export": dict(num_retries=2, backoff_duration="30s", backoff_factor=2.0, backoff_max_duration="600s"),
 }
 
-#: Tasks that act on the world (publish a model, load it on a server) never answer from the cache.
-NOT_CACHED = {"release", "deploy"}
+#: Tasks that act on the world (publish a model, load it on a server) or look at it (what is behind a
+#: location now) never answer from the cache.
+NOT_CACHED = {"fingerprint", "release", "deploy"}
 
 #: Optional Secret with a Hugging Face token (key HF_TOKEN) for gated hub models and datasets.
 HF_SECRET = "posttrain-hf"

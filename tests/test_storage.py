@@ -204,3 +204,24 @@ def test_redact(monkeypatch):
         assert leaked not in text, text
     assert "http://***@minio:9000/b" in text
     assert storage.redact("nothing to hide") == "nothing to hide"
+
+
+def test_fingerprint_changes_with_the_content_behind_a_location(s3_bucket, tmp_path):
+    from trainer_lib import storage
+
+    prefix = f"s3://{s3_bucket}/data"
+    storage.write_text(f"{prefix}/train.jsonl", '{"text": "a"}\n')
+    first = storage.fingerprint(prefix)
+    assert storage.fingerprint(prefix) == first  # nothing changed: the same key for the cache
+    storage.write_text(f"{prefix}/train.jsonl", '{"text": "b"}\n')  # same name, new data
+    assert storage.fingerprint(prefix) != first
+    assert storage.fingerprint(f"{prefix}/train.jsonl") != storage.fingerprint(prefix)  # one object vs a prefix
+
+    local = tmp_path / "data"
+    local.mkdir()
+    (local / "train.jsonl").write_text("x\n")
+    before = storage.fingerprint(str(local))
+    (local / "train.jsonl").write_text("xy\n")
+    assert storage.fingerprint(str(local)) != before
+    # a hub id that cannot be asked here (no network): never equal twice, so never answered from the cache
+    assert storage.fingerprint("no-such-org/no-such-model") != storage.fingerprint("no-such-org/no-such-model")

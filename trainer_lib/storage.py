@@ -206,6 +206,38 @@ def _objects(uri: str, required: bool = False) -> dict[str, dict]:
     return objs
 
 
+def fingerprint(path) -> str:
+    """What identifies the content behind a location, cheaply: sizes and ETags of the objects under an
+    ``s3://`` key or prefix, sizes and modification times of local files, the revision of a hub repo
+    (or, when the hub cannot be asked, the time: never equal twice). Equal fingerprints: same content."""
+    if is_remote(path):
+        bucket, key = split_s3(path)
+        head = _head(bucket, key)
+        entries = ([("", head["ContentLength"], head["ETag"])] if head else
+                   sorted((rel, o["Size"], o["ETag"]) for rel, o in _objects(path).items()))
+    elif os.path.exists(_local(path)):
+        root = _local(path)
+        files = [root] if os.path.isfile(root) else sorted(
+            os.path.join(d, f) for d, _, names in os.walk(root) for f in names)
+        entries = [(os.path.relpath(f, root), os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files]
+    else:
+        entries = [("hub", path, _hub_revision(path))]
+    return hashlib.sha256(json.dumps(entries, default=str).encode()).hexdigest()
+
+
+def _hub_revision(repo_id: str) -> str:
+    try:
+        from huggingface_hub import HfApi
+
+        api = HfApi()
+        for info in (api.model_info, api.dataset_info):
+            with contextlib.suppress(Exception):
+                return info(repo_id, timeout=10).sha
+    except ImportError:
+        pass
+    return f"unknown@{time.time_ns()}"  # not knowable: never the same, so never answered from a cache
+
+
 def exists(path) -> bool:
     if not is_remote(path):
         return os.path.exists(_local(path))

@@ -1,0 +1,22 @@
+"""fingerprint: what identifies the content behind the given locations (never answered from the cache).
+
+``bootstrap`` passes locations (``s3://`` prefixes, hub ids, paths) through by name. Feeding it this
+fingerprint makes KFP's cache key of ``bootstrap``, and so of every step after it, change when the
+data or model behind a name changes, and stay the same when it does not.
+"""
+
+from kfp import dsl
+
+from components.common import IMAGE
+
+
+@dsl.component(base_image=IMAGE, install_kfp_package=False)
+def fingerprint(base_model: str = "", dataset: str = "", preference_dataset: str = "",
+                prompt_dataset: str = "") -> str:
+    import hashlib
+
+    from trainer_lib import storage
+
+    given = [location for location in (base_model, dataset, preference_dataset, prompt_dataset) if location]
+    parts = [f"{location}={storage.fingerprint(location)}" for location in given]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest() if parts else ""
