@@ -38,7 +38,7 @@ SIZES = {
 }
 
 
-def length_reward(completions, **kwargs) -> list[float]:
+def length_reward(prompts, completions, **kwargs) -> list[float]:
     """The GRPO reward of both sides: longer completions score higher, up to 200 characters."""
     texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
     return [min(len(t), 200) / 200.0 for t in texts]
