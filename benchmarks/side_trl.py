@@ -48,6 +48,7 @@ def main(spec_path: str, out_path: str) -> int:
         bf16=spec["precision"] == "bf16", gradient_checkpointing=False, use_cpu=not cuda, report_to=[],
         save_strategy="no", logging_steps=1, seed=spec["seed"], dataloader_num_workers=0,
     )
+    torch.manual_seed(spec["seed"])  # the reward head is initialised here, before the Trainer seeds
     if algo == "reward":
         model = AutoModelForSequenceClassification.from_pretrained(spec["model_dir"], num_labels=1, dtype=dtype)
         model.config.pad_token_id = tokenizer.pad_token_id
