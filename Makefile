@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 # pytest-xdist is not used: the suite already starts worker processes of its own.
 PYTEST_ARGS ?=
 
-.PHONY: setup triton-env test test-fast demo compile clean help
+.PHONY: setup triton-env test test-fast demo compile clean help bench
 
 help:
 	@echo "make demo     set up .venv and run the whole pipeline locally (kfp.local, tiny model)"
@@ -61,6 +61,20 @@ demo: setup
 
 compile: setup
 	$(BIN)/posttrain pipeline compile
+
+# Benchmarks against TRL (benchmarks/vs_trl.py): TRL lives only in its own venv, never in ours.
+BENCH_VENV  ?= .venv-bench
+BENCH_STAMP := $(BENCH_VENV)/.installed
+BENCH_ARGS  ?= --algo sft --rounds 3
+
+$(BENCH_STAMP):
+	$(PYTHON) -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/pip install --quiet $(TORCH)
+	$(BENCH_VENV)/bin/pip install --quiet 'trl==1.16.*'
+	touch $(BENCH_STAMP)
+
+bench: $(STAMP) $(BENCH_STAMP)
+	$(BIN)/python -m benchmarks.vs_trl --trl-python $(BENCH_VENV)/bin/python $(BENCH_ARGS)
 
 clean:
 	rm -rf runs .pytest_cache

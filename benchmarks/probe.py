@@ -1,0 +1,132 @@
+"""What each benchmark child measures, identically on both sides (ours and TRL's).
+
+Imports only torch and transformers, so it runs in ``.venv-bench`` as well as in ``.venv``:
+
+* trained tokens: non-padding tokens of every forward of the Llama body that builds a graph
+  (training mode, grad enabled), counted by a forward pre-hook on every ``LlamaModel``;
+  reference-model and rollout forwards (no grad) are not counted;
+* generated tokens: tokens ``generate`` returns after the prompt, padding excluded;
+* step ends: the caller calls :meth:`Probe.step_end` (our ``Cadence.after_step``, TRL's
+  ``TrainerCallback.on_step_end``); the first ``warmup`` steps are left out of the timing;
+* peak memory: peak RSS of this process (CPU) or ``torch.cuda.max_memory_allocated`` (CUDA);
+* machine peak: a large matmul timed in this process, for model FLOPs utilisation
+  ``6 * params * trained_tokens / seconds / peak``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import resource
+import time
+
+def measure_peak_flops(device: str, size: int = 2048, reps: int = 5) -> float:
+    """FLOP/s of a ``size`` x ``size`` matmul (fp32 on CPU, bf16 on CUDA), best of ``reps``."""
+    import torch
+
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    a = torch.randn(size, size, device=device, dtype=dtype)
+    b = torch.randn(size, size, device=device, dtype=dtype)
+    best = float("inf")
+    for _ in range(reps + 1):  # the first one warms up
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        (a @ b).sum().item()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size ** 3 / best
+
+
+class Probe:
+    def __init__(self, device: str, warmup: int):
+        self.device, self.warmup = device, warmup
+        self.trained_tokens = 0
+        self.generated_tokens = 0
+        self.generate_rows = 0
+        self.marks: list[tuple[float, int, int]] = []  # (time, trained, generated) at each step end
+        self.losses: list[float] = []
+        self.parameters = 0
+        self.peak_flops = measure_peak_flops(device)
+
+    def install(self) -> None:
+        """Wrap ``forward`` and ``generate`` of the benchmark's model classes (both sides use them)."""
+        import torch
+        import transformers
+
+        probe = self
+
+        def count(module, args, kwargs):
+            if not (module.training and torch.is_grad_enabled()):
+                return
+            mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids", args[0] if args else None)
+            if mask is not None and mask.dim() == 2:
+                probe.trained_tokens += int(mask.sum())
+            elif ids is not None:
+                probe.trained_tokens += int(ids.numel())
+            else:
+                probe.trained_tokens += int(kwargs["inputs_embeds"].shape[:2].numel())
+            probe.parameters = probe.parameters or sum(p.numel() for p in module.parameters())
+
+        # A hook on every LlamaModel instance (the body under both heads): trainers may replace the
+        # top-level forward (TRL's fused LM head), but they still call the body through nn.Module.
+        init = transformers.LlamaModel.__init__
+
+        @functools.wraps(init)
+        def hooked_init(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.register_forward_pre_hook(count, with_kwargs=True)
+
+        transformers.LlamaModel.__init__ = hooked_init
+        generate = transformers.LlamaForCausalLM.generate
+
+        @functools.wraps(generate)
+        def counted_generate(self, *args, **kwargs):
+            out = generate(self, *args, **kwargs)
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            sequences = out.sequences if hasattr(out, "sequences") else out
+            new = sequences[:, ids.shape[1]:]
+            pad = self.generation_config.pad_token_id
+            probe.generated_tokens += int((new != pad).sum()) if pad is not None else int(new.numel())
+            probe.generate_rows += int(new.shape[0])
+            return out
+
+        transformers.LlamaForCausalLM.generate = counted_generate
+
+    def step_end(self) -> None:
+        if self.device == "cuda":
+            import torch
+            torch.cuda.synchronize()
+        self.marks.append((time.perf_counter(), self.trained_tokens, self.generated_tokens))
+
+    def peak_memory_bytes(self) -> int:
+        if self.device == "cuda":
+            import torch
+            return int(torch.cuda.max_memory_allocated())
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+    def result(self, prompts_per_step: int = 0) -> dict:
+        """Figures over the steps after the first ``warmup`` ones."""
+        if len(self.marks) < 2:
+            raise RuntimeError(f"only {len(self.marks)} step ends were seen; need at least 2")
+        warmup = min(max(self.warmup, 1), len(self.marks) - 1)  # the end of step `warmup` opens the window
+        t0, trained0, generated0 = self.marks[warmup - 1]
+        t1, trained1, generated1 = self.marks[-1]
+        steps = len(self.marks) - warmup
+        seconds = max(t1 - t0, 1e-9)
+        trained = trained1 - trained0
+        out = {
+            "timed_steps": steps, "seconds": seconds, "trained_tokens": trained,
+            "tokens_per_s": trained / seconds, "peak_memory_bytes": self.peak_memory_bytes(),
+            "final_loss": self.losses[-1] if self.losses else float("nan"),
+            "parameters": self.parameters, "peak_flops": self.peak_flops,
+            "mfu": 6 * self.parameters * trained / seconds / self.peak_flops,
+        }
+        if prompts_per_step:
+            out["generated_tokens_per_s"] = (generated1 - generated0) / seconds
+            out["prompts_per_s"] = prompts_per_step * steps / seconds
+        return out
+
+
+def write_result(path: str, result: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(result, f)

@@ -1,0 +1,209 @@
+"""posttrain against TRL on the same workload, run alternately in fresh processes.
+
+    python -m benchmarks.vs_trl --algo sft --rounds 3 --steps 8 [--json OUT] [--device cpu|cuda]
+
+One model (a Llama built from scratch from one config, with one tokenizer trained on the data),
+one synthetic data set (chat rows with log-normal lengths between 16 and 1,024 tokens, seeded) and
+one set of training settings go to both sides. Each round runs ours, then TRL's, each in its own
+subprocess (``benchmarks.side_ours`` with this interpreter, ``benchmarks.side_trl`` with
+``--trl-python``, by default ``.venv-bench/bin/python`` from ``make bench``), so drift of a shared
+machine hits both sides alike. What a child measures is in ``benchmarks/probe.py``. The last line
+printed is ``ratio throughput=<ours/theirs> memory=<ours/theirs>``, medians over the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALGOS = ("sft", "reward", "dpo", "grpo")
+
+# Llama shapes: (layers, hidden, heads, kv heads, intermediate, vocab, default max length)
+SIZES = {
+    "tiny": dict(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate=256, vocab=512, max_length=128),
+    "small": dict(num_layers=4, hidden_size=256, num_heads=4, num_kv_heads=2, intermediate=1024, vocab=2048,
+                  max_length=1024),
+    # Qwen2.5-0.5B-like blocks (bf16, CUDA only); the vocabulary stays what the tokenizer learns.
+    "0.5b": dict(num_layers=24, hidden_size=896, num_heads=14, num_kv_heads=2, intermediate=4864, vocab=8192,
+                 max_length=1024),
+}
+
+
+def length_reward(prompts, completions, **kwargs) -> list[float]:
+    """The GRPO reward of both sides: longer completions score higher, up to 200 characters."""
+    texts = [c if isinstance(c, str) else c[-1]["content"] for c in completions]
+    return [min(len(t), 200) / 200.0 for t in texts]
+
+
+# --------------------------------------------------------------------------- workload
+
+
+def token_lengths(rng: random.Random, count: int, median: float, low: int = 16, high: int = 1024) -> list[int]:
+    """Long-tailed lengths: log-normal around ``median`` (sigma 0.9), clipped to [low, high]."""
+    return [min(high, max(low, int(rng.lognormvariate(math.log(median), 0.9)))) for _ in range(count)]
+
+
+def make_words(rng: random.Random, count: int = 600) -> list[str]:
+    syllables = ["ka", "lo", "mi", "tu", "re", "sa", "no", "vi", "de", "po", "ga", "ze", "chu", "fen", "bor"]
+    return ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 3))) for _ in range(count)]
+
+
+def make_rows(algo: str, count: int, seed: int) -> list[dict]:
+    """Synthetic conversational rows of the algorithm's format (about one token per word)."""
+    rng = random.Random(seed)
+    words = make_words(random.Random(0))  # one vocabulary for every data set and the tokenizer
+
+    def text(n: int) -> str:
+        return " ".join(rng.choice(words) for _ in range(n))
+
+    rows = []
+    if algo == "grpo":
+        for n in token_lengths(rng, count, median=40, high=256):
+            rows.append({"prompt": [{"role": "user", "content": text(n)}]})
+        return rows
+    for n in token_lengths(rng, count, median=150):
+        prompt_len = max(4, n // 4)
+        user = [{"role": "user", "content": text(prompt_len)}]
+        if algo == "sft":
+            rows.append({"messages": user + [{"role": "assistant", "content": text(max(4, n - prompt_len))}]})
+        else:
+            answer_len = max(4, n - prompt_len)
+            rows.append({"prompt": user, "chosen": [{"role": "assistant", "content": text(answer_len)}],
+                         "rejected": [{"role": "assistant", "content": text(max(4, int(answer_len * rng.uniform(0.5, 1.5))))}]})
+    return rows
+
+
+def build_workload(args, workdir: str) -> dict:
+    """Save the model, tokenizer and data under ``workdir``; return the spec both children read."""
+    from trainer_lib.models.tiny import build_tiny_llama, train_tokenizer
+
+    size = SIZES[args.size]
+    max_length = args.max_length or size["max_length"]
+    batch = args.batch_size
+    prompts_per_step = args.prompts_per_step if args.algo == "grpo" else 0
+    count = args.steps * (prompts_per_step or batch * args.accumulation)  # one pass over the data
+    rows = make_rows(args.algo, count, args.seed)
+    corpus = [m["content"] for row in make_rows("dpo", 200, args.seed + 1) for key in ("prompt", "chosen")
+              for m in row[key]]
+    tokenizer = train_tokenizer(corpus, vocab_size=size["vocab"])
+    model = build_tiny_llama(tokenizer, num_layers=size["num_layers"], hidden_size=size["hidden_size"],
+                             num_heads=size["num_heads"], num_kv_heads=size["num_kv_heads"],
+                             intermediate_size=size["intermediate"], max_positions=max(max_length, 1024) + 512,
+                             seed=args.seed)
+    model_dir = os.path.join(workdir, "model")
+    model.save_pretrained(model_dir, safe_serialization=True)
+    tokenizer.save_pretrained(model_dir)
+    data_path = os.path.join(workdir, f"{args.algo}.jsonl")
+    with open(data_path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    return {
+        "algo": args.algo, "model_dir": model_dir, "data_path": data_path, "device": args.device,
+        "precision": "bf16" if args.device == "cuda" else "fp32", "steps": args.steps, "warmup": args.warmup,
+        "max_length": max_length, "batch_size": batch, "accumulation": args.accumulation, "lr": args.lr,
+        "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "weight_decay": 0.0, "max_grad_norm": 1.0,
+        "seed": args.seed, "dpo_beta": 0.1,
+        "prompts_per_step": prompts_per_step, "group_size": args.group_size,
+        "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
+        "reward_function": "benchmarks.vs_trl:length_reward",
+    }
+
+
+# --------------------------------------------------------------------------- running and reporting
+
+
+def run_side(side: str, python: str, spec_path: str, out_path: str, timeout: float) -> dict:
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "WANDB_DISABLED": "true"}
+    proc = subprocess.run([python, "-m", f"benchmarks.side_{side}", spec_path, out_path], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0 or not os.path.exists(out_path):
+        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
+        raise RuntimeError(f"{side} side failed (exit {proc.returncode}):\n{tail}")
+    with open(out_path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def significant(x: float, digits: int = 3) -> str:
+    return f"{x:.{digits}g}"
+
+
+def describe(side: str, r: dict) -> str:
+    line = (f"{side:6s} {r['tokens_per_s']:10.1f} tok/s  peak {r['peak_memory_bytes'] / 2**20:8.1f} MiB  "
+            f"loss {r['final_loss']:.4f}  MFU {100 * r['mfu']:.2f}% (peak {r['peak_flops'] / 1e9:.1f} GFLOP/s)  "
+            f"{r['timed_steps']} timed steps in {r['seconds']:.2f}s")
+    if "generated_tokens_per_s" in r:
+        line += f"  gen {r['generated_tokens_per_s']:.1f} tok/s  {r['prompts_per_s']:.2f} prompts/s"
+    return line
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m benchmarks.vs_trl", description=__doc__.split("\n\n")[0])
+    p.add_argument("--algo", choices=ALGOS, required=True)
+    p.add_argument("--json", help="write every round's figures and the medians here")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=8, help="optimizer steps per run")
+    p.add_argument("--warmup", type=int, default=2, help="first steps left out of the timing (at most steps-1)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--size", choices=tuple(SIZES), default=None, help="default: small on cpu, 0.5b on cuda")
+    p.add_argument("--max-length", type=int, default=0, help="default: the size's (1024; tiny 128)")
+    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--accumulation", type=int, default=2)
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--prompts-per-step", type=int, default=4, help="GRPO")
+    p.add_argument("--group-size", type=int, default=4, help="GRPO completions per prompt")
+    p.add_argument("--max-new-tokens", type=int, default=32, help="GRPO")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trl-python", default=os.path.join(ROOT, ".venv-bench", "bin", "python"))
+    p.add_argument("--ours-only", action="store_true", help="skip TRL's side (no ratio line)")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    args = p.parse_args(argv)
+    args.size = args.size or ("0.5b" if args.device == "cuda" else "small")
+    if args.algo == "grpo":
+        args.accumulation = 1  # one optimizer step over all of a step's completions, on both sides
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    sides = ["ours"] if args.ours_only else ["ours", "trl"]
+    pythons = {"ours": sys.executable, "trl": args.trl_python}
+    with tempfile.TemporaryDirectory(prefix="vs_trl_") as workdir:
+        spec = build_workload(args, workdir)
+        spec_path = os.path.join(workdir, "spec.json")
+        with open(spec_path, "w", encoding="utf-8") as f:
+            json.dump(spec, f)
+        print(f"{args.algo}: size {args.size}, {args.steps} steps ({spec['warmup']} warm-up), batch "
+              f"{args.batch_size} x {args.accumulation}, max length {spec['max_length']}, device {args.device}, "
+              f"{args.rounds} rounds, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+        results: dict[str, list[dict]] = {side: [] for side in sides}
+        for round_index in range(args.rounds):
+            for side in sides:  # alternate: ours, theirs, ours, theirs, ...
+                out = os.path.join(workdir, f"{side}-{round_index}.json")
+                results[side].append(run_side(side, pythons[side], spec_path, out, args.timeout))
+                print(f"round {round_index + 1} {describe(side, results[side][-1])}", flush=True)
+    medians = {side: {key: statistics.median(r[key] for r in rs) for key in ("tokens_per_s", "peak_memory_bytes")}
+               for side, rs in results.items()}
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"args": vars(args), "spec": spec, "results": results, "medians": medians}, f, indent=1)
+    if args.ours_only:
+        return 0
+    throughput = medians["ours"]["tokens_per_s"] / medians["trl"]["tokens_per_s"]
+    memory = medians["ours"]["peak_memory_bytes"] / medians["trl"]["peak_memory_bytes"]
+    print(f"ratio throughput={significant(throughput)} memory={significant(memory)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""The TRL benchmark harness runs end to end on a tiny model and prints its figures and ratio line."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRL_PYTHON = os.path.join(ROOT, ".venv-bench", "bin", "python")
+RATIO = re.compile(r"^ratio throughput=([0-9.eE+-]+) memory=([0-9.eE+-]+)$")
+
+
+def trl_missing() -> str | None:
+    """Why TRL's side cannot run here, or None."""
+    if not os.path.exists(TRL_PYTHON):
+        return f"{TRL_PYTHON} not found (make bench creates it)"
+    probe = subprocess.run([TRL_PYTHON, "-c", "import trl"], capture_output=True, text=True)
+    return None if probe.returncode == 0 else f"trl is not importable in {TRL_PYTHON}"
+
+
+def run_harness(tmp_path, *extra: str) -> tuple[str, dict]:
+    out = tmp_path / "bench.json"
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.vs_trl", "--algo", "sft", "--rounds", "1",
+                           "--steps", "2", "--warmup", "1", "--size", "tiny", "--max-length", "64",
+                           "--json", str(out), "--trl-python", TRL_PYTHON, *extra],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout, json.loads(out.read_text())
+
+
+def check_side(result: dict) -> None:
+    for key in ("tokens_per_s", "peak_memory_bytes", "mfu", "peak_flops", "parameters", "trained_tokens"):
+        assert result[key] > 0, (key, result)
+    assert result["timed_steps"] == 1
+    assert result["final_loss"] == result["final_loss"]  # not NaN
+
+
+@pytest.mark.slow
+def test_ours_side(tmp_path):
+    stdout, report = run_harness(tmp_path, "--ours-only")
+    assert "round 1 ours" in stdout and "ratio" not in stdout
+    check_side(report["results"]["ours"][0])
+
+
+@pytest.mark.slow
+def test_both_sides_and_ratio_line(tmp_path):
+    reason = trl_missing()
+    if reason:
+        pytest.skip(reason)
+    stdout, report = run_harness(tmp_path)
+    last = stdout.strip().splitlines()[-1]
+    match = RATIO.match(last)
+    assert match, last
+    throughput, memory = (float(x) for x in match.groups())
+    assert throughput > 0 and memory > 0
+    for side in ("ours", "trl"):
+        check_side(report["results"][side][0])
+    for figure in match.groups():  # 3 significant digits
+        assert len(figure.replace(".", "").lstrip("0")) <= 3
