@@ -21,6 +21,7 @@ from typing import Any, Union
 import yaml
 
 from trainer_lib import config_aliases as aliases
+from trainer_lib.keys import section_for
 from trainer_lib.errors import ConfigError  # noqa: F401 - the stages import it from here
 
 
@@ -354,13 +355,8 @@ def parse_overrides(overrides: list[str]) -> dict:
             value = raw
         if isinstance(value, (dict,)):
             value = raw
-        node = tree
-        parts = key.split(".")
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{key}: conflicts with an earlier override")
-        node[parts[-1]] = value
+        node, last = section_for(tree, key, f"{key}: conflicts with an earlier override")
+        node[last] = value
     return tree
 
 

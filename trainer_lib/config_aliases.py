@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from trainer_lib.errors import ConfigError
+from trainer_lib.keys import section_for
 
 #: their key -> our key(s); the first one the stage's config has is used.
 RENAMES: dict[str, tuple[str, ...]] = {
@@ -236,7 +237,8 @@ DEFERRED = ("warmup_ratio",)
 # --------------------------------------------------------------------------- translation
 
 
-def _get(tree: dict, dotted: str) -> tuple[bool, Any]:
+def _present(tree: dict, dotted: str) -> tuple[bool, Any]:
+    """(whether the nested dict holds the dotted key, its value)."""
     node: Any = tree
     for part in dotted.split("."):
         if not isinstance(node, dict) or part not in node:
@@ -246,18 +248,13 @@ def _get(tree: dict, dotted: str) -> tuple[bool, Any]:
 
 
 def _put(tree: dict, dotted: str, value: Any, their: str, set_by: dict) -> None:
-    present, old = _get(tree, dotted)
+    present, old = _present(tree, dotted)
     if present and old != value:
         other = set_by.get(dotted, dotted)
         raise ConfigError(f"{their}: sets {dotted} to {value!r}, but {other} sets it to {old!r} "
                           f"in the same config")
-    node = tree
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"{their}: sets {dotted}, but {part} is not a section here")
-    node[parts[-1]] = value
+    node, last = section_for(tree, dotted, f"{their}: sets {dotted}, but a value stands where a section should be")
+    node[last] = value
     set_by[dotted] = their
 
 

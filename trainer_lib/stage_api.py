@@ -18,6 +18,7 @@ import yaml
 
 from trainer_lib import storage
 from trainer_lib.config import ConfigError, load_config, merge, parse_overrides
+from trainer_lib.keys import section_for
 from trainer_lib.stages import STAGES, stage_module
 from trainer_lib.tracking import check_reporters
 
@@ -28,17 +29,12 @@ def nest(flat: dict) -> dict:
     """``{"model.path": x, "lr": 1}`` -> ``{"model": {"path": x}, "lr": 1}``; values kept as they are."""
     tree: dict = {}
     for key, value in flat.items():
-        parts = str(key).split(".")
-        node = tree
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"{key}: conflicts with an earlier key")
+        node, last = section_for(tree, str(key), f"{key}: conflicts with an earlier key")
         if isinstance(value, dict):
             value = nest(value)
-            if isinstance(node.get(parts[-1]), dict):
-                value = merge(node[parts[-1]], value)
-        node[parts[-1]] = value
+            if isinstance(node.get(last), dict):
+                value = merge(node[last], value)
+        node[last] = value
     return tree
 
 

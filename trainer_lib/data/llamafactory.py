@@ -24,7 +24,7 @@ Renamed columns are given like the ``columns`` (and, for sharegpt, ``tags``) of 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Callable
+from typing import Callable
 
 from trainer_lib.errors import DataError
 

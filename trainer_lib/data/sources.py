@@ -136,8 +136,6 @@ class Source:
                 local = os.path.join(self.local, rel)
                 yield from _file_rows(local, _file_kind(rel), _display_join(self.path, rel))
         elif self.kind == "saved":
-            import datasets
-
             yield from _dataset_rows(load_saved(self.local, self.path, self.key), self.path,
                                      split or self.train_split)
         elif self.kind == "hub":
