@@ -108,6 +108,18 @@ def documented(summary: str):
     return decorate
 
 
+def step_settings(params: dict) -> tuple[dict, dict, dict, dict]:
+    """A gated DAG's parameters as the keyword groups its steps take: every training step's
+    (batch, length, seed), the cluster's (accelerators, nodes), the evaluation's and the serving's."""
+    p = params
+    return (dict(batch_size=p["batch_size"], max_length=p["max_length"], seed=p["seed"]),
+            dict(accelerator_type=p["accelerator_type"], gpus=p["gpus_per_step"], nodes=p["nodes_per_step"]),
+            dict(gate_rules=p["gate_rules"], humaneval_limit=p["humaneval_limit"], seed=p["seed"],
+                 overrides=p["evaluate_overrides"], tasks_path=p["eval_tasks"], safety_path=p["eval_safety"]),
+            dict(model_name=p["model_name"], deploy_variant=p["deploy_variant"], model_repository=p["model_repository"],
+                 triton_url=p["triton_url"], export_overrides=p["export_overrides"]))
+
+
 def start(base_model: str, dataset: str, seed: int, demo_overrides: list, tiny_model_overrides: list,
           **datasets):
     """The bootstrap task every DAG begins with, keyed for the cache by the content of the given locations."""
@@ -230,12 +242,7 @@ def posttrain_dpo(
 ):
     boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides,
                  preference_dataset=preference_dataset)
-    common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
-    cluster = dict(accelerator_type=accelerator_type, gpus=gpus_per_step, nodes=nodes_per_step)
-    judging = dict(gate_rules=gate_rules, humaneval_limit=humaneval_limit, seed=seed, overrides=evaluate_overrides,
-                   tasks_path=eval_tasks, safety_path=eval_safety)
-    serving = dict(model_name=model_name, deploy_variant=deploy_variant, model_repository=model_repository,
-                   triton_url=triton_url, export_overrides=export_overrides)
+    common, cluster, judging, serving = step_settings(locals())
     sft = prepare_and_train("sft", "SFT", boot.outputs["model"], boot.outputs["data"], max_steps=sft_max_steps,
                             lr=sft_lr, overrides=sft_overrides, **common, **cluster).outputs["output_model"]
     dpo = prepare_and_train("dpo", "DPO", sft, boot.outputs["preferences"], max_steps=dpo_max_steps, lr=dpo_lr,
@@ -287,12 +294,7 @@ def posttrain_rlhf(
 ):
     boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides,
                  preference_dataset=preference_dataset, prompt_dataset=prompt_dataset)
-    common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
-    cluster = dict(accelerator_type=accelerator_type, gpus=gpus_per_step, nodes=nodes_per_step)
-    judging = dict(gate_rules=gate_rules, humaneval_limit=humaneval_limit, seed=seed, overrides=evaluate_overrides,
-                   tasks_path=eval_tasks, safety_path=eval_safety)
-    serving = dict(model_name=model_name, deploy_variant=deploy_variant, model_repository=model_repository,
-                   triton_url=triton_url, export_overrides=export_overrides)
+    common, cluster, judging, serving = step_settings(locals())
     sft = prepare_and_train("sft", "SFT", boot.outputs["model"], boot.outputs["data"], max_steps=sft_max_steps,
                             lr=sft_lr, overrides=sft_overrides, **common, **cluster).outputs["output_model"]
     scorer = prepare_and_train("reward", "reward model", sft, boot.outputs["preferences"],
@@ -365,12 +367,7 @@ def posttrain_all(
 ):
     boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides,
                  preference_dataset=preference_dataset, prompt_dataset=prompt_dataset)
-    common = dict(batch_size=batch_size, max_length=max_length, seed=seed)
-    cluster = dict(accelerator_type=accelerator_type, gpus=gpus_per_step, nodes=nodes_per_step)
-    judging = dict(gate_rules=gate_rules, humaneval_limit=humaneval_limit, seed=seed, overrides=evaluate_overrides,
-                   tasks_path=eval_tasks, safety_path=eval_safety)
-    serving = dict(model_name=model_name, deploy_variant=deploy_variant, model_repository=model_repository,
-                   triton_url=triton_url, export_overrides=export_overrides)
+    common, cluster, judging, serving = step_settings(locals())
     sft = prepare_and_train("sft", "SFT", boot.outputs["model"], boot.outputs["data"], max_steps=sft_max_steps,
                             lr=sft_lr, overrides=sft_overrides, **common, **cluster).outputs["output_model"]
     dpo = prepare_and_train("dpo", "DPO", sft, boot.outputs["preferences"], max_steps=dpo_max_steps, lr=dpo_lr,
