@@ -137,7 +137,8 @@ class Cadence:
         summary = {**summary, "steps": self.total, "output_dir": self.cfg.output_dir}
         if self.evaluate is not None:
             summary["eval"] = self.evaluate()
-            self.tracker.log(self.total, summary["eval"], split="eval")
+            if self.start < self.total:  # (resumed from the last checkpoint: that logged it already)
+                self.tracker.log(self.total, summary["eval"], split="eval")
         if self.cfg.save_steps and self.start < self.total:
             self.save_checkpoint(self.total)
         self.tracker.close()

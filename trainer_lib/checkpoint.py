@@ -21,6 +21,8 @@ from trainer_lib import storage
 
 MARKER = "COMPLETE"
 LOG_FILE = "metrics.jsonl"
+SUMMARY = "summary.json"  # written last: an output root with it holds a complete model
+FINAL_STAGING = ".final-model.tmp"
 
 
 def tag_for(step: int) -> str:
@@ -74,13 +76,17 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ discovery
     def complete_steps(self) -> list[int]:
+        return [step for step, complete in self._saved_steps() if complete]
+
+    def _saved_steps(self) -> list[tuple[int, bool]]:
+        """(step, has its marker) of every ``step-*`` directory, oldest first."""
         if not storage.isdir(self.ckpt_root):
             return []
         steps = []
         for name in storage.listdir(self.ckpt_root):
             name = name.rstrip("/")
-            if name.startswith("step-") and storage.exists(storage.join(self.ckpt_root, name, MARKER)):
-                steps.append(int(name.split("-", 1)[1]))
+            if name.startswith("step-") and name[5:].isdigit():
+                steps.append((int(name[5:]), storage.exists(storage.join(self.ckpt_root, name, MARKER))))
         return sorted(steps)
 
     def latest_step(self) -> int | None:
@@ -111,8 +117,10 @@ class CheckpointManager:
     def save(self, engine, step: int, client_state: dict, extra_engines: dict | None = None) -> None:
         tag = tag_for(step)
         local = os.path.join(self.ckpt_dir, tag)
-        if self.strategy.is_rank_0 and os.path.exists(local):  # a half-written earlier attempt
-            shutil.rmtree(local)
+        if self.strategy.is_rank_0:  # a half-written earlier attempt
+            shutil.rmtree(local, ignore_errors=True)
+            if self.ckpt_remote:
+                storage.delete(storage.join(self.ckpt_root, tag))
         self.strategy.barrier()
         self.strategy.save_checkpoint(engine, self.ckpt_dir, tag, client_state)
         for name, extra in (extra_engines or {}).items():  # inside the tag: one marker covers all
@@ -132,9 +140,14 @@ class CheckpointManager:
         self.strategy.barrier()
 
     def _prune(self) -> None:
-        if self.keep <= 0:
-            return
-        for step in self.complete_steps()[:-self.keep]:
+        """Keep the newest ``keep`` complete checkpoints (all, if ``keep`` <= 0), and drop what a save
+        killed before its marker left behind, once a newer checkpoint is complete."""
+        saved = self._saved_steps()
+        complete = [step for step, done in saved if done]
+        drop = [step for step, done in saved if not done and step < complete[-1]]
+        if self.keep > 0:
+            drop += complete[:-self.keep]
+        for step in sorted(drop):
             tag = tag_for(step)
             if self.ckpt_remote:
                 storage.delete(storage.join(self.ckpt_root, tag))
@@ -143,20 +156,37 @@ class CheckpointManager:
     # ------------------------------------------------------------------ final output
     def finish(self, engine, tokenizer, summary: dict, extra_files: dict[str, str] | None = None) -> None:
         """End of training: HF model (or LoRA adapter) and summary.json at the output root, mirrored
-        to the store."""
-        self.strategy.save_hf_model(engine, tokenizer, self.local_dir, extra_files=extra_files,
-                                    merge_lora=self.merge_lora)
+        to the store.
+
+        ``summary.json`` marks a complete model: it is removed first and written last, and the model
+        is written to a temporary directory whose files are then renamed into the root, so a pod
+        killed meanwhile leaves no truncated file and no summary.json."""
+        staged = os.path.join(self.local_dir, FINAL_STAGING)
         if self.strategy.is_rank_0:
-            storage.write_text(os.path.join(self.local_dir, "summary.json"), json.dumps(summary, indent=2))
+            for stale in (os.path.join(self.local_dir, SUMMARY), staged):
+                storage.delete(stale)
+            if self.remote:
+                storage.delete(storage.join(self.output_dir, SUMMARY))
+        self.strategy.save_hf_model(engine, tokenizer, staged, extra_files=extra_files, merge_lora=self.merge_lora)
+        if self.strategy.is_rank_0:
+            for name in sorted(os.listdir(staged)):
+                target = os.path.join(self.local_dir, name)
+                if os.path.isdir(target):  # os.replace swaps files atomically, not directories
+                    shutil.rmtree(target)
+                os.replace(os.path.join(staged, name), target)
+            os.rmdir(staged)
+            storage.write_text(os.path.join(self.local_dir, SUMMARY), json.dumps(summary, indent=2))
         self.publish()
         self.strategy.barrier()
 
     def publish(self, names: list[str] | None = None) -> None:
-        """Mirror the staging root (final model, logs) to an s3:// output_dir; rank 0 only."""
+        """Mirror the staging root (final model, logs) to an s3:// output_dir, summary.json last;
+        rank 0 only."""
         if not (self.remote and self.strategy.is_rank_0):
             return
-        for name in names if names is not None else sorted(os.listdir(self.local_dir)):
-            if name == "checkpoints":
+        names = sorted(os.listdir(self.local_dir)) if names is None else names
+        for name in sorted(names, key=lambda name: name == SUMMARY):
+            if name in ("checkpoints", FINAL_STAGING):
                 continue
             src = os.path.join(self.local_dir, name)
             storage.copy(src, storage.join(self.output_dir, name))

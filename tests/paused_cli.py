@@ -1,0 +1,58 @@
+"""Run a ``posttrain`` command that stops, for a test to SIGKILL, at an exact point of its own file I/O.
+
+    python -m tests.paused_cli EVENT PATTERN READY_FILE -- sft key=value ...
+
+A Python audit hook watches the process's file operations: ``mkdir`` (``os.mkdir``, so also
+``os.makedirs``), ``rename`` (``os.rename`` / ``os.replace``, matched on the destination) and
+``open`` (for writing). The first operation of kind EVENT whose path matches the regular expression
+PATTERN is held before it happens: the hook writes READY_FILE and blocks that thread for good.
+Nothing in trainer_lib is patched; the test waits for READY_FILE and kills the process there,
+instead of racing a tiny run that finishes in a second with a polling loop.
+
+Holding ``rename`` of ``.../step-00000004/COMPLETE`` kills a save after every file of the
+checkpoint is written (and uploaded, for an s3:// ``checkpoint_dir``) but before its marker;
+holding ``mkdir`` of ``.../step-00000004`` kills between checkpoints, before anything of step 4
+exists.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+
+_EVENTS = {"mkdir": "os.mkdir", "rename": "os.rename", "open": "open"}
+
+
+def install(event: str, pattern: str, ready_file: str) -> None:
+    wanted, regex, fired = _EVENTS[event], re.compile(pattern), threading.Event()
+
+    def hook(name: str, args: tuple) -> None:
+        if name != wanted or fired.is_set():
+            return
+        path = args[1] if name == "os.rename" else args[0]
+        if name == "open" and (not isinstance(args[1], str) or not set(args[1]) & set("wax+")):
+            return  # only opens that write
+        if not isinstance(path, (str, bytes, os.PathLike)) or not regex.search(os.fsdecode(path)):
+            return
+        fired.set()  # (before the write below, which is an open too)
+        with open(ready_file, "w", encoding="utf-8") as fh:
+            fh.write(f"{name} {os.fsdecode(path)}\n")
+        threading.Event().wait()  # held here until the test kills the process
+
+    sys.addaudithook(hook)
+
+
+def main(argv: list[str]) -> int:
+    event, pattern, ready_file, separator, *command = argv
+    if separator != "--" or event not in _EVENTS:
+        raise SystemExit(__doc__)
+    install(event, pattern, ready_file)
+    from trainer_lib.cli import main as posttrain
+
+    return posttrain(command)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
