@@ -65,6 +65,8 @@ class CheckpointManager:
         self.ckpt_root = checkpoint_dir or storage.join(output_dir, "checkpoints")
         self.ckpt_remote = storage.is_remote(self.ckpt_root)
         self.ckpt_dir = staging_dir(self.ckpt_root)
+        for location in {output_dir, self.ckpt_root}:  # fail now, not at the first save
+            storage.require_bucket(location)
         os.makedirs(self.ckpt_dir, exist_ok=True)
         os.makedirs(self.local_dir, exist_ok=True)
 

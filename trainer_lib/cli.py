@@ -36,14 +36,19 @@ def one_line(exc: BaseException) -> str:
 
 
 def run_command(command: Callable[[list[str]], int], argv: list[str]) -> int:
-    """Run a command's ``main``; a user's mistake (bad file, path or value) is one line and exit code 2."""
+    """Run a command's ``main``; a user's mistake (bad file, path or value) is one line and exit code 2,
+    an object store that failed after its retries one line and exit code 1."""
     from trainer_lib.errors import UserError
+    from trainer_lib.storage import StorageError
 
     try:
         return command(argv)
     except (UserError, FileNotFoundError, ValueError) as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
+    except StorageError as exc:  # (its message names the location, with credentials redacted)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 1
 
 
 #: Library commands that are not stages: name -> (help, main).
@@ -73,6 +78,7 @@ def stage_main(name: str, argv: list[str]) -> int:
     """``posttrain <stage> ...``: parse, validate, then run in this process or in N workers."""
     from trainer_lib.errors import UserError
     from trainer_lib.stage_api import run_config
+    from trainer_lib.storage import StorageError
 
     module = stage_module(name)
     parser = argparse.ArgumentParser(prog=f"posttrain {name}", add_help=False)
@@ -108,9 +114,12 @@ def stage_main(name: str, argv: list[str]) -> int:
                               env={ANNOUNCED_ENV: "1"})
     try:
         summary = run_config(name, cfg)
-    except UserError as exc:
+    except (UserError, FileNotFoundError) as exc:
         print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
+    except StorageError as exc:  # after bounded retries; a retried pod may succeed
+        print(f"error: {one_line(exc)}", file=sys.stderr)
+        return 1
     if summary and int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(summary, indent=2, default=str))
     return 0

@@ -43,6 +43,10 @@ _SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"
                "MINIO_ACCESS_KEY", "MINIO_SECRET_KEY", "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD")
 
 
+#: Error codes of a request refused for its credentials (not retried: another try cannot help).
+_REFUSED = ("403", "AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken")
+
+
 class StorageError(RuntimeError):
     """The object store failed or returned bad data; the message names the path."""
 
@@ -171,7 +175,7 @@ def _call(op: str, uri: str, fn):
             code = err.response.get("Error", {}).get("Code", "") if isinstance(err, ClientError) else ""
             if code in ("404", "NoSuchKey", "NoSuchBucket", "NotFound"):
                 raise FileNotFoundError(f"{uri}: not found ({code})") from None
-            hint = " (check credentials and bucket policy)" if code in ("403", "AccessDenied") else ""
+            hint = " (check credentials and bucket policy)" if code in _REFUSED else ""
             raise StorageError(redact(f"{uri}: could not {op}: {err or e}{hint}")) from None
         except (BotoCoreError, Boto3Error, ConnectionError, TimeoutError) as e:
             reason = e
@@ -236,6 +240,18 @@ def _hub_revision(repo_id: str) -> str:
     except ImportError:
         pass
     return f"unknown@{time.time_ns()}"  # not knowable: never the same, so never answered from a cache
+
+
+def require_bucket(path) -> None:
+    """Before any work that ends in writing to ``path``: fail when its bucket does not exist or
+    refuses these credentials (nothing to check for a local path)."""
+    if not is_remote(path):
+        return
+    bucket, _ = split_s3(path)
+    try:
+        _call("reach its bucket", path, lambda: _client().head_bucket(Bucket=bucket))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: bucket '{bucket}' does not exist") from None
 
 
 def exists(path) -> bool:

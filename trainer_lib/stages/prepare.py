@@ -118,6 +118,7 @@ def run(cfg: PrepareConfig) -> dict:
 
     if not storage.is_remote(cfg.output_dir):
         _check_target(os.path.abspath(os.path.expanduser(cfg.output_dir)))  # fail before the work
+    storage.require_bucket(cfg.output_dir)
     tokenizer = load_tokenizer(cfg.model) if (cfg.model.path or cfg.model.tokenizer_path) else None
     dd, stats = build_dataset(cfg.data, cfg.seed, tokenizer=tokenizer, drop_empty=cfg.drop_empty,
                               drop_duplicates=cfg.drop_duplicates, max_rows=cfg.max_rows)
