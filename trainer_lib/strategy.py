@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import re
 import socket
 from typing import Any
 
@@ -262,13 +263,27 @@ class DeepSpeedStrategy:
         self.barrier()
 
     def load_checkpoint(self, engine, save_dir: str, tag: str) -> dict:
+        """Load a checkpoint without unpickling anything but tensors, plain data and the few
+        DeepSpeed classes its files hold (:func:`checkpoint_globals`): a file planted under the
+        checkpoint location cannot run code."""
+        import pickle
+
         import torch
 
-        _, client_state = engine.load_checkpoint(save_dir, tag=tag, load_optimizer_states=True,
-                                                 load_lr_scheduler_states=True)
+        from trainer_lib.errors import UserError
+
         rng_file = os.path.join(save_dir, tag, f"rng_state_rank{self.rank}.pt")
-        if os.path.exists(rng_file):
-            _set_rng_state(torch.load(rng_file, weights_only=False))
+        try:
+            with weights_only_loads():
+                _, client_state = engine.load_checkpoint(save_dir, tag=tag, load_optimizer_states=True,
+                                                         load_lr_scheduler_states=True)
+                rng = torch.load(rng_file, weights_only=True) if os.path.exists(rng_file) else None
+        except pickle.UnpicklingError as exc:
+            found = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
+            raise UserError(f"{os.path.join(save_dir, tag)}: refusing to load a checkpoint that holds more than "
+                            f"tensors and plain data" + (f" ({found.group(1)})" if found else "")) from None
+        if rng is not None:
+            _set_rng_state(rng)
         return client_state or {}
 
     # ------------------------------------------------------------------ export
@@ -320,16 +335,51 @@ def _local_grad_norm(module) -> float:
 
 
 def _rng_state() -> dict:
+    """This process's RNG states as tensors and plain values (so they load with weights_only=True)."""
     import numpy as np
     import torch
 
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    version, keys, gauss = random.getstate()
+    kind, words, pos, has_gauss, cached = np.random.get_state()
+    return {"python": [version, torch.tensor(keys, dtype=torch.int64), gauss], "torch": torch.get_rng_state(),
+            "numpy": [kind, torch.from_numpy(words.astype(np.int64)), pos, has_gauss, cached]}
 
 
 def _set_rng_state(state: dict) -> None:
     import numpy as np
     import torch
 
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    version, keys, gauss = state["python"]
+    random.setstate((version, tuple(keys.tolist()), gauss))
+    kind, words, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, words.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
+
+
+def checkpoint_globals() -> list:
+    """The classes DeepSpeed pickles into its checkpoint files besides tensors and plain containers
+    (ZeRO optimizer states): the only ones :func:`weights_only_loads` lets torch.load rebuild."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+@contextlib.contextmanager
+def weights_only_loads():
+    """Within it, every ``torch.load`` reads with ``weights_only=True``, also DeepSpeed's (which asks
+    for False), through torch's documented ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` switch, and only
+    :func:`checkpoint_globals` may be rebuilt besides torch's own safe types."""
+    import torch
+
+    previous = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        with torch.serialization.safe_globals(checkpoint_globals()):
+            yield
+    finally:
+        if previous is None:
+            del os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"]
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = previous

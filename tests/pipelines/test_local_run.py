@@ -2,6 +2,7 @@
 
 import json
 import os
+import tempfile
 
 import pytest
 
@@ -65,10 +66,45 @@ def test_failed_local_run_exits_1_and_keeps_latest(tmp_path, capsys):
     assert (tmp_path / "latest" / "run.json").read_text() == "{}"
 
 
+CANARIES = {"AWS_ACCESS_KEY_ID": "CanaryKeyId7f3a9c1e", "AWS_SECRET_ACCESS_KEY": "canary-secret-5b2d8e41f0",
+            "HF_TOKEN": "hf_canary0token9d1c4b7a"}
+
+
+def _canary_hits(tmp_path, bucket: str, captured: str) -> tuple[list[str], int]:
+    """Where any canary value occurs: every file under ``tmp_path`` (run directories, executor outputs,
+    artifacts, logs, metrics, reports, run.json, caches, temporary files), every object in the bucket,
+    and the captured output. Also how many files and objects were searched."""
+    import boto3
+
+    needles = [value.encode() for value in CANARIES.values()]
+    hits, searched = [f"output: {v}" for v in CANARIES.values() if v in captured], 0
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and not path.is_symlink():
+            searched += 1
+            data = path.read_bytes()
+            hits += [f"{path}: {n.decode()}" for n in needles if n in data]
+    s3 = boto3.client("s3")
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket):
+        for obj in page.get("Contents", []):
+            searched += 1
+            data = s3.get_object(Bucket=bucket, Key=obj["Key"])["Body"].read()
+            hits += [f"s3://{bucket}/{obj['Key']}: {n.decode()}" for n in needles if n in data]
+    return hits, searched
+
+
 @pytest.mark.slow
-def test_local_run_of_the_whole_dag_evaluates_releases_exports_and_deploys(tmp_path, capsys):
+def test_local_run_of_the_whole_dag_evaluates_releases_exports_and_deploys(tmp_path, capfd, monkeypatch, s3_bucket):
     """posttrain-all with tiny settings: every stage, list parameters (reward functions) included, the gate
-    judged on the user's held-out tasks."""
+    judged on the user's held-out tasks, the release published to S3.
+
+    It also runs with the S3 credentials and HF_TOKEN set to canary values (the release uses them), and
+    temporary files and caches inside ``tmp_path``: afterwards no file, object or output holds a canary."""
+    for name, value in CANARIES.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # (this process read TMPDIR already)
+    monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))
+    (tmp_path / "tmp").mkdir()
     tasks = tmp_path / "my_tasks.jsonl"
     tasks.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": f"Define f(x) that returns x + {i}.",
                                          "tests": [f"assert f(1) == {1 + i}"]}) + "\n" for i in range(3)))
@@ -78,8 +114,9 @@ def test_local_run_of_the_whole_dag_evaluates_releases_exports_and_deploys(tmp_p
                     "max_new_tokens=8", "humaneval_limit=1", "gate_rules=[\"task_pass_rate>=0\"]",
                     "reward_functions=[\"code_execution\", \"code_style\"]", "model_name=demo",
                     'rl_overrides=["prompts_per_step=2", "save_steps=0"]',
-                    'evaluate_overrides=["safety.limit=4"]'])
-    out = capsys.readouterr().out
+                    'evaluate_overrides=["safety.limit=4"]', f"release_uri=s3://{s3_bucket}/releases/demo"])
+    captured = capfd.readouterr()
+    out = captured.out
     assert rc == 0, out[-3000:]
     record = json.loads((tmp_path / "latest" / "run.json").read_text())
     assert record["evaluation"]["gate_passed"] is True
@@ -99,3 +136,11 @@ def test_local_run_of_the_whole_dag_evaluates_releases_exports_and_deploys(tmp_p
     # runs/latest points at what `make demo` serves: the repository and the HF model that was exported
     assert os.path.realpath(tmp_path / "latest" / "repository") == repository
     assert os.path.realpath(tmp_path / "latest" / "exported_model") == grpo_dir
+
+    from trainer_lib import storage
+
+    assert storage.exists(f"s3://{s3_bucket}/releases/demo/release.json")  # the canary credentials were used
+    probe = tmp_path / "probe.txt"  # one planted hit: the search does find what it looks for
+    probe.write_text(f"token={CANARIES['HF_TOKEN']}")
+    hits, searched = _canary_hits(tmp_path, s3_bucket, captured.out + captured.err)
+    assert searched > 100 and hits == [f"{probe}: {CANARIES['HF_TOKEN']}"], hits
