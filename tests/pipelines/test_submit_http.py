@@ -102,7 +102,7 @@ def test_submit_creates_the_experiment_once_and_a_run_with_typed_parameters(kfp_
     assert type(parameters["sft_max_steps"]) is int and type(parameters["lr"]) is float
     cached = {t["taskInfo"]["name"]: t["cachingOptions"].get("enableCache", False) for t in all_tasks(spec)}
     assert cached == {**{name: True for name in cached}, "deploy SFT": False,  # as compiled: these never cached
-                      "fingerprint sources": False}
+                      "fingerprint sources": False, "check config": False}
 
     out = capsys.readouterr().out
     for run_id in kfp_server.app.ids:
