@@ -50,10 +50,15 @@ def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None =
     from transformers import AutoModelForCausalLM
 
     source = path or cfg.path
+    attention = cfg.attn_implementation
+    if attention == "sdpa":  # the same sdpa, but packed rows are attended per sequence (models/attention.py)
+        from trainer_lib.models.attention import register
+
+        attention = register()
     try:
         return AutoModelForCausalLM.from_pretrained(
             resolve_model_path(source), dtype=torch_dtype(precision),
-            attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code)
+            attn_implementation=attention, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as exc:  # not a model directory, unknown hub id, missing weights or config
         raise UserError(f"model.path: could not load a causal LM from {source}: {exc}") from None
 
