@@ -46,7 +46,7 @@ METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
 
 @dataclass
 class ModelConfig:
-    path: str | None = opt(None, "Base model: Hugging Face hub id, local directory or s3:// prefix.")
+    path: str | None = opt(None, "Base model: Hugging Face hub id, local directory or URL (s3://, gs://, hf://...).")
     tokenizer_path: str | None = opt(None, "Tokenizer location if different from model.path.")
     attn_implementation: str = opt("sdpa", "Attention kernel passed to transformers.",
                                    ("sdpa", "eager", "flash_attention_2"))
@@ -56,7 +56,7 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     path: str | None = opt(None, "Dataset: prepared dataset dir, JSONL/JSON/Parquet/CSV file, "
-                                 "datasets saved dir or hub id; local or s3://.")
+                                 "datasets saved dir or hub id; local or a URL (s3://, gs://, az://, hf://, ...).")
     format: str = opt("auto", "Dataset format; 'auto' detects it from the columns. alpaca and sharegpt "
                               "(LLaMA-Factory's) are converted to messages.",
                       ("auto", "text", "prompt_completion", "messages", "preference",
@@ -112,7 +112,7 @@ class LoraConfig:
 class StorageConfig:
     endpoint_url: str | None = opt(None, "S3-compatible endpoint (MinIO); default $AWS_ENDPOINT_URL.")
     region: str | None = opt(None, "S3 region; default $AWS_DEFAULT_REGION or us-east-1.")
-    cache_dir: str | None = opt(None, "Local cache for s3:// downloads; default ~/.cache/posttrain.")
+    cache_dir: str | None = opt(None, "Local cache for downloads from URLs; default ~/.cache/posttrain.")
 
 
 @dataclass
@@ -124,8 +124,8 @@ class TrainingConfig:
     engine: EngineConfig = opt(EngineConfig, "DeepSpeed engine settings.")
     lora: LoraConfig = opt(LoraConfig, "LoRA adapters.")
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
-    output_dir: str | None = opt(None, "Where logs and the final HF model go (local or s3://).")
-    checkpoint_dir: str | None = opt(None, "Where resumable checkpoints go (local or s3://); default "
+    output_dir: str | None = opt(None, "Where logs and the final HF model go (local or URL).")
+    checkpoint_dir: str | None = opt(None, "Where resumable checkpoints go (local or URL); default "
                                            "<output_dir>/checkpoints. Use a stable s3:// prefix on a cluster "
                                            "so a retried pod resumes.")
     max_steps: int = opt(100, "Optimizer steps to train for.")
@@ -155,8 +155,8 @@ class TrainingConfig:
                                                 "mlflow.db), wandb (offline; needs wandb installed), none.")
 
     def validate(self) -> None:
-        _require(self.output_dir, "output_dir", "a local path or s3:// prefix")
-        _require(self.model.path, "model.path", "an HF id, local dir or s3:// prefix")
+        _require(self.output_dir, "output_dir", "a local path or URL (s3://, gs://...)")
+        _require(self.model.path, "model.path", "an HF id, local dir or URL (s3://, gs://, ...)")
         _require(self.data.path, "data.path", "a dataset path")
         check_positive(self, "max_steps", "batch_size", "eval_batch_size", "logging_steps",
                   "engine.gradient_accumulation_steps", "data.max_length")

@@ -93,7 +93,7 @@ def is_saved_dataset(local_dir: str) -> bool:
 
 
 def is_prepared_dir(path: str) -> bool:
-    """Whether ``path`` (local or s3://) is a ``posttrain prepare`` output dir."""
+    """Whether ``path`` (local or URL) is a ``posttrain prepare`` output dir."""
     from trainer_lib import storage
 
     try:
@@ -145,7 +145,9 @@ class Source:
 
 
 def _display_join(base: str, rel: str) -> str:
-    return f"{base.rstrip('/')}/{rel}" if base.startswith("s3://") else os.path.join(base, rel)
+    from trainer_lib import storage
+
+    return storage.join(base, rel.replace(os.sep, "/")) if storage.is_remote(base) else os.path.join(base, rel)
 
 
 def _data_files(local_dir: str) -> list[str]:

@@ -182,7 +182,7 @@ class RewardModelJudge:
 
 
 def load_safety_prompts(path: str, default_kind: str = "", limit: int = 0) -> list[dict]:
-    """Rows ``{"prompt", "kind"}`` from any dataset source (local, s3://, hub): ``prompt`` a string or
+    """Rows ``{"prompt", "kind"}`` from any dataset source (local, a URL, hub): ``prompt`` a string or
     a list of messages, ``kind`` harmful or benign (``default_kind`` when the column is absent)."""
     from trainer_lib.data.formats import is_conversational
     from trainer_lib.data.sources import iter_source

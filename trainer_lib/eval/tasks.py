@@ -17,7 +17,7 @@ from trainer_lib.sandbox import Program
 
 
 def load_tasks(path: str, limit: int = 0) -> list[dict]:
-    """Rows ``{"task_id", "prompt", "tests"}`` from any dataset source (local, s3://, hub)."""
+    """Rows ``{"task_id", "prompt", "tests"}`` from any dataset source (local, a URL, hub)."""
     from trainer_lib.data.formats import is_conversational
     from trainer_lib.data.sources import iter_source
 

@@ -27,7 +27,7 @@ class PrepareConfig:
                                           "longer than data.max_length are dropped.")
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
     output_dir: str | None = opt(None, "Where the prepared DatasetDict and stats.json go "
-                                       "(local or s3://).")
+                                       "(local or URL).")
     seed: int = opt(0, "Seed of the train/eval split.")
     drop_duplicates: bool = opt(True, "Drop exact duplicate rows (same format fields).")
     drop_empty: bool = opt(True, "Drop rows with an empty or whitespace-only text field.")
@@ -37,7 +37,7 @@ class PrepareConfig:
         if self.data.path in (None, ""):
             raise ConfigError("data.path: required, expected a dataset path")
         if self.output_dir in (None, ""):
-            raise ConfigError("output_dir: required, expected a local path or s3:// prefix")
+            raise ConfigError("output_dir: required, expected a local path or URL (s3://, gs://...)")
         self.data.validate()
         if self.data.max_length <= 0:
             raise ConfigError(f"data.max_length: expected a positive number, got {self.data.max_length}")
