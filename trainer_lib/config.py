@@ -47,6 +47,8 @@ METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
 @dataclass
 class ModelConfig:
     path: str | None = opt(None, "Base model: Hugging Face hub id, local directory or URL (s3://, gs://, hf://...).")
+    revision: str = opt("", "Hub revision of model.path (and of its tokenizer): a branch, tag or commit sha; "
+                            "default the main branch. Ignored for local directories and URLs.")
     tokenizer_path: str | None = opt(None, "Tokenizer location if different from model.path.")
     attn_implementation: str = opt("sdpa", "Attention kernel passed to transformers.",
                                    ("sdpa", "eager", "flash_attention_2"))
@@ -65,6 +67,13 @@ class DataConfig:
                                       "tags of LLaMA-Factory's dataset_info.json, e.g. "
                                       "{prompt: question, response: answer} or {messages: dialog, role_tag: "
                                       "role, content_tag: text, user_tag: user, assistant_tag: assistant}.")
+    subset: str = opt("", "Configuration of a hub dataset (datasets.load_dataset's name, e.g. main for gsm8k); "
+                          "also of a local or URL directory laid out like a hub dataset repo.")
+    split: str = opt("", "Split of data.path to train on; default train, else the first split.")
+    eval_split: str = opt("", "Split of data.path held out for eval; default the first of eval, validation, "
+                              "valid, test that exists, else data.eval_fraction of the training split.")
+    revision: str = opt("", "Hub dataset revision to read: a branch, tag or commit sha (pin one for a "
+                            "reproducible run); default the main branch.")
     eval_path: str | None = opt(None, "Separate eval dataset (otherwise split off data.path).")
     eval_fraction: float = opt(0.05, "Fraction of rows held out for eval when no eval split exists.")
     max_length: int = opt(512, "Maximum tokens per example (longer ones are dropped in prepare, "
@@ -73,6 +82,9 @@ class DataConfig:
     num_workers: int = opt(1, "Processes used for tokenization.")
 
     def validate(self) -> None:
+        if self.eval_split and self.eval_path:
+            raise ConfigError("data.eval_split: names a split of data.path, but data.eval_path already gives "
+                              "the eval data; set one of them")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction: expected 0 <= x < 1, got {self.eval_fraction}")
         if self.columns:

@@ -39,6 +39,10 @@ RENAMES: dict[str, tuple[str, ...]] = {
     "model_name_or_path": ("model.path",),
     "trust_remote_code": ("model.trust_remote_code",),
     "dataset_name": ("data.path",),
+    "dataset_config": ("data.subset",),
+    "dataset_train_split": ("data.split",),
+    "dataset_test_split": ("data.eval_split",),
+    "model_revision": ("model.revision",),  # TRL's ModelConfig and LLaMA-Factory's ModelArguments
     "max_length": ("data.max_length",),
     "max_seq_length": ("data.max_length",),
     "packing": ("data.packing",),
@@ -161,7 +165,7 @@ def _deepspeed(value, ctx):
 
 
 #: the entries of a dataset_info.json dataset that can be followed.
-DATASET_INFO_KEYS = ("file_name", "hf_hub_url", "formatting", "columns", "tags", "file_sha1")
+DATASET_INFO_KEYS = ("file_name", "hf_hub_url", "formatting", "columns", "tags", "file_sha1", "subset", "split")
 
 
 def _dataset_entry(key: str, name: Any, ctx: Context) -> dict:
@@ -193,7 +197,8 @@ def _dataset_entry(key: str, name: Any, ctx: Context) -> dict:
     else:
         raise ConfigError(f"{key}: {name!r} in {info_file} has neither file_name nor hf_hub_url")
     columns = {**entry.get("columns", {}), **entry.get("tags", {})}
-    return {"path": path, "format": entry.get("formatting", "alpaca"), "columns": columns}
+    hub = {k: str(entry[k]) for k in ("subset", "split") if entry.get(k)}
+    return {"path": path, "format": entry.get("formatting", "alpaca"), "columns": columns, "hub": hub}
 
 
 def _dataset(value, ctx):
@@ -201,11 +206,15 @@ def _dataset(value, ctx):
     sets = {"data.path": entry["path"], "data.format": entry["format"]}
     if entry["columns"]:
         sets["data.columns"] = entry["columns"]
+    sets.update({f"data.{k}": v for k, v in entry["hub"].items()})
     return sets, (), ""
 
 
 def _eval_dataset(value, ctx):
     entry = _dataset_entry("eval_dataset", value, ctx)
+    if entry["hub"]:
+        raise ConfigError(f"eval_dataset: {value!r} sets {', '.join(entry['hub'])}, which posttrain reads only for "
+                          f"the training dataset; point eval_dataset at files, or use data.eval_split")
     if "dataset" in ctx.layer:
         train = _dataset_entry("dataset", ctx.layer["dataset"], ctx)
         if (train["format"], train["columns"]) != (entry["format"], entry["columns"]):
