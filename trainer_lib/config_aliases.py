@@ -222,6 +222,14 @@ def _eval_dataset(value, ctx):
     return {"data.eval_path": entry["path"]}, (), ""
 
 
+def _token(key: str) -> Rule:
+    def refuse(value, ctx):  # the value is never echoed: it is a secret
+        raise ConfigError(f"{key}: a token does not belong in a config file, which is printed, logged and "
+                          f"stored with the run; remove it and export HF_TOKEN instead (hub downloads read it "
+                          f"from the environment)")
+    return refuse
+
+
 def _dataset_dir(value, ctx):
     return {}, (), "(where dataset_info.json is)"
 
@@ -237,6 +245,9 @@ RULES: dict[str, Rule] = {
     "dataset": _dataset,
     "eval_dataset": _eval_dataset,
     "dataset_dir": _dataset_dir,
+    "hub_token": _token("hub_token"),  # transformers' TrainingArguments
+    "hf_hub_token": _token("hf_hub_token"),  # LLaMA-Factory
+    "token": _token("token"),
 }
 
 #: keys that are resolved after the whole config is built (see :func:`resolve_warmup_ratio`).

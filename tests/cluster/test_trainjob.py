@@ -184,6 +184,7 @@ def test_creates_the_trainjob_waits_for_complete_and_deletes_it(capsys):
     refs = {e["name"]: e["valueFrom"] for e in trainer["env"] if "valueFrom" in e}
     assert refs["AWS_SECRET_ACCESS_KEY"]["secretKeyRef"]["name"] == "posttrain-s3"
     assert refs["AWS_ENDPOINT_URL"]["configMapKeyRef"]["name"] == "posttrain-config"
+    assert refs["HF_TOKEN"]["secretKeyRef"] == {"name": "posttrain-hf", "key": "HF_TOKEN", "optional": True}
     assert unknown_fields(job, TRAINJOB) == []
 
     assert [r.method for r in server.requests] == ["POST", "GET", "GET", "GET", "GET", "DELETE"]

@@ -38,8 +38,8 @@ from trainer_lib.errors import UserError
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
 API_VERSION = f"{GROUP}/{VERSION}"
 RUNTIME = "torch-distributed"  # the ClusterTrainingRuntime that ships with Kubeflow Trainer
-#: the Secret and ConfigMap of manifests/ (same names as pipelines/settings.py)
-S3_SECRET, CONFIG_MAP = "posttrain-s3", "posttrain-config"
+#: the Secrets and ConfigMap of manifests/ (same names as pipelines/settings.py)
+S3_SECRET, CONFIG_MAP, HF_SECRET = "posttrain-s3", "posttrain-config", "posttrain-hf"
 # A TrainJob name is an RFC 1035 label of <= 63 characters; the JobSet, Job and pod names derived
 # from it append "-node-<i>-<j>-<suffix>", which must fit in 63 too.
 NAME_MAX = 40
@@ -76,10 +76,13 @@ def job_name(run_id: str, task: str, prefix: str = "posttrain") -> str:
 
 
 def object_store_env(secret: str = S3_SECRET, config_map: str = CONFIG_MAP, extra: dict | None = None) -> list[dict]:
-    """The trainer containers' environment: S3 credentials and endpoint from manifests/ (optional
-    references, as for pipeline tasks: workload identity needs neither), plus plain variables."""
+    """The trainer containers' environment: S3 credentials and endpoint from manifests/ and the Hugging
+    Face token (optional references, as for pipeline tasks: workload identity and public models need
+    none of them), plus plain variables. Secrets stay references: their values never enter the job."""
     env = [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}}
            for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
+    env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": HF_SECRET, "key": "HF_TOKEN",
+                                                                   "optional": True}}})
     env += [{"name": key, "valueFrom": {"configMapKeyRef": {"name": config_map, "key": key, "optional": True}}}
             for key in ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")]
     plain = {"PYTHONUNBUFFERED": "1", "POSTTRAIN_NO_PROGRESS": "1", **(extra or {})}
