@@ -22,6 +22,7 @@ import yaml
 
 from trainer_lib import config_aliases as aliases
 from trainer_lib.keys import section_for
+from trainer_lib.models import chat_templates
 from trainer_lib.errors import ConfigError  # noqa: F401 - the stages import it from here
 
 
@@ -50,6 +51,9 @@ class ModelConfig:
     revision: str = opt("", "Hub revision of model.path (and of its tokenizer): a branch, tag or commit sha; "
                             "default the main branch. Ignored for local directories and URLs.")
     tokenizer_path: str | None = opt(None, "Tokenizer location if different from model.path.")
+    chat_template: str = opt("", "Chat template replacing the tokenizer's own (or giving a base model one): "
+                                 "chatml, llama3 or zephyr (built in), Jinja text, or a Jinja file; empty: "
+                                 "the tokenizer's own.")
     attn_implementation: str = opt("sdpa", "Attention kernel passed to transformers.",
                                    ("sdpa", "eager", "flash_attention_2"))
     trust_remote_code: bool = opt(False, "Allow custom modelling code from the model repo.")
@@ -184,6 +188,7 @@ class TrainingConfig:
         if not self.adam_epsilon > 0:
             raise ConfigError(f"adam_epsilon: expected a positive number, got {self.adam_epsilon}")
         self.data.validate()
+        chat_templates.check(self.model.chat_template)
         if self.engine.offload_optimizer and self.engine.zero_stage == 0:
             raise ConfigError("engine.offload_optimizer: needs engine.zero_stage >= 1")
         if self.engine.offload_params and self.engine.zero_stage != 3:

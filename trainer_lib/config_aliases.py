@@ -43,6 +43,7 @@ RENAMES: dict[str, tuple[str, ...]] = {
     "dataset_train_split": ("data.split",),
     "dataset_test_split": ("data.eval_split",),
     "model_revision": ("model.revision",),  # TRL's ModelConfig and LLaMA-Factory's ModelArguments
+    "chat_template_path": ("model.chat_template",),
     "max_length": ("data.max_length",),
     "max_seq_length": ("data.max_length",),
     "packing": ("data.packing",),
@@ -222,6 +223,16 @@ def _eval_dataset(value, ctx):
     return {"data.eval_path": entry["path"]}, (), ""
 
 
+def _template(value, ctx):
+    """LLaMA-Factory's ``template``: ours when we have it built in; otherwise the tokenizer's own is used."""
+    from trainer_lib.models.chat_templates import BUILTINS
+
+    if value in BUILTINS:
+        return {"model.chat_template": value}, (), ""
+    return {}, (), (f"(ignored: {value!r} is not built in; the tokenizer's own chat template is used, or set "
+                    f"model.chat_template to {', '.join(BUILTINS)} or a Jinja file)")
+
+
 def _token(key: str) -> Rule:
     def refuse(value, ctx):  # the value is never echoed: it is a secret
         raise ConfigError(f"{key}: a token does not belong in a config file, which is printed, logged and "
@@ -245,6 +256,7 @@ RULES: dict[str, Rule] = {
     "dataset": _dataset,
     "eval_dataset": _eval_dataset,
     "dataset_dir": _dataset_dir,
+    "template": _template,
     "hub_token": _token("hub_token"),  # transformers' TrainingArguments
     "hf_hub_token": _token("hf_hub_token"),  # LLaMA-Factory
     "token": _token("token"),

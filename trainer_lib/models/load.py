@@ -11,6 +11,7 @@ import os
 from trainer_lib import storage
 from trainer_lib.config import LoraConfig, ModelConfig
 from trainer_lib.errors import UserError
+from trainer_lib.models import chat_templates
 
 #: ``lora.target_modules=all-linear``: PEFT's name for every linear layer but the output head.
 ALL_LINEAR = "all-linear"
@@ -50,6 +51,8 @@ def load_tokenizer(cfg: ModelConfig, padding_side: str = "right"):
                                                   trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as exc:
         raise _failed(key, "a tokenizer", source, revision, exc) from None
+    if cfg.chat_template:
+        chat_templates.apply(tokenizer, cfg.chat_template, source)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = padding_side

@@ -55,7 +55,8 @@ def load_reward_scorer(path: str, model_cfg, prepare, precision: str = "fp32", b
     from trainer_lib.models.heads import load_reward_model, load_stats
     from trainer_lib.models.load import load_tokenizer, resolve_model_path
 
-    cfg = dataclasses.replace(model_cfg, path=path, tokenizer_path=None, revision="")  # not the policy's revision
+    # the reward model's own tokenizer and template, not the policy's revision or template
+    cfg = dataclasses.replace(model_cfg, path=path, tokenizer_path=None, revision="", chat_template="")
     tokenizer = load_tokenizer(cfg)
     model = prepare(load_reward_model(cfg, tokenizer.pad_token_id, precision, path=path))
     stats = load_stats(resolve_model_path(path, "reward.model_path")) or {"reward_mean": 0.0, "reward_std": 1.0}

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from trainer_lib.config import ConfigError, DataConfig, ModelConfig, StorageConfig, opt
 from trainer_lib.errors import UserError
+from trainer_lib.models import chat_templates
 
 
 @dataclass
@@ -39,6 +40,7 @@ class PrepareConfig:
         if self.output_dir in (None, ""):
             raise ConfigError("output_dir: required, expected a local path or URL (s3://, gs://...)")
         self.data.validate()
+        chat_templates.check(self.model.chat_template)
         if self.data.max_length <= 0:
             raise ConfigError(f"data.max_length: expected a positive number, got {self.data.max_length}")
         if self.max_rows < 0:
