@@ -11,7 +11,7 @@ stages optimize and the number reported here are the same measurement on differe
 from __future__ import annotations
 
 from trainer_lib.errors import DataError, UserError
-from trainer_lib.eval.harmless import prompt_text
+from trainer_lib.rewards.classifier import prompt_text
 from trainer_lib.rewards.functions import extract_code
 from trainer_lib.sandbox import Program
 
