@@ -211,3 +211,18 @@ def test_hub_dataset_and_revision_keys(tmp_path, capsys):
     assert (cfg.data.path, cfg.data.subset, cfg.data.split) == ("openai/gsm8k", "main", "train")
     with pytest.raises(ConfigError, match="eval_dataset: 'gsm_test' sets subset, split"):
         load_config(SFTConfig, [{**layer, "eval_dataset": "gsm_test"}], stage="sft")
+
+
+def test_the_readme_table_lists_every_mapped_key():
+    import os
+    import re
+
+    from trainer_lib import config_aliases
+
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md"), encoding="utf-8").read()
+    block = re.search(r"<!-- aliases:start[^>]*-->\n(.*?)\n<!-- aliases:end -->", readme, re.S)
+    assert block, "README.md lost its <!-- aliases:start --> ... <!-- aliases:end --> table"
+    assert block.group(1) == config_aliases.alias_table(), \
+        "README's alias table is stale: paste trainer_lib.config_aliases.alias_table() between the markers"
+    listed = set(re.findall(r"^\| `([^`]+)` \|", block.group(1), re.M))
+    assert listed == set(config_aliases.RENAMES) | set(config_aliases.RULES) | set(config_aliases.DEFERRED)

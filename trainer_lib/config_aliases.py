@@ -112,10 +112,12 @@ def _bool(key: str, value: Any) -> bool:
 
 
 def _bf16(value, ctx):
+    """`engine.precision=bf16` (false: `fp32`)."""
     return {"engine.precision": "bf16" if _bool("bf16", value) else "fp32"}, (), ""
 
 
 def _fp16(value, ctx):
+    """refused when true (fp16 is not supported; use `bf16: true`)."""
     if _bool("fp16", value):
         raise ConfigError("fp16: fp16 mixed precision is not supported; use bf16: true "
                           "(engine.precision=bf16) or leave it off")
@@ -123,12 +125,14 @@ def _fp16(value, ctx):
 
 
 def _use_peft(value, ctx):
+    """`lora.r` (TRL's 16 when `lora_r` is not given); false turns LoRA off."""
     if _bool("use_peft", value):
         return ({} if "lora_r" in ctx.layer else {"lora.r": TRL_DEFAULT_LORA_R}), (), ""
     return {"lora.r": 0}, tuple(k for k in TRL_LORA_KEYS if k in ctx.layer), ""
 
 
 def _finetuning_type(value, ctx):
+    """`lora`: `lora.r` (LLaMA-Factory's 8 when `lora_rank` is not given); `full`: `lora.r=0`."""
     if value == "lora":
         return ({} if "lora_rank" in ctx.layer else {"lora.r": LLAMAFACTORY_DEFAULT_LORA_RANK}), (), ""
     if value == "full":
@@ -137,6 +141,7 @@ def _finetuning_type(value, ctx):
 
 
 def _stage(value, ctx):
+    """checked against the stage being run (`rm` is `posttrain reward`, `kto` is `posttrain dpo loss=kto`)."""
     ours = LLAMAFACTORY_STAGES.get(value)
     if ours is None:
         raise ConfigError(f"stage: LLaMA-Factory's stage {value!r} has no posttrain counterpart "
@@ -152,12 +157,14 @@ def _stage(value, ctx):
 
 
 def _do_train(value, ctx):
+    """must be true (a training stage always trains)."""
     if not _bool("do_train", value):
         raise ConfigError("do_train: false, but a training stage always trains")
     return {}, (), "(implied)"
 
 
 def _deepspeed(value, ctx):
+    """`engine.deepspeed_config` where a stage has it; otherwise refused (use `engine.zero_stage`, ...)."""
     if ctx.has_key("engine.deepspeed_config"):
         return {"engine.deepspeed_config": value}, (), ""
     raise ConfigError("deepspeed: DeepSpeed JSON files are not read yet (engine.deepspeed_config is "
@@ -203,6 +210,7 @@ def _dataset_entry(key: str, name: Any, ctx: Context) -> dict:
 
 
 def _dataset(value, ctx):
+    """`data.path`, `data.format`, `data.columns`, `data.subset`, `data.split` from `dataset_info.json`."""
     entry = _dataset_entry("dataset", value, ctx)
     sets = {"data.path": entry["path"], "data.format": entry["format"]}
     if entry["columns"]:
@@ -212,6 +220,7 @@ def _dataset(value, ctx):
 
 
 def _eval_dataset(value, ctx):
+    """`data.eval_path` from `dataset_info.json`."""
     entry = _dataset_entry("eval_dataset", value, ctx)
     if entry["hub"]:
         raise ConfigError(f"eval_dataset: {value!r} sets {', '.join(entry['hub'])}, which posttrain reads only for "
@@ -224,7 +233,7 @@ def _eval_dataset(value, ctx):
 
 
 def _template(value, ctx):
-    """LLaMA-Factory's ``template``: ours when we have it built in; otherwise the tokenizer's own is used."""
+    """`model.chat_template` for `chatml`, `llama3`, `zephyr`; other names: the tokenizer's own template."""
     from trainer_lib.models.chat_templates import BUILTINS
 
     if value in BUILTINS:
@@ -235,6 +244,7 @@ def _template(value, ctx):
 
 def _token(key: str) -> Rule:
     def refuse(value, ctx):  # the value is never echoed: it is a secret
+        """refused without echoing it: export `HF_TOKEN` instead."""
         raise ConfigError(f"{key}: a token does not belong in a config file, which is printed, logged and "
                           f"stored with the run; remove it and export HF_TOKEN instead (hub downloads read it "
                           f"from the environment)")
@@ -242,6 +252,7 @@ def _token(key: str) -> Rule:
 
 
 def _dataset_dir(value, ctx):
+    """where `dataset_info.json` is looked up (default `data`)."""
     return {}, (), "(where dataset_info.json is)"
 
 
@@ -262,8 +273,8 @@ RULES: dict[str, Rule] = {
     "token": _token("token"),
 }
 
-#: keys that are resolved after the whole config is built (see :func:`resolve_warmup_ratio`).
-DEFERRED = ("warmup_ratio",)
+#: keys that are resolved after the whole config is built (see :func:`resolve_warmup_ratio`), and what.
+DEFERRED = {"warmup_ratio": "`warmup_steps` = ratio x steps, rounded up (as transformers does)"}
 
 
 # --------------------------------------------------------------------------- translation
@@ -354,6 +365,20 @@ def resolve_warmup_ratio(cfg: Any, ratio: Any, warmup_steps_given: bool) -> str:
     updates = cfg.max_steps * (cfg.updates_per_step() if hasattr(cfg, "updates_per_step") else 1)
     cfg.warmup_steps = math.ceil(ratio * updates)
     return f"warmup_ratio -> warmup_steps={cfg.warmup_steps} ({ratio} of {updates} steps)"
+
+
+def alias_table() -> str:
+    """Markdown rows of every key this module reads, and what it becomes: README's "Coming from TRL /
+    LLaMA-Factory" table (a test keeps the two equal)."""
+    rows = {}
+    for key, targets in RENAMES.items():
+        values = "".join(f" (`{theirs}` -> `{ours}`)" for theirs, ours in VALUE_RENAMES.get(key, {}).items())
+        rows[key] = " or ".join(f"`{t}`" for t in targets) + values + (" (the first the stage has)"
+                                                                       if len(targets) > 1 else "")
+    for key, rule in RULES.items():
+        rows[key] = (rule.__doc__ or "").strip().splitlines()[0]
+    rows.update(DEFERRED)
+    return "\n".join(["| their key | posttrain |", "|---|---|", *(f"| `{k}` | {v} |" for k, v in sorted(rows.items()))])
 
 
 def explain(exc: ConfigError, set_by: dict[str, str]) -> ConfigError:
