@@ -1,6 +1,6 @@
 """Read raw dataset rows from any supported source, with a location for every row.
 
-Sources (local paths or ``s3://``, downloaded with :func:`trainer_lib.storage.localize`):
+Sources (local paths or any storage URL, downloaded with :func:`trainer_lib.storage.localize`):
 
 * JSONL (``.jsonl``/``.ndjson``): one object per line, locations ``FILE:LINE``;
 * JSON (``.json``): a list of objects or ``{"data": [...]}``, locations ``FILE:LINE`` (the
@@ -10,7 +10,9 @@ Sources (local paths or ``s3://``, downloaded with :func:`trainer_lib.storage.lo
 * a ``datasets`` ``save_to_disk`` directory (Dataset or DatasetDict, e.g. a prepared dir):
   locations ``DIR:row N`` or ``DIR[split]:row N``;
 * a directory of the files above (read in sorted order);
-* a Hugging Face hub id (``datasets.load_dataset``), locations ``ID[split]:row N``.
+* a Hugging Face hub id (``datasets.load_dataset``, with ``data.subset`` and ``data.revision``),
+  or, with ``data.subset``, a directory laid out like a hub dataset repository; locations
+  ``ID[split]:row N``.
 
 ``.gz`` is accepted after the JSONL/JSON/CSV suffixes. Heavy imports stay inside functions.
 """

@@ -48,7 +48,7 @@ class RewardModelScorer:
 
 def load_reward_scorer(path: str, model_cfg, prepare, precision: str = "fp32", batch_size: int = 16,
                        max_length: int = 2048) -> RewardModelScorer:
-    """Load the reward model at ``path`` (local, s3:// or hub id); ``prepare`` places it
+    """Load the reward model at ``path`` (local, a URL or a hub id); ``prepare`` places it
     (``strategy.prepare_frozen``). Without stored statistics rewards are used as they are."""
     import dataclasses
 

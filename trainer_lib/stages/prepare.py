@@ -4,7 +4,7 @@
 
 Writes a ``datasets.DatasetDict`` (splits ``train`` and ``eval``) with ``save_to_disk`` at
 ``output_dir`` plus ``output_dir/stats.json``. Nothing is half-written: the result is built
-in a temp dir next to the target and renamed into place at the end (for ``s3://`` output it
+in a temp dir next to the target and renamed into place at the end (for a URL as output it
 is built locally, uploaded, and ``stats.json`` is uploaded last, marking it complete).
 """
 

@@ -167,7 +167,7 @@ def fingerprint_entries(url: str) -> list:
         info = _call("stat", url, lambda: fs.info(path))
         return [("", info.get("size"), _key(info))]
     if not isdir(url):
-        raise FileNotFoundError(f"{url}: not found")
+        return []  # nothing there (yet): like an empty S3 prefix
     return sorted((rel, info.get("size"), _key(info)) for rel, info in _found(url).items())
 
 
