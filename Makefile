@@ -7,19 +7,42 @@ TORCH  ?= torch==2.13.0
 # pytest-xdist is not used: the suite already starts worker processes of its own.
 PYTEST_ARGS ?=
 
-.PHONY: setup triton-env test test-fast demo compile clean help bench
+.PHONY: setup triton-env test test-fast demo compile clean help bench lock image-cpu image-cuda
 
 help:
 	@echo "make demo     set up .venv and run the whole pipeline locally (kfp.local, tiny model)"
 	@echo "make test     set up .venv and run the test suite"
 	@echo "make compile  recompile pipelines/compiled/*.yaml"
 
+# One lock file pins every package (requirements.lock, used as pip constraints here and in both images).
+LOCK := requirements.lock
+
 # torch first and pinned: an unpinned requirement would pull a multi-GB CUDA build.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(LOCK)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet $(TORCH)
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -c $(LOCK) -e '.[test]'
 	touch $(STAMP)
+
+# Re-resolve requirements.lock from pyproject.toml in a fresh venv (after changing a dependency).
+lock:
+	rm -rf .venv-lock && $(PYTHON) -m venv .venv-lock
+	.venv-lock/bin/pip install --quiet $(TORCH)
+	.venv-lock/bin/pip install --quiet '.[test,tracking]'
+	{ echo "# Every package posttrain installs, pinned: 'make lock' writes it from pyproject.toml, the Makefile"; \
+	  echo "# and images/Dockerfile install with '-c requirements.lock'. torch's build (+cpu, +cu128) is left free."; \
+	  .venv-lock/bin/pip list --format=freeze --exclude-editable \
+	    | grep -v -E '^(posttrain|pip)==' | sed -E 's/^(torch==[^+]*)[+].*/\1/'; } > $(LOCK)
+	rm -rf .venv-lock build
+
+# The two images (Docker is not on the dev machines: built by the release CI, see images/README.md).
+IMAGE_NAME ?= ghcr.io/posttrain/posttrain
+IMAGE_TAG  ?= 0.1.0
+image-cpu:
+	docker build -f images/Dockerfile -t $(IMAGE_NAME):$(IMAGE_TAG) .
+image-cuda:
+	docker build -f images/Dockerfile --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 \
+		--build-arg DS_ACCELERATOR=cuda -t $(IMAGE_NAME):$(IMAGE_TAG)-cu128 .
 
 # Triton (posttrain serve/deploy, tests/serving): tritonserver from nvidia-pytriton, in its own venv, because
 # nvidia-pytriton pins numpy<2 and Triton's Python-backend stub runs model.py in this same env.

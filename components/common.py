@@ -134,9 +134,9 @@ def run_on_nodes(stage: str, cfg, nodes: int, per_node: int, root: str) -> dict:
     from trainer_lib.errors import UserError
 
     checkpoints = stable_checkpoint_dir(cfg, root, stage)
-    if not checkpoints.startswith("s3://"):
+    if not storage.is_shared(checkpoints):
         raise UserError(f"nodes={nodes}: the pipeline root must be an object store every node reaches "
-                        f"(s3:// or KFP's minio://), got {root!r}")
+                        f"(s3://, KFP's minio://, gs://...), got {root!r}")
     job = checkpoints.replace("/checkpoints/", "/jobs/", 1)
     values = {k: v for k, v in to_dict(cfg).items() if k not in ("output_dir", "checkpoint_dir")}
     result = launch_stage(stage, [values], run_id=job.rsplit("-", 1)[-1], task=stage, image=IMAGE,

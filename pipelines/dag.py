@@ -26,6 +26,7 @@ from kfp import dsl
 from kfp.dsl import Metrics, Model
 
 from components.bootstrap import bootstrap
+from components.check import check_config
 from components.deploy import deploy
 from components.evaluate import evaluate
 from components.export import export
@@ -122,8 +123,11 @@ def step_settings(params: dict) -> tuple[dict, dict, dict, dict]:
 
 def start(base_model: str, dataset: str, seed: int, demo_overrides: list, tiny_model_overrides: list,
           **datasets):
-    """The bootstrap task every DAG begins with, keyed for the cache by the content of the given locations."""
-    content = configure(fingerprint(base_model=base_model, dataset=dataset, **datasets), "fingerprint sources")
+    """The tasks every DAG begins with: check every stage config of this run (on the cluster), then
+    bootstrap, keyed for the cache by the content of the given locations."""
+    checked = configure(check_config(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER), "check config")
+    content = configure(fingerprint(base_model=base_model, dataset=dataset, **datasets).after(checked),
+                        "fingerprint sources")
     return configure(bootstrap(base_model=base_model, dataset=dataset, seed=seed, demo_overrides=demo_overrides,
                                tiny_model_overrides=tiny_model_overrides, sources_fingerprint=content.output,
                                **datasets), "bootstrap")

@@ -39,6 +39,7 @@ RESOURCES = {
 
 #: which resources each component gets, by component name.
 STAGE_KIND = {
+    "check-config": "light",
     "fingerprint": "light",
     "bootstrap": "light",
     "prepare": "light",
@@ -53,7 +54,8 @@ STAGE_KIND = {
 S3_SECRET = "posttrain-s3"
 S3_SECRET_ENV = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
 CONFIG_MAP = "posttrain-config"
-CONFIG_MAP_ENV = {"AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION": "AWS_DEFAULT_REGION"}
+CONFIG_MAP_ENV = {"AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION": "AWS_DEFAULT_REGION",
+                  "POSTTRAIN_KFP_API": "POSTTRAIN_KFP_API"}
 
 #: Tasks whose pods may be preempted or evicted are retried with backoff: training resumes from its
 #: last complete checkpoint (on the pipeline root, see components/train.py), the others redo their work.
@@ -65,7 +67,11 @@ RETRIES = {
 
 #: Tasks that act on the world (publish a model, load it on a server) or look at it (what is behind a
 #: location now) never answer from the cache.
-NOT_CACHED = {"fingerprint", "release", "deploy"}
+NOT_CACHED = {"check-config", "fingerprint", "release", "deploy"}
+
+#: Pod labels by component. ``check-config`` reads its run from the KFP API: on multi-user Kubeflow the
+#: ``access-ml-pipeline`` PodDefault (see README) projects the API token into pods with this label.
+POD_LABELS = {"check-config": {"access-ml-pipeline": "true"}}
 
 #: Optional Secret with a Hugging Face token (key HF_TOKEN) for gated hub models and datasets.
 HF_SECRET = "posttrain-hf"
@@ -96,6 +102,8 @@ def configure(task: PipelineTask, display_name: str | None = None, accelerator=N
     if res.shm:
         kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
                                    size_limit=res.shm)
+    for key, value in POD_LABELS.get(name, {}).items():
+        kubernetes.add_pod_label(task, key, value)
     for variable, value in ENV.items():
         task.set_env_variable(variable, value)
     kubernetes.use_secret_as_env(task, S3_SECRET, S3_SECRET_ENV, optional=True)

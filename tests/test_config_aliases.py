@@ -192,3 +192,37 @@ def test_preference_and_rl_keys(capsys):
     assert (cfg.rollout.n, cfg.rollout.max_new_tokens, cfg.advantage) == (8, 128, "dr_grpo")
     assert cfg.warmup_steps == 2  # 10 steps x 2 optimizer updates per step
     assert "config: num_generations -> rollout.n" in capsys.readouterr().err
+
+
+def test_hub_dataset_and_revision_keys(tmp_path, capsys):
+    trl = {"model": {"path": "m"}, "output_dir": "out", "dataset_name": "openai/gsm8k", "dataset_config": "main", "dataset_train_split": "train",
+           "dataset_test_split": "test", "model_revision": "v1.0"}
+    cfg = load_config(SFTConfig, [trl])
+    assert (cfg.data.path, cfg.data.subset, cfg.data.split, cfg.data.eval_split) == ("openai/gsm8k", "main", "train",
+                                                                                     "test")
+    assert cfg.model.revision == "v1.0"
+    assert "config: dataset_config -> data.subset" in capsys.readouterr().err
+    # LLaMA-Factory's dataset_info.json entries may name a hub dataset's subset and split
+    (tmp_path / "dataset_info.json").write_text(json.dumps({
+        "gsm": {"hf_hub_url": "openai/gsm8k", "subset": "main", "split": "train"},
+        "gsm_test": {"hf_hub_url": "openai/gsm8k", "subset": "main", "split": "test"}}))
+    layer = {"model": {"path": "m"}, "output_dir": "out", "dataset": "gsm", "dataset_dir": str(tmp_path)}
+    cfg = load_config(SFTConfig, [layer], stage="sft")
+    assert (cfg.data.path, cfg.data.subset, cfg.data.split) == ("openai/gsm8k", "main", "train")
+    with pytest.raises(ConfigError, match="eval_dataset: 'gsm_test' sets subset, split"):
+        load_config(SFTConfig, [{**layer, "eval_dataset": "gsm_test"}], stage="sft")
+
+
+def test_the_readme_table_lists_every_mapped_key():
+    import os
+    import re
+
+    from trainer_lib import config_aliases
+
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md"), encoding="utf-8").read()
+    block = re.search(r"<!-- aliases:start[^>]*-->\n(.*?)\n<!-- aliases:end -->", readme, re.S)
+    assert block, "README.md lost its <!-- aliases:start --> ... <!-- aliases:end --> table"
+    assert block.group(1) == config_aliases.alias_table(), \
+        "README's alias table is stale: paste trainer_lib.config_aliases.alias_table() between the markers"
+    listed = set(re.findall(r"^\| `([^`]+)` \|", block.group(1), re.M))
+    assert listed == set(config_aliases.RENAMES) | set(config_aliases.RULES) | set(config_aliases.DEFERRED)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import time
@@ -186,8 +187,11 @@ def test_bad_paths_give_clear_errors():
             storage.split_s3(bad)
     with pytest.raises(ValueError, match="not an s3"):
         storage.split_s3("/tmp/x")
-    with pytest.raises(ValueError, match="unsupported path scheme"):
-        storage.read_bytes("gs://bucket/x")
+    with pytest.raises(ValueError, match="unsupported path scheme nosuch://"):
+        storage.read_bytes("nosuch://bucket/x")
+    if importlib.util.find_spec("gcsfs") is None:  # a known scheme whose package is missing says which
+        with pytest.raises(ValueError, match=r"gs://bucket/x.*gcsfs"):
+            storage.read_bytes("gs://bucket/x")
     with pytest.raises(ValueError, match="kind"):
         storage.localize("s3://bucket/x", kind="weird")
     assert storage.split_s3("s3://my-bucket/a/b/") == ("my-bucket", "a/b/")

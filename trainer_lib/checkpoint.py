@@ -1,12 +1,12 @@
-"""Resumable checkpoints under ``checkpoint_dir/step-XXXXXXXX``, local or on S3.
+"""Resumable checkpoints under ``checkpoint_dir/step-XXXXXXXX``, local or at a storage URL.
 
 A checkpoint counts only once its ``COMPLETE`` marker exists; the marker is written (and, for
-s3:// locations, uploaded) last, so a pod killed mid-save leaves a checkpoint that resume
+URL locations, uploaded) last, so a pod killed mid-save leaves a checkpoint that resume
 skips. ``checkpoint_dir`` defaults to ``output_dir/checkpoints``; pointing it at a stable
 object-store prefix lets a retried pod on another node resume even when ``output_dir`` is a
 fresh local artifact directory. Each checkpoint also carries the ``metrics.jsonl`` written so
-far, so the training curve survives the retry too. For s3:// outputs the stage works in a
-local staging directory and mirrors it to the store.
+far, so the training curve survives the retry too. For URL outputs (s3://, gs://...) the stage
+works in a local staging directory and mirrors it to the store.
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ class CheckpointManager:
         self.strategy.barrier()
 
     def publish(self, names: list[str] | None = None) -> None:
-        """Mirror the staging root (final model, logs) to an s3:// output_dir, summary.json last;
+        """Mirror the staging root (final model, logs) to an output_dir URL, summary.json last;
         rank 0 only."""
         if not (self.remote and self.strategy.is_rank_0):
             return

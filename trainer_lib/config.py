@@ -22,6 +22,7 @@ import yaml
 
 from trainer_lib import config_aliases as aliases
 from trainer_lib.keys import section_for
+from trainer_lib.models import chat_templates
 from trainer_lib.errors import ConfigError  # noqa: F401 - the stages import it from here
 
 
@@ -46,8 +47,13 @@ METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
 
 @dataclass
 class ModelConfig:
-    path: str | None = opt(None, "Base model: Hugging Face hub id, local directory or s3:// prefix.")
+    path: str | None = opt(None, "Base model: Hugging Face hub id, local directory or URL (s3://, gs://, hf://...).")
+    revision: str = opt("", "Hub revision of model.path (and of its tokenizer): a branch, tag or commit sha; "
+                            "default the main branch. Ignored for local directories and URLs.")
     tokenizer_path: str | None = opt(None, "Tokenizer location if different from model.path.")
+    chat_template: str = opt("", "Chat template replacing the tokenizer's own (or giving a base model one): "
+                                 "chatml, llama3 or zephyr (built in), Jinja text, or a Jinja file; empty: "
+                                 "the tokenizer's own.")
     attn_implementation: str = opt("sdpa", "Attention kernel passed to transformers.",
                                    ("sdpa", "eager", "flash_attention_2"))
     trust_remote_code: bool = opt(False, "Allow custom modelling code from the model repo.")
@@ -56,7 +62,7 @@ class ModelConfig:
 @dataclass
 class DataConfig:
     path: str | None = opt(None, "Dataset: prepared dataset dir, JSONL/JSON/Parquet/CSV file, "
-                                 "datasets saved dir or hub id; local or s3://.")
+                                 "datasets saved dir or hub id; local or a URL (s3://, gs://, az://, hf://, ...).")
     format: str = opt("auto", "Dataset format; 'auto' detects it from the columns. alpaca and sharegpt "
                               "(LLaMA-Factory's) are converted to messages.",
                       ("auto", "text", "prompt_completion", "messages", "preference",
@@ -65,6 +71,13 @@ class DataConfig:
                                       "tags of LLaMA-Factory's dataset_info.json, e.g. "
                                       "{prompt: question, response: answer} or {messages: dialog, role_tag: "
                                       "role, content_tag: text, user_tag: user, assistant_tag: assistant}.")
+    subset: str = opt("", "Configuration of a hub dataset (datasets.load_dataset's name, e.g. main for gsm8k); "
+                          "also of a local or URL directory laid out like a hub dataset repo.")
+    split: str = opt("", "Split of data.path to train on; default train, else the first split.")
+    eval_split: str = opt("", "Split of data.path held out for eval; default the first of eval, validation, "
+                              "valid, test that exists, else data.eval_fraction of the training split.")
+    revision: str = opt("", "Hub dataset revision to read: a branch, tag or commit sha (pin one for a "
+                            "reproducible run); default the main branch.")
     eval_path: str | None = opt(None, "Separate eval dataset (otherwise split off data.path).")
     eval_fraction: float = opt(0.05, "Fraction of rows held out for eval when no eval split exists.")
     max_length: int = opt(512, "Maximum tokens per example (longer ones are dropped in prepare, "
@@ -73,6 +86,9 @@ class DataConfig:
     num_workers: int = opt(1, "Processes used for tokenization.")
 
     def validate(self) -> None:
+        if self.eval_split and self.eval_path:
+            raise ConfigError("data.eval_split: names a split of data.path, but data.eval_path already gives "
+                              "the eval data; set one of them")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction: expected 0 <= x < 1, got {self.eval_fraction}")
         if self.columns:
@@ -112,7 +128,7 @@ class LoraConfig:
 class StorageConfig:
     endpoint_url: str | None = opt(None, "S3-compatible endpoint (MinIO); default $AWS_ENDPOINT_URL.")
     region: str | None = opt(None, "S3 region; default $AWS_DEFAULT_REGION or us-east-1.")
-    cache_dir: str | None = opt(None, "Local cache for s3:// downloads; default ~/.cache/posttrain.")
+    cache_dir: str | None = opt(None, "Local cache for downloads from URLs; default ~/.cache/posttrain.")
 
 
 @dataclass
@@ -124,8 +140,8 @@ class TrainingConfig:
     engine: EngineConfig = opt(EngineConfig, "DeepSpeed engine settings.")
     lora: LoraConfig = opt(LoraConfig, "LoRA adapters.")
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
-    output_dir: str | None = opt(None, "Where logs and the final HF model go (local or s3://).")
-    checkpoint_dir: str | None = opt(None, "Where resumable checkpoints go (local or s3://); default "
+    output_dir: str | None = opt(None, "Where logs and the final HF model go (local or URL).")
+    checkpoint_dir: str | None = opt(None, "Where resumable checkpoints go (local or URL); default "
                                            "<output_dir>/checkpoints. Use a stable s3:// prefix on a cluster "
                                            "so a retried pod resumes.")
     max_steps: int = opt(100, "Optimizer steps to train for.")
@@ -155,8 +171,8 @@ class TrainingConfig:
                                                 "mlflow.db), wandb (offline; needs wandb installed), none.")
 
     def validate(self) -> None:
-        _require(self.output_dir, "output_dir", "a local path or s3:// prefix")
-        _require(self.model.path, "model.path", "an HF id, local dir or s3:// prefix")
+        _require(self.output_dir, "output_dir", "a local path or URL (s3://, gs://...)")
+        _require(self.model.path, "model.path", "an HF id, local dir or URL (s3://, gs://, ...)")
         _require(self.data.path, "data.path", "a dataset path")
         check_positive(self, "max_steps", "batch_size", "eval_batch_size", "logging_steps",
                   "engine.gradient_accumulation_steps", "data.max_length")
@@ -172,6 +188,7 @@ class TrainingConfig:
         if not self.adam_epsilon > 0:
             raise ConfigError(f"adam_epsilon: expected a positive number, got {self.adam_epsilon}")
         self.data.validate()
+        chat_templates.check(self.model.chat_template)
         if self.engine.offload_optimizer and self.engine.zero_stage == 0:
             raise ConfigError("engine.offload_optimizer: needs engine.zero_stage >= 1")
         if self.engine.offload_params and self.engine.zero_stage != 3:

@@ -39,6 +39,11 @@ RENAMES: dict[str, tuple[str, ...]] = {
     "model_name_or_path": ("model.path",),
     "trust_remote_code": ("model.trust_remote_code",),
     "dataset_name": ("data.path",),
+    "dataset_config": ("data.subset",),
+    "dataset_train_split": ("data.split",),
+    "dataset_test_split": ("data.eval_split",),
+    "model_revision": ("model.revision",),  # TRL's ModelConfig and LLaMA-Factory's ModelArguments
+    "chat_template_path": ("model.chat_template",),
     "max_length": ("data.max_length",),
     "max_seq_length": ("data.max_length",),
     "packing": ("data.packing",),
@@ -107,10 +112,12 @@ def _bool(key: str, value: Any) -> bool:
 
 
 def _bf16(value, ctx):
+    """`engine.precision=bf16` (false: `fp32`)."""
     return {"engine.precision": "bf16" if _bool("bf16", value) else "fp32"}, (), ""
 
 
 def _fp16(value, ctx):
+    """refused when true (fp16 is not supported; use `bf16: true`)."""
     if _bool("fp16", value):
         raise ConfigError("fp16: fp16 mixed precision is not supported; use bf16: true "
                           "(engine.precision=bf16) or leave it off")
@@ -118,12 +125,14 @@ def _fp16(value, ctx):
 
 
 def _use_peft(value, ctx):
+    """`lora.r` (TRL's 16 when `lora_r` is not given); false turns LoRA off."""
     if _bool("use_peft", value):
         return ({} if "lora_r" in ctx.layer else {"lora.r": TRL_DEFAULT_LORA_R}), (), ""
     return {"lora.r": 0}, tuple(k for k in TRL_LORA_KEYS if k in ctx.layer), ""
 
 
 def _finetuning_type(value, ctx):
+    """`lora`: `lora.r` (LLaMA-Factory's 8 when `lora_rank` is not given); `full`: `lora.r=0`."""
     if value == "lora":
         return ({} if "lora_rank" in ctx.layer else {"lora.r": LLAMAFACTORY_DEFAULT_LORA_RANK}), (), ""
     if value == "full":
@@ -132,6 +141,7 @@ def _finetuning_type(value, ctx):
 
 
 def _stage(value, ctx):
+    """checked against the stage being run (`rm` is `posttrain reward`, `kto` is `posttrain dpo loss=kto`)."""
     ours = LLAMAFACTORY_STAGES.get(value)
     if ours is None:
         raise ConfigError(f"stage: LLaMA-Factory's stage {value!r} has no posttrain counterpart "
@@ -147,12 +157,14 @@ def _stage(value, ctx):
 
 
 def _do_train(value, ctx):
+    """must be true (a training stage always trains)."""
     if not _bool("do_train", value):
         raise ConfigError("do_train: false, but a training stage always trains")
     return {}, (), "(implied)"
 
 
 def _deepspeed(value, ctx):
+    """`engine.deepspeed_config` where a stage has it; otherwise refused (use `engine.zero_stage`, ...)."""
     if ctx.has_key("engine.deepspeed_config"):
         return {"engine.deepspeed_config": value}, (), ""
     raise ConfigError("deepspeed: DeepSpeed JSON files are not read yet (engine.deepspeed_config is "
@@ -161,7 +173,7 @@ def _deepspeed(value, ctx):
 
 
 #: the entries of a dataset_info.json dataset that can be followed.
-DATASET_INFO_KEYS = ("file_name", "hf_hub_url", "formatting", "columns", "tags", "file_sha1")
+DATASET_INFO_KEYS = ("file_name", "hf_hub_url", "formatting", "columns", "tags", "file_sha1", "subset", "split")
 
 
 def _dataset_entry(key: str, name: Any, ctx: Context) -> dict:
@@ -193,19 +205,26 @@ def _dataset_entry(key: str, name: Any, ctx: Context) -> dict:
     else:
         raise ConfigError(f"{key}: {name!r} in {info_file} has neither file_name nor hf_hub_url")
     columns = {**entry.get("columns", {}), **entry.get("tags", {})}
-    return {"path": path, "format": entry.get("formatting", "alpaca"), "columns": columns}
+    hub = {k: str(entry[k]) for k in ("subset", "split") if entry.get(k)}
+    return {"path": path, "format": entry.get("formatting", "alpaca"), "columns": columns, "hub": hub}
 
 
 def _dataset(value, ctx):
+    """`data.path`, `data.format`, `data.columns`, `data.subset`, `data.split` from `dataset_info.json`."""
     entry = _dataset_entry("dataset", value, ctx)
     sets = {"data.path": entry["path"], "data.format": entry["format"]}
     if entry["columns"]:
         sets["data.columns"] = entry["columns"]
+    sets.update({f"data.{k}": v for k, v in entry["hub"].items()})
     return sets, (), ""
 
 
 def _eval_dataset(value, ctx):
+    """`data.eval_path` from `dataset_info.json`."""
     entry = _dataset_entry("eval_dataset", value, ctx)
+    if entry["hub"]:
+        raise ConfigError(f"eval_dataset: {value!r} sets {', '.join(entry['hub'])}, which posttrain reads only for "
+                          f"the training dataset; point eval_dataset at files, or use data.eval_split")
     if "dataset" in ctx.layer:
         train = _dataset_entry("dataset", ctx.layer["dataset"], ctx)
         if (train["format"], train["columns"]) != (entry["format"], entry["columns"]):
@@ -213,7 +232,27 @@ def _eval_dataset(value, ctx):
     return {"data.eval_path": entry["path"]}, (), ""
 
 
+def _template(value, ctx):
+    """`model.chat_template` for `chatml`, `llama3`, `zephyr`; other names: the tokenizer's own template."""
+    from trainer_lib.models.chat_templates import BUILTINS
+
+    if value in BUILTINS:
+        return {"model.chat_template": value}, (), ""
+    return {}, (), (f"(ignored: {value!r} is not built in; the tokenizer's own chat template is used, or set "
+                    f"model.chat_template to {', '.join(BUILTINS)} or a Jinja file)")
+
+
+def _token(key: str) -> Rule:
+    def refuse(value, ctx):  # the value is never echoed: it is a secret
+        """refused without echoing it: export `HF_TOKEN` instead."""
+        raise ConfigError(f"{key}: a token does not belong in a config file, which is printed, logged and "
+                          f"stored with the run; remove it and export HF_TOKEN instead (hub downloads read it "
+                          f"from the environment)")
+    return refuse
+
+
 def _dataset_dir(value, ctx):
+    """where `dataset_info.json` is looked up (default `data`)."""
     return {}, (), "(where dataset_info.json is)"
 
 
@@ -228,10 +267,14 @@ RULES: dict[str, Rule] = {
     "dataset": _dataset,
     "eval_dataset": _eval_dataset,
     "dataset_dir": _dataset_dir,
+    "template": _template,
+    "hub_token": _token("hub_token"),  # transformers' TrainingArguments
+    "hf_hub_token": _token("hf_hub_token"),  # LLaMA-Factory
+    "token": _token("token"),
 }
 
-#: keys that are resolved after the whole config is built (see :func:`resolve_warmup_ratio`).
-DEFERRED = ("warmup_ratio",)
+#: keys that are resolved after the whole config is built (see :func:`resolve_warmup_ratio`), and what.
+DEFERRED = {"warmup_ratio": "`warmup_steps` = ratio x steps, rounded up (as transformers does)"}
 
 
 # --------------------------------------------------------------------------- translation
@@ -322,6 +365,20 @@ def resolve_warmup_ratio(cfg: Any, ratio: Any, warmup_steps_given: bool) -> str:
     updates = cfg.max_steps * (cfg.updates_per_step() if hasattr(cfg, "updates_per_step") else 1)
     cfg.warmup_steps = math.ceil(ratio * updates)
     return f"warmup_ratio -> warmup_steps={cfg.warmup_steps} ({ratio} of {updates} steps)"
+
+
+def alias_table() -> str:
+    """Markdown rows of every key this module reads, and what it becomes: README's "Coming from TRL /
+    LLaMA-Factory" table (a test keeps the two equal)."""
+    rows = {}
+    for key, targets in RENAMES.items():
+        values = "".join(f" (`{theirs}` -> `{ours}`)" for theirs, ours in VALUE_RENAMES.get(key, {}).items())
+        rows[key] = " or ".join(f"`{t}`" for t in targets) + values + (" (the first the stage has)"
+                                                                       if len(targets) > 1 else "")
+    for key, rule in RULES.items():
+        rows[key] = (rule.__doc__ or "").strip().splitlines()[0]
+    rows.update(DEFERRED)
+    return "\n".join(["| their key | posttrain |", "|---|---|", *(f"| `{k}` | {v} |" for k, v in sorted(rows.items()))])
 
 
 def explain(exc: ConfigError, set_by: dict[str, str]) -> ConfigError:

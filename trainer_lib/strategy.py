@@ -315,6 +315,7 @@ class DeepSpeedStrategy:
                 model = module.merge_and_unload() if is_peft and merge_lora else module
                 if hasattr(model, "config"):
                     model.config.use_cache = True
+                _stop_at_eos(model, tokenizer)
                 os.makedirs(out_dir, exist_ok=True)
                 state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
                 # a PeftModel picks its adapter's tensors out of the state dict it is given
@@ -325,6 +326,19 @@ class DeepSpeedStrategy:
                     with open(os.path.join(out_dir, name), "w", encoding="utf-8") as fh:
                         fh.write(text)
         self.barrier()
+
+
+def _stop_at_eos(model, tokenizer) -> None:
+    """List the tokenizer's eos among the generation config's, so generation with the saved model stops
+    there too (model.chat_template may have made an end-of-turn token the eos)."""
+    generation = getattr(model, "generation_config", None)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    if generation is None or eos is None:
+        return
+    ids = generation.eos_token_id
+    ids = [] if ids is None else list(ids) if isinstance(ids, (list, tuple)) else [ids]
+    if eos not in ids:
+        generation.eos_token_id = ids + [eos] if ids else eos
 
 
 def _local_grad_norm(module) -> float:

@@ -129,6 +129,12 @@ def test_stage_args_read_back_as_the_same_config():
     assert stage_config("sft", args) == stage_config("sft", [CONFIG, "seed=7", WHERE])
 
 
+def test_any_object_store_every_node_reaches_will_do():
+    where = {"output_dir": "gs://runs/42/sft", "checkpoint_dir": "az://checkpoints/42/sft"}
+    args = stage_args("sft", [{**CONFIG, "data.path": "hf://datasets/org/sft"}], **where)
+    assert "output_dir=gs://runs/42/sft" in args and "data.path=hf://datasets/org/sft" in args
+
+
 def test_strings_yaml_would_misread_are_quoted():
     tricky = {"model.path": "s3://b/a: b", "data.path": "s3://b/x #1", "storage.region": "123",
               "storage.endpoint_url": "[http://x", "model.tokenizer_path": "null"}
@@ -143,6 +149,9 @@ def test_strings_yaml_would_misread_are_quoted():
     ({"output_dir": "/tmp/out", "checkpoint_dir": "s3://c"}, {}, "output_dir: a TrainJob writes to an object-store"),
     ({"output_dir": "s3://o", "checkpoint_dir": "runs/ckpt"}, {}, "checkpoint_dir: a TrainJob writes"),
     (WHERE, {"data.path": "/home/me/sft.jsonl"}, "data.path: '/home/me/sft.jsonl' is a path on the launcher's disk"),
+    ({"output_dir": "memory://o", "checkpoint_dir": "s3://c"}, {}, "output_dir: a TrainJob writes"),
+    (WHERE, {"data.path": "file:///home/me/sft.jsonl"}, "data.path: 'file:///home/me/sft.jsonl' is a path on the "
+                                                        "launcher's disk"),
     (WHERE, {"max_stepz": 3}, "max_stepz"),
 ])
 def test_bad_configs_fail_before_any_request(where, config, message):
@@ -175,6 +184,7 @@ def test_creates_the_trainjob_waits_for_complete_and_deletes_it(capsys):
     refs = {e["name"]: e["valueFrom"] for e in trainer["env"] if "valueFrom" in e}
     assert refs["AWS_SECRET_ACCESS_KEY"]["secretKeyRef"]["name"] == "posttrain-s3"
     assert refs["AWS_ENDPOINT_URL"]["configMapKeyRef"]["name"] == "posttrain-config"
+    assert refs["HF_TOKEN"]["secretKeyRef"] == {"name": "posttrain-hf", "key": "HF_TOKEN", "optional": True}
     assert unknown_fields(job, TRAINJOB) == []
 
     assert [r.method for r in server.requests] == ["POST", "GET", "GET", "GET", "GET", "DELETE"]

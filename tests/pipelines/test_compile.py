@@ -59,7 +59,7 @@ def test_sft_pipeline_interface(compiled):
     assert params["base_model"]["defaultValue"] == "" and params["dataset"]["defaultValue"] == ""
     assert set(spec["root"]["outputDefinitions"]["artifacts"]) == {"model", "metrics"}
     tasks = {t["taskInfo"]["name"]: t for t in spec["root"]["dag"]["tasks"].values()}
-    assert set(tasks) == {"fingerprint sources", "bootstrap", "prepare SFT data", "SFT", "export SFT",
+    assert set(tasks) == {"check config", "fingerprint sources", "bootstrap", "prepare SFT data", "SFT", "export SFT",
                           "deploy SFT"}  # named steps
     assert tasks["SFT"]["componentRef"]["name"] == "comp-train"
     assert tasks["SFT"]["inputs"]["parameters"]["stage"]["runtimeValue"]["constant"] == "sft"
@@ -135,12 +135,13 @@ def test_training_retries_and_nothing_that_publishes_is_cached(compiled):
                 assert task["retryPolicy"]["maxRetryCount"] == 3, name
                 assert task["inputs"]["parameters"]["checkpoint_root"]["runtimeValue"]["constant"] == \
                     "{{$.pipeline_root}}"  # checkpoints outside the artifact, found again by a retry
-            if component in ("fingerprint", "release", "deploy"):
+            never_cached = ("check-config", "fingerprint", "release", "deploy")
+            if component in never_cached:
                 assert not task.get("cachingOptions", {}).get("enableCache"), (name, component)
             if component == "bootstrap":  # keyed for the cache by what is behind the given locations now
                 assert task["inputs"]["parameters"]["sources_fingerprint"]["taskOutputParameter"] == {
                     "outputParameterKey": "Output", "producerTask": "fingerprint"}
-            elif not component.startswith("condition") and component not in ("fingerprint", "release", "deploy"):  # (condition groups are not tasks of their own)
+            elif not component.startswith("condition") and component not in never_cached:  # (condition groups are not tasks of their own)
                 assert task.get("cachingOptions", {}).get("enableCache") is True, (name, component)
         assert {"train", "export", "deploy"} <= seen, name
 

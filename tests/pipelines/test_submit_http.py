@@ -6,16 +6,20 @@ so the tests assert on what would reach a real Kubeflow Pipelines server.
 """
 
 import json
+import os
 import re
+import shlex
 import uuid
 
 import kfp
 import pytest
+import yaml
 
 from pipelines.cli import posttrain
 from tests.http_helpers import serving
 
 API = "/apis/v2beta1"
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 class KfpApi:
@@ -24,6 +28,7 @@ class KfpApi:
     def __init__(self, fail_runs_with=None):
         self.experiments: dict = {}
         self.ids: list = []  # run and recurring run ids handed out, in order
+        self.runs: dict = {}
         self.fail_runs_with = fail_runs_with
 
     def handle(self, request):
@@ -44,7 +49,11 @@ class KfpApi:
             if self.fail_runs_with:
                 return self.fail_runs_with
             self.ids.append(str(uuid.uuid4()))
-            return 200, {**request.json(), "run_id": self.ids[-1], "state": "PENDING"}
+            self.runs[self.ids[-1]] = {**request.json(), "run_id": self.ids[-1], "state": "PENDING",
+                                       "created_at": "2026-11-30T03:00:00Z"}
+            return 200, self.runs[self.ids[-1]]
+        if request.method == "GET" and request.path.removeprefix(f"{API}/runs/") in self.runs:
+            return 200, self.runs[request.path.removeprefix(f"{API}/runs/")]
         if route == ("POST", f"{API}/recurringruns"):
             self.ids.append(str(uuid.uuid4()))
             return 200, {**request.json(), "recurring_run_id": self.ids[-1], "status": "ENABLED"}
@@ -102,7 +111,7 @@ def test_submit_creates_the_experiment_once_and_a_run_with_typed_parameters(kfp_
     assert type(parameters["sft_max_steps"]) is int and type(parameters["lr"]) is float
     cached = {t["taskInfo"]["name"]: t["cachingOptions"].get("enableCache", False) for t in all_tasks(spec)}
     assert cached == {**{name: True for name in cached}, "deploy SFT": False,  # as compiled: these never cached
-                      "fingerprint sources": False}
+                      "fingerprint sources": False, "check config": False}
 
     out = capsys.readouterr().out
     for run_id in kfp_server.app.ids:
@@ -154,3 +163,42 @@ def test_server_errors_and_unreachable_hosts_are_one_line_and_exit_1(kfp_server,
         url = gone.url  # a port that nothing listens on once this block ends
     assert posttrain(["pipeline", "schedule", "--host", url, "--namespace", "ns", "--cron", "0 3 * * 0"]) == 1
     assert f"error: cannot reach the KFP API at {url}" in capsys.readouterr().err
+
+
+def test_the_readme_kfp_cli_line_submits_the_committed_pipeline_with_typed_parameters(kfp_server):
+    """README's ``kfp run create`` (the kfp CLI, for CI without posttrain installed) does what submit does."""
+    from click.testing import CliRunner
+    from kfp.cli.cli import cli
+
+    package = os.path.join(ROOT, "pipelines", "compiled", "posttrain-dpo.yaml")
+    result = CliRunner().invoke(cli, ["--endpoint", kfp_server.url, "run", "create", "--experiment-name", "posttrain",
+                                      "--package-file", package, "sft_max_steps=5", 'dpo_overrides=["beta=0.2"]'], obj={})
+    assert result.exit_code == 0, result.output
+    (run,) = posts(kfp_server, "runs")
+    body = run.json()
+    assert body["runtime_config"]["parameters"] == {"sft_max_steps": 5, "dpo_overrides": ["beta=0.2"]}
+    with open(package, encoding="utf-8") as fh:
+        committed = next(yaml.safe_load_all(fh))
+    assert body["pipeline_spec"]["pipeline_spec"] == committed
+
+
+def test_the_example_ci_job_submits_on_merge(kfp_server, monkeypatch, capsys):
+    """examples/ci/submit-on-merge.yml's posttrain commands, run as the job would (secrets filled in)."""
+    with open(os.path.join(ROOT, "examples", "ci", "submit-on-merge.yml"), encoding="utf-8") as fh:
+        job = yaml.safe_load(fh)
+    assert job[True] == {"push": {"branches": ["main"]}}  # YAML 1.1 reads the key `on` as True
+    steps = job["jobs"]["submit"]["steps"]
+    commands = [shlex.split(step["run"].replace("${{ secrets.KFP_HOST }}", kfp_server.url)
+                            .replace("${{ github.sha }}", "abc123")) for step in steps if "run" in step]
+    posttrain_commands = [c for c in commands if c[0] == "posttrain"]
+    assert [c[:3] for c in posttrain_commands] == [["posttrain", "pipeline", "compile"],
+                                                   ["posttrain", "pipeline", "submit"]]
+    submit_step = next(s for s in steps if "submit" in s.get("run", ""))
+    monkeypatch.setenv("KFP_TOKEN", "ci-token")
+    assert submit_step["env"] == {"KFP_TOKEN": "${{ secrets.KFP_TOKEN }}"}
+    assert posttrain(posttrain_commands[1][1:]) == 0
+    (run,) = posts(kfp_server, "runs")
+    assert run.headers["authorization"] == "Bearer ci-token"
+    assert run.json()["display_name"] == "dpo abc123"
+    assert run.json()["runtime_config"]["parameters"]["dpo_max_steps"] == 1000
+    assert "submitted posttrain-dpo run" in capsys.readouterr().out

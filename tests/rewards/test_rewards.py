@@ -117,6 +117,29 @@ def test_columns_and_completion_ids_reach_the_functions():
     assert seen == {"tests": [["assert 1"]], "completion_ids": [[5, 6]]}
 
 
+def test_trainer_state_reaches_only_the_functions_that_take_it():
+    from trainer_lib.rewards.functions import TrainerState
+
+    seen = {}
+
+    def by_name(prompts, completions, trainer_state, **columns):  # TRL's reward-function signature
+        seen["by_name"] = trainer_state
+        return [float(trainer_state.global_step)] * len(completions)
+
+    def any_keyword(prompts, completions, **kwargs):
+        seen["any_keyword"] = kwargs.get("trainer_state")
+        return [0.0] * len(completions)
+
+    def named_columns_only(prompts, completions, completion_ids):  # would fail on an unexpected keyword
+        return [0.0] * len(completions)
+
+    combiner = RewardCombiner([("a", by_name), ("b", any_keyword), ("c", named_columns_only)])
+    combiner.trainer_state = TrainerState(global_step=7, epoch=1.5, max_steps=10)
+    rewards, means = combiner(["p"], ["c"], {}, [[1]])
+    assert seen["by_name"] == seen["any_keyword"] == TrainerState(7, 1.5, 10)
+    assert means["rewards/a"] == 7.0
+
+
 def test_weights_must_match_the_sources():
     with pytest.raises(UserError, match="reward.weights: 1 weights for 2 reward sources"):
         RewardCombiner([("a", constant(1)), ("b", constant(1))], weights=[1.0])

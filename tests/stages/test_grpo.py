@@ -84,3 +84,19 @@ def test_group_settings_are_validated(tiny_model_dir, prompts):
         load_config(GRPOConfig, None, [*base, "advantage=ppo"])
     cfg = load_config(GRPOConfig, None, [*base, "reward.functions=code_execution,my.mod:fn", "reward.weights=1,0.5"])
     assert cfg.reward.functions == ["code_execution", "my.mod:fn"] and cfg.reward.weights == [1.0, 0.5]
+
+
+def test_reward_functions_are_told_the_step(tiny_model_dir, prompts, tmp_path, monkeypatch):
+    """A reward function written for TRL (``trainer_state`` keyword) sees each step's global_step and epoch."""
+    log = tmp_path / "calls.jsonl"
+    (tmp_path / "stepwise.py").write_text(
+        "import json, os\n\n"
+        "def reward(prompts, completions, trainer_state, **kwargs):\n"
+        "    with open(os.environ['STEP_LOG'], 'a') as fh:\n"
+        "        fh.write(json.dumps([trainer_state.global_step, trainer_state.epoch, trainer_state.max_steps]) + '\\n')\n"
+        "    return [float(len(c[0]['content']) < 8) for c in completions]\n")
+    monkeypatch.setenv("STEP_LOG", str(log))
+    _grpo(tiny_model_dir, prompts, tmp_path / "out", "max_steps=3", "save_steps=0", "eval_steps=0",
+          f"reward.functions={tmp_path / 'stepwise.py'}:reward")
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    assert calls == [[0, 0.0, 3], [1, 4 / 24, 3], [2, 8 / 24, 3]]  # 4 prompts a step of 24

@@ -98,7 +98,7 @@ def test_refuses_to_overwrite_unrelated_dir(tmp_path, capsys):
 
 @pytest.mark.parametrize("args, message", [
     (["output_dir=x"], "error: data.path: required, expected a dataset path\n"),
-    (["data.path=x.jsonl"], "error: output_dir: required, expected a local path or s3:// prefix\n"),
+    (["data.path=x.jsonl"], "error: output_dir: required, expected a local path or URL (s3://, gs://...)\n"),
     (["data.path=x.jsonl", "output_dir=x", "data.format=chat"],
      "error: data.format: expected one of ['auto', 'text', 'prompt_completion', 'messages', "
      "'preference', 'unpaired_preference', 'prompt_only', 'alpaca', 'sharegpt'], got 'chat'\n"),

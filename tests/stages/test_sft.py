@@ -173,3 +173,27 @@ def test_checkpoints_on_s3_survive_a_fresh_output_dir(s3_bucket, tiny_model_dir,
     records = [json.loads(line) for line in open(tmp_path / "attempt2" / "metrics.jsonl")]
     assert [r["step"] for r in records if r["split"] == "train"] == [2, 4, 6]
     assert records[0] == json.loads(open(tmp_path / "attempt1" / "metrics.jsonl").readline())
+
+
+def test_sft_on_fsspec_urls(tiny_model_dir, chat_jsonl, tmp_path, capsys):
+    """Model and data on memory://, output on file://, checkpoints on memory://: no scheme is special."""
+    import uuid
+
+    from trainer_lib import storage
+
+    base = f"memory://sft-{uuid.uuid4().hex[:8]}"
+    storage.upload_dir(tiny_model_dir, f"{base}/models/tiny")
+    storage.upload_file(chat_jsonl, f"{base}/data/chat.jsonl")
+    out, ckpts = f"file://{tmp_path / 'out'}", f"{base}/ckpt"
+    common = (f"{base}/models/tiny", f"{base}/data/chat.jsonl", out, "save_steps=2", f"checkpoint_dir={ckpts}",
+              f"storage.cache_dir={tmp_path / 'cache'}")
+    _sft(*common[:3], "max_steps=4", *common[3:])
+    assert storage.list_files(f"{ckpts}/step-00000004")  # checkpoints in memory, complete
+    assert storage.exists(f"{ckpts}/step-00000004/COMPLETE")
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(tmp_path / "out")  # the file:// output is a normal HF model
+    capsys.readouterr()
+    _sft(*common[:3], "max_steps=6", *common[3:])
+    assert f"resumed from {ckpts}/step-00000004" in capsys.readouterr().out
+    storage.delete(base)

@@ -14,8 +14,8 @@ Why it is shaped this way:
 * The job name is a function of the pipeline run id and the task name, so a retried launcher pod
   finds the job its previous attempt created (409 on create) and waits on it again instead of
   starting a second copy of the training.
-* Every path the nodes write is an ``s3://`` prefix: all nodes and every retry see the same
-  checkpoints; the launcher's own disk is never involved.
+* Every path the nodes write is an object-store prefix (``s3://``, ``gs://``...): all nodes and
+  every retry see the same checkpoints; the launcher's own disk is never involved.
 * The stage config is validated here, before any GPU is requested, and sent as ``key=value``
   arguments that read back to the same values.
 * The wait has an explicit deadline; condition changes go to stdout (the KFP step log); the job is
@@ -38,8 +38,8 @@ from trainer_lib.errors import UserError
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
 API_VERSION = f"{GROUP}/{VERSION}"
 RUNTIME = "torch-distributed"  # the ClusterTrainingRuntime that ships with Kubeflow Trainer
-#: the Secret and ConfigMap of manifests/ (same names as pipelines/settings.py)
-S3_SECRET, CONFIG_MAP = "posttrain-s3", "posttrain-config"
+#: the Secrets and ConfigMap of manifests/ (same names as pipelines/settings.py)
+S3_SECRET, CONFIG_MAP, HF_SECRET = "posttrain-s3", "posttrain-config", "posttrain-hf"
 # A TrainJob name is an RFC 1035 label of <= 63 characters; the JobSet, Job and pod names derived
 # from it append "-node-<i>-<j>-<suffix>", which must fit in 63 too.
 NAME_MAX = 40
@@ -76,10 +76,13 @@ def job_name(run_id: str, task: str, prefix: str = "posttrain") -> str:
 
 
 def object_store_env(secret: str = S3_SECRET, config_map: str = CONFIG_MAP, extra: dict | None = None) -> list[dict]:
-    """The trainer containers' environment: S3 credentials and endpoint from manifests/ (optional
-    references, as for pipeline tasks: workload identity needs neither), plus plain variables."""
+    """The trainer containers' environment: S3 credentials and endpoint from manifests/ and the Hugging
+    Face token (optional references, as for pipeline tasks: workload identity and public models need
+    none of them), plus plain variables. Secrets stay references: their values never enter the job."""
     env = [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}}
            for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
+    env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": HF_SECRET, "key": "HF_TOKEN",
+                                                                   "optional": True}}})
     env += [{"name": key, "valueFrom": {"configMapKeyRef": {"name": config_map, "key": key, "optional": True}}}
             for key in ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")]
     plain = {"PYTHONUNBUFFERED": "1", "POSTTRAIN_NO_PROGRESS": "1", **(extra or {})}
@@ -109,20 +112,22 @@ def stage_args(stage: str, overrides: dict | list | None, output_dir: str, check
                config_yaml: str = "") -> list[str]:
     """The stage's config (``run_stage`` layers, then the two locations) as ``key=value`` arguments,
     validated here first; a local path anywhere a node would read or write is refused."""
+    from trainer_lib import storage
     from trainer_lib.stage_api import build_values, stage_config
 
     for key, value in (("output_dir", output_dir), ("checkpoint_dir", checkpoint_dir)):
-        if not str(value or "").startswith("s3://"):
-            raise UserError(f"{key}: a TrainJob writes to an object-store prefix (s3://...) that every node "
-                            f"and every retry sees, got {value!r}")
+        if not storage.is_shared(value):
+            raise UserError(f"{key}: a TrainJob writes to an object-store prefix (s3://, gs://, az://...) that "
+                            f"every node and every retry sees, got {value!r}")
     layers = [overrides] if isinstance(overrides, dict) else list(overrides or [])
     values = build_values([*layers, {"output_dir": output_dir, "checkpoint_dir": checkpoint_dir}], config_yaml)
     stage_config(stage, values)  # a bad key fails here in seconds, not after N nodes were scheduled
     args = []
     for key, value in _flatten(values):
-        if key.endswith("path") and isinstance(value, str) and value.startswith(("/", "./", "../", "~")):
+        if key.endswith("path") and isinstance(value, str) and (
+                value.startswith(("/", "./", "../", "~")) or storage.is_remote(value) and not storage.is_shared(value)):
             raise UserError(f"{key}: {value!r} is a path on the launcher's disk, which the TrainJob's nodes "
-                            f"do not see; use an s3:// location or a hub id")
+                            f"do not see; use an object-store URL (s3://, gs://...) or a hub id")
         args.append(f"{key}={_text(value)}")
     return args
 

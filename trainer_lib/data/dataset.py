@@ -322,7 +322,9 @@ def build_dataset(data_cfg, seed: int, *, tokenizer=None, drop_empty: bool = Tru
     """
     if not data_cfg.path:
         raise UserError("data.path: required, expected a dataset path")
-    source = open_source(data_cfg.path, "data.path")
+    subset, split, eval_split, revision = (getattr(data_cfg, k, "") for k in ("subset", "split", "eval_split",
+                                                                              "revision"))
+    source = open_source(data_cfg.path, "data.path", subset, revision).check_splits(split, eval_split)
     fmt = data_cfg.format
     if fmt == AUTO and source.prepared:
         fmt = source.prepared.get("format", AUTO)  # keep what prepare decided (maybe forced)

@@ -1,6 +1,6 @@
 """Read raw dataset rows from any supported source, with a location for every row.
 
-Sources (local paths or ``s3://``, downloaded with :func:`trainer_lib.storage.localize`):
+Sources (local paths or any storage URL, downloaded with :func:`trainer_lib.storage.localize`):
 
 * JSONL (``.jsonl``/``.ndjson``): one object per line, locations ``FILE:LINE``;
 * JSON (``.json``): a list of objects or ``{"data": [...]}``, locations ``FILE:LINE`` (the
@@ -10,7 +10,9 @@ Sources (local paths or ``s3://``, downloaded with :func:`trainer_lib.storage.lo
 * a ``datasets`` ``save_to_disk`` directory (Dataset or DatasetDict, e.g. a prepared dir):
   locations ``DIR:row N`` or ``DIR[split]:row N``;
 * a directory of the files above (read in sorted order);
-* a Hugging Face hub id (``datasets.load_dataset``), locations ``ID[split]:row N``.
+* a Hugging Face hub id (``datasets.load_dataset``, with ``data.subset`` and ``data.revision``),
+  or, with ``data.subset``, a directory laid out like a hub dataset repository; locations
+  ``ID[split]:row N``.
 
 ``.gz`` is accepted after the JSONL/JSON/CSV suffixes. Heavy imports stay inside functions.
 """
@@ -93,7 +95,7 @@ def is_saved_dataset(local_dir: str) -> bool:
 
 
 def is_prepared_dir(path: str) -> bool:
-    """Whether ``path`` (local or s3://) is a ``posttrain prepare`` output dir."""
+    """Whether ``path`` (local or URL) is a ``posttrain prepare`` output dir."""
     from trainer_lib import storage
 
     try:
@@ -113,16 +115,40 @@ class Source:
     splits: list[str] = field(default_factory=list)  # saved DatasetDict, hub, dir of split files
     prepared: dict | None = None  # stats.json of a prepared dir
     key: str = "data.path"  # the setting that named it, for errors
+    split: str = ""  # the training split asked for (data.split); default train, else the first
+    held_out: str = ""  # the eval split asked for (data.eval_split); default the first of EVAL_SPLITS
+    dataset: object = None  # the DatasetDict load_dataset returned (hub)
 
     @property
     def train_split(self) -> str | None:
         if not self.splits:
             return None
+        if self.split:
+            return self.split
         return "train" if "train" in self.splits else self.splits[0]
 
     @property
     def eval_split(self) -> str | None:
+        if self.held_out:
+            return self.held_out
         return next((s for s in EVAL_SPLITS if s in self.splits and s != self.train_split), None)
+
+    def check_splits(self, split: str = "", held_out: str = "") -> "Source":
+        """Take ``split``/``held_out`` as the train/eval splits, or a UserError naming the setting."""
+        for setting, name in (("data.split", split), ("data.eval_split", held_out)):
+            if not name:
+                continue
+            if self.splits and name not in self.splits:
+                raise UserError(f"{setting}: {self.path} has no split {name!r} (it has {', '.join(self.splits)})")
+            if not self.splits and not (setting == "data.split" and name == "train"):
+                raise UserError(f"{setting}: {self.path} has no named splits (a single {self.kind} source is "
+                                f"all 'train'); name a split of a hub dataset, a DatasetDict or a directory of "
+                                f"train/eval files")
+        if split and split == held_out:
+            raise UserError(f"data.eval_split: {held_out!r} is also data.split; hold out another split")
+        self.split = split if self.splits else ""
+        self.held_out = held_out
+        return self
 
     def rows(self, split: str | None = None) -> Iterator[Row]:
         """Yield ``(location, row)``; ``split`` picks a split of a multi-split source."""
@@ -139,13 +165,15 @@ class Source:
             yield from _dataset_rows(load_saved(self.local, self.path, self.key), self.path,
                                      split or self.train_split)
         elif self.kind == "hub":
-            yield from _dataset_rows(_load_hub(self.path), self.path, split or self.train_split)
+            yield from _dataset_rows(self.dataset, self.path, split or self.train_split)
         else:  # pragma: no cover
             raise ValueError(self.kind)
 
 
 def _display_join(base: str, rel: str) -> str:
-    return f"{base.rstrip('/')}/{rel}" if base.startswith("s3://") else os.path.join(base, rel)
+    from trainer_lib import storage
+
+    return storage.join(base, rel.replace(os.sep, "/")) if storage.is_remote(base) else os.path.join(base, rel)
 
 
 def _data_files(local_dir: str) -> list[str]:
@@ -164,8 +192,13 @@ def _split_of(rel: str) -> str | None:
     return stem if stem in ("train", *EVAL_SPLITS) else None
 
 
-def open_source(path: str, key: str = "data.path") -> Source:
-    """Localize ``path`` and find out what it is; ``key`` names the setting in errors."""
+def open_source(path: str, key: str = "data.path", subset: str = "", revision: str = "") -> Source:
+    """Localize ``path`` and find out what it is; ``key`` names the setting in errors.
+
+    A hub id is read with ``datasets.load_dataset``, ``subset`` naming its configuration and
+    ``revision`` pinning its commit (branch, tag or sha). With a ``subset``, a local directory or
+    a URL is read the same way: a dataset repository laid out like the hub's (a README whose
+    ``configs`` name the data files of each configuration and split)."""
     from trainer_lib import storage
 
     if storage.is_remote(path):
@@ -179,8 +212,16 @@ def open_source(path: str, key: str = "data.path") -> Source:
         local = os.path.expanduser(path)
         if not os.path.exists(local):
             if _HUB_ID.match(path) and not _file_kind(path):
-                return Source(path, path, "hub", splits=list(_load_hub(path, key).keys()))
+                return _hub_source(path, path, key, subset, revision)
             raise UserError(f"{key}: {path}: no such file or directory")
+    if revision:
+        raise UserError(f"{key}: {path} is not a hub dataset, so data.revision ({revision!r}) cannot pin it; "
+                        f"leave data.revision empty")
+    if subset:
+        if not os.path.isdir(local):
+            raise UserError(f"{key}: {path}: data.subset ({subset!r}) names a configuration of a hub dataset or a "
+                            f"dataset repository directory, not of a single file")
+        return _hub_source(path, local, key, subset, "")
     if os.path.isdir(local):
         if is_saved_dataset(local):
             return _saved_source(path, local, key)
@@ -196,6 +237,11 @@ def open_source(path: str, key: str = "data.path") -> Source:
         raise UserError(f"{key}: {path}: unsupported file type (expected .jsonl, .json, .csv "
                         "or .parquet, a directory of those, or a datasets save_to_disk directory)")
     return Source(path, local, kind)
+
+
+def _hub_source(path: str, local: str, key: str, subset: str, revision: str) -> Source:
+    dataset = _load_hub(local, key, subset, revision, display=path)
+    return Source(path, local, "hub", splits=list(dataset.keys()), key=key, dataset=dataset)
 
 
 def _saved_source(path: str, local: str, key: str) -> Source:
@@ -234,13 +280,20 @@ def load_saved(local: str, display: str, key: str = "data.path"):
                         f"({type(exc).__name__}: {text})") from None
 
 
-def _load_hub(path: str, key: str = "data.path"):
+def _load_hub(path: str, key: str = "data.path", subset: str = "", revision: str = "", display: str = ""):
+    """``datasets.load_dataset(path, subset, revision=...)`` as a DatasetDict; $HF_TOKEN (gated or
+    private datasets) is read by datasets itself. Failures are one UserError naming what was asked."""
     import datasets
 
+    from trainer_lib.storage import redact
+
+    asked = "".join(f", {name} {value!r}" for name, value in (("subset", subset), ("revision", revision)) if value)
     try:
-        obj = datasets.load_dataset(path)
+        obj = datasets.load_dataset(path, subset or None, revision=revision or None)
     except Exception as exc:  # noqa: BLE001 - any failure is "could not load"
-        raise UserError(f"{key}: could not load '{path}' with datasets.load_dataset: {exc}") from None
+        text = " ".join(str(exc).split())[:400]
+        raise UserError(redact(f"{key}: could not load '{display or path}'{asked} with datasets.load_dataset: "
+                               f"{type(exc).__name__}: {text}")) from None
     if isinstance(obj, datasets.Dataset):
         obj = datasets.DatasetDict({"train": obj})
     return obj

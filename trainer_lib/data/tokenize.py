@@ -25,7 +25,8 @@ def _is_chat(value) -> bool:
 def _render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise UserError("model.path: the tokenizer has no chat template, so conversational data "
-                        "cannot be rendered (use plain text / prompt-completion data, or a chat model)")
+                        "cannot be rendered; set model.chat_template (chatml, llama3, zephyr or a Jinja file), "
+                        "or use plain text / prompt-completion data")
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 

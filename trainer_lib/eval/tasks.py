@@ -11,13 +11,13 @@ stages optimize and the number reported here are the same measurement on differe
 from __future__ import annotations
 
 from trainer_lib.errors import DataError, UserError
-from trainer_lib.eval.harmless import prompt_text
+from trainer_lib.rewards.classifier import prompt_text
 from trainer_lib.rewards.functions import extract_code
 from trainer_lib.sandbox import Program
 
 
 def load_tasks(path: str, limit: int = 0) -> list[dict]:
-    """Rows ``{"task_id", "prompt", "tests"}`` from any dataset source (local, s3://, hub)."""
+    """Rows ``{"task_id", "prompt", "tests"}`` from any dataset source (local, a URL, hub)."""
     from trainer_lib.data.formats import is_conversational
     from trainer_lib.data.sources import iter_source
 

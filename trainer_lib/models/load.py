@@ -1,4 +1,8 @@
-"""Load tokenizers and models from an HF hub id, a local directory or an s3:// prefix; add LoRA."""
+"""Load tokenizers and models from an HF hub id (at ``model.revision``), a local directory or a URL; add LoRA.
+
+Hub downloads authenticate with ``$HF_TOKEN`` (gated and private repos), which transformers reads
+from the environment itself: nothing here takes a token, so none can end up in a config or a log.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +11,14 @@ import os
 from trainer_lib import storage
 from trainer_lib.config import LoraConfig, ModelConfig
 from trainer_lib.errors import UserError
+from trainer_lib.models import chat_templates
 
 #: ``lora.target_modules=all-linear``: PEFT's name for every linear layer but the output head.
 ALL_LINEAR = "all-linear"
 
 
 def resolve_model_path(path: str, key: str = "model.path") -> str:
-    """A local directory for s3:// and local paths; hub ids pass through unchanged."""
+    """A local directory for URLs and local paths; hub ids pass through unchanged."""
     if storage.is_remote(path):
         return storage.localize(path)
     expanded = os.path.expanduser(path)
@@ -24,16 +29,30 @@ def resolve_model_path(path: str, key: str = "model.path") -> str:
     return path  # a hub id such as "org/name"
 
 
+def hub_revision(cfg: ModelConfig, source: str) -> str | None:
+    """``model.revision`` when ``source`` is ``model.path`` itself (another model, e.g. a reward
+    model, is not pinned by it)."""
+    return (cfg.revision or None) if source == cfg.path else None
+
+
+def _failed(key: str, what: str, source: str, revision: str | None, exc: Exception) -> UserError:
+    at = f" at revision {revision!r}" if revision else ""
+    return UserError(storage.redact(f"{key}: could not load {what} from {source}{at}: {exc}"))
+
+
 def load_tokenizer(cfg: ModelConfig, padding_side: str = "right"):
     from transformers import AutoTokenizer
 
     source = cfg.tokenizer_path or cfg.path
     key = "model.tokenizer_path" if cfg.tokenizer_path else "model.path"
+    revision = hub_revision(cfg, source)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(source, key),
+        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(source, key), revision=revision,
                                                   trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as exc:
-        raise UserError(f"{key}: could not load a tokenizer from {source}: {exc}") from None
+        raise _failed(key, "a tokenizer", source, revision, exc) from None
+    if cfg.chat_template:
+        chat_templates.apply(tokenizer, cfg.chat_template, source)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = padding_side
@@ -50,12 +69,18 @@ def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None =
     from transformers import AutoModelForCausalLM
 
     source = path or cfg.path
+    revision = hub_revision(cfg, source)
+    attention = cfg.attn_implementation
+    if attention == "sdpa":  # the same sdpa, but packed rows are attended per sequence (models/attention.py)
+        from trainer_lib.models.attention import register
+
+        attention = register()
     try:
         return AutoModelForCausalLM.from_pretrained(
-            resolve_model_path(source), dtype=torch_dtype(precision),
-            attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code)
+            resolve_model_path(source), revision=revision, dtype=torch_dtype(precision),
+            attn_implementation=attention, trust_remote_code=cfg.trust_remote_code)
     except (OSError, ValueError) as exc:  # not a model directory, unknown hub id, missing weights or config
-        raise UserError(f"model.path: could not load a causal LM from {source}: {exc}") from None
+        raise _failed("model.path", "a causal LM", source, revision, exc) from None
 
 
 def apply_lora(model, lora: LoraConfig, task_type: str = "CAUSAL_LM", modules_to_save: list[str] | None = None):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 
 from trainer_lib.errors import UserError
-from trainer_lib.rewards.functions import check_rewards
+from trainer_lib.rewards.functions import TrainerState, check_rewards, takes_keyword
 
 NORMALIZE = ("none", "batch", "running")
 
@@ -63,7 +63,8 @@ def _label(name: str, fn: Callable, taken: set) -> str:
 class RewardCombiner:
     """Calls every source, validates what it returns, and combines the results.
 
-    ``sources`` is a list of ``(name, fn)``; ``weights`` one per source (empty: all 1.0).
+    ``sources`` is a list of ``(name, fn)``; ``weights`` one per source (empty: all 1.0). A training
+    loop sets ``trainer_state`` at each step; sources that take a ``trainer_state`` keyword get it.
     """
 
     def __init__(self, sources: list[tuple[str, Callable]], weights: list[float] | None = None,
@@ -85,13 +86,16 @@ class RewardCombiner:
         self.clip, self.normalize, self.eps = clip, normalize, eps
         self.reduce = reduce or (lambda sums: sums)
         self.moments = RunningMoments()
+        self.trainer_state: TrainerState | None = None
+        self._takes_state = [takes_keyword(fn, "trainer_state") for _, fn, _ in self.sources]
 
     def table(self, prompts: list, completions: list, columns: dict[str, list],
               completion_ids: list[list[int]]) -> torch.Tensor:
         """Per-source rewards ``(N, S)``, NaN where a source returned None (no collective call)."""
         table = torch.full((len(completions), len(self.sources)), float("nan"), dtype=torch.float64)
         for j, (name, fn, _) in enumerate(self.sources):
-            values = check_rewards(name, fn(prompts, completions, completion_ids=completion_ids, **columns),
+            state = {"trainer_state": self.trainer_state} if self._takes_state[j] and self.trainer_state else {}
+            values = check_rewards(name, fn(prompts, completions, completion_ids=completion_ids, **columns, **state),
                                    len(completions))
             table[:, j] = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float64)
         return table

@@ -8,7 +8,9 @@ Every reward function has the signature TRL users already write::
 conversational data) and ``completions`` the generated texts (for conversational prompts a
 one-message list ``[{"role": "assistant", "content": text}]``, as TRL passes them). Every
 other dataset column arrives as a keyword list aligned with the completions, plus
-``completion_ids`` (token ids). ``None`` means "does not apply" and is left out of the sum.
+``completion_ids`` (token ids) and, during training, ``trainer_state`` (a :class:`TrainerState`:
+``global_step``, ``epoch``, ``max_steps``, as TRL passes transformers') to functions that take it
+by name or take ``**kwargs``. ``None`` means "does not apply" and is left out of the sum.
 
 Built-ins: ``code_execution`` (unit tests in the sandbox), ``code_style`` (pycodestyle) and
 ``length_penalty``. User functions: ``package.module:function`` (imported from ``sys.path``
@@ -20,17 +22,39 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import inspect
 import numbers
 import os
 import re
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from trainer_lib.errors import UserError
 
 RewardFn = Callable[..., list]
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|$)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class TrainerState:
+    """Where training is when completions are scored (the fields of transformers' ``TrainerState``
+    that reward functions written for TRL read)."""
+
+    global_step: int  # optimizer steps done before this one: 0 while scoring the first step's samples
+    epoch: float  # passes over the training prompts so far, fractional
+    max_steps: int  # steps the run trains for
+
+
+def takes_keyword(fn: Callable, name: str) -> bool:
+    """Whether ``fn`` accepts the keyword argument ``name`` (by that name or through ``**kwargs``)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or extension callable without a signature
+        return False
+    return any(p.kind is p.VAR_KEYWORD or (p.name == name and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+               for p in parameters)
 
 
 def completion_text(completion) -> str:

@@ -48,14 +48,15 @@ class RewardModelScorer:
 
 def load_reward_scorer(path: str, model_cfg, prepare, precision: str = "fp32", batch_size: int = 16,
                        max_length: int = 2048) -> RewardModelScorer:
-    """Load the reward model at ``path`` (local, s3:// or hub id); ``prepare`` places it
+    """Load the reward model at ``path`` (local, a URL or a hub id); ``prepare`` places it
     (``strategy.prepare_frozen``). Without stored statistics rewards are used as they are."""
     import dataclasses
 
     from trainer_lib.models.heads import load_reward_model, load_stats
     from trainer_lib.models.load import load_tokenizer, resolve_model_path
 
-    cfg = dataclasses.replace(model_cfg, path=path, tokenizer_path=None)
+    # the reward model's own tokenizer and template, not the policy's revision or template
+    cfg = dataclasses.replace(model_cfg, path=path, tokenizer_path=None, revision="", chat_template="")
     tokenizer = load_tokenizer(cfg)
     model = prepare(load_reward_model(cfg, tokenizer.pad_token_id, precision, path=path))
     stats = load_stats(resolve_model_path(path, "reward.model_path")) or {"reward_mean": 0.0, "reward_std": 1.0}

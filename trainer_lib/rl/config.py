@@ -35,9 +35,17 @@ class RewardSourcesConfig:
                                    "length_penalty) or module:function / path/file.py:function "
                                    "(comma-separated on the CLI).")
     weights: list[float] = opt([], "One weight per source: the functions in order, then the reward "
-                                   "model if reward.model_path is set (empty: all 1.0).")
+                                   "model if reward.model_path is set, then the classifier if "
+                                   "reward.classifier_path is set (empty: all 1.0).")
     model_path: str | None = opt(None, "Reward model (from `posttrain reward`), normalized with its "
                                        "stored mean/std.")
+    classifier_path: str | None = opt(None, "A sequence classifier (HF id, dir or URL: a sentiment, toxicity or "
+                                            "safety model) scoring each completion's text as a reward source.")
+    classifier_label: str = opt("", "The classifier's label (name from id2label, or index) whose score is the "
+                                    "reward; required when it has several labels.")
+    classifier_score: str = opt("probability", "probability: softmax over the labels (sigmoid for multi-label "
+                                               "models) of classifier_label; logit: its raw logit.",
+                                ("probability", "logit"))
     clip: float = opt(0.0, "Clip the combined reward to [-clip, clip] after normalization (0: off).")
     normalize: str = opt("none", "Normalize the combined reward: with this step's statistics, "
                                  "with running statistics, or not.", ("none", "batch", "running"))
@@ -66,8 +74,8 @@ class RLConfig(TrainingConfig):
             raise ConfigError("rollout: expected temperature >= 0, 0 < top_p <= 1 and top_k >= 0")
         if self.reward.clip < 0:
             raise ConfigError(f"reward.clip: expected >= 0, got {self.reward.clip}")
-        if not self.reward.functions and not self.reward.model_path:
-            raise ConfigError("reward.functions: required (or reward.model_path), e.g. "
+        if not self.reward.functions and not self.reward.model_path and not self.reward.classifier_path:
+            raise ConfigError("reward.functions: required (or reward.model_path or reward.classifier_path), e.g. "
                               "reward.functions=code_execution or my_rewards:reward")
         if self.prompts_per_step < 1 or self.ppo_epochs < 1 or self.mini_batch_size < 0:
             raise ConfigError("prompts_per_step, ppo_epochs: expected >= 1; mini_batch_size: expected >= 0")

@@ -66,7 +66,8 @@ def prompt_inputs(rows: list[dict], tokenizer, n: int) -> tuple[list, list[list[
 
 
 def build_rewards(cfg, strategy, tokenizer):
-    """The configured reward sources, combined (functions in order, then the reward model)."""
+    """The configured reward sources, combined (functions in order, then the reward model, then the
+    classifier)."""
     from trainer_lib.rewards.combine import RewardCombiner
     from trainer_lib.rewards.functions import resolve
 
@@ -79,6 +80,12 @@ def build_rewards(cfg, strategy, tokenizer):
         sources.append(("reward_model", load_reward_scorer(
             cfg.reward.model_path, cfg.model, strategy.prepare_frozen, cfg.engine.precision,
             batch_size=cfg.eval_batch_size, max_length=cfg.data.max_length + cfg.rollout.max_new_tokens)))
+    if cfg.reward.classifier_path:
+        from trainer_lib.rewards.classifier import ClassifierScorer
+
+        sources.append(("classifier", ClassifierScorer(
+            cfg.reward.classifier_path, cfg.reward.classifier_label, cfg.reward.classifier_score,
+            batch_size=cfg.eval_batch_size, device=strategy.device, trust_remote_code=cfg.model.trust_remote_code)))
     return RewardCombiner(sources, cfg.reward.weights, cfg.reward.clip, cfg.reward.normalize,
                           reduce=lambda sums: strategy.all_reduce(sums, op="sum"))
 

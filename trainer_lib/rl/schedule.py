@@ -35,6 +35,7 @@ class PromptSchedule:
 
     def __init__(self, cfg, prompts: list, world_size: int, rank: int):
         self.prompts, self.seed, self.rank = prompts, cfg.seed, rank
+        self.prompts_per_step = cfg.prompts_per_step
         self.prompts_per_rank = cfg.prompts_per_step // world_size
         self.sequences = self.prompts_per_rank * cfg.rollout.n
         self.mini = cfg.mini_batch // world_size
@@ -45,6 +46,13 @@ class PromptSchedule:
     def rows(self, step: int) -> list:
         """This rank's prompt rows at ``step``."""
         return [self.prompts[self._order.index(step, slot, self.rank)[1]] for slot in range(self.prompts_per_rank)]
+
+    def trainer_state(self, step: int):
+        """What reward functions are told about the run while they score step ``step`` (0-based)."""
+        from trainer_lib.rewards.functions import TrainerState
+
+        return TrainerState(global_step=step, epoch=step * self.prompts_per_step / len(self.prompts),
+                            max_steps=self.steps)
 
     def sampling_seed(self, step: int) -> int:
         return step_seed(self.seed, step, self.rank)

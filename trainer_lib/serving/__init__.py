@@ -1,6 +1,6 @@
 """Serving the exported model with Triton Inference Server.
 
-* :mod:`~trainer_lib.serving.repository`: write a versioned Triton model repository (local or s3://)
+* :mod:`~trainer_lib.serving.repository`: write a versioned Triton model repository (local or URL)
   that NVIDIA's images and KServe read as is: the text-generation model on the Python backend
   (``text_input`` -> ``text_output``) and, optionally, the raw ONNX decoder.
 * :mod:`~trainer_lib.serving.triton_generate_model`: the ``model.py`` copied into each version.

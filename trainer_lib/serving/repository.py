@@ -1,4 +1,4 @@
-"""A versioned Triton model repository (local dir or s3:// prefix), as NVIDIA's images and KServe read it.
+"""A versioned Triton model repository (local dir or URL), as NVIDIA's images and KServe read it.
 
     <repo>/<model>/config.pbtxt            which versions serve: version_policy { specific { versions: [N] } }
     <repo>/<model>/<N>/model.py            the text-generation model (Python backend), from triton_generate_model.py

@@ -12,7 +12,7 @@ from trainer_lib.config import ConfigError, StorageConfig, opt
 
 @dataclass
 class DemoDataConfig:
-    output_dir: str | None = opt(None, "Where the JSONL files go (local or s3://).")
+    output_dir: str | None = opt(None, "Where the JSONL files go (local or URL).")
     seed: int = opt(0, "Generator seed; the same seed writes byte-identical files.")
     n_code_train: int = opt(3000, "Training code tasks.")
     n_code_eval: int = opt(150, "Held-out code tasks.")

@@ -35,7 +35,7 @@ HISTORY = "deploy.json"
 
 @dataclass
 class ExportSource:
-    path: str | None = opt(None, "The export stage's output_dir (local or s3://): onnx/<variant>/model.onnx, "
+    path: str | None = opt(None, "The export stage's output_dir (local or URL): onnx/<variant>/model.onnx, "
                                  "tokenizer/ and export.json (eos/pad ids; else the tokenizer's).")
 
 
@@ -48,7 +48,7 @@ class TritonTarget:
 @dataclass
 class DeployConfig:
     export: ExportSource = opt(ExportSource, "What to deploy.")
-    repository: str | None = opt(None, "The Triton model repository root (local dir or s3:// prefix); "
+    repository: str | None = opt(None, "The Triton model repository root (local dir or URL); "
                                        "KServe's storageUri, tritonserver's --model-repository.")
     triton: TritonTarget = opt(TritonTarget, "The server to load the new version on.")
     model_name: str = opt("posttrain", "The model's name in the repository and in /v2/models/<name>.")
@@ -74,7 +74,7 @@ class DeployConfig:
     def validate(self) -> None:
         for key, value in (("export.path", self.export.path), ("repository", self.repository)):
             if not value:
-                raise ConfigError(f"{key}: required, expected a local path or s3:// prefix")
+                raise ConfigError(f"{key}: required, expected a local path or URL (s3://, gs://...)")
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", self.model_name or ""):
             raise ConfigError(f"model_name: expected letters, digits, '_', '.' or '-', got {self.model_name!r}")
         if self.triton.url and not re.fullmatch(r"https?://[^/\s]+/?", self.triton.url):

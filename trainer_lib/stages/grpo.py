@@ -90,6 +90,7 @@ def run(cfg: GRPOConfig) -> dict:
 
         # ---- the loop
         for step in run.steps():
+            rewards.trainer_state = schedule.trainer_state(step)  # reward functions may read the step
             # 1. rollout: sample, score, group advantages
             rollout, scores, metrics = rl.sample_and_score(engine, strategy, tokenizer, schedule.rows(step), cfg,
                                                            rewards, schedule.sampling_seed(step))

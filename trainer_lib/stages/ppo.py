@@ -92,13 +92,11 @@ def token_values(critic, rollout):
 
 
 def load_critic(cfg: PPOConfig, pad_token_id: int, vocab: int):
-    import dataclasses
-
     from trainer_lib.errors import UserError
     from trainer_lib.models.heads import apply_reward_lora, load_reward_model
 
     path = cfg.critic.path or cfg.reward.model_path or cfg.model.path
-    critic = load_reward_model(dataclasses.replace(cfg.model, path=path), pad_token_id, cfg.engine.precision, path=path)
+    critic = load_reward_model(cfg.model, pad_token_id, cfg.engine.precision, path=path)  # model.revision: policy only
     if critic.config.vocab_size < vocab:
         raise UserError(f"critic.path: {path} has a vocabulary of {critic.config.vocab_size} tokens, the policy's "
                         f"tokenizer {vocab}; the critic must share the policy's tokenizer")
@@ -149,6 +147,7 @@ def run(cfg: PPOConfig) -> dict:
 
         # ---- the loop
         for step in run.steps():
+            rewards.trainer_state = schedule.trainer_state(step)  # reward functions may read the step
             # 1. rollout and scores
             rollout, scores, metrics = rl.sample_and_score(actor_engine, strategy, tokenizer, schedule.rows(step), cfg,
                                                            rewards, schedule.sampling_seed(step))

@@ -4,7 +4,7 @@
 
 Writes a ``datasets.DatasetDict`` (splits ``train`` and ``eval``) with ``save_to_disk`` at
 ``output_dir`` plus ``output_dir/stats.json``. Nothing is half-written: the result is built
-in a temp dir next to the target and renamed into place at the end (for ``s3://`` output it
+in a temp dir next to the target and renamed into place at the end (for a URL as output it
 is built locally, uploaded, and ``stats.json`` is uploaded last, marking it complete).
 """
 
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from trainer_lib.config import ConfigError, DataConfig, ModelConfig, StorageConfig, opt
 from trainer_lib.errors import UserError
+from trainer_lib.models import chat_templates
 
 
 @dataclass
@@ -27,7 +28,7 @@ class PrepareConfig:
                                           "longer than data.max_length are dropped.")
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
     output_dir: str | None = opt(None, "Where the prepared DatasetDict and stats.json go "
-                                       "(local or s3://).")
+                                       "(local or URL).")
     seed: int = opt(0, "Seed of the train/eval split.")
     drop_duplicates: bool = opt(True, "Drop exact duplicate rows (same format fields).")
     drop_empty: bool = opt(True, "Drop rows with an empty or whitespace-only text field.")
@@ -37,8 +38,9 @@ class PrepareConfig:
         if self.data.path in (None, ""):
             raise ConfigError("data.path: required, expected a dataset path")
         if self.output_dir in (None, ""):
-            raise ConfigError("output_dir: required, expected a local path or s3:// prefix")
+            raise ConfigError("output_dir: required, expected a local path or URL (s3://, gs://...)")
         self.data.validate()
+        chat_templates.check(self.model.chat_template)
         if self.data.max_length <= 0:
             raise ConfigError(f"data.max_length: expected a positive number, got {self.data.max_length}")
         if self.max_rows < 0:

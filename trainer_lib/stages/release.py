@@ -1,6 +1,6 @@
 """``posttrain release``: publish a model that passed the evaluation gate.
 
-Copies the model directory to ``release_uri`` (local or s3://) and writes ``release.json``
+Copies the model directory to ``release_uri`` (local or URL) and writes ``release.json``
 (gate result, source, time) last, so a consumer that waits for ``release.json`` never sees a
 half-copied model. A model whose gate failed is never published: the stage says so and exits
 with an error, so a pipeline or script cannot mistake it for a release.
@@ -19,8 +19,8 @@ from trainer_lib.errors import UserError
 
 @dataclass
 class ReleaseConfig:
-    model_path: str | None = opt(None, "The evaluated model directory (local or s3://).")
-    release_uri: str | None = opt(None, "Where to publish it (local dir or s3:// prefix).")
+    model_path: str | None = opt(None, "The evaluated model directory (local or URL).")
+    release_uri: str | None = opt(None, "Where to publish it (local dir or URL).")
     evaluation: str | None = opt(None, "The evaluate stage's metrics.json (its gate decides).")
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
 

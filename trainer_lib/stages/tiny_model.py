@@ -18,8 +18,8 @@ from trainer_lib.errors import UserError
 @dataclass
 class TinyModelConfig:
     corpus: str | None = opt(None, "Text corpus: a .txt file (one document per line) or a JSONL file "
-                                   "(every string value is used); local or s3://.")
-    output_dir: str | None = opt(None, "Where the Hugging Face model directory goes (local or s3://).")
+                                   "(every string value is used); local or a URL (s3://, gs://, az://, hf://, ...).")
+    output_dir: str | None = opt(None, "Where the Hugging Face model directory goes (local or URL).")
     vocab_size: int = opt(1024, "BPE vocabulary size.")
     num_layers: int = opt(2, "Transformer layers.")
     hidden_size: int = opt(128, "Hidden size.")

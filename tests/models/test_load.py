@@ -1,0 +1,58 @@
+"""Loading models and tokenizers: model.revision picks the hub commit (read offline from a hub cache)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+SCRIPT = """
+import json, sys
+from trainer_lib.config import ModelConfig
+from trainer_lib.errors import UserError
+from trainer_lib.models.load import load_causal_lm, load_tokenizer
+for revision in sys.argv[1:]:
+    cfg = ModelConfig(path="org/tiny", revision=revision)
+    try:
+        model, tokenizer = load_causal_lm(cfg), load_tokenizer(cfg)
+        print(json.dumps({"revision": revision, "layers": model.config.num_hidden_layers,
+                          "vocab": len(tokenizer)}))
+    except UserError as exc:
+        print(json.dumps({"revision": revision, "error": str(exc)}))
+"""
+
+
+@pytest.fixture(scope="module")
+def hub_cache(tmp_path_factory):
+    """A Hugging Face hub cache holding two commits of ``org/tiny``: main (1 layer), tag v2 (2 layers)."""
+    from trainer_lib.models.tiny import make_tiny_model
+
+    root = tmp_path_factory.mktemp("hub")
+    repo = root / "models--org--tiny"
+    (repo / "refs").mkdir(parents=True)
+    for ref, commit, layers in (("main", "a1" * 20, 1), ("v2", "b2" * 20, 2)):
+        make_tiny_model(str(repo / "snapshots" / commit), ["hello world, a tiny corpus"] * 20, vocab_size=270,
+                        num_layers=layers, hidden_size=32)
+        (repo / "refs" / ref).write_text(commit)
+    return str(root)
+
+
+def test_model_revision_picks_the_commit(hub_cache):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": hub_cache}
+    done = subprocess.run([sys.executable, "-c", SCRIPT, "", "v2", "b2" * 20, "nope"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    assert [r.get("layers") for r in results[:3]] == [1, 2, 2]  # main, the v2 tag, its commit sha
+    assert results[0]["vocab"] == results[1]["vocab"]
+    assert results[3]["error"].startswith("model.path: could not load a causal LM from org/tiny at revision 'nope'")
+
+
+def test_a_revision_does_not_follow_the_model_to_another_path():
+    from trainer_lib.config import ModelConfig
+    from trainer_lib.models.load import hub_revision
+
+    cfg = ModelConfig(path="org/policy", revision="v2")
+    assert hub_revision(cfg, "org/policy") == "v2"
+    assert hub_revision(cfg, "org/reward-model") is None  # a reward model is not pinned by the policy's revision
