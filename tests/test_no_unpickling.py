@@ -128,8 +128,8 @@ class _Payload:
 
 
 @pytest.mark.parametrize("planted", ["mp_rank_00_model_states.pt", "rng_state_rank0.pt"])
-def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(planted, tiny_model_dir, chat_jsonl, tmp_path,
-                                                                     capsys):
+def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(
+        planted, tiny_model_dir, chat_jsonl, tmp_path, capsys):
     import torch
 
     from tests.stages.rl_helpers import one_thread

@@ -39,8 +39,8 @@ def _secrets_absent(text: str) -> None:
         assert secret not in text
 
 
-def test_server_dying_mid_upload_fails_after_bounded_retries_and_leaves_no_object(proxy, s3_bucket, s3_server,
-                                                                                   tmp_path):
+def test_server_dying_mid_upload_fails_after_bounded_retries_and_leaves_no_object(
+        proxy, s3_bucket, s3_server, tmp_path):
     storage.configure(max_attempts=2)
     big = tmp_path / "weights.bin"
     big.write_bytes(os.urandom(12 * MiB))  # three parts
@@ -95,14 +95,15 @@ def test_training_survives_a_restart_while_it_saves_a_checkpoint(proxy, s3_bucke
         proxy.trip(pattern=b"/checkpoints/sft/step-00000004/COMPLETE", seconds=0.5)
         assert main([*args, f"output_dir={tmp_path / 'flaky'}", f"checkpoint_dir={ckpt}"]) == 0
     assert proxy.outages == 1
-    plain, flaky = load_file(tmp_path / "plain" / "model.safetensors"), load_file(tmp_path / "flaky" / "model.safetensors")
+    plain = load_file(tmp_path / "plain" / "model.safetensors")
+    flaky = load_file(tmp_path / "flaky" / "model.safetensors")
     assert all((plain[k] == flaky[k]).all() for k in plain)
     assert storage.listdir(ckpt) == ["step-00000004", "step-00000006"]
     assert storage.exists(f"{ckpt}/step-00000004/COMPLETE")
 
 
-def test_a_corrupted_checkpoint_object_stops_the_resume_with_its_key(s3_bucket, s3_server, tiny_model_dir,
-                                                                      chat_jsonl, tmp_path, capsys):
+def test_a_corrupted_checkpoint_object_stops_the_resume_with_its_key(
+        s3_bucket, s3_server, tiny_model_dir, chat_jsonl, tmp_path, capsys):
     from tests.stages.rl_helpers import one_thread
     from trainer_lib.cli import main
 
@@ -131,8 +132,8 @@ def test_a_corrupted_checkpoint_object_stops_the_resume_with_its_key(s3_bucket, 
 # --------------------------------------------------------------------------- credentials and buckets
 
 
-def test_a_training_stage_with_a_missing_bucket_stops_before_training(s3_bucket, tiny_model_dir, chat_jsonl,
-                                                                       tmp_path, capsys):
+def test_a_training_stage_with_a_missing_bucket_stops_before_training(
+        s3_bucket, tiny_model_dir, chat_jsonl, tmp_path, capsys):
     from trainer_lib.cli import main
 
     for where in ("output_dir", "checkpoint_dir"):
@@ -216,7 +217,8 @@ def test_stage_with_bad_store_settings_prints_one_line_without_secrets(s3_server
     runs = {
         "missing bucket": ({}, [f"data.path=s3://no-such-bucket-{s3_bucket}/d.jsonl", f"output_dir={tmp_path}/o1"],
                            2, f"s3://no-such-bucket-{s3_bucket}/d.jsonl"),
-        "missing output bucket": ({}, [f"data.path={tmp_path}/d.jsonl", f"output_dir=s3://no-such-bucket-{s3_bucket}/o"],
+        "missing output bucket": ({}, [f"data.path={tmp_path}/d.jsonl",
+                                       f"output_dir=s3://no-such-bucket-{s3_bucket}/o"],
                                   2, f"no-such-bucket-{s3_bucket}"),
         "wrong credentials": ({"AWS_ENDPOINT_URL": auth_server["endpoint"], "AWS_ACCESS_KEY_ID": auth_server["key_id"],
                                "AWS_SECRET_ACCESS_KEY": "canary-wrong-secret-3"},
