@@ -199,3 +199,46 @@ def test_config_errors(setup, tmp_path, capsys):
     assert main([*base, "loss=ipo", "label_smoothing=0.1"]) == 2 and "label_smoothing" in capsys.readouterr().err
     assert main([*base, "loss=nope"]) == 2
     assert main([*base, f"data.path={setup['unpaired']}"]) == 2 and "kto" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("loss", ["sigmoid", "kto"])
+def test_packed_pairs_train_exactly_like_padded_ones(setup, tmp_path, loss):
+    """data.packing (the default) only changes the layout: one padding-free row, per-sequence log-probs."""
+    runs = {packing: _records(tmp_path / packing) for packing in ("true", "false")
+            if _dpo(setup, tmp_path / packing, f"loss={loss}", "max_steps=3", f"data.packing={packing}")}
+    keys = ["loss", "logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected"]
+    for packed, padded in zip(runs["true"], runs["false"], strict=True):
+        for key in keys:
+            assert packed[key] == pytest.approx(padded[key], rel=1e-4, abs=1e-5), (packed["step"], key)
+    from trainer_lib.models.load import load_tokenizer
+    from trainer_lib.stage_api import stage_config
+    from trainer_lib.stages.dpo import build_splits
+
+    layouts = {}
+    for packing in ("true", "false"):
+        cfg = stage_config("dpo", [f"model.path={setup['model']}", f"data.path={setup['train']}", f"loss={loss}",
+                                   f"data.packing={packing}", f"output_dir={tmp_path / 'layout'}"])
+        train = build_splits(cfg, load_tokenizer(cfg.model))[0]["train"]
+        layouts[packing] = train.collate([train.examples[i] for i in train.groups[0]])
+    assert layouts["true"]["input_ids"].shape[0] == 1 and "segment_ids" in layouts["true"]  # what was compared
+    assert layouts["false"]["input_ids"].shape[0] > 1 and "segment_ids" not in layouts["false"]
+
+
+def test_sequence_logps_of_a_packed_row_equal_the_padded_rows():
+    from trainer_lib.data.preference import collate_pairs, sequence_logps
+
+    torch.manual_seed(0)
+    pairs = [{"prompt_ids": [1, 2, 3], "chosen_ids": [4, 5], "rejected_ids": [6, 7, 8, 9]},
+             {"prompt_ids": [2], "chosen_ids": [3, 3, 3], "rejected_ids": [5]}]
+    padded, packed = collate_pairs(pairs, pad_token_id=0), collate_pairs(pairs, pad_token_id=0, packed=True)
+    assert packed["input_ids"].shape == (1, 3 + 2 + 3 + 4 + 1 + 3 + 1 + 1) and packed["rows"] == 4
+    table = torch.randn(12, 10)  # a "model": logits depend on the token only, so layouts are comparable
+
+    def logits(ids):
+        return table[ids]
+
+    summed_pad, counts_pad = sequence_logps(logits(padded["input_ids"]), padded["input_ids"], padded["completion_mask"])
+    summed_pack, counts_pack = sequence_logps(logits(packed["input_ids"]), packed["input_ids"],
+                                              packed["completion_mask"], packed["segment_ids"], packed["rows"])
+    assert counts_pack.tolist() == counts_pad.tolist() == [2, 3, 4, 1]
+    assert torch.allclose(summed_pack, summed_pad, atol=1e-6)

@@ -144,59 +144,91 @@ def _pad(prompts: list[list[int]], completions: list[list[int]], pad_token_id: i
     return {"input_ids": ids, "attention_mask": attention, "completion_mask": completion_mask}
 
 
-def collate_pairs(examples: list[dict], pad_token_id: int) -> dict:
-    """``2B`` rows: chosen sequences, then rejected ones (plus ``margin`` (B,) when every row has one)."""
+def _pack(prompts: list[list[int]], completions: list[list[int]]) -> dict:
+    """The ``N`` sequences as ONE padding-free row: ``position_ids`` restart at each sequence (so each
+    attends only to itself, see ``models/attention.py``) and ``segment_ids`` says which sequence a
+    token belongs to. Every sequence starts with a prompt token, so no completion token is ever
+    predicted across a boundary."""
+    import torch
+
+    ids, positions, completion, segments = [], [], [], []
+    for row, (p, c) in enumerate(zip(prompts, completions)):
+        ids += p + c
+        positions += range(len(p) + len(c))
+        completion += [False] * len(p) + [True] * len(c)
+        segments += [row] * (len(p) + len(c))
+    return {"input_ids": torch.tensor([ids], dtype=torch.long),
+            "position_ids": torch.tensor([positions], dtype=torch.long),
+            "completion_mask": torch.tensor([completion], dtype=torch.bool),
+            "segment_ids": torch.tensor([segments], dtype=torch.long), "rows": len(prompts)}
+
+
+def collate_pairs(examples: list[dict], pad_token_id: int, packed: bool = False) -> dict:
+    """``2B`` sequences: chosen, then rejected (plus ``margin`` (B,) when every row has one); padded
+    rows, or one packed row (``packed``)."""
     import torch
 
     prompts = [ex["prompt_ids"] for ex in examples]
-    batch = _pad(prompts + prompts, [ex["chosen_ids"] for ex in examples]
-                 + [ex["rejected_ids"] for ex in examples], pad_token_id)
+    completions = [ex["chosen_ids"] for ex in examples] + [ex["rejected_ids"] for ex in examples]
+    batch = _pack(prompts + prompts, completions) if packed else _pad(prompts + prompts, completions, pad_token_id)
     if all("margin" in ex for ex in examples):
         batch["margin"] = torch.tensor([ex["margin"] for ex in examples], dtype=torch.float32)
     return batch
 
 
-def collate_unpaired(examples: list[dict], pad_token_id: int) -> dict:
-    """``2B`` rows: completions, then their mismatched KL completions; ``label`` (B,) bool."""
+def collate_unpaired(examples: list[dict], pad_token_id: int, packed: bool = False) -> dict:
+    """``2B`` sequences: completions, then their mismatched KL completions; ``label`` (B,) bool."""
     import torch
 
     prompts = [ex["prompt_ids"] for ex in examples]
-    batch = _pad(prompts + prompts, [ex["completion_ids"] for ex in examples]
-                 + [ex["kl_completion_ids"] for ex in examples], pad_token_id)
+    completions = [ex["completion_ids"] for ex in examples] + [ex["kl_completion_ids"] for ex in examples]
+    batch = _pack(prompts + prompts, completions) if packed else _pad(prompts + prompts, completions, pad_token_id)
     batch["label"] = torch.tensor([ex["label"] for ex in examples], dtype=torch.bool)
     return batch
 
 
 def model_inputs(batch: dict, device) -> dict:
-    """The tensors a model's forward takes, moved to ``device``."""
-    return {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
+    """The tensors a model's forward takes, moved to ``device`` (a packed row: ids and positions)."""
+    second = "position_ids" if "segment_ids" in batch else "attention_mask"
+    return {"input_ids": batch["input_ids"].to(device), second: batch[second].to(device)}
 
 
 # --------------------------------------------------------------------------- log-probs
 
 
-def token_logps(logits, input_ids):
-    """log p(token_t | tokens_<t) for t >= 1, shape ``(N, T-1)``; one row at a time to cap the
-    ``(T, vocab)`` float32 log-softmax at one sequence."""
+def token_logps(logits, input_ids, chunk: int = 1024):
+    """log p(token_t | tokens_<t) for t >= 1, shape ``(N, T-1)``; ``chunk`` positions at a time to cap
+    the ``(chunk, vocab)`` float32 log-softmax (a packed row holds a whole batch)."""
     import torch
 
     targets = input_ids[:, 1:]
     out = []
     for row_logits, row_targets in zip(logits[:, :-1], targets):
-        row_logits = row_logits.float()
-        picked = row_logits.gather(-1, row_targets.unsqueeze(-1)).squeeze(-1)
-        out.append(picked - torch.logsumexp(row_logits, dim=-1))
+        pieces = []
+        for start in range(0, row_targets.shape[0], chunk):
+            part = row_logits[start:start + chunk].float()
+            picked = part.gather(-1, row_targets[start:start + chunk].unsqueeze(-1)).squeeze(-1)
+            pieces.append(picked - torch.logsumexp(part, dim=-1))
+        out.append(torch.cat(pieces) if pieces else row_logits.new_zeros(0))
     return torch.stack(out)
 
 
-def sequence_logps(logits, input_ids, completion_mask):
+def sequence_logps(logits, input_ids, completion_mask, segment_ids=None, rows: int | None = None):
     """``(summed log-probs, completion token counts)``, each ``(N,)``, over completion tokens.
 
-    Token ``t`` is predicted from position ``t - 1``; the mask is aligned to the predicted token.
+    Token ``t`` is predicted from position ``t - 1``; the mask is aligned to the predicted token. A
+    packed row (``segment_ids``, ``rows`` sequences) is summed per sequence.
     """
+    import torch
+
     mask = completion_mask[:, 1:].to(logits.device)
-    per_token = token_logps(logits, input_ids.to(logits.device))
-    return (per_token * mask).sum(-1), mask.sum(-1)
+    per_token = token_logps(logits, input_ids.to(logits.device)) * mask
+    if segment_ids is None:
+        return per_token.sum(-1), mask.sum(-1)
+    segments = segment_ids[0, 1:].to(logits.device)
+    summed = per_token.new_zeros(rows).index_add(0, segments, per_token[0])
+    counts = torch.zeros(rows, dtype=torch.long, device=logits.device).index_add(0, segments, mask[0].long())
+    return summed, counts
 
 
 def average_logps(summed, counts):

@@ -43,7 +43,8 @@ def forward_logps(model, batch: dict, device) -> SequenceLogps:
     from trainer_lib.data.preference import model_inputs, sequence_logps, split_halves
 
     logits = model(**model_inputs(batch, device), use_cache=False).logits
-    summed, counts = sequence_logps(logits, batch["input_ids"], batch["completion_mask"])
+    summed, counts = sequence_logps(logits, batch["input_ids"], batch["completion_mask"],
+                                    batch.get("segment_ids"), batch.get("rows"))
     return SequenceLogps(*split_halves(summed), *split_halves(counts))
 
 

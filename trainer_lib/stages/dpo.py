@@ -2,7 +2,8 @@
 
     posttrain dpo model.path=SFT_DIR data.path=PREFS output_dir=OUT loss=sigmoid beta=0.1
 
-Every step: one forward pass of the policy over chosen and rejected together (``2B`` rows), the
+Every step: one forward pass of the policy over chosen and rejected together (``2B`` sequences, one
+padding-free packed row with ``data.packing``, the default; padded rows otherwise), the
 reference's log-probs for the same rows (a frozen model, a precomputed table, or the LoRA policy
 with its adapters disabled), the configured loss (picked once at setup by :func:`select_objective`),
 backward, step. Log-probs are summed over completion tokens (SimPO averages them). KTO trains on
@@ -157,10 +158,14 @@ def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
     def unpaired(examples: list[dict], seed: int) -> list[dict]:
         return pref.assign_kl_completions(pref.unpair(examples) if paired else examples, seed, max_len)
 
+    # data.packing: a micro-batch's 2B sequences as one padding-free row (models/attention.py attends
+    # each on its own); never for remote modelling code, whose attention may not honour position_ids.
+    packed = cfg.data.packing and not cfg.model.trust_remote_code
+
     def split(kind: str, examples: list[dict], batch_size: int) -> Split:
         collate = pref.collate_pairs if kind == "paired" else pref.collate_unpaired
         return Split(kind, examples, micro_batches(examples, batch_size, max_len, packing=False),
-                     lambda rows: collate(rows, pad))
+                     lambda rows: collate(rows, pad, packed=packed))
 
     train = [tokenize(row, tokenizer, max_len) for row in data["train"]]
     evals = [tokenize(row, tokenizer, max_len) for row in data["eval"]]
