@@ -245,3 +245,27 @@ def test_without_namespaces_the_audit_hook_stands_in(outside, monkeypatch):
         files = Program("import os\nos.mkdir('d')\nopen('d/x.txt', 'w').write('hi')\nos.rename('d/x.txt', 'y.txt')",
                         ("assert open('y.txt').read() == 'hi'",))
         assert degraded.run(files).passed
+
+
+def test_four_times_as_many_concurrent_submitters_as_workers_all_get_their_verdict(box):
+    """8 threads share 2 workers: every program gets its own verdict, none lost, none swapped."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    kinds = {  # program -> (expected passed, expected status word)
+        "pass": (lambda i: Program(f"def f(x):\n    return x + {i}\n", (f"assert f(1) == {i + 1}",)), True),
+        "fail": (lambda i: Program(f"def f(x):\n    return x - {i} - 1\n", (f"assert f(1) == {i + 1}",)), False),
+        "loop": (lambda i: Program("while True:\n    pass\n", ("assert True",)), False),
+        "crash": (lambda i: Program(f"raise SystemExit({i})\n", ("assert True",)), False),
+    }
+    jobs = [(name, i) for i in range(10) for name in kinds]
+
+    def submit(job):
+        name, i = job
+        return box.run(kinds[name][0](i), timeout=0.5 if name == "loop" else 3.0)
+
+    with ThreadPoolExecutor(max_workers=8) as submitters:
+        results = list(submitters.map(submit, jobs))
+    assert len(results) == len(jobs)
+    for (name, i), result in zip(jobs, results):
+        assert result.passed is kinds[name][1], (name, i, result)
+    assert all(r.status == "timeout" for (name, _), r in zip(jobs, results) if name == "loop")

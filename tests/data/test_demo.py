@@ -114,7 +114,7 @@ def test_held_out_code_tasks_are_unseen(out):
 
 
 def test_split_is_disjoint_at_full_size():
-    train, held = demo.split_code_keys(0, 4000, 150)
+    train, held, _ = demo.split_code_keys(0, 4000, 150)
     keys = lambda xs: {(f.name, p) for f, p in xs}  # noqa: E731
     assert len(keys(train)) == 4000 and len(keys(held)) == 150 and not keys(train) & keys(held)
     with pytest.raises(ValueError):

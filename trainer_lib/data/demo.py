@@ -7,13 +7,16 @@ refusal, benign -> helpful) in TRL's conversational formats:
     sft.jsonl                      {"messages": [user, assistant]}
     preferences.jsonl / _eval      {"prompt", "chosen", "rejected", "source", "kind"}
     code_tasks.jsonl / _eval       {"prompt", "task_id", "family", "entry_point", "solution", "tests"}
+                                   (code_tasks.jsonl: the RL prompts; their own tasks with n_code_rl)
     safety_eval.jsonl              {"prompt", "kind", "reference"}
     corpus.txt                     every text of the train files (tokenizer training)
     manifest.json                  seed, counts, sha256 per file
 
 Split rule: a code task's key is ``task_id = family:params``. Held-out tasks are whole keys
 drawn (by seed) from families with >= 20 keys, at most 15% per family, so every held-out
-task is an unseen combination of a family and constants that both occur in training.
+task is an unseen combination of a family and constants that both occur in training. RL
+tasks (``n_code_rl``) are drawn the same way from what is left: new to SFT, from the
+held-out tasks' distribution, never held-out tasks themselves.
 Held-out safety prompts use a held-out phrasing and/or a held-out topic; train prompts use
 neither. Reference solutions were only ever produced by this module and are exec'd here
 to compute test expectations - never exec untrusted model output this way.
@@ -235,8 +238,10 @@ def make_task(fam: Family, params: tuple, seed: int) -> dict:
             "solution": solution, "tests": tests, "rejected": _buggy(rng, solution, tests)}
 
 
-def split_code_keys(seed: int, n_train: int, n_eval: int) -> tuple[list, list]:
-    """Round-robin over seeded-shuffled families; eval keys only from large families (<=15% each)."""
+def split_code_keys(seed: int, n_train: int, n_eval: int, n_rl: int = 0) -> tuple[list, list, list]:
+    """``(train, eval, rl)`` keys, disjoint. Round-robin over seeded-shuffled families; eval keys, then
+    RL keys, only from large families (<= 15% of each family's keys per split), so the RL prompts come
+    from the distribution the held-out tasks come from."""
     rng = random.Random(f"{seed}:code-split")
     pools = {}
     for fam in FAMILIES:
@@ -261,7 +266,8 @@ def split_code_keys(seed: int, n_train: int, n_eval: int) -> tuple[list, list]:
         return got
 
     held = take(n_eval, lambda f: caps[f])
-    return take(n_train, lambda f: len(pools[f][1])), held
+    rl = take(n_rl, lambda f: caps[f]) if n_rl else []
+    return take(n_train, lambda f: len(pools[f][1])), held, rl
 
 
 # ----------------------------------------------------------------------------- safety
@@ -413,12 +419,19 @@ def _jsonl(rows):
 
 
 def generate_demo_data(out_dir: str, seed: int = 0, n_code_train: int = 3000, n_code_eval: int = 150,
-                       n_safety_train: int = 500, n_safety_eval: int = 100) -> dict:
-    """Write the demo dataset files into ``out_dir`` and return the manifest (also written)."""
+                       n_safety_train: int = 500, n_safety_eval: int = 100, n_code_rl: int = 0,
+                       n_code_pairs: int = 0) -> dict:
+    """Write the demo dataset files into ``out_dir`` and return the manifest (also written).
+
+    ``n_code_rl`` > 0: ``code_tasks.jsonl`` (the RL prompts) holds that many tasks of their own, never
+    shown in SFT (where the policy still has something to learn); 0: it holds the SFT tasks.
+    ``n_code_pairs`` > 0: only that many code pairs go into ``preferences.jsonl`` next to every safety
+    pair (0: one per SFT task)."""
     os.makedirs(out_dir, exist_ok=True)
-    train_keys, eval_keys = split_code_keys(seed, n_code_train, n_code_eval)
+    train_keys, eval_keys, rl_keys = split_code_keys(seed, n_code_train, n_code_eval, n_code_rl)
     code_train = [make_task(f, p, seed) for f, p in train_keys]
     code_eval = [make_task(f, p, seed) for f, p in eval_keys]
+    code_rl = [make_task(f, p, seed) for f, p in rl_keys] or code_train
     safe_train, safe_eval = _safety_rows(seed, n_safety_train, n_safety_eval)
     rng = random.Random(f"{seed}:shuffle")
 
@@ -437,17 +450,20 @@ def generate_demo_data(out_dir: str, seed: int = 0, n_code_train: int = 3000, n_
     sft = [{"messages": _msg("user", t["prompt"]) + _msg("assistant", t["solution"])} for t in code_train]
     sft += [{"messages": _msg("user", r["prompt"]) + _msg("assistant", r["chosen"])} for r in safe_train]
     rng.shuffle(sft)
-    prefs, prefs_eval = pref_rows(code_train, safe_train), pref_rows(code_eval, safe_eval)
+    paired = random.Random(f"{seed}:pairs").sample(code_train, n_code_pairs) if 0 < n_code_pairs < len(code_train) \
+        else code_train
+    prefs, prefs_eval = pref_rows(paired, safe_train), pref_rows(code_eval, safe_eval)
     safety_eval = [{"prompt": _msg("user", r["prompt"]), "kind": r["kind"], "reference": r["chosen"]}
                    for r in safe_eval]
     corpus = dict.fromkeys(  # ordered de-duplication of every train text
         [m["content"] for r in sft for m in r["messages"]]
-        + [r["rejected"][0]["content"] for r in prefs] + [s for t in code_train for s in t["tests"]])
+        + [r["rejected"][0]["content"] for r in prefs] + [t["prompt"] for t in code_rl]
+        + [s for t in code_train for s in t["tests"]])
     files = {"sft.jsonl": sft, "preferences.jsonl": prefs, "preferences_eval.jsonl": prefs_eval,
-             "code_tasks.jsonl": [task_row(t) for t in code_train],
+             "code_tasks.jsonl": [task_row(t) for t in code_rl],
              "code_tasks_eval.jsonl": [task_row(t) for t in code_eval], "safety_eval.jsonl": safety_eval}
     manifest = {"name": "posttrain-demo", "version": 1, "seed": seed, "counts": {
-        "code_train": len(code_train), "code_eval": len(code_eval),
+        "code_train": len(code_train), "code_eval": len(code_eval), "code_rl": len(rl_keys),
         "safety_train": len(safe_train), "safety_eval": len(safe_eval),
         **{name: len(rows) for name, rows in files.items()}, "corpus.txt": len(corpus)},
         "code_families_train": dict(sorted(Counter(t["family"] for t in code_train).items())),

@@ -18,6 +18,10 @@ class DemoDataConfig:
     n_code_eval: int = opt(150, "Held-out code tasks.")
     n_safety_train: int = opt(500, "Training safety rows (harmful and benign).")
     n_safety_eval: int = opt(100, "Held-out safety prompts.")
+    n_code_rl: int = opt(0, "Code tasks of their own for RL (code_tasks.jsonl), new to SFT and disjoint from the "
+                            "held-out ones; 0: the RL prompts are the SFT tasks.")
+    n_code_pairs: int = opt(0, "Code preference pairs in preferences.jsonl next to the safety pairs "
+                               "(0: one per SFT task).")
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
 
     def validate(self) -> None:
@@ -26,6 +30,9 @@ class DemoDataConfig:
         for key in ("n_code_train", "n_code_eval", "n_safety_train", "n_safety_eval"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key}: expected a positive integer, got {getattr(self, key)}")
+        for key in ("n_code_rl", "n_code_pairs"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"{key}: expected >= 0, got {getattr(self, key)}")
 
 
 CONFIG = DemoDataConfig
@@ -35,7 +42,8 @@ def run(cfg: DemoDataConfig) -> dict:
     from trainer_lib.data.demo import generate_demo_data
 
     kwargs = dict(seed=cfg.seed, n_code_train=cfg.n_code_train, n_code_eval=cfg.n_code_eval,
-                  n_safety_train=cfg.n_safety_train, n_safety_eval=cfg.n_safety_eval)
+                  n_safety_train=cfg.n_safety_train, n_safety_eval=cfg.n_safety_eval, n_code_rl=cfg.n_code_rl,
+                  n_code_pairs=cfg.n_code_pairs)
     if storage.is_remote(cfg.output_dir):
         with tempfile.TemporaryDirectory() as tmp:
             manifest = generate_demo_data(tmp, **kwargs)

@@ -60,16 +60,19 @@ def _call(op: str, uri: str, fn):
     """Run ``fn``, turning boto failures into FileNotFoundError / StorageError.
 
     botocore has already retried each request ``max_attempts`` times with
-    backoff; we only retry what it cannot see: a connection dropping while a
-    response body streams."""
+    (jittered, sometimes very short) backoff; we retry, with our own backoff
+    (at least ~3 s in all), what it cannot see or gave up on too early: a
+    connection dropping while a response body streams, and a server that
+    refuses or drops connections for a moment (a restart)."""
     from boto3.exceptions import Boto3Error, S3UploadFailedError
-    from botocore.exceptions import (BotoCoreError, ClientError, IncompleteReadError,
+    from botocore.exceptions import (BotoCoreError, ClientError, HTTPClientError, IncompleteReadError,
                                      NoCredentialsError, ResponseStreamingError)
+    from botocore.exceptions import ConnectionError as BotoConnectionError
     attempts = int(option("max_attempts"))
     for attempt in range(1, attempts + 1):
         try:
             return fn()
-        except (IncompleteReadError, ResponseStreamingError) as e:
+        except (IncompleteReadError, ResponseStreamingError, BotoConnectionError, HTTPClientError) as e:
             reason = e
             if attempt < attempts:
                 sleep_before_retry(attempt)
