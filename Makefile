@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 # pytest-xdist is not used: the suite already starts worker processes of its own.
 PYTEST_ARGS ?=
 
-.PHONY: setup triton-env test test-fast demo compile clean help bench lock image-cpu image-cuda
+.PHONY: setup triton-env test test-fast demo compile clean help bench lock lock-check image-cpu image-cuda
 
 help:
 	@echo "make demo     set up .venv and run the whole pipeline locally (kfp.local, tiny model)"
@@ -34,6 +34,10 @@ lock:
 	  .venv-lock/bin/pip list --format=freeze --exclude-editable \
 	    | grep -v -E '^(posttrain|pip)==' | sed -E 's/^(torch==[^+]*)[+].*/\1/'; } > $(LOCK)
 	rm -rf .venv-lock build
+
+# The lock resolves from the package index as it is (a pip dry run; make setup proves it on every CI run too).
+lock-check: setup
+	POSTTRAIN_CHECK_LOCK=1 $(BIN)/python -m pytest -q tests/images
 
 # The two images (Docker is not on the dev machines: built by the release CI, see images/README.md).
 IMAGE_NAME ?= ghcr.io/posttrain/posttrain
