@@ -13,7 +13,7 @@ own, since a list inside a dict does not survive that substitution; empty ones a
 """
 
 from kfp import dsl
-from kfp.dsl import Dataset, Input, Metrics, Model, Output
+from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
 
 from components.common import IMAGE
 
@@ -25,6 +25,7 @@ def train(
     data: Input[Dataset],
     output_model: Output[Model],
     metrics: Output[Metrics],
+    tensorboard: Output[Artifact],
     reward_model: Input[Model] = None,
     reward_functions: list = [],
     reward_weights: list = [],
@@ -50,6 +51,8 @@ def train(
     ``checkpoint_root`` (the pipeline root): resumable checkpoints go under it, outside the output
     artifact, at a location a retried pod of this task finds again (unless the config sets
     ``checkpoint_dir``); the Model artifact then holds only the final model.
+    ``tensorboard``: the run's TensorBoard event files, moved out of the model (a Kubeflow Tensorboard
+    can be pointed at this artifact's URI); empty with ``report_to`` without tensorboard.
     ``reward_model`` is the RL stages' reward source (and PPO's critic start); under ``dpo``, precomputed
     reference log-probs are cached next to a dataset that lives in the object store, so a retry, a
     resumed run or another DPO run on the same data and reference finds them there.
@@ -80,6 +83,17 @@ def train(
         summary = run_in_processes(stage, cfg, gpus)
     else:
         summary = run_config(stage, cfg)
+
+    import os
+    import shutil
+
+    events = os.path.join(output_model.path, "tensorboard")
+    os.makedirs(tensorboard.path, exist_ok=True)
+    if os.path.isdir(events):
+        for name in os.listdir(events):
+            shutil.move(os.path.join(events, name), os.path.join(tensorboard.path, name))
+        os.rmdir(events)
+    tensorboard.metadata.update({"format": "tensorboard", "stage": stage})
 
     described = {**summary, **summary.get("reward_stats", {})}  # reward models: their mean and std too
     output_model.metadata.update({"base": source_of(model), **{k: v for k, v in described.items() if k in (

@@ -3,6 +3,7 @@ directly (reward and DPO with precomputed reference log-probs cached next to an 
 GRPO with parameters given as text, as a pipeline backend fills a dict parameter)."""
 
 import json
+import os
 
 from kfp import dsl
 
@@ -18,7 +19,8 @@ def test_interface():
     spec = train.component_spec
     assert spec.implementation.container.image == IMAGE
     assert {name: s.type for name, s in spec.outputs.items()} == {"output_model": "system.Model@0.0.1",
-                                                                  "metrics": "system.Metrics@0.0.1"}
+                                                                  "metrics": "system.Metrics@0.0.1",
+                                                                  "tensorboard": "system.Artifact@0.0.1"}
     inputs = {name: s.type for name, s in spec.inputs.items()}
     assert inputs["model"] == "system.Model@0.0.1" and inputs["data"] == "system.Dataset@0.0.1"
     assert inputs["stage"] == "String" and inputs["params"] == "Dict"
@@ -36,7 +38,8 @@ def test_reward_and_dpo_bodies(tiny_model_dir, s3_bucket, tmp_path):
     common = dict(max_steps=2, batch_size=4, max_length=64, config_yaml="save_steps: 0\neval_steps: 0\n")
 
     rm, rm_metrics = dsl.Model(uri=str(tmp_path / "rm")), dsl.Metrics(uri=str(tmp_path / "rm_metrics"))
-    train.python_func(stage="reward", model=model, data=data, output_model=rm, metrics=rm_metrics, **common,
+    train.python_func(stage="reward", model=model, data=data, output_model=rm, metrics=rm_metrics,
+                      tensorboard=dsl.Artifact(uri=str(tmp_path / "rm_tb")), **common,
                       overrides=["data.eval_fraction=0.25"])
     assert (tmp_path / "rm" / "reward_stats.json").is_file() and "reward_mean" in rm.metadata
     assert rm.metadata["stage"] == "reward" and rm.metadata["steps"] == 2
@@ -44,6 +47,7 @@ def test_reward_and_dpo_bodies(tiny_model_dir, s3_bucket, tmp_path):
 
     policy, metrics = dsl.Model(uri=str(tmp_path / "dpo")), dsl.Metrics(uri=str(tmp_path / "dpo_metrics"))
     train.python_func(stage="dpo", model=model, data=data, output_model=policy, metrics=metrics,
+                      tensorboard=dsl.Artifact(uri=str(tmp_path / "dpo_tb")),
                       params={"loss": "ipo"}, **common, overrides=["reference=precomputed", "data.eval_fraction=0"])
     assert policy.metadata["loss"] == "ipo" and (tmp_path / "dpo" / "model.safetensors").is_file()
     cached = storage.listdir(f"s3://{s3_bucket}/prefs/reference_logps")
@@ -58,6 +62,7 @@ def test_grpo_body_with_parameters_given_as_text(tiny_model_dir, tmp_path):
     params = {"advantage": "dr_grpo", "rollout.n": "2.0", "rollout.max_new_tokens": "8", "prompts_per_step": 2}
     with one_thread():
         train.python_func(stage="grpo", model=model, data=data, output_model=out, metrics=metrics, params=params,
+                          tensorboard=dsl.Artifact(uri=str(tmp_path / "tb")),
                           reward_functions=[LENGTH_REWARD], reward_weights=[], max_steps=2, lr=1e-3, batch_size=4,
                           config_yaml="reward:\n  functions: [ignored:fn]\nlogging_steps: 1\n",
                           overrides=["data.eval_fraction=0.25", "save_steps=0"])
@@ -65,3 +70,6 @@ def test_grpo_body_with_parameters_given_as_text(tiny_model_dir, tmp_path):
     assert summary["advantage"] == "dr_grpo" and summary["steps"] == 2
     assert out.metadata["stage"] == "grpo" and out.metadata["advantage"] == "dr_grpo"
     assert "eval_reward" in metrics.metadata and "train.reward" in metrics.metadata
+    # the TensorBoard events are an artifact of their own (a Kubeflow Tensorboard opens its URI), not in the model
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(tmp_path / "tb"))
+    assert not (tmp_path / "out" / "tensorboard").exists()

@@ -45,7 +45,8 @@ def test_nodes_launch_a_trainjob_reading_and_writing_the_object_store(tiny_model
         out = dsl.Model(uri=str(tmp_path / "out"))
         train.python_func(stage="sft", model=dsl.Model(uri=f"minio://{s3_bucket}/models/tiny"),
                           data=dsl.Dataset(uri=f"minio://{s3_bucket}/data/chat.jsonl"), output_model=out,
-                          metrics=dsl.Metrics(uri=str(tmp_path / "metrics")), max_steps=2, nodes=2, gpus=4,
+                          metrics=dsl.Metrics(uri=str(tmp_path / "metrics")),
+                          tensorboard=dsl.Artifact(uri=str(tmp_path / "tensorboard")), max_steps=2, nodes=2, gpus=4,
                           checkpoint_root=f"minio://{s3_bucket}/root")
 
     (created,) = [r.json() for r in sent(server, "POST")]
