@@ -54,7 +54,8 @@ class ModelConfig:
     chat_template: str = opt("", "Chat template replacing the tokenizer's own (or giving a base model one): "
                                  "chatml, llama3 or zephyr (built in), Jinja text, or a Jinja file; empty: "
                                  "the tokenizer's own.")
-    attn_implementation: str = opt("sdpa", "Attention kernel passed to transformers.",
+    attn_implementation: str = opt("sdpa", "Attention kernel passed to transformers; sdpa attends each "
+                                           "sequence of a packed row on its own (models/attention.py).",
                                    ("sdpa", "eager", "flash_attention_2"))
     trust_remote_code: bool = opt(False, "Allow custom modelling code from the model repo.")
 

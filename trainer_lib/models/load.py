@@ -71,7 +71,9 @@ def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None =
     source = path or cfg.path
     revision = hub_revision(cfg, source)
     attention = cfg.attn_implementation
-    if attention == "sdpa":  # the same sdpa, but packed rows are attended per sequence (models/attention.py)
+    # the same sdpa, but packed rows are attended per sequence (models/attention.py); not for remote modelling
+    # code, whose attention may not take position_ids and would then need transformers' own packed mask
+    if attention == "sdpa" and not cfg.trust_remote_code:
         from trainer_lib.models.attention import register
 
         attention = register()
