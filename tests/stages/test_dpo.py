@@ -231,7 +231,8 @@ def test_sequence_logps_of_a_packed_row_equal_the_padded_rows():
     pairs = [{"prompt_ids": [1, 2, 3], "chosen_ids": [4, 5], "rejected_ids": [6, 7, 8, 9]},
              {"prompt_ids": [2], "chosen_ids": [3, 3, 3], "rejected_ids": [5]}]
     padded, packed = collate_pairs(pairs, pad_token_id=0), collate_pairs(pairs, pad_token_id=0, packed=True)
-    assert packed["input_ids"].shape == (1, 3 + 2 + 3 + 4 + 1 + 3 + 1 + 1) and packed["rows"] == 4
+    assert packed["input_ids"].shape == (1, 3 + 2 + 3 + 4 + 1 + 3 + 1 + 1)
+    assert packed["segment_ids"][0].unique().tolist() == [0, 1, 2, 3]
     table = torch.randn(12, 10)  # a "model": logits depend on the token only, so layouts are comparable
 
     def logits(ids):
@@ -239,6 +240,6 @@ def test_sequence_logps_of_a_packed_row_equal_the_padded_rows():
 
     summed_pad, counts_pad = sequence_logps(logits(padded["input_ids"]), padded["input_ids"], padded["completion_mask"])
     summed_pack, counts_pack = sequence_logps(logits(packed["input_ids"]), packed["input_ids"],
-                                              packed["completion_mask"], packed["segment_ids"], packed["rows"])
+                                              packed["completion_mask"], packed["segment_ids"])
     assert counts_pack.tolist() == counts_pad.tolist() == [2, 3, 4, 1]
     assert torch.allclose(summed_pack, summed_pad, atol=1e-6)

@@ -160,7 +160,7 @@ def _pack(prompts: list[list[int]], completions: list[list[int]]) -> dict:
     return {"input_ids": torch.tensor([ids], dtype=torch.long),
             "position_ids": torch.tensor([positions], dtype=torch.long),
             "completion_mask": torch.tensor([completion], dtype=torch.bool),
-            "segment_ids": torch.tensor([segments], dtype=torch.long), "rows": len(prompts)}
+            "segment_ids": torch.tensor([segments], dtype=torch.long)}
 
 
 def collate_pairs(examples: list[dict], pad_token_id: int, packed: bool = False) -> dict:
@@ -213,11 +213,11 @@ def token_logps(logits, input_ids, chunk: int = 1024):
     return torch.stack(out)
 
 
-def sequence_logps(logits, input_ids, completion_mask, segment_ids=None, rows: int | None = None):
+def sequence_logps(logits, input_ids, completion_mask, segment_ids=None):
     """``(summed log-probs, completion token counts)``, each ``(N,)``, over completion tokens.
 
     Token ``t`` is predicted from position ``t - 1``; the mask is aligned to the predicted token. A
-    packed row (``segment_ids``, ``rows`` sequences) is summed per sequence.
+    packed row (``segment_ids`` numbering its sequences 0..N-1 in order) is summed per sequence.
     """
     import torch
 
@@ -225,6 +225,7 @@ def sequence_logps(logits, input_ids, completion_mask, segment_ids=None, rows: i
     per_token = token_logps(logits, input_ids.to(logits.device)) * mask
     if segment_ids is None:
         return per_token.sum(-1), mask.sum(-1)
+    rows = int(segment_ids[0, -1]) + 1
     segments = segment_ids[0, 1:].to(logits.device)
     summed = per_token.new_zeros(rows).index_add(0, segments, per_token[0])
     counts = torch.zeros(rows, dtype=torch.long, device=logits.device).index_add(0, segments, mask[0].long())

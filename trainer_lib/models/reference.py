@@ -44,7 +44,7 @@ def forward_logps(model, batch: dict, device) -> SequenceLogps:
 
     logits = model(**model_inputs(batch, device), use_cache=False).logits
     summed, counts = sequence_logps(logits, batch["input_ids"], batch["completion_mask"],
-                                    batch.get("segment_ids"), batch.get("rows"))
+                                    batch.get("segment_ids"))
     return SequenceLogps(*split_halves(summed), *split_halves(counts))
 
 
