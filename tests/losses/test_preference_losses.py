@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from trainer_lib.losses import (dpo_sigmoid_loss, hinge_loss, ipo_loss, kto_loss, kto_reference_point,
-                                pairwise_reward_loss, reward_centering_penalty, robust_dpo_loss, simpo_loss)
+                                pairwise_reward_loss, reward_centering_penalty, robust_dpo_loss, rpo_nll_term,
+                                simpo_loss)
 
 
 def t(*values):
@@ -107,6 +108,12 @@ def test_simpo():
 
 
 # --------------------------------------------------------------------------- KTO
+
+
+def test_rpo_nll_term_is_the_per_token_nll_of_chosen():
+    # -log pi(y_w) / |y_w|: -(-1.0) / 4 and -(-3.0) / 2; a zero count is read as one token
+    close(rpo_nll_term(POLICY_CHOSEN, t(4, 2)), [0.25, 1.5])
+    close(rpo_nll_term(POLICY_CHOSEN, torch.tensor([0, 3])), [1.0, 1.0])
 
 
 def test_kto_desirable_and_undesirable():

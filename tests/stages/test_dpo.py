@@ -112,6 +112,14 @@ def test_dpo_raises_held_out_preference_accuracy(setup, tmp_path):
     assert summary["eval"]["rewards/accuracy"] >= 0.9 and summary["eval"]["rewards/margins"] > 0
 
 
+def test_rpo_term_keeps_chosen_answers_likely(setup, tmp_path):
+    # same seed and steps; the NLL term is the only difference, and it must raise log pi(chosen)
+    plain = _dpo(setup, tmp_path / "dpo", "max_steps=8", "beta=0.5")
+    rpo = _dpo(setup, tmp_path / "rpo", "max_steps=8", "beta=0.5", "rpo_alpha=1.0")
+    assert rpo["eval"]["logps/chosen"] > plain["eval"]["logps/chosen"]
+    assert _records(tmp_path / "rpo")[0]["loss"] > _records(tmp_path / "dpo")[0]["loss"]  # NLL added
+
+
 def test_precomputed_reference_gives_same_curve_and_is_reused(setup, tmp_path):
     frozen = tmp_path / "frozen"
     cache = tmp_path / "cache"
@@ -197,6 +205,7 @@ def test_config_errors(setup, tmp_path, capsys):
     base = ["dpo", f"model.path={setup['model']}", f"data.path={setup['train']}", f"output_dir={tmp_path}"]
     assert main([*base, "reference=adapter"]) == 2 and "lora.r" in capsys.readouterr().err
     assert main([*base, "loss=ipo", "label_smoothing=0.1"]) == 2 and "label_smoothing" in capsys.readouterr().err
+    assert main([*base, "loss=kto", "rpo_alpha=1"]) == 2 and "rpo_alpha" in capsys.readouterr().err
     assert main([*base, "loss=nope"]) == 2
     assert main([*base, f"data.path={setup['unpaired']}"]) == 2 and "kto" in capsys.readouterr().err
 

@@ -95,6 +95,18 @@ def simpo_loss(policy_chosen_avg_logps: torch.Tensor, policy_rejected_avg_logps:
     return -F.logsigmoid(beta * (policy_chosen_avg_logps - policy_rejected_avg_logps) - gamma)
 
 
+def rpo_nll_term(policy_chosen_logps: torch.Tensor, chosen_tokens: torch.Tensor) -> torch.Tensor:
+    """RPO's negative log-likelihood term (Pang et al. 2024, "Iterative Reasoning Preference
+    Optimization", eq. 3): the chosen completion's NLL, length-normalized.
+
+        L_NLL = -log pi(y_w|x) / |y_w|
+
+    Added to a preference loss with weight ``alpha`` (L = L_DPO + alpha * L_NLL), it keeps the chosen
+    completions likely while the margin grows: plain DPO may push both log-probs down.
+    """
+    return -policy_chosen_logps / chosen_tokens.clamp(min=1).to(policy_chosen_logps.dtype)
+
+
 def kto_loss(policy_logps: torch.Tensor, reference_logps: torch.Tensor, desirable: torch.Tensor,
              reference_point: torch.Tensor | float, beta: float, desirable_weight: float = 1.0,
              undesirable_weight: float = 1.0) -> torch.Tensor:

@@ -38,6 +38,9 @@ class DPOConfig(TrainingConfig):
     label_smoothing: float = opt(0.0, "Assumed label-flip rate eps for sigmoid (cDPO) and robust "
                                       "(0 <= eps < 0.5).")
     simpo_gamma: float = opt(1.0, "SimPO target reward margin gamma.")
+    rpo_alpha: float = opt(0.0, "Weight alpha of RPO's NLL term on the chosen completion (Pang et al. 2024): "
+                                "loss + alpha * (-log pi(y_w|x) / |y_w|); keeps chosen answers likely while "
+                                "the margin grows. 0: off; the paper uses 1.0. Paired losses only.")
     kto_desirable_weight: float = opt(1.0, "KTO lambda_D, weight of desirable completions.")
     kto_undesirable_weight: float = opt(1.0, "KTO lambda_U, weight of undesirable completions.")
     reference: str = opt("auto", "Reference log-probs: a frozen copy of reference_model_path ('model'), "
@@ -64,6 +67,9 @@ class DPOConfig(TrainingConfig):
             raise ConfigError(f"label_smoothing: only used by loss=sigmoid or loss=robust, not loss={self.loss}")
         if not 0.0 <= self.label_smoothing < 0.5:
             raise ConfigError(f"label_smoothing: expected 0 <= x < 0.5, got {self.label_smoothing}")
+        if self.rpo_alpha < 0 or (self.rpo_alpha and self.loss == "kto"):
+            raise ConfigError(f"rpo_alpha: expected >= 0 with a paired loss (not kto), got {self.rpo_alpha} "
+                              f"with loss={self.loss}")
         if min(self.kto_desirable_weight, self.kto_undesirable_weight) < 0:
             raise ConfigError("kto_desirable_weight/kto_undesirable_weight: expected >= 0")
         uses_base = self.reference_model_path in (None, self.model.path)
@@ -82,7 +88,7 @@ def select_objective(cfg: DPOConfig) -> Callable:
     """The configured loss as ``objective(policy, reference, batch) -> (B,)``, chosen once."""
     from trainer_lib.data.preference import average_logps
     from trainer_lib.losses import (dpo_sigmoid_loss, hinge_loss, ipo_loss, kto_loss, kto_reference_point,
-                                    robust_dpo_loss, simpo_loss)
+                                    robust_dpo_loss, rpo_nll_term, simpo_loss)
 
     beta, eps = cfg.beta, cfg.label_smoothing
     objectives = {
@@ -97,7 +103,10 @@ def select_objective(cfg: DPOConfig) -> Callable:
                                         kto_reference_point(p.rejected, r.rejected), beta,
                                         cfg.kto_desirable_weight, cfg.kto_undesirable_weight),
     }
-    return objectives[cfg.loss]
+    objective, alpha = objectives[cfg.loss], cfg.rpo_alpha
+    if not alpha:
+        return objective
+    return lambda p, r, b: objective(p, r, b) + alpha * rpo_nll_term(p.chosen, p.chosen_tokens)
 
 
 PAIRED_METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracy",
