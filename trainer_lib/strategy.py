@@ -274,7 +274,7 @@ class DeepSpeedStrategy:
             yield
         except (ValueError, TypeError, KeyError, AssertionError) as exc:  # pydantic's errors are ValueErrors
             raise ConfigError(f"engine.deepspeed_config: {self.cfg.deepspeed_config}: DeepSpeed refused the "
-                              f"config: {exc}") from exc
+                              f"config: {' '.join(str(exc).split())}") from exc
 
     def prepare_frozen(self, model):
         """A model used only for inference (reference, reward): ZeRO-3 partitions it too."""
