@@ -111,3 +111,20 @@ def test_reward_with_auto_batch_size_trains(tiny_model_dir, tmp_path, capsys):
                  "eval_steps=0"]) == 0
     assert "batch_size=auto: micro-batch 4 x 1 accumulation x 1 rank(s) = 4 rows" in capsys.readouterr().out
     assert json.load(open(out / "ds_config.json"))["train_micro_batch_size_per_gpu"] == 4
+
+
+def test_grpo_with_auto_batch_size_keeps_the_mini_batch(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    from tests.stages.rl_helpers import LENGTH_REWARD, one_thread, write_prompts
+    from trainer_lib import batch_size
+
+    monkeypatch.setattr(batch_size, "host_available", lambda: 24 * 2**20)  # as above: 16 rows do not fit, 8 do
+    out = tmp_path / "grpo"
+    with one_thread():
+        assert main(["grpo", f"model.path={tiny_model_dir}", f"data.path={write_prompts(tmp_path / 'p.jsonl')}",
+                     f"output_dir={out}", f"reward.functions={LENGTH_REWARD}", "batch_size=auto",
+                     "prompts_per_step=4", "rollout.n=4", "mini_batch_size=16", "rollout.max_new_tokens=8",
+                     "data.max_length=56", "max_steps=1", "save_steps=0", "eval_steps=0"]) == 0
+    assert ("batch_size=auto: micro-batch 8 x 2 accumulation x 1 rank(s) = 16 rows per optimizer step (16 did not "
+            "fit)") in capsys.readouterr().out
+    config = json.load(open(out / "ds_config.json"))  # RL derives accumulation from mini_batch_size
+    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (8, 2)

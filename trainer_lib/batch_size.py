@@ -168,18 +168,16 @@ class Probe:
     tokens through ``model`` (gradients kept, as training keeps them)."""
 
     def __init__(self, model, device, sequences_per_row: int, length: int):
-        import torch
-
         self.model, self.device = model, device
         self.sequences_per_row, self.length = sequences_per_row, length
         self.vocab = model.get_input_embeddings().num_embeddings
-        self.generator = torch.Generator().manual_seed(0)
 
     def step(self, rows: int) -> None:
         import torch
 
-        ids = torch.randint(0, self.vocab, (rows * self.sequences_per_row, self.length), generator=self.generator)
-        ids = ids.to(self.device)
+        # made on the device: a large size must fail there, not fill host memory first (the stage
+        # seeds every generator afresh after the probe)
+        ids = torch.randint(0, self.vocab, (rows * self.sequences_per_row, self.length), device=self.device)
         loss = self.model(input_ids=ids, labels=ids, use_cache=False).loss
         loss.backward()
         del loss, ids
