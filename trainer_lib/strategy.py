@@ -54,7 +54,7 @@ class DeepSpeedStrategy:
         self._initialized = False
         self._grad_norms: dict[int, float] = {}  # per engine (PPO has two)
         # a user's DeepSpeed file may set the stage and offload: everything here that depends on
-        # them reads these two attributes, so the strategy follows the config DeepSpeed gets
+        # them reads these three attributes, so the strategy follows the config DeepSpeed gets
         self.user_config = deepspeed_config.read(engine.deepspeed_config) if engine.deepspeed_config else {}
         self.zero_stage, self.offload_optimizer, self.offload_params = deepspeed_config.zero_settings(
             engine, self.user_config)
