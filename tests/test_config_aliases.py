@@ -146,7 +146,6 @@ def test_unknown_keys_are_still_refused(capsys, tmp_path):
 @pytest.mark.parametrize("layer, message", [
     ({"learning_rate": 1e-3, "lr": 2e-3}, "learning_rate: sets lr to 0.001, but lr sets it to 0.002"),
     ({"max_seq_length": 64, "cutoff_len": 128}, "sets data.max_length to 128, but max_seq_length"),
-    ({"deepspeed": "ds_z3.json"}, "engine.deepspeed_config is coming"),
     ({"stage": "dpo"}, "'dpo' is LLaMA-Factory's stage for `posttrain dpo`, but this is `posttrain sft`"),
     ({"stage": "pt"}, "stage: LLaMA-Factory's stage 'pt' has no posttrain counterpart"),
     ({"finetuning_type": "freeze"}, "finetuning_type: expected lora or full"),

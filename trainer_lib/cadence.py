@@ -21,7 +21,9 @@ same throughput keys in every stage (``samples_per_s``, ``tokens_per_s``), ``lr`
 
 from __future__ import annotations
 
+import json
 import math
+import os
 from typing import Callable
 
 from trainer_lib.checkpoint import CheckpointManager
@@ -77,11 +79,21 @@ class Cadence:
         self.tracker = Tracker(self.ckpt.local_dir, enabled=self.strategy.is_rank_0, total_steps=self.total,
                                initial_step=self.start, desc=self.stage, report_to=self.cfg.report_to,
                                params=flat_dict(self.cfg))
+        self.write_ds_config()
         if state is None and self.evaluate is not None:
             self.tracker.log(0, self.evaluate(), split="eval")
         self.engine.train()  # (models load in eval mode; gradient checkpointing runs only in train mode)
         self.window = MetricsWindow(self.window.keys)  # throughput counts from here
         return state
+
+    def write_ds_config(self) -> None:
+        """``ds_config.json`` next to the metrics: the DeepSpeed config the main engine got (after
+        ``engine.deepspeed_config`` was laid over ours), as the start of the run logged it."""
+        config = getattr(self.strategy, "effective_config", None)
+        if config is not None and self.strategy.is_rank_0:
+            os.makedirs(self.ckpt.local_dir, exist_ok=True)
+            with open(os.path.join(self.ckpt.local_dir, "ds_config.json"), "w", encoding="utf-8") as fh:
+                json.dump(config, fh, indent=2, sort_keys=True)
 
     def steps(self) -> range:
         return range(self.start, self.total)

@@ -16,7 +16,7 @@ import os
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 import yaml
 
@@ -110,6 +110,11 @@ class EngineConfig:
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
     gradient_accumulation_steps: int = opt(1, "Micro-batches per optimizer step.")
     max_grad_norm: float = opt(1.0, "Gradient clipping norm (0 disables).")
+    deepspeed_config: str = opt("", "A DeepSpeed JSON file (local path or URL) laid over the config posttrain "
+                                    "builds: every key it sets wins (ZeRO++, overlap_comm, bucket sizes, "
+                                    "zero_optimization.stage...), \"auto\" takes ours; its batch keys must agree "
+                                    "with batch_size and engine.gradient_accumulation_steps; its optimizer and "
+                                    "scheduler are left out. Empty: ours alone.")
 
 
 @dataclass
@@ -164,7 +169,15 @@ class TrainingConfig:
     adam_beta2: float = opt(0.95, "AdamW beta2. Ours is 0.95 (steadier for LLM fine-tuning, and what "
                                   "posttrain always used); Hugging Face's (TRL's, LLaMA-Factory's) is 0.999.")
     adam_epsilon: float = opt(1e-8, "AdamW epsilon (Hugging Face's default too).")
-    batch_size: int = opt(8, "Per-process micro-batch size (rows; packed rows when packing).")
+    batch_size: int | Literal["auto"] = opt(8, "Per-process micro-batch size (rows; packed rows when packing); "
+                                               "auto: the largest that fits in memory, found by a probe "
+                                               "before training (trainer_lib/batch_size.py), with "
+                                               "engine.gradient_accumulation_steps raised to keep "
+                                               "global_batch_size.")
+    global_batch_size: int = opt(0, "With batch_size=auto: rows per optimizer step, all ranks together, kept "
+                                    "while the micro-batch shrinks to fit (0: 8 x engine.gradient_accumulation_"
+                                    "steps x world size, what batch_size's default gives). RL stages keep "
+                                    "mini_batch_size instead.")
     eval_batch_size: int = opt(16, "Per-process batch size for evaluation.")
     resume: bool = opt(True, "Resume from the latest complete checkpoint in output_dir if one exists.")
     report_to: list[str] = opt(["tensorboard"], "Trackers besides metrics.jsonl (comma-separated): tensorboard, "
@@ -175,10 +188,15 @@ class TrainingConfig:
         _require(self.output_dir, "output_dir", "a local path or URL (s3://, gs://...)")
         _require(self.model.path, "model.path", "an HF id, local dir or URL (s3://, gs://, ...)")
         _require(self.data.path, "data.path", "a dataset path")
-        check_positive(self, "max_steps", "batch_size", "eval_batch_size", "logging_steps",
+        check_positive(self, "max_steps", "eval_batch_size", "logging_steps",
                   "engine.gradient_accumulation_steps", "data.max_length")
+        if self.batch_size != "auto":
+            check_positive(self, "batch_size")
+            if self.global_batch_size:
+                raise ConfigError("global_batch_size: read only with batch_size=auto (otherwise the global batch "
+                                  "is batch_size x engine.gradient_accumulation_steps x world size)")
         check_non_negative(self, "save_steps", "eval_steps", "warmup_steps", "lora.r", "weight_decay",
-                      "save_total_limit", "num_epochs", "engine.max_grad_norm")
+                      "save_total_limit", "num_epochs", "engine.max_grad_norm", "global_batch_size")
         if not self.lr > 0:
             raise ConfigError(f"lr: expected a positive number, got {self.lr}")
         check_scheduler(self.lr_scheduler)
@@ -190,9 +208,10 @@ class TrainingConfig:
             raise ConfigError(f"adam_epsilon: expected a positive number, got {self.adam_epsilon}")
         self.data.validate()
         chat_templates.check(self.model.chat_template)
-        if self.engine.offload_optimizer and self.engine.zero_stage == 0:
+        # (a DeepSpeed file may set the stage: then DeepSpeed checks the offload against it)
+        if self.engine.offload_optimizer and self.engine.zero_stage == 0 and not self.engine.deepspeed_config:
             raise ConfigError("engine.offload_optimizer: needs engine.zero_stage >= 1")
-        if self.engine.offload_params and self.engine.zero_stage != 3:
+        if self.engine.offload_params and self.engine.zero_stage != 3 and not self.engine.deepspeed_config:
             raise ConfigError("engine.offload_params: needs engine.zero_stage=3")
         if self.lora.r > 0 and not self.lora.target_modules:
             raise ConfigError("lora.target_modules: expected at least one module name when lora.r > 0")
@@ -292,7 +311,19 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         if value is None or (isinstance(value, str) and value.lower() in ("null", "none", "~")):
             if type(None) in typing.get_args(tp):
                 return None
-        return _coerce(value, args[0], key)
+        if len(args) == 1:
+            return _coerce(value, args[0], key)
+        for arg in args:  # e.g. batch_size: an integer, else "auto"
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if isinstance(value, str) and value.lower() in allowed:
+            return value.lower()
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, str) and value.strip().startswith("["):  # a YAML/JSON list given as text
@@ -330,6 +361,12 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a mapping, got {value!r}")
         return dict(value)
     return value
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " or ".join(repr(v) for v in typing.get_args(tp))
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
 
 
 def _fields(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:

@@ -164,12 +164,11 @@ def _do_train(value, ctx):
 
 
 def _deepspeed(value, ctx):
-    """`engine.deepspeed_config` where a stage has it; otherwise refused (use `engine.zero_stage`, ...)."""
+    """`engine.deepspeed_config` where a stage has it; otherwise refused (the stage starts no DeepSpeed engine)."""
     if ctx.has_key("engine.deepspeed_config"):
         return {"engine.deepspeed_config": value}, (), ""
-    raise ConfigError("deepspeed: DeepSpeed JSON files are not read yet (engine.deepspeed_config is "
-                      "coming); set engine.zero_stage, engine.offload_optimizer and "
-                      "engine.offload_params instead")
+    raise ConfigError("deepspeed: this stage starts no DeepSpeed engine, so it reads no DeepSpeed file "
+                      "(engine.deepspeed_config belongs to the training stages)")
 
 
 #: the entries of a dataset_info.json dataset that can be followed.

@@ -15,6 +15,7 @@ import socket
 from typing import Any
 
 from trainer_lib.config import EngineConfig
+from trainer_lib.errors import ConfigError
 
 
 def free_port() -> int:
@@ -45,11 +46,22 @@ def _launched() -> bool:
 
 class DeepSpeedStrategy:
     def __init__(self, engine: EngineConfig, micro_batch_size: int, seed: int = 0):
+        from trainer_lib import deepspeed_config
+
         self.cfg = engine
         self.micro_batch_size = micro_batch_size
         self.seed = seed
         self._initialized = False
         self._grad_norms: dict[int, float] = {}  # per engine (PPO has two)
+        # a user's DeepSpeed file may set the stage and offload: everything here that depends on
+        # them reads these three attributes, so the strategy follows the config DeepSpeed gets
+        self.user_config = deepspeed_config.read(engine.deepspeed_config) if engine.deepspeed_config else {}
+        self.zero_stage, self.offload_optimizer, self.offload_params = deepspeed_config.zero_settings(
+            engine, self.user_config)
+        self.effective_config: dict | None = None  # what the training engine got (logged by prepare)
+        if self.user_config:
+            deepspeed_config.check_batch_keys(self._own_config(train=True), self.user_config,
+                                              engine.deepspeed_config)
 
     # ------------------------------------------------------------------ process group
     def setup_distributed(self) -> None:
@@ -156,12 +168,22 @@ class DeepSpeedStrategy:
         return self.micro_batch_size * self.cfg.gradient_accumulation_steps * self.world_size
 
     def ds_config(self, train: bool = True) -> dict:
-        zero: dict[str, Any] = {"stage": self.cfg.zero_stage}
+        """The config DeepSpeed gets: ours (:meth:`_own_config`) with the user's
+        ``engine.deepspeed_config`` laid over it (precedence in :mod:`trainer_lib.deepspeed_config`)."""
+        from trainer_lib import deepspeed_config
+
+        config, _ = deepspeed_config.effective(self._own_config(train), self.user_config,
+                                               self.cfg.deepspeed_config, train)
+        return config
+
+    def _own_config(self, train: bool) -> dict:
+        pin = getattr(self, "device", None) is not None and self.device.type != "cpu"
+        zero: dict[str, Any] = {"stage": self.zero_stage}
         if train and self.cfg.offload_optimizer:
-            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": self.device.type != "cpu"}
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
         if self.cfg.offload_params:
-            zero["offload_param"] = {"device": "cpu", "pin_memory": self.device.type != "cpu"}
-        if self.cfg.zero_stage == 3:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
+        if self.zero_stage == 3:
             zero["stage3_gather_16bit_weights_on_model_save"] = False
         return {
             "train_micro_batch_size_per_gpu": self.micro_batch_size,
@@ -187,7 +209,7 @@ class DeepSpeedStrategy:
         groups = [{"params": decay, "weight_decay": weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
         groups = [g for g in groups if g["params"]]
-        if self.cfg.offload_optimizer:
+        if self.offload_optimizer:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
             return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True)
@@ -214,9 +236,45 @@ class DeepSpeedStrategy:
         except (TypeError, ValueError) as exc:  # a missing or unknown schedule argument
             raise UserError(f"lr_scheduler_kwargs: {lr_scheduler} cannot start with "
                             f"{lr_scheduler_kwargs or {}}: {exc}") from None
-        engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                          config=self.ds_config(train=True))
+        config = self.ds_config(train=True)
+        self._log_config(model, config)
+        with self._naming_user_file():
+            engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                              config=config)
         return engine
+
+    def _log_config(self, model, config: dict) -> None:
+        """Rank 0 prints the effective DeepSpeed config (one JSON line) and DeepSpeed's estimate of
+        the model states' memory; Cadence also writes the config to ``ds_config.json``."""
+        import json
+
+        from trainer_lib import deepspeed_config
+
+        self.effective_config = config
+        if not self.is_rank_0:
+            return
+        _, dropped = deepspeed_config.effective(self._own_config(True), self.user_config,
+                                                self.cfg.deepspeed_config, True)
+        if dropped:
+            print(f"engine.deepspeed_config: {self.cfg.deepspeed_config}: {' and '.join(dropped)} left out "
+                  f"(posttrain builds AdamW and the schedule from lr, weight_decay, adam_*, warmup_steps, "
+                  f"lr_scheduler)", flush=True)
+        print("deepspeed config: " + json.dumps(config, sort_keys=True), flush=True)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        print(deepspeed_config.model_states_estimate(model, self.zero_stage, self.offload_optimizer,
+                                                     self.offload_params, self.world_size, local)[2], flush=True)
+
+    @contextlib.contextmanager
+    def _naming_user_file(self):
+        """DeepSpeed validates its config itself; when a user's file took part, its error names the file."""
+        if not self.user_config:
+            yield
+            return
+        try:
+            yield
+        except (ValueError, TypeError, KeyError, AssertionError) as exc:  # pydantic's errors are ValueErrors
+            raise ConfigError(f"engine.deepspeed_config: {self.cfg.deepspeed_config}: DeepSpeed refused the "
+                              f"config: {' '.join(str(exc).split())}") from exc
 
     def prepare_frozen(self, model):
         """A model used only for inference (reference, reward): ZeRO-3 partitions it too."""
@@ -225,8 +283,9 @@ class DeepSpeedStrategy:
         model.eval()
         for param in model.parameters():
             param.requires_grad_(False)
-        if self.cfg.zero_stage == 3:
-            engine, *_ = deepspeed.initialize(model=model, config=self.ds_config(train=False))
+        if self.zero_stage == 3:
+            with self._naming_user_file():
+                engine, *_ = deepspeed.initialize(model=model, config=self.ds_config(train=False))
             return engine
         if self.cfg.precision == "bf16":
             import torch
@@ -239,7 +298,7 @@ class DeepSpeedStrategy:
 
     def optimizer_step(self, engine) -> None:
         """Steps optimizer and scheduler only at the accumulation boundary (DeepSpeed decides)."""
-        if self.cfg.zero_stage == 0 and engine.is_gradient_accumulation_boundary():
+        if self.zero_stage == 0 and engine.is_gradient_accumulation_boundary():
             self._grad_norms[id(engine)] = _local_grad_norm(engine.module)  # ZeRO-0 does not record it
         engine.step()
 
@@ -250,7 +309,7 @@ class DeepSpeedStrategy:
 
     def recorded_grad_norm(self, engine) -> float | None:
         """:meth:`grad_norm`, or None before the engine recorded one."""
-        norm = engine.get_global_grad_norm() if self.cfg.zero_stage else self._grad_norms.get(id(engine))
+        norm = engine.get_global_grad_norm() if self.zero_stage else self._grad_norms.get(id(engine))
         return float(norm) if norm is not None else None
 
     # ------------------------------------------------------------------ checkpoints
@@ -290,7 +349,7 @@ class DeepSpeedStrategy:
     @contextlib.contextmanager
     def gathered(self, module):
         """Full parameters visible on every rank (ZeRO-3 only partitions them)."""
-        if self.cfg.zero_stage == 3:
+        if self.zero_stage == 3:
             import deepspeed
 
             with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):

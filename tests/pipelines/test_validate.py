@@ -22,11 +22,18 @@ def test_the_defaults_of_every_pipeline_validate(name):
     ({"export_overrides": ["int5=true"]}, "export grpo", "int5: unknown key"),
     ({"demo_overrides": ["n_code_train=0"]}, "bootstrap", "n_code_train: expected a positive integer"),
     ({"dpo_loss": "sigmoidd"}, "DPO", "loss: expected one of"),
+    ({"sft_overrides": ["batch_size=big"]}, "SFT", "batch_size: expected an integer or 'auto', got 'big'"),
 ])
 def test_a_bad_setting_names_the_task_stage_and_key(params, task, message):
     with pytest.raises(ValidationError, match=r"task '(.+)' \(posttrain \w[\w-]*\)") as info:
         validate(PIPELINES["posttrain-all"], params)
     assert f"task '{task}'" in str(info.value) and message in str(info.value)
+
+
+def test_auto_batch_size_passes_through_a_stages_overrides():
+    assert validate(PIPELINES["posttrain-all"], {"sft_overrides": ["batch_size=auto", "global_batch_size=32"],
+                                                 "rl_overrides": ["batch_size=auto"],
+                                                 "dpo_overrides": ["batch_size=auto"]}) >= 6
 
 
 def test_only_the_branch_that_will_run_is_checked():

@@ -28,10 +28,12 @@ def start(cfg):
     The strategy is built from the final engine config (accumulation derived from the mini-batch
     size and the world size), then the process group is joined; the schedule holds the train rows.
     """
+    from trainer_lib.batch_size import resolve_batch_size
     from trainer_lib.models.load import load_tokenizer
     from trainer_lib.rl.schedule import PromptSchedule
     from trainer_lib.strategy import DeepSpeedStrategy, planned_world_size
 
+    resolve_batch_size(cfg, sequence_length=cfg.data.max_length + cfg.rollout.max_new_tokens)
     strategy = DeepSpeedStrategy(cfg.engine_for(planned_world_size()), micro_batch_size=cfg.batch_size, seed=cfg.seed)
     strategy.setup_distributed()
     tokenizer = load_tokenizer(cfg.model)

@@ -230,8 +230,10 @@ def run(cfg: DPOConfig) -> dict:
     from trainer_lib.models.load import apply_lora, count_parameters, load_causal_lm, load_tokenizer
     from trainer_lib.models.reference import (AdapterReference, FrozenModelReference, forward_logps,
                                               precomputed_reference)
+    from trainer_lib.batch_size import resolve_batch_size
     from trainer_lib.strategy import DeepSpeedStrategy
 
+    resolve_batch_size(cfg, sequences_per_row=2)  # a chosen and a rejected sequence per pair
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
     strategy.setup_distributed()
 

@@ -105,8 +105,10 @@ def run(cfg: RewardConfig) -> dict:
     from trainer_lib.losses import reward_centering_penalty
     from trainer_lib.models.heads import STATS_FILE, apply_reward_lora, load_reward_model, store_stats
     from trainer_lib.models.load import count_parameters, load_tokenizer
+    from trainer_lib.batch_size import resolve_batch_size
     from trainer_lib.strategy import DeepSpeedStrategy
 
+    resolve_batch_size(cfg, sequences_per_row=2)  # a chosen and a rejected sequence per pair
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
     strategy.setup_distributed()
 

@@ -53,8 +53,10 @@ def run(cfg: SFTConfig) -> dict:
     from trainer_lib.data.dataset import load_training_data
     from trainer_lib.data.tokenize import count_tokens, micro_batches, tokenize_sft
     from trainer_lib.models.load import apply_lora, count_parameters, load_causal_lm, load_tokenizer
+    from trainer_lib.batch_size import resolve_batch_size
     from trainer_lib.strategy import DeepSpeedStrategy
 
+    resolve_batch_size(cfg)
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
     strategy.setup_distributed()
 
