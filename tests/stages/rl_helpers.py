@@ -66,14 +66,15 @@ def write_reward_adapter(base_dir, out, reward_mean: float = 0.1, reward_std: fl
     from trainer_lib.models.heads import STATS_FILE, apply_reward_lora
 
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    model = AutoModelForSequenceClassification.from_pretrained(base_dir, num_labels=1)
-    model.config.pad_token_id = tokenizer.pad_token_id
-    model = apply_reward_lora(model, LoraConfig(r=4, alpha=8))
-    generator = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+    with torch.random.fork_rng():  # the new score head and LoRA A draw from the global RNG: the same model in any test order
+        torch.manual_seed(0)
+        model = AutoModelForSequenceClassification.from_pretrained(base_dir, num_labels=1)
+        model.config.pad_token_id = tokenizer.pad_token_id
+        model = apply_reward_lora(model, LoraConfig(r=4, alpha=8))
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0, 0.1)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     with open(os.path.join(out, STATS_FILE), "w", encoding="utf-8") as fh:
