@@ -198,17 +198,21 @@ class DeepSpeedStrategy:
             "wall_clock_breakdown": False,
         }
 
-    def _optimizer(self, model, lr: float, weight_decay: float, betas: tuple[float, float], eps: float):
+    def _optimizer(self, model, lr: float, weight_decay: float, betas: tuple[float, float], eps: float,
+                   param_group=None):
         import torch
 
-        decay, no_decay = [], []
+        # (group name, lr, decays) -> parameters; one name and lr unless param_group splits them
+        buckets: dict[tuple[str, float, bool], list] = {}
         for name, param in model.named_parameters():
             if not param.requires_grad:
                 continue
-            (no_decay if param.ndim < 2 or "norm" in name.lower() else decay).append(param)
-        groups = [{"params": decay, "weight_decay": weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
-        groups = [g for g in groups if g["params"]]
+            group, group_lr = param_group(name) if param_group else ("", lr)
+            decays = not (param.ndim < 2 or "norm" in name.lower())
+            buckets.setdefault((group, group_lr, decays), []).append(param)
+        groups = [{"params": params, "lr": group_lr, "weight_decay": weight_decay if decays else 0.0,
+                   **({"name": group} if group else {})}
+                  for (group, group_lr, decays), params in buckets.items()]
         if self.offload_optimizer:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -217,8 +221,12 @@ class DeepSpeedStrategy:
 
     def prepare(self, model, *, lr: float, weight_decay: float, total_steps: int,
                 warmup_steps: int = 0, lr_scheduler: str = "cosine", lr_scheduler_kwargs: dict | None = None,
-                betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8):
-        """Wrap a trainable model: AdamW, LR schedule and ZeRO partitioning in one engine."""
+                betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, param_group=None):
+        """Wrap a trainable model: AdamW, LR schedule and ZeRO partitioning in one engine.
+
+        ``param_group(name) -> (group name, lr)`` puts parameters into named optimizer groups with
+        their own learning rates (multi-adapter PPO: policy adapter and value adapter in one module);
+        the schedule scales each group's lr alike."""
         import deepspeed
         from transformers import get_scheduler
 
@@ -228,7 +236,7 @@ class DeepSpeedStrategy:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if hasattr(model, "config"):
                 model.config.use_cache = False
-        optimizer = self._optimizer(model, lr, weight_decay, betas, eps)
+        optimizer = self._optimizer(model, lr, weight_decay, betas, eps, param_group)
         try:
             scheduler = get_scheduler(lr_scheduler, optimizer, num_warmup_steps=warmup_steps,
                                       num_training_steps=total_steps,

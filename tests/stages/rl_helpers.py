@@ -54,3 +54,29 @@ def weights(model_dir):
     from safetensors.torch import load_file
 
     return load_file(os.path.join(model_dir, "model.safetensors"))
+
+
+def write_reward_adapter(base_dir, out, reward_mean: float = 0.1, reward_std: float = 0.5) -> str:
+    """A LoRA reward model of ``base_dir`` as the reward stage saves it with lora.merge=false (adapter,
+    score head, tokenizer, reward statistics); random adapter weights, so it differs from the base."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from trainer_lib.config import LoraConfig
+    from trainer_lib.models.heads import STATS_FILE, apply_reward_lora
+
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    with torch.random.fork_rng():  # the new score head and LoRA A draw from the global RNG: the same model in any test order
+        torch.manual_seed(0)
+        model = AutoModelForSequenceClassification.from_pretrained(base_dir, num_labels=1)
+        model.config.pad_token_id = tokenizer.pad_token_id
+        model = apply_reward_lora(model, LoraConfig(r=4, alpha=8))
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0, 0.1)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    with open(os.path.join(out, STATS_FILE), "w", encoding="utf-8") as fh:
+        json.dump({"reward_mean": reward_mean, "reward_std": reward_std}, fh)
+    return str(out)

@@ -7,7 +7,8 @@ import shutil
 import pytest
 import torch
 
-from tests.stages.rl_helpers import LENGTH_REWARD, mean_sampled_reward, one_thread, weights, write_prompts
+from tests.stages.rl_helpers import (LENGTH_REWARD, mean_sampled_reward, one_thread, weights, write_prompts,
+                                     write_reward_adapter)
 from trainer_lib.cli import main
 from trainer_lib.config import ConfigError, load_config
 
@@ -100,3 +101,21 @@ def test_reward_functions_are_told_the_step(tiny_model_dir, prompts, tmp_path, m
           f"reward.functions={tmp_path / 'stepwise.py'}:reward")
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert calls == [[0, 0.0, 3], [1, 4 / 24, 3], [2, 8 / 24, 3]]  # 4 prompts a step of 24
+
+
+def test_multi_adapter_grpo_scores_with_the_reward_adapter(tiny_model_dir, prompts, tmp_path):
+    """multi_adapter=true, a LoRA reward model of the same base as the only reward: it scores through its
+    adapter on the shared base (normalized with its stored statistics), the policy trains, the output is
+    the merged policy alone."""
+    reward_dir = write_reward_adapter(tiny_model_dir, tmp_path / "rm", reward_mean=0.0, reward_std=1.0)
+    out = tmp_path / "grpo"
+    _grpo(tiny_model_dir, prompts, out, "multi_adapter=true", "lora.r=4", "lora.alpha=8", "reward.functions=[]",
+          f"reward.model_path={reward_dir}", "max_steps=3", "logging_steps=1", "lr=1e-2", "save_steps=0")
+    train = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3]
+    assert all(r["kl"] >= 0 and "rewards/reward_model" in r for r in train) and train[-1]["kl"] > 0
+    assert len({r["reward"] for r in train}) == 3  # the reward adapter scores each step's completions
+    merged = weights(out)
+    key = "model.layers.0.self_attn.q_proj.weight"
+    assert not any("lora" in k or "score" in k for k in merged) and not torch.equal(weights(tiny_model_dir)[key],
+                                                                                    merged[key])

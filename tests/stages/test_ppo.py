@@ -7,7 +7,8 @@ import shutil
 import pytest
 import torch
 
-from tests.stages.rl_helpers import LENGTH_REWARD, mean_sampled_reward, one_thread, weights, write_prompts
+from tests.stages.rl_helpers import (LENGTH_REWARD, mean_sampled_reward, one_thread, weights, write_prompts,
+                                     write_reward_adapter)
 from trainer_lib.cli import main
 
 
@@ -84,3 +85,47 @@ def test_resume_restores_actor_critic_and_kl_controller(tiny_model_dir, reward_m
     assert json.loads((out / "summary.json").read_text())["kl_coef"] == summary["kl_coef"]
     records = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["split"] == "train"]
     assert "rewards/reward_model" in records[-1] and "rewards/reward" in records[-1]
+
+
+def test_multi_adapter_ppo_trains_only_the_adapters_and_value_head(tiny_model_dir, prompts, tmp_path):
+    """multi_adapter=true with a LoRA reward model of the same base: one frozen base for all four roles.
+    The reward rises; in the final checkpoint the base weights and the reward adapter are bitwise
+    unchanged, the policy adapter, value adapter and value head moved; the output is the policy adapter.
+    (LoRA on lm_head: the tiny model's small tied embeddings bound its logits, so only there can a
+    LoRA make it stop early.)"""
+    from safetensors.torch import load_file
+
+    reward_dir = write_reward_adapter(tiny_model_dir, tmp_path / "rm")
+    out = tmp_path / "ppo"
+    _ppo(tiny_model_dir, prompts, out, "multi_adapter=true", "lora.r=8", "lora.alpha=16",
+         "lora.target_modules=q_proj,v_proj,lm_head", "lora.merge=false", f"reward.model_path={reward_dir}",
+         "reward.weights=1,0.1", "max_steps=20", "lr=2e-2", "critic_lr=1e-2", "ppo_epochs=2", "save_steps=20")
+    before, after = mean_sampled_reward(tiny_model_dir, prompts), mean_sampled_reward(out, prompts)
+    assert after > before + 0.3, (before, after)
+    assert os.path.exists(out / "adapter_model.safetensors") and not os.path.exists(out / "value")
+    saved = load_file(out / "adapter_model.safetensors")
+    assert saved and not any("value" in k or "reward" in k for k in saved)
+    train = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["split"] == "train"]
+    assert train[-1]["value_loss"] < train[0]["value_loss"] and "critic_lr" in train[-1]
+
+    checkpoint = out / "checkpoints" / "step-00000020"
+    assert not os.path.exists(checkpoint / "critic")  # one engine
+    state = torch.load(checkpoint / "mp_rank_00_model_states.pt", weights_only=False)["module"]
+    base, reward = weights(tiny_model_dir), load_file(os.path.join(reward_dir, "adapter_model.safetensors"))
+    moved = set()
+    for key, value in state.items():
+        if ".lora_" in key and ".reward." in key:
+            assert torch.equal(value, reward[key.replace(".reward.", ".")]), key
+        elif ".lora_" in key or key.startswith("value_head."):
+            moved.add(key.split(".lora_")[-1].split(".")[1] if ".lora_" in key else "value_head")
+            if ".lora_B" in key or key.startswith("value_head."):
+                initial = (torch.zeros_like(value) if ".default." in key
+                           else reward[key.replace(".value.", ".")] if ".lora_B" in key
+                           else reward["base_model.model.score.weight"])
+                assert not torch.equal(value, initial), key
+        elif key == "reward_head.weight":
+            assert torch.equal(value, reward["base_model.model.score.weight"])
+        else:
+            name = key.removeprefix("base_model.model.").replace(".base_layer", "")
+            assert torch.equal(value, base.get(name, base["model.embed_tokens.weight"])), key
+    assert moved == {"default", "value", "value_head"}

@@ -47,9 +47,11 @@ class RewardModelScorer:
 
 
 def load_reward_scorer(path: str, model_cfg, prepare, precision: str = "fp32", batch_size: int = 16,
-                       max_length: int = 2048) -> RewardModelScorer:
+                       max_length: int = 2048, model=None) -> RewardModelScorer:
     """Load the reward model at ``path`` (local, a URL or a hub id); ``prepare`` places it
-    (``strategy.prepare_frozen``). Without stored statistics rewards are used as they are."""
+    (``strategy.prepare_frozen``). Without stored statistics rewards are used as they are.
+    ``model``: the reward model already in memory (a reward adapter on a shared base), so only
+    the tokenizer and statistics are read from ``path``."""
     import dataclasses
 
     from trainer_lib.models.heads import load_reward_model, load_stats
@@ -58,6 +60,7 @@ def load_reward_scorer(path: str, model_cfg, prepare, precision: str = "fp32", b
     # the reward model's own tokenizer and template, not the policy's revision or template
     cfg = dataclasses.replace(model_cfg, path=path, tokenizer_path=None, revision="", chat_template="")
     tokenizer = load_tokenizer(cfg)
-    model = prepare(load_reward_model(cfg, tokenizer.pad_token_id, precision, path=path))
+    if model is None:
+        model = prepare(load_reward_model(cfg, tokenizer.pad_token_id, precision, path=path))
     stats = load_stats(resolve_model_path(path, "reward.model_path")) or {"reward_mean": 0.0, "reward_std": 1.0}
     return RewardModelScorer(model, tokenizer, stats["reward_mean"], stats["reward_std"], batch_size, max_length)

@@ -64,6 +64,10 @@ class RLConfig(TrainingConfig):
     prompts_per_step: int = opt(8, "Prompts per step, all ranks together (each gets rollout.n completions).")
     ppo_epochs: int = opt(1, "Passes over each step's completions (TRL's num_iterations).")
     mini_batch_size: int = opt(0, "Completions per optimizer step, all ranks together (0: all of a step).")
+    multi_adapter: bool = opt(False, "One frozen base model shared by the roles as LoRA adapters (needs lora.r > 0): "
+                                     "the policy adapter, PPO's value adapter and head, the reference as the base "
+                                     "with adapters disabled, and a LoRA reward model of the same base (saved with "
+                                     "lora.merge=false) as a frozen adapter; one engine trains policy and value.")
 
     def validate(self) -> None:
         super().validate()
@@ -79,6 +83,12 @@ class RLConfig(TrainingConfig):
                               "reward.functions=code_execution or my_rewards:reward")
         if self.prompts_per_step < 1 or self.ppo_epochs < 1 or self.mini_batch_size < 0:
             raise ConfigError("prompts_per_step, ppo_epochs: expected >= 1; mini_batch_size: expected >= 0")
+        if self.multi_adapter and self.lora.r <= 0:
+            raise ConfigError("multi_adapter: needs lora.r > 0 (the roles are LoRA adapters of one frozen base), "
+                              f"got lora.r={self.lora.r}")
+        if self.multi_adapter and self.engine.zero_stage == 3:
+            raise ConfigError("multi_adapter: not supported with engine.zero_stage=3 (use ZeRO 0-2: the frozen base "
+                              "is shared, only the small adapters are trained and partitioned)")
         if self.engine.gradient_accumulation_steps != 1:
             raise ConfigError("engine.gradient_accumulation_steps: RL stages derive it from "
                               "mini_batch_size / (batch_size * world size); set mini_batch_size instead")

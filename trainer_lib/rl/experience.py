@@ -67,9 +67,10 @@ def prompt_inputs(rows: list[dict], tokenizer, n: int) -> tuple[list, list[list[
 # --------------------------------------------------------------------------- rewards
 
 
-def build_rewards(cfg, strategy, tokenizer):
+def build_rewards(cfg, strategy, tokenizer, reward_model=None):
     """The configured reward sources, combined (functions in order, then the reward model, then the
-    classifier)."""
+    classifier). ``reward_model``: reward.model_path's model already in memory (multi_adapter: its
+    adapter on the shared base), else it is loaded here."""
     from trainer_lib.rewards.combine import RewardCombiner
     from trainer_lib.rewards.functions import resolve
 
@@ -81,7 +82,8 @@ def build_rewards(cfg, strategy, tokenizer):
 
         sources.append(("reward_model", load_reward_scorer(
             cfg.reward.model_path, cfg.model, strategy.prepare_frozen, cfg.engine.precision,
-            batch_size=cfg.eval_batch_size, max_length=cfg.data.max_length + cfg.rollout.max_new_tokens)))
+            batch_size=cfg.eval_batch_size, max_length=cfg.data.max_length + cfg.rollout.max_new_tokens,
+            model=reward_model)))
     if cfg.reward.classifier_path:
         from trainer_lib.rewards.classifier import ClassifierScorer
 

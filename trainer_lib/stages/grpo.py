@@ -16,6 +16,10 @@ averaged:
     grpo     (r - mean) / (std + eps) per group        mean over tokens, then over completions
     dr_grpo  r - mean per group                        sum over tokens / (completions * max_new_tokens)
     rloo     r - mean of the other n - 1 completions   mean over tokens, then over completions
+
+With ``multi_adapter=true`` (and LoRA) policy, reference and a LoRA reward model of the same base
+share one frozen base (:mod:`trainer_lib.models.multi_adapter`): the policy adapter, the base with
+adapters disabled, and the reward adapter with its score head.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ def run(cfg: GRPOConfig) -> dict:
 
     from trainer_lib.cadence import Cadence
     from trainer_lib.losses.rl import clipped_surrogate, kl_k3, masked_mean
+    from trainer_lib.models import multi_adapter
     from trainer_lib.models.load import apply_lora, count_parameters, disable_dropout, load_causal_lm
     from trainer_lib.rl import experience as rl
     from trainer_lib.rollout import token_logprobs
@@ -72,11 +77,16 @@ def run(cfg: GRPOConfig) -> dict:
     # ---- prompts, schedule, models, rewards
     strategy, tokenizer, eval_rows, schedule = rl.start(cfg)
     steps, n, temperature = schedule.steps, cfg.rollout.n, cfg.rollout.temperature
-    policy = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
+    shared = multi_adapter.build(cfg, strategy, with_value=False) if cfg.multi_adapter else None
+    policy = shared.model if shared else apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
     disable_dropout(policy)
     engine = strategy.prepare(policy, total_steps=steps * cfg.updates_per_step(), **cfg.optimizer_args())
-    reference = rl.load_reference(cfg, strategy) if cfg.beta > 0 else None
-    rewards = rl.build_rewards(cfg, strategy, tokenizer)
+    if shared:  # the reference is the shared base with adapters off, the reward model (if a LoRA of it) an adapter
+        reference = shared.reference() if cfg.beta > 0 else None
+        rewards = rl.build_rewards(cfg, strategy, tokenizer, reward_model=shared.reward_model())
+    else:
+        reference = rl.load_reference(cfg, strategy) if cfg.beta > 0 else None
+        rewards = rl.build_rewards(cfg, strategy, tokenizer)
     advantages_of, aggregate = advantage_and_loss(cfg)
     reuse_logprobs = cfg.updates_per_step() == 1  # one update: pi_old is the policy itself
 
@@ -132,4 +142,6 @@ def run(cfg: GRPOConfig) -> dict:
         rewards.close()
     if "eval" in summary:
         summary["eval_reward"] = summary["eval"]["reward"]
+    if shared:
+        shared.keep_policy_only()  # the output is the policy (merged per lora.merge), as without multi_adapter
     return run.save_model(tokenizer, summary)

@@ -19,10 +19,20 @@ Actor and critic are separate DeepSpeed engines; the reference policy is a froze
 The critic is a sequence-classification model (scalar head ``score``) read at every token:
 it starts from ``critic.path`` (default: the reward model, else the policy with a new head)
 and must share the policy's tokenizer.
+
+With ``multi_adapter=true`` (and LoRA) the four models are one frozen base with adapters
+(:mod:`trainer_lib.models.multi_adapter`): policy and value adapters (plus the value head) in one
+engine, the reference as the base with adapters disabled, a LoRA reward model of the same base as
+a frozen adapter. Step 5 then takes ONE optimizer step per mini-batch on
+``policy_loss + vf_coef * value_loss``, the value adapter and head in a parameter group at
+``critic_lr``. Unlike two engines: the gradient is clipped as one vector, and the policy's LR
+schedule counts from step 0 (during ``freeze_actor_steps`` the policy term is left out and its
+group's lr is 0 for the step).
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 
@@ -62,6 +72,9 @@ class PPOConfig(RLConfig):
 
     def validate(self) -> None:
         super().validate()
+        if self.multi_adapter and self.engine.gradient_checkpointing:
+            raise ConfigError("engine.gradient_checkpointing: not supported with multi_adapter=true in PPO (the one "
+                              "backward pass would recompute the policy's and the value's layers under one adapter)")
         if self.clip_range <= 0 or self.value_clip_range < 0 or self.vf_coef < 0:
             raise ConfigError("clip_range: expected > 0; value_clip_range, vf_coef: expected >= 0")
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
@@ -103,12 +116,22 @@ def load_critic(cfg: PPOConfig, pad_token_id: int, vocab: int):
     return apply_reward_lora(critic, cfg.lora)
 
 
+def critic_log(strategy, actor_engine, critic_engine) -> dict:
+    """The critic's lr and gradient norm (multi_adapter: its parameter group's lr; the norm is the actor's)."""
+    if critic_engine is not None:
+        return {"critic_lr": critic_engine.get_lr()[0], "critic_grad_norm": strategy.grad_norm(critic_engine)}
+    from trainer_lib.models.multi_adapter import VALUE
+
+    return {"critic_lr": next(g["lr"] for g in actor_engine.optimizer.param_groups if g.get("name") == VALUE)}
+
+
 def run(cfg: PPOConfig) -> dict:
     import torch
 
     from trainer_lib.cadence import Cadence
     from trainer_lib.losses.rl import (KLController, explained_variance, gae_advantages, kl_penalty,
                                        masked_mean, masked_whiten, ppo_policy_loss, ppo_value_loss)
+    from trainer_lib.models import multi_adapter
     from trainer_lib.models.load import apply_lora, count_parameters, disable_dropout, load_causal_lm
     from trainer_lib.rl import experience as rl
     from trainer_lib.rollout import token_logprobs
@@ -118,16 +141,31 @@ def run(cfg: PPOConfig) -> dict:
     steps, n, temperature = schedule.steps, cfg.rollout.n, cfg.rollout.temperature
     updates = steps * cfg.updates_per_step()
     actor_updates = (steps - min(cfg.freeze_actor_steps, steps - 1)) * cfg.updates_per_step()
-    actor = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
-    critic = load_critic(cfg, tokenizer.pad_token_id, len(tokenizer))
-    for model in (actor, critic):
-        disable_dropout(model)
-    actor_engine = strategy.prepare(actor, total_steps=actor_updates, **cfg.optimizer_args())
-    critic_engine = strategy.prepare(critic, total_steps=updates,
-                                     **{**cfg.optimizer_args(), "lr": cfg.critic_lr or cfg.lr})
     use_reference = cfg.kl.coef > 0
-    reference = rl.load_reference(cfg, strategy) if use_reference else None
-    rewards = rl.build_rewards(cfg, strategy, tokenizer)
+    shared = None
+    if cfg.multi_adapter:  # one frozen base; the actor engine also trains the value adapter and head
+        shared = multi_adapter.build(cfg, strategy, with_value=True)
+        actor = shared.model
+        disable_dropout(actor)
+        groups = functools.partial(multi_adapter.param_group, lr=cfg.lr, critic_lr=cfg.critic_lr or cfg.lr)
+        actor_engine = strategy.prepare(actor, total_steps=updates, **cfg.optimizer_args(), param_group=groups)
+        critic_engine = None
+        reference = shared.reference() if use_reference else None
+        rewards = rl.build_rewards(cfg, strategy, tokenizer, reward_model=shared.reward_model())
+    else:
+        actor = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
+        critic = load_critic(cfg, tokenizer.pad_token_id, len(tokenizer))
+        for model in (actor, critic):
+            disable_dropout(model)
+        actor_engine = strategy.prepare(actor, total_steps=actor_updates, **cfg.optimizer_args())
+        critic_engine = strategy.prepare(critic, total_steps=updates,
+                                         **{**cfg.optimizer_args(), "lr": cfg.critic_lr or cfg.lr})
+        reference = rl.load_reference(cfg, strategy) if use_reference else None
+        rewards = rl.build_rewards(cfg, strategy, tokenizer)
+
+    def values_of(part):
+        return shared.token_values(part) if shared else token_values(critic_engine, part)
+
     kl_ctl = KLController(cfg.kl.coef, cfg.kl.target if cfg.kl.adaptive else None, cfg.kl.horizon)
 
     def restore_state(state: dict) -> None:
@@ -135,15 +173,15 @@ def run(cfg: PPOConfig) -> dict:
         kl_ctl.load_state_dict(state["kl_controller"])
 
     run = Cadence(cfg, strategy, "ppo", steps, actor_engine, parameters=count_parameters(actor),
-                  extra_engines={"critic": critic_engine},
+                  extra_engines={"critic": critic_engine} if critic_engine else {},
                   evaluate=rl.held_out_evaluation(actor_engine, strategy, tokenizer, eval_rows, rewards, cfg),
                   client_state=lambda step: {"rewards": rewards.state_dict(), "kl_controller": kl_ctl.state_dict()},
                   restore_state=restore_state,
-                  log_extra=lambda: {"critic_lr": critic_engine.get_lr()[0],
-                                     "critic_grad_norm": strategy.grad_norm(critic_engine)})
+                  log_extra=lambda: critic_log(strategy, actor_engine, critic_engine))
     try:
         run.restore(f"{len(schedule.prompts)} train / {len(eval_rows)} eval prompts, {cfg.prompts_per_step} prompts x "
-                    f"{n} completions per step (trainable params: the actor's)")
+                    f"{n} completions per step (trainable params: the actor's"
+                    f"{', the value adapter and head' if shared else ''})")
 
         # ---- the loop
         for step in run.steps():
@@ -158,7 +196,7 @@ def run(cfg: PPOConfig) -> dict:
             with torch.no_grad():
                 old_logprobs = rl.per_micro_batch(lambda part: token_logprobs(actor_engine, part, temperature)[0],
                                                   rollout, cfg.batch_size)
-                old_values = rl.per_micro_batch(lambda part: token_values(critic_engine, part), rollout, cfg.batch_size)
+                old_values = rl.per_micro_batch(values_of, rollout, cfg.batch_size)
                 if use_reference:
                     ref_logprobs = rl.per_micro_batch(
                         lambda part: rl.reference_logprobs(reference, actor_engine, part, temperature),
@@ -188,15 +226,20 @@ def run(cfg: PPOConfig) -> dict:
                     logprobs, entropy = token_logprobs(actor_engine, part, temperature, with_entropy=True)
                     policy_loss, policy_stats = ppo_policy_loss(logprobs, cut(old_logprobs), cut(advantages),
                                                                 part_mask, cfg.clip_range)
-                if train_actor:
+                if train_actor and not shared:
                     strategy.backward(policy_loss, actor_engine)
                     strategy.optimizer_step(actor_engine)
 
-                values = token_values(critic_engine, part)
+                values = values_of(part)
                 value_loss, value_stats = ppo_value_loss(values, cut(old_values), cut(returns), part_mask,
                                                          cfg.value_clip_range)
-                strategy.backward(cfg.vf_coef * value_loss, critic_engine)
-                strategy.optimizer_step(critic_engine)
+                if shared:  # one engine over both adapters: one loss, one step (see the module docs)
+                    multi_adapter.freeze_policy_group(actor_engine, frozen=not train_actor)
+                    strategy.backward(cfg.vf_coef * value_loss + (policy_loss if train_actor else 0.0), actor_engine)
+                    strategy.optimizer_step(actor_engine)
+                else:
+                    strategy.backward(cfg.vf_coef * value_loss, critic_engine)
+                    strategy.optimizer_step(critic_engine)
                 run.window.add_all({"policy_loss": policy_loss, "value_loss": value_loss,
                                     "entropy": masked_mean(entropy, part_mask), **policy_stats, **value_stats})
 
@@ -219,4 +262,6 @@ def run(cfg: PPOConfig) -> dict:
     summary["kl_coef"] = kl_ctl.value
     if "eval" in summary:
         summary["eval_reward"] = summary["eval"]["reward"]
+    if shared:
+        shared.keep_policy_only()  # the output is the policy (merged per lora.merge), as without multi_adapter
     return run.save_model(tokenizer, summary)
