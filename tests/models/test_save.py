@@ -130,3 +130,19 @@ def test_not_the_writer_writes_nothing(tiny, tmp_path):
     model, tokenizer = tiny
     save_hf_model(model, tokenizer, str(tmp_path / "ours"), gather=no_gather, is_writer=False, max_shard_size="40KB")
     assert not (tmp_path / "ours").exists()
+
+
+def test_fused_experts_are_saved_under_their_checkpoint_names(tmp_path):
+    """Mixtral's experts live fused in the model and unfused in its checkpoints: converted back per shard."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(0)
+    model = MixtralForCausalLM(MixtralConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                             num_attention_heads=4, num_key_value_heads=2, num_local_experts=4))
+    save_hf_model(model, None, str(tmp_path / "ours"), gather=no_gather, is_writer=True, max_shard_size="20KB")
+    model.save_pretrained(tmp_path / "reference", max_shard_size="20KB")
+    assert "model.layers.0.block_sparse_moe.experts.3.w2.weight" in tensors_of(tmp_path / "ours")
+    assert_same_weights(tmp_path / "ours", tmp_path / "reference")
+    loaded = MixtralForCausalLM.from_pretrained(tmp_path / "ours")
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[name], value, atol=0, rtol=0, msg=name)
