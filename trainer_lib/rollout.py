@@ -6,8 +6,10 @@ This module is the seam for a faster engine (vLLM, SGLang): the RL stages only c
 Generation uses the model's own ``generate`` with a KV cache on left-padded batches, with
 every sampling setting passed explicitly (a checkpoint's ``generation_config.json`` cannot
 switch on a top-k or repetition penalty behind our back), and a fixed seed per call, so a
-resumed run samples exactly what the interrupted one would have. Under ZeRO-3 call it inside
-``strategy.gathered(module)`` so every rank sees the full weights while it generates.
+resumed run samples exactly what the interrupted one would have. Under ZeRO-3 pass
+``synced_gpus=True``: DeepSpeed's hooks then fetch each layer's weights for each forward (no rank
+holds the whole model), which is a collective, so a rank whose rows are all done keeps stepping
+until every rank's are (transformers' ``synced_gpus``).
 
 Layout of a :class:`Rollout` of ``N`` sequences (``n`` consecutive ones per prompt)::
 
@@ -142,11 +144,12 @@ def _pad(rows: list[list[int]], value: int, left: bool) -> tuple[torch.Tensor, t
 @torch.no_grad()
 def generate(model, tokenizer, prompt_ids: list[list[int]], *, n: int = 1, max_new_tokens: int = 64,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, stop: list[str] | tuple = (),
-             batch_size: int = 64, seed: int = 0) -> Rollout:
+             batch_size: int = 64, seed: int = 0, synced_gpus: bool = False) -> Rollout:
     """``n`` samples for each prompt (token ids), ``batch_size`` sequences per ``generate`` call.
 
     ``temperature=0`` is greedy decoding. Sampling draws from a generator seeded with ``seed``
     (the global RNG is left as it was). ``stats`` holds ``generate_time`` and ``tokens_per_s``.
+    ``synced_gpus``: every rank calls this with the same number of chunks (see the module's docs).
     """
     device = next(model.parameters()).device
     eos_ids = _eos_ids(model, tokenizer)
@@ -165,7 +168,7 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], *, n: int = 1, max_n
             ids, mask = _pad(chunk, pad, left=True)
             criteria = _stopping_criteria(tokenizer, list(stop), ids.shape[1])
             out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                 generation_config=config, stopping_criteria=criteria)
+                                 generation_config=config, stopping_criteria=criteria, synced_gpus=synced_gpus)
             for row in out[:, ids.shape[1]:].tolist():
                 response, text, done = _cut(tokenizer, row, list(stop), eos_ids)
                 responses.append(response)

@@ -136,18 +136,22 @@ class DeepSpeedStrategy:
 
         ``fn`` returns a dict of floats or tensors with keys of ``zeros``, which holds the starting
         totals (so a rank with no items still takes part); totals are summed here, then across
-        ranks, and every rank returns the same dict.
+        ranks, and every rank returns the same dict. Under ZeRO-3 a forward is a collective, so
+        every rank calls ``fn`` equally often: one short of an item repeats the first and drops it.
         """
         import torch
 
         modes = [model.training for model in models]
         totals = dict(zeros)
+        mine = items[self.rank::self.world_size]
+        calls = -(-len(items) // self.world_size) if self.partitions_parameters else len(mine)
         try:
             for model in models:
                 model.eval()
             with torch.no_grad():
-                for item in items[self.rank::self.world_size]:
-                    for key, value in fn(item).items():
+                for index in range(calls):
+                    result = fn(mine[index] if index < len(mine) else items[0])
+                    for key, value in result.items() if index < len(mine) else ():
                         totals[key] = totals[key] + value
         finally:
             for model, mode in zip(models, modes):
@@ -354,13 +358,21 @@ class DeepSpeedStrategy:
         return client_state or {}
 
     # ------------------------------------------------------------------ export
+    @property
+    def partitions_parameters(self) -> bool:
+        """ZeRO-3: each rank holds a slice of every weight, fetched by DeepSpeed's hooks for a forward."""
+        return self.zero_stage == 3
+
     @contextlib.contextmanager
-    def gathered(self, module):
-        """Full parameters visible on every rank (ZeRO-3 only partitions them)."""
-        if self.zero_stage == 3:
+    def gathered(self, tensors):
+        """Full values of ``tensors`` (a module's parameters, or a list) on every rank for the duration:
+        a collective under ZeRO-3 (every rank enters it, in the same order), nothing otherwise.
+        Gather a few at a time: all of a large model at once is a full copy on every rank."""
+        if self.partitions_parameters:
             import deepspeed
 
-            with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+            params = list(tensors.parameters()) if hasattr(tensors, "parameters") else list(tensors)
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
                 yield
         else:
             yield
@@ -370,42 +382,19 @@ class DeepSpeedStrategy:
 
     def save_hf_model(self, engine, tokenizer, out_dir: str, extra_files: dict[str, str] | None = None,
                       merge_lora: bool = True) -> None:
-        """Final Hugging Face directory (safetensors, config, tokenizer), LoRA merged in; with
+        """Final Hugging Face directory (safetensors shards, config, tokenizer), LoRA merged in; with
         ``merge_lora=False`` a LoRA model is saved as its PEFT adapter only.
 
-        Call once, at the end: merging folds the adapters into the live module's weights.
+        Written a tensor at a time (:mod:`trainer_lib.models.save`): under ZeRO-3 each weight is
+        gathered alone, rank 0 writes it into the current shard and the others drop it, so no rank
+        ever holds the whole model beyond one shard. The live weights are left as they are.
         """
-        module = self.unwrap(engine)
-        with self.gathered(module):
-            if self.is_rank_0:
-                is_peft = hasattr(module, "merge_and_unload")
-                model = module.merge_and_unload() if is_peft and merge_lora else module
-                if hasattr(model, "config"):
-                    model.config.use_cache = True
-                _stop_at_eos(model, tokenizer)
-                os.makedirs(out_dir, exist_ok=True)
-                state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
-                # a PeftModel picks its adapter's tensors out of the state dict it is given
-                model.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
-                if tokenizer is not None:
-                    tokenizer.save_pretrained(out_dir)
-                for name, text in (extra_files or {}).items():
-                    with open(os.path.join(out_dir, name), "w", encoding="utf-8") as fh:
-                        fh.write(text)
-        self.barrier()
+        from trainer_lib.models.save import memory_log, save_hf_model
 
-
-def _stop_at_eos(model, tokenizer) -> None:
-    """List the tokenizer's eos among the generation config's, so generation with the saved model stops
-    there too (model.chat_template may have made an end-of-turn token the eos)."""
-    generation = getattr(model, "generation_config", None)
-    eos = getattr(tokenizer, "eos_token_id", None)
-    if generation is None or eos is None:
-        return
-    ids = generation.eos_token_id
-    ids = [] if ids is None else list(ids) if isinstance(ids, (list, tuple)) else [ids]
-    if eos not in ids:
-        generation.eos_token_id = ids + [eos] if ids else eos
+        with memory_log(os.environ.get("POSTTRAIN_SAVE_MEMORY_LOG"), self.rank):  # how much the save takes
+            save_hf_model(self.unwrap(engine), tokenizer, out_dir, gather=self.gathered, is_writer=self.is_rank_0,
+                          merge_lora=merge_lora, extra_files=extra_files)
+            self.barrier()
 
 
 def _local_grad_norm(module) -> float:

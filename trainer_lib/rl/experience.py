@@ -198,12 +198,12 @@ def sample(engine, strategy, tokenizer, rows: list[dict], rollout_cfg, seed: int
     from trainer_lib.rollout import generate
 
     prompts, prompt_ids, columns = prompt_inputs(rows, tokenizer, rollout_cfg.n)
-    module = strategy.unwrap(engine)
-    with strategy.gathered(module):  # ZeRO-3: generate needs the full weights
-        rollout = generate(module, tokenizer, prompt_ids, n=rollout_cfg.n,
-                           max_new_tokens=rollout_cfg.max_new_tokens, temperature=rollout_cfg.temperature,
-                           top_p=rollout_cfg.top_p, top_k=rollout_cfg.top_k, stop=rollout_cfg.stop,
-                           batch_size=rollout_cfg.batch_size, seed=seed)
+    # ZeRO-3: weights fetched layer by layer by DeepSpeed's hooks, all ranks stepping together
+    rollout = generate(strategy.unwrap(engine), tokenizer, prompt_ids, n=rollout_cfg.n,
+                       max_new_tokens=rollout_cfg.max_new_tokens, temperature=rollout_cfg.temperature,
+                       top_p=rollout_cfg.top_p, top_k=rollout_cfg.top_k, stop=rollout_cfg.stop,
+                       batch_size=rollout_cfg.batch_size, seed=seed,
+                       synced_gpus=strategy.partitions_parameters and strategy.world_size > 1)
     return rollout, prompts, columns
 
 
