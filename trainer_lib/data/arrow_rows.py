@@ -139,3 +139,15 @@ class RowWriter:
                     os.remove(part)
             out[split] = datasets.Dataset.from_file(path)
         return out
+
+
+def fingerprint(fmt: str, splits: dict) -> str:
+    """sha256 of the format and of every row of every split, in order (``splits``: name -> Dataset with
+    the row digests of :data:`DIGEST`)."""
+    h = hashlib.sha256(fmt.encode())
+    for name, ds in splits.items():
+        h.update(f"\0split:{name}\0".encode())
+        digests = ds.select_columns([DIGEST]).with_format("arrow")
+        for batch in digests.iter(batch_size=65536):
+            h.update(b"".join(batch.column(DIGEST).to_pylist()))
+    return h.hexdigest()

@@ -59,7 +59,10 @@ def tokenizer_fingerprint(tokenizer) -> str:
     h = hashlib.sha256(type(tokenizer).__name__.encode())
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is not None:
-        h.update(backend.to_str().encode())
+        state = json.loads(backend.to_str())
+        state.pop("truncation", None)  # set by each call's truncation/padding arguments, not the tokenizer's
+        state.pop("padding", None)
+        h.update(json.dumps(state, sort_keys=True).encode())
     else:
         h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
     extra = {"chat_template": getattr(tokenizer, "chat_template", None),
@@ -67,6 +70,29 @@ def tokenizer_fingerprint(tokenizer) -> str:
              "padding_side": getattr(tokenizer, "padding_side", None),
              "add_bos": getattr(tokenizer, "add_bos_token", None), "add_eos": getattr(tokenizer, "add_eos_token", None)}
     h.update(json.dumps(extra, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def source_fingerprint(path: str | None) -> str | None:
+    """What identifies the content behind ``path``: sha256 of its files' bytes for a local path, the
+    storage fingerprint (sizes, ETags) for a URL; None for a hub id (not known without asking the hub)."""
+    from trainer_lib import storage
+
+    if not path:
+        return ""
+    if storage.is_remote(path):
+        return storage.fingerprint(path)
+    local = os.path.expanduser(path)
+    if not os.path.exists(local):
+        return None
+    files = [local] if os.path.isfile(local) else sorted(
+        os.path.join(d, f) for d, dirs, names in os.walk(local) for f in names)
+    h = hashlib.sha256()
+    for name in files:
+        h.update(os.path.relpath(name, local).encode() + b"\0")
+        with open(name, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 22), b""):  # noqa: B023 - fh is the loop's file
+                h.update(block)
     return h.hexdigest()
 
 

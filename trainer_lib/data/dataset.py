@@ -243,45 +243,6 @@ def save_dataset_dict(dd, directory: str) -> None:
             json.dump(state, fh, indent=2, sort_keys=True)
 
 
-def fingerprint(fmt: str, splits: dict) -> str:
-    """sha256 of the format and of every row of every split, in order (``splits``: name -> Dataset with
-    the row digests of :mod:`trainer_lib.data.arrow_rows`)."""
-    from trainer_lib.data.arrow_rows import DIGEST
-
-    h = hashlib.sha256(fmt.encode())
-    for name, ds in splits.items():
-        h.update(f"\0split:{name}\0".encode())
-        digests = ds.select_columns([DIGEST]).with_format("arrow")
-        for batch in digests.iter(batch_size=65536):
-            h.update(b"".join(batch.column(DIGEST).to_pylist()))
-    return h.hexdigest()
-
-
-def source_fingerprint(path: str | None) -> str | None:
-    """What identifies the content behind ``path``: sha256 of its files' bytes for a local path, the
-    storage fingerprint (sizes, ETags) for a URL; None for a hub id (not known without asking the hub)."""
-    import os
-
-    from trainer_lib import storage
-
-    if not path:
-        return ""
-    if storage.is_remote(path):
-        return storage.fingerprint(path)
-    local = os.path.expanduser(path)
-    if not os.path.exists(local):
-        return None
-    files = [local] if os.path.isfile(local) else sorted(
-        os.path.join(d, f) for d, dirs, names in os.walk(local) for f in names)
-    h = hashlib.sha256()
-    for name in files:
-        h.update(os.path.relpath(name, local).encode() + b"\0")
-        with open(name, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):  # noqa: B023 - fh is the loop's file
-                h.update(block)
-    return h.hexdigest()
-
-
 # --------------------------------------------------------------------------- build
 
 #: modules whose code decides what a normalized build contains (part of its cache key).
@@ -316,7 +277,7 @@ def build_dataset(data_cfg, seed: int, *, tokenizer=None, drop_empty: bool = Tru
     source = open_source(data_cfg.path, "data.path", subset, revision).check_splits(split, eval_split)
     columns = None if source.prepared else getattr(data_cfg, "columns", None)
     parts = None
-    sources = [source_fingerprint(data_cfg.path), source_fingerprint(data_cfg.eval_path)]
+    sources = [cache.source_fingerprint(data_cfg.path), cache.source_fingerprint(data_cfg.eval_path)]
     if None not in sources:
         parts = {"sources": sources, "path": data_cfg.path, "eval_path": data_cfg.eval_path,
                  "settings": {k: getattr(data_cfg, k, None) for k in ("format", "columns", "subset", "split",
@@ -347,7 +308,7 @@ def _build(source: Source, data_cfg, seed: int, tokenizer, drop_empty: bool, dro
 
     import datasets
 
-    from trainer_lib.data.arrow_rows import INTERNAL, RowWriter
+    from trainer_lib.data.arrow_rows import INTERNAL, RowWriter, fingerprint
 
     fmt = data_cfg.format
     if fmt == AUTO and source.prepared:
@@ -501,7 +462,7 @@ def _prepared_eval(data_cfg, fmt: str, normalizer: Normalizer, tokenizer, train)
     from trainer_lib.data import cache
 
     esrc = open_source(data_cfg.eval_path, "data.eval_path")
-    known = source_fingerprint(data_cfg.eval_path)
+    known = cache.source_fingerprint(data_cfg.eval_path)
     parts = None if known is None else {
         "eval_source": known, "eval_path": data_cfg.eval_path, "format": normalizer.source,
         "conversational": normalizer.conversational, "columns": getattr(data_cfg, "columns", None),
@@ -509,7 +470,7 @@ def _prepared_eval(data_cfg, fmt: str, normalizer: Normalizer, tokenizer, train)
         "max_length": data_cfg.max_length if tokenizer is not None else None, "code": cache.code_version(*BUILD_CODE)}
 
     def build(tmp: str) -> dict:
-        from trainer_lib.data.arrow_rows import INTERNAL, RowWriter
+        from trainer_lib.data.arrow_rows import INTERNAL, RowWriter, fingerprint
 
         work = os.path.join(tmp, "work")
         writer = RowWriter(work, data_cfg.eval_path)

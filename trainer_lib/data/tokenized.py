@@ -58,7 +58,7 @@ def run_map(ds, function, fn_kwargs: dict, num_workers: int, cache_file: str, re
         return ds.map(function, batched=True, num_proc=num_proc, fn_kwargs=fn_kwargs,
                       remove_columns=ds.column_names if remove_columns is None else remove_columns,
                       cache_file_name=cache_file, load_from_cache_file=False, writer_batch_size=1000,
-                      new_fingerprint=cache.digest([cache_file]))
+                      new_fingerprint=cache.digest([cache_file])[:40])
 
 
 # --------------------------------------------------------------------------- token lengths (prepare)
