@@ -38,12 +38,17 @@ KINDS = {
 
 @contextlib.contextmanager
 def _quiet_map(num_proc: int | None):
-    """No datasets progress bars (we log one line); tokenizers' own threads off before forking workers
-    (it would warn in every worker and disable them there anyway)."""
-    if num_proc:
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    with cache.quiet():
-        yield
+    """No datasets progress bars (we log one line); tokenizers' own threads off in the forked workers
+    (else each warns that it was forked after using them, and turns them off anyway)."""
+    before = os.environ.get("TOKENIZERS_PARALLELISM")
+    if num_proc and before is None:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    try:
+        with cache.quiet():
+            yield
+    finally:
+        if num_proc and before is None:
+            os.environ.pop("TOKENIZERS_PARALLELISM", None)
 
 
 def _num_proc(num_workers: int, rows: int) -> int | None:
