@@ -194,7 +194,12 @@ def cached(kind: str, parts: dict, build: Callable[[str], dict], what: str = "da
             with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as fh:
                 json.dump(manifest, fh, indent=1, sort_keys=True, default=str)
             os.chmod(tmp, 0o755)
-            os.rename(tmp, entry)
+            try:
+                os.rename(tmp, entry)
+            except OSError:
+                if not is_complete(entry):  # else another node built it meanwhile (a shared cache dir)
+                    raise
+                manifest = read_manifest(entry)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     log.info("data cache: built %s for %s in %.1fs", entry, what, time.monotonic() - start)
