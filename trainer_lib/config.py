@@ -84,12 +84,17 @@ class DataConfig:
     max_length: int = opt(512, "Maximum tokens per example (longer ones are dropped in prepare, "
                                "truncated in training).")
     packing: bool = opt(True, "Pack several examples per row (padding-free, no cross-attention).")
-    num_workers: int = opt(1, "Processes used for tokenization.")
+    num_workers: int = opt(1, "Processes that tokenize (datasets.map num_proc), in prepare (token lengths) and "
+                              "the training stages. The tokenized data is cached as memory-mapped Arrow under "
+                              "$POSTTRAIN_CACHE/data (default ~/.cache/posttrain/data; delete it to clear), built "
+                              "once by local rank 0 and reused by the other ranks, reruns and resumed runs.")
 
     def validate(self) -> None:
         if self.eval_split and self.eval_path:
             raise ConfigError("data.eval_split: names a split of data.path, but data.eval_path already gives "
                               "the eval data; set one of them")
+        if self.num_workers < 1:
+            raise ConfigError(f"data.num_workers: expected a positive number, got {self.num_workers}")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction: expected 0 <= x < 1, got {self.eval_fraction}")
         if self.columns:

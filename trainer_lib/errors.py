@@ -18,6 +18,9 @@ class DataError(UserError):
         got_text = "" if got is None and field is None else f", got {_describe(got)}"
         super().__init__(f"{location}: {where}expected {expected}{got_text}")
 
+    def __reduce__(self):  # rebuilt from its parts when it crosses a process (datasets.map workers)
+        return type(self), (self.location, self.field, self.expected, self.got)
+
 
 class NonFiniteLossError(UserError):
     """A training loss became NaN or inf: the run stops before saving that step (exit code 2)."""

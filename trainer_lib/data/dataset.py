@@ -1,8 +1,11 @@
 """Build train/eval splits from any source: normalize + validate, filter, split.
 
 One code path for ``posttrain prepare`` (:func:`build_dataset`, which also returns the stats)
-and for the training stages (:func:`load_training_data`, which accepts either a prepared dir
-or a raw source). ``datasets``/``pyarrow``/tokenizers are imported inside functions.
+and for the training stages (:func:`training_data`, which accepts either a prepared dir or a
+raw source). Rows are validated and normalized one at a time, in order (the first row decides
+the format), and stream into Arrow files (:mod:`trainer_lib.data.arrow_rows`); token lengths
+are measured by ``data.num_workers`` processes (:mod:`trainer_lib.data.tokenized`).
+``datasets``/``pyarrow``/tokenizers are imported inside functions.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import itertools
 import json
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from trainer_lib.data import llamafactory
@@ -123,92 +127,75 @@ class Normalizer:
         return out
 
 
-def _read(source: Source, split: str | None, normalizer: Normalizer, max_rows: int) -> list[Item]:
+def _read(source: Source, split: str | None, normalizer: Normalizer, max_rows: int) -> Iterator[Item]:
+    """Normalized ``(location, row)`` of one split, streamed."""
     rows = source.rows(split)
     if max_rows > 0:
         rows = itertools.islice(rows, max_rows)
-    return [(loc, normalizer(loc, row)) for loc, row in rows]
+    for loc, row in rows:
+        yield loc, normalizer(loc, row)
+
+
+def _eval_rows(source: Source, normalizer: Normalizer, max_rows: int) -> tuple[Iterator[Item], str]:
+    """Rows of a separate eval source: its eval-like split if it has a non-empty one."""
+    split = source.eval_split
+    if split is not None:
+        rows = _read(source, split, normalizer, max_rows)
+        first = next(rows, None)
+        if first is not None:
+            return itertools.chain([first], rows), f"{source.path}[{split}]"
+    name = f"{source.path}[{source.train_split}]" if source.splits else source.path
+    return _read(source, source.train_split, normalizer, max_rows), name
 
 
 # --------------------------------------------------------------------------- filters
 
 
-def _filter(items: list[Item], fmt: str, drop_empty: bool, drop_duplicates: bool,
-            dropped: dict) -> list[Item]:
-    seen: set[str] = set()
-    out = []
-    for loc, row in items:
-        if drop_empty and is_empty(row, fmt):
-            dropped["empty"] += 1
-            continue
-        if drop_duplicates:
-            key = canonical_key(row, fmt)
-            if key in seen:
-                dropped["duplicate"] += 1
+class _Filtered:
+    """Streams normalized rows into a :class:`RowWriter` split, dropping empty and duplicate rows
+    (duplicates within the split, by a digest of the format fields) and counting them."""
+
+    def __init__(self, writer, normalizer: Normalizer, drop_empty: bool, drop_duplicates: bool, dropped: dict):
+        self.writer, self.normalizer = writer, normalizer
+        self.drop_empty, self.drop_duplicates, self.dropped = drop_empty, drop_duplicates, dropped
+        self.rows_read = 0
+
+    def write(self, split: str, items: Iterable[Item]) -> None:
+        from trainer_lib.data.arrow_rows import row_digest
+
+        self.writer.open_split(split)
+        seen: set[bytes] = set()
+        for loc, row in items:
+            self.rows_read += 1
+            fmt = self.normalizer.fmt
+            if self.drop_empty and is_empty(row, fmt):
+                self.dropped["empty"] += 1
                 continue
-            seen.add(key)
-        out.append((loc, row))
-    return out
+            if self.drop_duplicates:
+                key = hashlib.blake2b(canonical_key(row, fmt).encode(), digest_size=16).digest()
+                if key in seen:
+                    self.dropped["duplicate"] += 1
+                    continue
+                seen.add(key)
+            self.writer.add(split, loc, row, FORMATS[fmt], row_digest(row))
+        if not self.writer.columns and self.normalizer.fmt:  # no rows at all: still the format's columns
+            self.writer.columns.update(dict.fromkeys(FORMATS[self.normalizer.fmt]))
 
 
-def _chat(tokenizer, messages: list[dict], location: str, generation_prompt: bool = False):
-    """(text, add_special_tokens) for a conversation rendered with the chat template."""
-    if getattr(tokenizer, "chat_template", None):
-        try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                                 add_generation_prompt=generation_prompt)
-        except Exception as exc:  # noqa: BLE001 - jinja errors raised by templates
-            raise DataError(location, None, f"a conversation the tokenizer's chat template "
-                                            f"accepts ({exc})") from None
-        return text, False
-    # No chat template: count a simple role-tagged rendering.
-    text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
-    return text, True
+def _length_filter(ds, fmt: str, conv: bool, tokenizer, data_cfg, dropped: dict, work_dir: str):
+    """``(rows of ds with at most data.max_length tokens, their lengths)``."""
+    import numpy as np
 
+    from trainer_lib.data.arrow_rows import LOCATION
+    from trainer_lib.data.tokenized import length_column
 
-def _sequences(row: dict, fmt: str, conv: bool, tokenizer, location: str) -> list[tuple[str, bool]]:
-    """The texts a model sees for a row (preference: one per response)."""
-    if fmt == "text":
-        return [(row["text"], True)]
-    if fmt == "messages":
-        return [_chat(tokenizer, row["messages"], location)]
-    if fmt == "prompt_only":
-        if conv:
-            return [_chat(tokenizer, row["prompt"], location, generation_prompt=True)]
-        return [(row["prompt"], True)]
-    answers = ("chosen", "rejected") if fmt == "preference" else ("completion",)
-    if conv:
-        return [_chat(tokenizer, row["prompt"] + row[a], location) for a in answers]
-    return [(row["prompt"] + row[a], True) for a in answers]
-
-
-def token_lengths(items: list[Item], fmt: str, conversational: bool, tokenizer,
-                  batch_size: int = 512) -> list[int]:
-    """Token count per row (the longest sequence of the row), chat template applied."""
-    texts: list[tuple[int, str, bool]] = []
-    for i, (loc, row) in enumerate(items):
-        texts.extend((i, t, special) for t, special in _sequences(row, fmt, conversational, tokenizer, loc))
-    lengths = [0] * len(items)
-    for special in (True, False):
-        group = [(i, t) for i, t, s in texts if s == special]
-        for start in range(0, len(group), batch_size):
-            chunk = group[start:start + batch_size]
-            ids = tokenizer([t for _, t in chunk], add_special_tokens=special)["input_ids"]
-            for (i, _), seq in zip(chunk, ids):
-                lengths[i] = max(lengths[i], len(seq))
-    return lengths
-
-
-def _length_filter(items: list[Item], fmt: str, conv: bool, tokenizer, max_length: int,
-                   dropped: dict, kept_lengths: list[int]) -> list[Item]:
-    out = []
-    for item, n in zip(items, token_lengths(items, fmt, conv, tokenizer)):
-        if n > max_length:
-            dropped["too_long"] += 1
-        else:
-            out.append(item)
-            kept_lengths.append(n)
-    return out
+    lengths = np.asarray(length_column(ds, fmt, conv, tokenizer, getattr(data_cfg, "num_workers", 1), work_dir,
+                                       LOCATION), dtype=np.int64)
+    keep = np.flatnonzero(lengths <= data_cfg.max_length)
+    dropped["too_long"] += int(len(lengths) - len(keep))
+    if len(keep) == len(lengths):
+        return ds, lengths
+    return ds.select(keep), lengths[keep]
 
 
 # --------------------------------------------------------------------------- split / arrow
@@ -227,32 +214,6 @@ def split_indices(n: int, eval_fraction: float, seed: int) -> tuple[list[int], l
     eval_idx = sorted(order[:n_eval])
     chosen = set(eval_idx)
     return [i for i in range(n) if i not in chosen], eval_idx
-
-
-def _to_dataset_dict(splits: dict[str, list[dict]], fmt: str, source: str):
-    """One Arrow schema for all splits (columns: format fields, then extras in first-seen order)."""
-    import datasets
-    import pyarrow as pa
-
-    columns: dict[str, None] = dict.fromkeys(FORMATS[fmt])
-    for rows in splits.values():
-        for row in rows:
-            columns.update(dict.fromkeys(row))
-    all_rows = [row for rows in splits.values() for row in rows]
-    arrays = {}
-    for col in columns:
-        try:
-            arrays[col] = pa.array([row.get(col) for row in all_rows])
-        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError,
-                ValueError, OverflowError) as exc:
-            raise UserError(f"{source}: column '{col}': values do not share one type "
-                            f"across rows ({exc})") from None
-    table = pa.table(arrays) if arrays else pa.table({})
-    out, start = {}, 0
-    for name, rows in splits.items():
-        out[name] = datasets.Dataset(table.slice(start, len(rows)))
-        start += len(rows)
-    return datasets.DatasetDict(out)
 
 
 def save_dataset_dict(dd, directory: str) -> None:
@@ -282,30 +243,11 @@ def save_dataset_dict(dd, directory: str) -> None:
             json.dump(state, fh, indent=2, sort_keys=True)
 
 
-def fingerprint(fmt: str, splits: dict[str, list[dict]]) -> str:
-    """sha256 of the format and every row of every split (in order)."""
-    h = hashlib.sha256(fmt.encode())
-    for name, rows in splits.items():
-        h.update(f"\0split:{name}\0".encode())
-        for row in rows:
-            h.update(json.dumps(row, sort_keys=True, ensure_ascii=False, default=str).encode())
-            h.update(b"\n")
-    return h.hexdigest()
-
-
 # --------------------------------------------------------------------------- build
 
-
-def _eval_rows(source: Source, normalizer: Normalizer, max_rows: int) -> tuple[list[Item], str]:
-    """Rows of a separate eval source: its eval-like split if it has a non-empty one."""
-    split = source.eval_split
-    if split is not None:
-        items = _read(source, split, normalizer, max_rows)
-        if items:
-            return items, f"{source.path}[{split}]"
-    items = _read(source, source.train_split, normalizer, max_rows)
-    name = f"{source.path}[{source.train_split}]" if source.splits else source.path
-    return items, name
+#: modules whose code decides what a normalized build contains (part of its cache key).
+BUILD_CODE = ("trainer_lib.data.dataset", "trainer_lib.data.formats", "trainer_lib.data.sources",
+              "trainer_lib.data.llamafactory", "trainer_lib.data.arrow_rows", "trainer_lib.data.tokenized")
 
 
 def build_dataset(data_cfg, seed: int, *, tokenizer=None, drop_empty: bool = True,
@@ -319,52 +261,93 @@ def build_dataset(data_cfg, seed: int, *, tokenizer=None, drop_empty: bool = Tru
     Over-length rows (``> data_cfg.max_length`` tokens) are dropped only with a ``tokenizer``.
     ``max_rows`` (> 0) caps the rows read from each source. Raises :class:`DataError` for a
     malformed row, :class:`UserError` for other problems with the data.
+
+    Rows stream through to memory-mapped Arrow (memory does not grow with the data); the result is
+    cached (:mod:`trainer_lib.data.cache`) by the content of the sources and every setting above, so
+    a second build (another ``prepare``, every rank but local rank 0 of a job) loads it.
     """
+    import os
+
+    from trainer_lib.data import cache
+
     if not data_cfg.path:
         raise UserError("data.path: required, expected a dataset path")
     subset, split, eval_split, revision = (getattr(data_cfg, k, "") for k in ("subset", "split", "eval_split",
                                                                               "revision"))
     source = open_source(data_cfg.path, "data.path", subset, revision).check_splits(split, eval_split)
+    columns = None if source.prepared else getattr(data_cfg, "columns", None)
+    parts = None
+    sources = [cache.source_fingerprint(data_cfg.path), cache.source_fingerprint(data_cfg.eval_path)]
+    if None not in sources:
+        parts = {"sources": sources, "path": data_cfg.path, "eval_path": data_cfg.eval_path,
+                 "settings": {k: getattr(data_cfg, k, None) for k in ("format", "columns", "subset", "split",
+                                                                      "eval_split", "revision", "eval_fraction")},
+                 "seed": seed, "max_rows": max_rows, "drop_empty": drop_empty, "drop_duplicates": drop_duplicates,
+                 "tokenizer": cache.tokenizer_fingerprint(tokenizer) if tokenizer is not None else None,
+                 "max_length": data_cfg.max_length if tokenizer is not None else None,
+                 "code": cache.code_version(*BUILD_CODE)}
+
+    def build(tmp: str) -> dict:
+        return {"stats": _build(source, data_cfg, seed, tokenizer, drop_empty, drop_duplicates, max_rows,
+                                allowed_formats, stage, columns, tmp)}
+
+    entry, manifest = cache.build_once("normalized", parts, build, what=f"the rows of {data_cfg.path}")
+    stats = manifest["stats"]
+    Normalizer(stats["source_format"] or stats["format"], allowed_formats, stage)  # a cached build: check it fits
+    dd = load_saved(os.path.join(entry, "data"), data_cfg.path)
+    log.info("data: %s rows read, kept train=%d eval=%d, dropped %s", stats["rows_read"],
+             stats["rows"]["train"], stats["rows"]["eval"], stats["dropped"])
+    return dd, stats
+
+
+def _build(source: Source, data_cfg, seed: int, tokenizer, drop_empty: bool, drop_duplicates: bool, max_rows: int,
+           allowed_formats, stage: str, columns, out_dir: str) -> dict:
+    """Build the splits into ``out_dir/data`` (a DatasetDict) and return the stats."""
+    import os
+    import shutil
+
+    import datasets
+
+    from trainer_lib.data.arrow_rows import INTERNAL, RowWriter, fingerprint
+
     fmt = data_cfg.format
     if fmt == AUTO and source.prepared:
         fmt = source.prepared.get("format", AUTO)  # keep what prepare decided (maybe forced)
-    normalizer = Normalizer(fmt, allowed_formats, stage, columns=None if source.prepared else getattr(data_cfg, "columns", None))
-    train = _read(source, source.train_split, normalizer, max_rows)
-    rows_read = len(train)
-    if not train:
+    normalizer = Normalizer(fmt, allowed_formats, stage, columns=columns)
+    work = os.path.join(out_dir, "work")
+    writer = RowWriter(work, data_cfg.path)
+    dropped = dict.fromkeys(DROP_REASONS, 0)
+    rows = _Filtered(writer, normalizer, drop_empty, drop_duplicates, dropped)
+    rows.write("train", _read(source, source.train_split, normalizer, max_rows))
+    if not rows.rows_read:
         raise UserError(f"data.path: {data_cfg.path}: no rows")
-    eval_items: list[Item] | None = None
     eval_source = None
     if data_cfg.eval_path:
-        esrc = open_source(data_cfg.eval_path, "data.eval_path")
-        eval_items, eval_source = _eval_rows(esrc, normalizer, max_rows)
-        rows_read += len(eval_items)
+        eval_items, eval_source = _eval_rows(open_source(data_cfg.eval_path, "data.eval_path"), normalizer, max_rows)
+        rows.write("eval", eval_items)
     elif source.eval_split is not None:
-        eval_items = _read(source, source.eval_split, normalizer, max_rows)
         eval_source = f"{source.path}[{source.eval_split}]"
-        rows_read += len(eval_items)
+        rows.write("eval", _read(source, source.eval_split, normalizer, max_rows))
     fmt, conv = normalizer.fmt, bool(normalizer.conversational)
+    splits = writer.finish()
 
-    dropped = dict.fromkeys(DROP_REASONS, 0)
-    train = _filter(train, fmt, drop_empty, drop_duplicates, dropped)
-    if eval_items is not None:
-        eval_items = _filter(eval_items, fmt, drop_empty, drop_duplicates, dropped)
-    lengths: list[int] = []
+    lengths = []
     if tokenizer is not None:
-        train = _length_filter(train, fmt, conv, tokenizer, data_cfg.max_length, dropped, lengths)
-        if eval_items is not None:
-            eval_items = _length_filter(eval_items, fmt, conv, tokenizer, data_cfg.max_length,
-                                        dropped, lengths)
-    if not train:
+        for name in list(splits):
+            splits[name], kept = _length_filter(splits[name], fmt, conv, tokenizer, data_cfg, dropped, work)
+            lengths.append(kept)
+    if not len(splits["train"]):
         reasons = ", ".join(f"{k}: {v}" for k, v in dropped.items())
         raise UserError(f"data.path: {data_cfg.path}: no training rows left after filtering "
                         f"({reasons})")
-    if eval_items is None:
-        train_idx, eval_idx = split_indices(len(train), data_cfg.eval_fraction, seed)
-        splits = {"train": [train[i][1] for i in train_idx], "eval": [train[i][1] for i in eval_idx]}
-    else:
-        splits = {"train": [r for _, r in train], "eval": [r for _, r in eval_items]}
-    dd = _to_dataset_dict(splits, fmt, data_cfg.path)
+    if eval_source is None:
+        train_idx, eval_idx = split_indices(len(splits["train"]), data_cfg.eval_fraction, seed)
+        train = splits["train"]
+        splits = {"train": train.select(train_idx) if eval_idx else train, "eval": train.select(eval_idx)}
+    dd = datasets.DatasetDict({name: splits[name] for name in ("train", "eval")})
+    content = fingerprint(fmt, dd)
+    dd = dd.remove_columns(list(INTERNAL))
+    save_dataset_dict(dd, os.path.join(out_dir, "data"))
     stats = {
         "format": fmt,
         "source_format": normalizer.source,
@@ -372,21 +355,25 @@ def build_dataset(data_cfg, seed: int, *, tokenizer=None, drop_empty: bool = Tru
         "source": data_cfg.path,
         "eval_source": eval_source,
         "columns": list(dd["train"].column_names),
-        "rows_read": rows_read,
-        "rows": {name: len(rows) for name, rows in splits.items()},
+        "rows_read": rows.rows_read,
+        "rows": {name: len(ds) for name, ds in dd.items()},
         "dropped": dropped,
         "token_lengths": None,
         "max_length": data_cfg.max_length if tokenizer is not None else None,
         "seed": seed,
-        "eval_fraction": data_cfg.eval_fraction if eval_items is None else None,
-        "fingerprint": fingerprint(fmt, splits),
+        "eval_fraction": data_cfg.eval_fraction if eval_source is None else None,
+        "fingerprint": content,
     }
-    if lengths:
-        stats["token_lengths"] = {"min": min(lengths), "mean": round(sum(lengths) / len(lengths), 2),
-                                  "max": max(lengths)}
-    log.info("data: %s rows read, kept train=%d eval=%d, dropped %s", rows_read,
-             stats["rows"]["train"], stats["rows"]["eval"], dropped)
-    return dd, stats
+    kept = [x for x in lengths if len(x)]
+    if kept:
+        import numpy as np
+
+        every = np.concatenate(kept)
+        stats["token_lengths"] = {"min": int(every.min()), "mean": round(float(every.mean()), 2),
+                                  "max": int(every.max())}
+    del dd, splits
+    shutil.rmtree(work, ignore_errors=True)
+    return stats
 
 
 # --------------------------------------------------------------------------- training stages
@@ -401,9 +388,26 @@ def read_prepared_stats(path: str) -> dict:
         raise UserError(f"data.path: {path}/{STATS_FILE}: not valid JSON ({exc})") from None
 
 
+@dataclass
+class TrainingData:
+    """A training stage's data: ``splits`` (DatasetDict with train/eval), their ``format``, and the
+    content ``fingerprints`` of each split (None where unknown), the key of their tokenization cache."""
+
+    splits: Any
+    format: str
+    fingerprints: dict
+
+
 def load_training_data(data_cfg, seed: int, allowed_formats: tuple[str, ...] | None = None,
                        tokenizer=None, stage: str = "this stage") -> tuple[Any, str]:
-    """``(DatasetDict with train/eval, format)`` for a training stage.
+    """``(DatasetDict with train/eval, format)`` for a training stage (see :func:`training_data`)."""
+    data = training_data(data_cfg, seed, allowed_formats, tokenizer, stage)
+    return data.splits, data.format
+
+
+def training_data(data_cfg, seed: int, allowed_formats: tuple[str, ...] | None = None,
+                  tokenizer=None, stage: str = "this stage") -> TrainingData:
+    """The train/eval splits of ``data_cfg.path`` for a training stage.
 
     ``data_cfg.path`` is a prepared dir (loaded as is; ``data.eval_path``, if set, replaces
     its eval split) or any raw source ``prepare`` accepts (normalized on the fly by
@@ -415,7 +419,7 @@ def load_training_data(data_cfg, seed: int, allowed_formats: tuple[str, ...] | N
     if not is_prepared_dir(data_cfg.path):
         dd, stats = build_dataset(data_cfg, seed, tokenizer=tokenizer,
                                   allowed_formats=allowed_formats, stage=stage)
-        return dd, stats["format"]
+        return TrainingData(dd, stats["format"], _split_fingerprints(stats.get("fingerprint"), dd))
 
     import datasets
 
@@ -434,25 +438,60 @@ def load_training_data(data_cfg, seed: int, allowed_formats: tuple[str, ...] | N
     dd = load_saved(storage.localize(data_cfg.path), data_cfg.path)
     if not isinstance(dd, datasets.DatasetDict) or "train" not in dd:
         raise UserError(f"data.path: {data_cfg.path}: expected a DatasetDict with a 'train' split")
+    fingerprints = _split_fingerprints(stats.get("fingerprint"), dd)
     if data_cfg.eval_path:
-        esrc = open_source(data_cfg.eval_path, "data.eval_path")
-        items, _ = _eval_rows(esrc, normalizer, 0)
-        dropped = dict.fromkeys(DROP_REASONS, 0)
-        items = _filter(items, fmt, True, True, dropped)
-        if tokenizer is not None:
-            items = _length_filter(items, fmt, bool(normalizer.conversational), tokenizer,
-                                   data_cfg.max_length, dropped, [])
-        eval_ds = _to_dataset_dict({"eval": [r for _, r in items]}, fmt, data_cfg.eval_path)["eval"]
-        if set(eval_ds.column_names) == set(dd["train"].column_names):
-            import pyarrow as pa
-
-            train_ds = dd["train"]
-            try:  # same schema as train where possible (e.g. an empty eval has null columns)
-                table = eval_ds.data.table.select(train_ds.column_names)
-                eval_ds = datasets.Dataset(table.cast(train_ds.features.arrow_schema))
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError, ValueError):
-                pass
-        dd["eval"] = eval_ds
+        dd["eval"], fingerprints["eval"] = _prepared_eval(data_cfg, fmt, normalizer, tokenizer, dd["train"])
     elif "eval" not in dd:
         dd["eval"] = dd["train"].select([])
-    return datasets.DatasetDict({"train": dd["train"], "eval": dd["eval"]}), fmt
+    return TrainingData(datasets.DatasetDict({"train": dd["train"], "eval": dd["eval"]}), fmt, fingerprints)
+
+
+def _split_fingerprints(content: str | None, dd) -> dict:
+    from trainer_lib.data.cache import digest
+
+    return {name: digest([content, name]) if content else None for name in ("train", "eval")}
+
+
+def _prepared_eval(data_cfg, fmt: str, normalizer: Normalizer, tokenizer, train):
+    """``(eval Dataset, its fingerprint)`` read from ``data.eval_path`` for a prepared ``data.path``: the
+    same filters as prepare, the schema of the train split where it fits."""
+    import os
+
+    import datasets
+
+    from trainer_lib.data import cache
+
+    esrc = open_source(data_cfg.eval_path, "data.eval_path")
+    known = cache.source_fingerprint(data_cfg.eval_path)
+    parts = None if known is None else {
+        "eval_source": known, "eval_path": data_cfg.eval_path, "format": normalizer.source,
+        "conversational": normalizer.conversational, "columns": getattr(data_cfg, "columns", None),
+        "tokenizer": cache.tokenizer_fingerprint(tokenizer) if tokenizer is not None else None,
+        "max_length": data_cfg.max_length if tokenizer is not None else None, "code": cache.code_version(*BUILD_CODE)}
+
+    def build(tmp: str) -> dict:
+        from trainer_lib.data.arrow_rows import INTERNAL, RowWriter, fingerprint
+
+        work = os.path.join(tmp, "work")
+        writer = RowWriter(work, data_cfg.eval_path)
+        dropped = dict.fromkeys(DROP_REASONS, 0)
+        items, _ = _eval_rows(esrc, normalizer, 0)
+        _Filtered(writer, normalizer, True, True, dropped).write("eval", items)
+        ds = writer.finish()["eval"]
+        if tokenizer is not None:
+            ds, _ = _length_filter(ds, fmt, bool(normalizer.conversational), tokenizer, data_cfg, dropped, work)
+        content = fingerprint(fmt, {"eval": ds})
+        save_dataset_dict(datasets.DatasetDict({"eval": ds.remove_columns(list(INTERNAL))}), os.path.join(tmp, "data"))
+        return {"fingerprint": content}
+
+    entry, manifest = cache.build_once("eval", parts, build, what=f"the rows of {data_cfg.eval_path}")
+    eval_ds = load_saved(os.path.join(entry, "data"), data_cfg.eval_path)["eval"]
+    if set(eval_ds.column_names) == set(train.column_names):
+        import pyarrow as pa
+
+        try:  # same schema as train where possible (e.g. an empty eval has null columns)
+            table = eval_ds.data.table.select(train.column_names)
+            eval_ds = datasets.Dataset(table.cast(train.features.arrow_schema))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError, ValueError):
+            pass
+    return eval_ds, cache.digest([manifest["fingerprint"], "eval"])

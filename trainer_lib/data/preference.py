@@ -93,6 +93,26 @@ def tokenize_unpaired(row: dict, tokenizer, max_length: int) -> dict:
     return {"prompt_ids": prompt_ids, "completion_ids": completion, "label": bool(row["label"])}
 
 
+def _rows(batch: dict) -> list[dict]:
+    names = list(batch)
+    return [dict(zip(names, values)) for values in zip(*batch.values())]
+
+
+def tokenize_pairs_batch(batch: dict, tokenizer, max_length: int) -> dict:
+    """``datasets.map(batched=True)`` form of :func:`tokenize_pair` (``margin`` is null where a row has none)."""
+    examples = [tokenize_pair(row, tokenizer, max_length) for row in _rows(batch)]
+    out = {key: [ex[key] for ex in examples] for key in ("prompt_ids", "chosen_ids", "rejected_ids")}
+    if "margin" in batch:
+        out["margin"] = [ex.get("margin") for ex in examples]
+    return out
+
+
+def tokenize_unpaired_batch(batch: dict, tokenizer, max_length: int) -> dict:
+    """``datasets.map(batched=True)`` form of :func:`tokenize_unpaired`."""
+    examples = [tokenize_unpaired(row, tokenizer, max_length) for row in _rows(batch)]
+    return {key: [ex[key] for ex in examples] for key in ("prompt_ids", "completion_ids", "label")}
+
+
 def unpair(pairs: list[dict]) -> list[dict]:
     """Tokenized pairs -> unpaired examples: chosen desirable, rejected undesirable (for KTO)."""
     out = []
@@ -171,7 +191,7 @@ def collate_pairs(examples: list[dict], pad_token_id: int, packed: bool = False)
     prompts = [ex["prompt_ids"] for ex in examples]
     completions = [ex["chosen_ids"] for ex in examples] + [ex["rejected_ids"] for ex in examples]
     batch = _pack(prompts + prompts, completions) if packed else _pad(prompts + prompts, completions, pad_token_id)
-    if all("margin" in ex for ex in examples):
+    if all(ex.get("margin") is not None for ex in examples):
         batch["margin"] = torch.tensor([ex["margin"] for ex in examples], dtype=torch.float32)
     return batch
 

@@ -42,33 +42,58 @@ def _chat_spans(tokenizer, messages: list[dict], trainable_from: int = 0) -> tup
     return _render(tokenizer, messages), spans
 
 
-def _encode_with_spans(tokenizer, text: str, spans: list[tuple[int, int]], max_length: int) -> dict:
-    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, truncation=True,
-                    max_length=max_length)
-    labels = []
-    for token_id, (start, end) in zip(enc["input_ids"], enc["offset_mapping"]):
-        inside = any(s <= start < e for s, e in spans) and end > start
-        labels.append(token_id if inside else IGNORE)
-    return {"input_ids": list(enc["input_ids"]), "labels": labels}
+def _labels(ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+    """Each token id where the token starts inside a span (and is not empty), else IGNORE."""
+    return [token_id if end > start and any(s <= start < e for s, e in spans) else IGNORE
+            for token_id, (start, end) in zip(ids, offsets)]
+
+
+def _text_and_spans(row: dict, fmt: str, tokenizer) -> tuple[str, list[tuple[int, int]]]:
+    """The text a model sees for a row and the character spans it learns to predict."""
+    eos = tokenizer.eos_token or ""
+    if fmt == "text":
+        text = row["text"] + eos
+        return text, [(0, len(text))]
+    if fmt == "messages":
+        return _chat_spans(tokenizer, row["messages"])
+    if fmt == "prompt_completion":
+        prompt, completion = row["prompt"], row["completion"]
+        if _is_chat(prompt):
+            return _chat_spans(tokenizer, list(prompt) + list(completion), trainable_from=len(prompt))
+        text = prompt + completion + eos
+        return text, [(len(prompt), len(text))]
+    raise UserError(f"data.format: SFT cannot train on '{fmt}' data")
+
+
+def tokenize_sft_rows(rows: list[dict], fmt: str, tokenizer, max_length: int) -> list[dict]:
+    """``{"input_ids", "labels"}`` for each normalized row of format ``fmt`` (one tokenizer call)."""
+    rendered = [_text_and_spans(row, fmt, tokenizer) for row in rows]
+    if not rendered:
+        return []
+    enc = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True,
+                    truncation=True, max_length=max_length)
+    return [{"input_ids": list(ids), "labels": _labels(ids, offsets, spans)}
+            for ids, offsets, (_, spans) in zip(enc["input_ids"], enc["offset_mapping"], rendered)]
 
 
 def tokenize_sft(row: dict, fmt: str, tokenizer, max_length: int) -> dict:
     """``{"input_ids", "labels"}`` for one normalized row of format ``fmt``."""
-    eos = tokenizer.eos_token or ""
-    if fmt == "text":
-        text = row["text"] + eos
-        return _encode_with_spans(tokenizer, text, [(0, len(text))], max_length)
-    if fmt == "messages":
-        text, spans = _chat_spans(tokenizer, row["messages"])
-        return _encode_with_spans(tokenizer, text, spans, max_length)
-    if fmt == "prompt_completion":
-        prompt, completion = row["prompt"], row["completion"]
-        if _is_chat(prompt):
-            text, spans = _chat_spans(tokenizer, list(prompt) + list(completion), trainable_from=len(prompt))
-            return _encode_with_spans(tokenizer, text, spans, max_length)
-        text = prompt + completion + eos
-        return _encode_with_spans(tokenizer, text, [(len(prompt), len(text))], max_length)
-    raise UserError(f"data.format: SFT cannot train on '{fmt}' data")
+    return tokenize_sft_rows([row], fmt, tokenizer, max_length)[0]
+
+
+def is_trainable(example: dict) -> bool:
+    """Whether an example has a label to learn past its first token (the first is never a target)."""
+    return any(label != IGNORE for label in example["labels"][1:])
+
+
+def tokenize_sft_batch(batch: dict, fmt: str, tokenizer, max_length: int) -> dict:
+    """``datasets.map(batched=True)`` form of :func:`tokenize_sft`: columns ``input_ids``, ``labels``,
+    ``length``, keeping only rows with something to learn (:func:`is_trainable`)."""
+    names = list(batch)
+    rows = [dict(zip(names, values)) for values in zip(*batch.values())]
+    examples = [ex for ex in tokenize_sft_rows(rows, fmt, tokenizer, max_length) if is_trainable(ex)]
+    return {"input_ids": [ex["input_ids"] for ex in examples], "labels": [ex["labels"] for ex in examples],
+            "length": [len(ex["input_ids"]) for ex in examples]}
 
 
 def render_prompt(tokenizer, prompt) -> str:
@@ -135,12 +160,17 @@ def collate_padded(examples: list[dict], pad_token_id: int) -> dict:
     return {"input_ids": ids, "labels": labels, "attention_mask": mask}
 
 
-def micro_batches(examples: list[dict], batch_size: int, max_length: int, packing: bool) -> list[list[int]]:
+def micro_batches(examples, batch_size: int, max_length: int, packing: bool) -> list[list[int]]:
     """Group example indices into micro-batches: ``batch_size`` packed rows of ``max_length``
-    tokens each (flattened together), or ``batch_size`` examples when not packing."""
+    tokens each (flattened together), or ``batch_size`` examples when not packing. ``examples``: a
+    list of tokenized dicts, or a ``datasets.Dataset`` with a ``length`` column."""
     if not packing:
         return [list(range(i, min(i + batch_size, len(examples)))) for i in range(0, len(examples), batch_size)]
-    bins = pack([len(ex["input_ids"]) for ex in examples], max_length)
+    if hasattr(examples, "column_names"):
+        lengths = list(examples["length"])
+    else:
+        lengths = [len(ex["input_ids"]) for ex in examples]
+    bins = pack(lengths, max_length)
     return [sum(bins[i:i + batch_size], []) for i in range(0, len(bins), batch_size)]
 
 

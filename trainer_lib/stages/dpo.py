@@ -153,16 +153,17 @@ def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
     data is always evaluated as pairs (preference accuracy); under KTO also as unpaired rows (loss).
     """
     from trainer_lib.data import preference as pref
-    from trainer_lib.data.dataset import load_training_data
+    from trainer_lib.data.dataset import training_data
     from trainer_lib.data.tokenize import micro_batches
+    from trainer_lib.data.tokenized import tokenize_split
 
     kto = cfg.loss == "kto"
     allowed = pref.PAIRED_FORMATS + (pref.UNPAIRED_FORMATS if kto else ())
-    data, fmt = load_training_data(cfg.data, cfg.seed, allowed_formats=allowed, tokenizer=tokenizer,
-                                   stage=f"dpo loss={cfg.loss}" + ("" if kto else " (unpaired data needs loss=kto)"))
+    data = training_data(cfg.data, cfg.seed, allowed_formats=allowed, tokenizer=tokenizer,
+                         stage=f"dpo loss={cfg.loss}" + ("" if kto else " (unpaired data needs loss=kto)"))
+    fmt = data.format
     max_len, pad = cfg.data.max_length, tokenizer.pad_token_id
     paired = fmt in pref.PAIRED_FORMATS
-    tokenize = pref.tokenize_pair if paired else pref.tokenize_unpaired
 
     def unpaired(examples: list[dict], seed: int) -> list[dict]:
         return pref.assign_kl_completions(pref.unpair(examples) if paired else examples, seed, max_len)
@@ -176,8 +177,13 @@ def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
         return Split(kind, examples, micro_batches(examples, batch_size, max_len, packing=False),
                      lambda rows: collate(rows, pad, packed=packed))
 
-    train = [tokenize(row, tokenizer, max_len) for row in data["train"]]
-    evals = [tokenize(row, tokenizer, max_len) for row in data["eval"]]
+    def tokenized(name: str) -> list[dict]:
+        # tokenized by data.num_workers processes and cached; the examples are then lists (KTO pairs them up)
+        ds = tokenize_split(data.splits[name], data.fingerprints[name], "pairs" if paired else "unpaired", fmt,
+                            tokenizer, max_len, cfg.data.num_workers, what=f"{cfg.data.path} [{name}]")
+        return ds.to_list()
+
+    train, evals = tokenized("train"), tokenized("eval")
     if not train:
         raise UserError(f"data.path: {cfg.data.path} has no rows to train on")
     sets = {"train": split("unpaired", unpaired(train, cfg.seed), cfg.batch_size) if kto

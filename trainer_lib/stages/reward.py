@@ -69,7 +69,7 @@ def pair_metrics(losses, chosen, rejected) -> dict:
             "rewards/chosen": chosen, "rewards/rejected": rejected}
 
 
-def evaluate(engine, strategy, examples: list[dict], groups: list[list[int]], collate) -> dict:
+def evaluate(engine, strategy, examples, groups: list[list[int]], collate) -> dict:
     """Mean loss, pairwise accuracy, margin and rewards over ``examples`` (sharded across ranks)."""
 
     def sums(group: list[int]) -> dict:
@@ -81,7 +81,7 @@ def evaluate(engine, strategy, examples: list[dict], groups: list[list[int]], co
     return {k: totals[k] / max(totals["count"], 1) for k in METRICS}
 
 
-def reward_statistics(engine, strategy, examples: list[dict], groups: list[list[int]], collate) -> dict:
+def reward_statistics(engine, strategy, examples, groups: list[list[int]], collate) -> dict:
     """Mean and std of the rewards of every completion (chosen and rejected) in ``examples``."""
     import math
 
@@ -99,9 +99,10 @@ def reward_statistics(engine, strategy, examples: list[dict], groups: list[list[
 
 def run(cfg: RewardConfig) -> dict:
     from trainer_lib.cadence import Cadence
-    from trainer_lib.data.dataset import load_training_data
-    from trainer_lib.data.preference import PAIRED_FORMATS, collate_pairs, tokenize_pair
+    from trainer_lib.data.dataset import training_data
+    from trainer_lib.data.preference import PAIRED_FORMATS, collate_pairs
     from trainer_lib.data.tokenize import count_tokens, micro_batches
+    from trainer_lib.data.tokenized import tokenize_split
     from trainer_lib.losses import reward_centering_penalty
     from trainer_lib.models.heads import STATS_FILE, apply_reward_lora, load_reward_model, store_stats
     from trainer_lib.models.load import count_parameters, load_tokenizer
@@ -112,13 +113,15 @@ def run(cfg: RewardConfig) -> dict:
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
     strategy.setup_distributed()
 
-    # ---- data: preference pairs, tokenized as prompt + completion (ending in eos)
+    # ---- data: preference pairs, tokenized as prompt + completion (ending in eos), cached as Arrow
     tokenizer = load_tokenizer(cfg.model)
-    splits, fmt = load_training_data(cfg.data, cfg.seed, allowed_formats=PAIRED_FORMATS,
-                                     tokenizer=tokenizer, stage="the reward stage")
-    train = [tokenize_pair(row, tokenizer, cfg.data.max_length) for row in splits["train"]]
-    evals = [tokenize_pair(row, tokenizer, cfg.data.max_length) for row in splits["eval"]]
-    if not train:
+    data = training_data(cfg.data, cfg.seed, allowed_formats=PAIRED_FORMATS, tokenizer=tokenizer,
+                         stage="the reward stage")
+    fmt = data.format
+    train, evals = (tokenize_split(data.splits[name], data.fingerprints[name], "pairs", fmt, tokenizer,
+                                   cfg.data.max_length, cfg.data.num_workers, what=f"{cfg.data.path} [{name}]")
+                    for name in ("train", "eval"))
+    if not len(train):
         raise UserError(f"data.path: {cfg.data.path} has no preference pairs to train on")
     train_groups = micro_batches(train, cfg.batch_size, cfg.data.max_length, packing=False)
     eval_groups = micro_batches(evals, cfg.eval_batch_size, cfg.data.max_length, packing=False)
@@ -134,7 +137,7 @@ def run(cfg: RewardConfig) -> dict:
     model = apply_reward_lora(model, cfg.lora)
     engine = strategy.prepare(model, total_steps=steps, **cfg.optimizer_args())
     run = Cadence(cfg, strategy, "reward", steps, engine, parameters=count_parameters(model), window_keys=METRICS,
-                  evaluate=(lambda: evaluate(engine, strategy, evals, eval_groups, collate)) if evals else None)
+                  evaluate=(lambda: evaluate(engine, strategy, evals, eval_groups, collate)) if len(evals) else None)
     run.restore(f"{len(train)} train / {len(evals)} eval pairs ({fmt}), {len(train_groups)} micro-batches")
 
     # ---- the loop
@@ -154,10 +157,10 @@ def run(cfg: RewardConfig) -> dict:
 
     # ---- final evaluation, reward statistics, Hugging Face export
     summary = run.finish({"stage": "reward", "train_pairs": len(train), "format": fmt})
-    use_eval = cfg.reference_set == "eval" and evals
+    use_eval = cfg.reference_set == "eval" and len(evals)
     reference, reference_name = (evals, "eval") if use_eval else (train, "train")
     if cfg.normalize_max_rows:
-        reference = reference[:cfg.normalize_max_rows]
+        reference = reference.select(range(min(len(reference), cfg.normalize_max_rows)))
     stats = reward_statistics(engine, strategy, reference,
                               micro_batches(reference, cfg.eval_batch_size, cfg.data.max_length, packing=False),
                               collate)

@@ -34,7 +34,7 @@ def make_collate(cfg: TrainingConfig, pad_token_id: int):
     return lambda examples: collate_padded(examples, pad_token_id)
 
 
-def evaluate_loss(engine, strategy, examples: list[dict], groups: list[list[int]], collate) -> dict:
+def evaluate_loss(engine, strategy, examples, groups: list[list[int]], collate) -> dict:
     """``{"loss": x}``: token-weighted mean loss over ``groups`` (sharded across ranks)."""
 
     def sums(group: list[int]) -> dict:
@@ -50,8 +50,9 @@ def evaluate_loss(engine, strategy, examples: list[dict], groups: list[list[int]
 
 def run(cfg: SFTConfig) -> dict:
     from trainer_lib.cadence import Cadence
-    from trainer_lib.data.dataset import load_training_data
-    from trainer_lib.data.tokenize import count_tokens, micro_batches, tokenize_sft
+    from trainer_lib.data.dataset import training_data
+    from trainer_lib.data.tokenize import count_tokens, micro_batches
+    from trainer_lib.data.tokenized import tokenize_split
     from trainer_lib.models.load import apply_lora, count_parameters, load_causal_lm, load_tokenizer
     from trainer_lib.batch_size import resolve_batch_size
     from trainer_lib.strategy import DeepSpeedStrategy
@@ -60,21 +61,22 @@ def run(cfg: SFTConfig) -> dict:
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
     strategy.setup_distributed()
 
-    # ---- data: normalize (or load prepared), tokenize with prompt masking, group into micro-batches
+    # ---- data: normalize (or load prepared), tokenize with prompt masking (data.num_workers processes,
+    # cached: memory-mapped Arrow), group into micro-batches
     tokenizer = load_tokenizer(cfg.model)
-    splits, fmt = load_training_data(cfg.data, cfg.seed, allowed_formats=SFT_FORMATS, tokenizer=tokenizer)
-    max_len = cfg.data.max_length
+    data = training_data(cfg.data, cfg.seed, allowed_formats=SFT_FORMATS, tokenizer=tokenizer)
+    fmt, max_len = data.format, cfg.data.max_length
 
-    def tokenized(split) -> list[dict]:
-        rows = [tokenize_sft(row, fmt, tokenizer, max_len) for row in split]
-        return [r for r in rows if any(label != -100 for label in r["labels"][1:])]
+    def tokenized(name: str):
+        return tokenize_split(data.splits[name], data.fingerprints[name], "sft", fmt, tokenizer, max_len,
+                              cfg.data.num_workers, what=f"{cfg.data.path} [{name}]")
 
-    train = tokenized(splits["train"])
-    evals = tokenized(splits["eval"]) if "eval" in splits else []
-    if not train:
+    train = tokenized("train")
+    evals = tokenized("eval")
+    if not len(train):
         raise UserError(f"data.path: {cfg.data.path} has no trainable rows (every completion is empty or truncated)")
     train_groups = micro_batches(train, cfg.batch_size, max_len, cfg.data.packing)
-    eval_groups = micro_batches(evals, cfg.eval_batch_size, max_len, cfg.data.packing) if evals else []
+    eval_groups = micro_batches(evals, cfg.eval_batch_size, max_len, cfg.data.packing) if len(evals) else []
     schedule = MicroBatchSchedule(len(train_groups), cfg.engine.gradient_accumulation_steps,
                                   strategy.world_size, cfg.seed)
     steps = total_steps(cfg, len(train_groups), schedule.batches_per_step())
@@ -85,7 +87,7 @@ def run(cfg: SFTConfig) -> dict:
     model = apply_lora(model, cfg.lora)
     engine = strategy.prepare(model, total_steps=steps, **cfg.optimizer_args())
     run = Cadence(cfg, strategy, "sft", steps, engine, parameters=count_parameters(model), evaluate=(
-        lambda: evaluate_loss(engine, strategy, evals, eval_groups, collate)) if evals else None)
+        lambda: evaluate_loss(engine, strategy, evals, eval_groups, collate)) if len(evals) else None)
     run.restore(f"{len(train)} train / {len(evals)} eval examples ({fmt}), {len(train_groups)} micro-batches")
 
     # ---- the loop
