@@ -65,7 +65,7 @@ setup:
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(TRITON_STAMP)
 
 test: setup
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow and not distributed" $(PYTEST_ARGS)
