@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 # pytest-xdist is not used: the suite already starts worker processes of its own.
 PYTEST_ARGS ?=
 
-.PHONY: setup triton-env test test-fast demo compile clean help bench lock lock-check image-cpu image-cuda
+.PHONY: setup triton-env test test-all test-fast demo compile clean help bench lock lock-check image-cpu image-cuda
 
 help:
 	@echo "make demo     set up .venv and run the whole pipeline locally (kfp.local, tiny model)"
@@ -65,6 +65,9 @@ setup:
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(TRITON_STAMP)
 
 test: setup
+	$(BIN)/python -m pytest -q --durations=20 -m "not extended" $(PYTEST_ARGS)
+
+test-all: setup
 	$(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)
 
 test-fast: setup

@@ -42,6 +42,7 @@ def check_side(result: dict) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_ours_side(tmp_path):
     stdout, report = run_harness(tmp_path, "--ours-only")
     assert "round 1 ours" in stdout and "ratio" not in stdout
