@@ -167,12 +167,12 @@ def _assert_same(a, b, path="") -> None:
         assert a == b, f"{path}: {a} != {b}"
 
 
-@pytest.mark.slow
 # reward, DPO and plain GRPO share the cadence and checkpoint code SFT, PPO and GRPO-on-S3 exercise:
 # they run in `make test-all` only (the CI budget)
 EXTENDED = ("reward", "dpo", "grpo")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.extended) if n in EXTENDED else n
                                   for n in CASES])
 def test_killed_stage_resumes_bit_exact(name, inputs, tmp_path, request):
