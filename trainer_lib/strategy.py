@@ -174,11 +174,14 @@ class DeepSpeedStrategy:
     def ds_config(self, train: bool = True) -> dict:
         """The config DeepSpeed gets: ours (:meth:`_own_config`) with the user's
         ``engine.deepspeed_config`` laid over it (precedence in :mod:`trainer_lib.deepspeed_config`)."""
+        return self._effective_config(train)[0]
+
+    def _effective_config(self, train: bool) -> tuple[dict, list]:
+        """(:meth:`ds_config`, the sections of the user's file left out)."""
         from trainer_lib import deepspeed_config
 
-        config, _ = deepspeed_config.effective(self._own_config(train), self.user_config,
-                                               self.cfg.deepspeed_config, train)
-        return config
+        return deepspeed_config.effective(self._own_config(train), self.user_config,
+                                          self.cfg.deepspeed_config, train)
 
     def _own_config(self, train: bool) -> dict:
         pin = getattr(self, "device", None) is not None and self.device.type != "cpu"
@@ -248,14 +251,14 @@ class DeepSpeedStrategy:
         except (TypeError, ValueError) as exc:  # a missing or unknown schedule argument
             raise UserError(f"lr_scheduler_kwargs: {lr_scheduler} cannot start with "
                             f"{lr_scheduler_kwargs or {}}: {exc}") from None
-        config = self.ds_config(train=True)
-        self._log_config(model, config)
+        config, dropped = self._effective_config(train=True)
+        self._log_config(model, config, dropped)
         with self._naming_user_file():
             engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
                                               config=config)
         return engine
 
-    def _log_config(self, model, config: dict) -> None:
+    def _log_config(self, model, config: dict, dropped: list) -> None:
         """Rank 0 prints the effective DeepSpeed config (one JSON line) and DeepSpeed's estimate of
         the model states' memory; Cadence also writes the config to ``ds_config.json``."""
         import json
@@ -265,8 +268,6 @@ class DeepSpeedStrategy:
         self.effective_config = config
         if not self.is_rank_0:
             return
-        _, dropped = deepspeed_config.effective(self._own_config(True), self.user_config,
-                                                self.cfg.deepspeed_config, True)
         if dropped:
             print(f"engine.deepspeed_config: {self.cfg.deepspeed_config}: {' and '.join(dropped)} left out "
                   f"(posttrain builds AdamW and the schedule from lr, weight_decay, adam_*, warmup_steps, "
