@@ -43,9 +43,22 @@ def _chat_spans(tokenizer, messages: list[dict], trainable_from: int = 0) -> tup
 
 
 def _labels(ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
-    """Each token id where the token starts inside a span (and is not empty), else IGNORE."""
-    return [token_id if end > start and any(s <= start < e for s, e in spans) else IGNORE
-            for token_id, (start, end) in zip(ids, offsets)]
+    """Each token id where the token starts inside a span (and is not empty), else IGNORE.
+
+    One sweep over the tokens with a cursor into the sorted spans (offsets grow along the text; a
+    token that starts before its predecessor resets the cursor), not a scan of every span per token.
+    """
+    spans = sorted(spans)
+    labels, k, previous = [], 0, 0
+    for token_id, (start, end) in zip(ids, offsets):
+        if start < previous:
+            k = 0
+        previous = start
+        while k < len(spans) and start >= spans[k][1]:
+            k += 1
+        inside = k < len(spans) and spans[k][0] <= start < end
+        labels.append(token_id if inside else IGNORE)
+    return labels
 
 
 def _text_and_spans(row: dict, fmt: str, tokenizer) -> tuple[str, list[tuple[int, int]]]:
