@@ -8,9 +8,11 @@ vocabulary) are written as JSONL; a byte-level BPE tokenizer (vocab 2048, the ti
 ChatML template) is trained on the same vocabulary and saved as a model dir.
 
 * speed: the rows are prepared once (no tokenizer), then their train split is tokenized for SFT
-  (``tokenize_split``, masks included, no cache) with ``data.num_workers`` 1 and 2, alternately in
-  one process for ``--rounds`` rounds; the ratio is median(1 worker) / median(2 workers). Also prepare's
-  token-length pass alone (``length_column``) the same way.
+  (``tokenize_split``, masks included, no cache) with ``data.num_workers`` 1 and 2, alternately for
+  ``--rounds`` rounds, each pass in a fresh process (as each stage runs it: nothing carried over from
+  the previous pass); the ratio is median(1 worker) / median(2 workers). Also prepare's token-length
+  pass alone (``length_column``) the same way. With 1 worker the tokenizers library still encodes
+  each batch on every core (its own threads), so the ratio is below the worker count.
 * cache: ``posttrain prepare`` of the rows with the tokenizer (lengths, too-long filter) into one
   output dir, then into another with the same cache: wall time of each whole CLI process.
 * memory: ``posttrain prepare`` with the tokenizer of ``--memory-rows`` short single-turn rows,
@@ -89,33 +91,52 @@ def cli(args: list[str], env: dict, timed: bool = False) -> tuple[float, str]:
     return seconds, proc.stderr
 
 
+TIMED_PASS = """
+import json, os, sys, tempfile, time
+import datasets
+from transformers import AutoTokenizer
+from trainer_lib.data.arrow_rows import LOCATION
+from trainer_lib.data.tokenized import length_column, tokenize_split
+kind, prepared, tokenizer_dir, workers, scratch = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+plain = datasets.load_from_disk(prepared)["train"]
+tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+if kind == "lengths":  # what prepare's pass reads: the rows and their locations
+    plain = plain.add_column(LOCATION, [f"row {i}" for i in range(len(plain))])
+start = time.perf_counter()
+if kind == "sft":
+    assert len(tokenize_split(plain, None, "sft", "messages", tokenizer, 1024, num_workers=workers)) > 0
+else:
+    assert len(length_column(plain, "messages", True, tokenizer, workers, tempfile.mkdtemp(dir=scratch), LOCATION))
+print(json.dumps({"seconds": time.perf_counter() - start}))
+"""
+
+
+def timed_pass(kind: str, prepared: str, tokenizer_dir: str, workers: int, work: str, env: dict) -> float:
+    """Seconds of one tokenization pass (``sft``: tokenize_split; ``lengths``: prepare's token-length pass)
+    with ``workers`` workers, in a fresh process as every stage runs it (no state carried between passes)."""
+    scratch = tempfile.mkdtemp(dir=work)
+    try:
+        proc = subprocess.run([sys.executable, "-c", TIMED_PASS, kind, prepared, tokenizer_dir, str(workers), scratch],
+                              env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"{kind} pass with {workers} worker(s) failed:\n{proc.stderr[-3000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
 def bench_speed(work: str, rows: str, tokenizer_dir: str, rounds: int, env: dict) -> dict:
-    import datasets
-    from transformers import AutoTokenizer
-
-    from trainer_lib.data.arrow_rows import LOCATION
-    from trainer_lib.data.tokenized import length_column, tokenize_split
-
     prepared = os.path.join(work, "prepared-plain")
     cli(["prepare", f"data.path={rows}", f"output_dir={prepared}", "data.eval_fraction=0"], env)
-    plain = datasets.load_from_disk(prepared)["train"]
-    located = plain.add_column(LOCATION, [f"row {i}" for i in range(len(plain))])  # what prepare's pass reads
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     times: dict[str, dict[int, list[float]]] = {"sft": {1: [], 2: []}, "lengths": {1: [], 2: []}}
     for round_ in range(rounds):
         for workers in (1, 2):
-            start = time.perf_counter()
-            out = tokenize_split(plain, None, "sft", "messages", tokenizer, 1024, num_workers=workers)
-            times["sft"][workers].append(time.perf_counter() - start)
-            assert len(out) > 0
-            scratch = tempfile.mkdtemp(dir=work)
-            start = time.perf_counter()
-            length_column(located, "messages", True, tokenizer, workers, scratch, LOCATION)
-            times["lengths"][workers].append(time.perf_counter() - start)
-            shutil.rmtree(scratch)
+            for kind in ("sft", "lengths"):
+                times[kind][workers].append(timed_pass(kind, prepared, tokenizer_dir, workers, work, env))
             print(f"round {round_}: {workers} worker(s): sft {times['sft'][workers][-1]:.1f}s, "
                   f"lengths {times['lengths'][workers][-1]:.1f}s", flush=True)
-    result = {"rows": len(plain)}
+    with open(rows, encoding="utf-8") as fh:
+        result = {"rows": sum(1 for _ in fh)}
     for kind, by_workers in times.items():
         one, two = statistics.median(by_workers[1]), statistics.median(by_workers[2])
         result[kind] = {"seconds_1_worker": by_workers[1], "seconds_2_workers": by_workers[2],

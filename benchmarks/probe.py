@@ -10,7 +10,10 @@ Imports only torch and transformers, so it runs in ``.venv-bench`` as well as in
   ``TrainerCallback.on_step_end``); the first ``warmup`` steps are left out of the timing;
 * peak memory: peak RSS of this process (CPU) or ``torch.cuda.max_memory_allocated`` (CUDA);
 * machine peak: a large matmul timed in this process, for model FLOPs utilisation
-  ``6 * params * trained_tokens / seconds / peak``.
+  ``6 * params * trained_tokens / seconds / peak``;
+* with ``spec["profile"]``: ``torch.profiler`` over the timed steps, reported as each operator's
+  share of self CPU time (what a step spends its time in; the profiler slows the step, so a
+  profiled run's throughput is not a benchmark figure).
 """
 
 from __future__ import annotations
@@ -37,9 +40,38 @@ def measure_peak_flops(device: str, size: int = 2048, reps: int = 5) -> float:
     return 2 * size ** 3 / best
 
 
+#: operator groups of a profile (self CPU time of ops whose name contains one of the parts)
+OP_GROUPS = {"matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
+             "attention": ("scaled_dot_product", "flash_attention", "aten::softmax", "aten::_softmax"),
+             "log-softmax / cross-entropy": ("log_softmax", "nll_loss", "cross_entropy", "logsumexp"),
+             "optimizer": ("adam", "Adam", "_foreach", "lerp", "addcdiv", "addcmul"),
+             "copies / layout": ("aten::copy_", "aten::cat", "aten::clone", "aten::contiguous", "aten::to",
+                                 "aten::index", "aten::gather", "aten::scatter", "aten::fill_", "aten::zero_")}
+
+
+def profile_shares(profiler, top: int = 10) -> dict:
+    """Self-CPU-time shares of a finished ``torch.profiler.profile``: the ``top`` operators and OP_GROUPS."""
+    events = [e for e in profiler.key_averages() if e.self_cpu_time_total > 0]
+    total = sum(e.self_cpu_time_total for e in events) or 1
+    ranked = sorted(events, key=lambda e: -e.self_cpu_time_total)
+    groups = {name: 0.0 for name in OP_GROUPS}
+    for e in events:
+        for name, parts in OP_GROUPS.items():
+            if any(part in e.key for part in parts):
+                groups[name] += e.self_cpu_time_total / total
+                break
+    groups["other"] = 1.0 - sum(groups.values())
+    return {"total_self_cpu_s": total / 1e6, "groups": groups,
+            "top": [[e.key, e.self_cpu_time_total / total] for e in ranked[:top]]}
+
+
 class Probe:
-    def __init__(self, device: str, warmup: int):
+    def __init__(self, device: str, warmup: int, profile_until: int = 0):
+        """``profile_until`` > 0: profile from the end of the warm-up steps to the end of that step."""
         self.device, self.warmup = device, warmup
+        self.profile_until = profile_until
+        self.profiler = None
+        self.profile: dict | None = None
         self.trained_tokens = 0
         self.generated_tokens = 0
         self.generate_rows = 0
@@ -97,6 +129,17 @@ class Probe:
             import torch
             torch.cuda.synchronize()
         self.marks.append((time.perf_counter(), self.trained_tokens, self.generated_tokens))
+        if self.profile_until and self.profiler is None and len(self.marks) == max(self.warmup, 1):
+            import torch
+            self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            self.profiler.__enter__()
+        elif self.profiler is not None and self.profile is None and len(self.marks) >= self.profile_until:
+            self.profiler.__exit__(None, None, None)
+            self.profile = profile_shares(self.profiler)
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> "Probe":
+        return cls(spec["device"], spec["warmup"], spec["steps"] if spec.get("profile") else 0)
 
     def peak_memory_bytes(self) -> int:
         if self.device == "cuda":
@@ -121,6 +164,8 @@ class Probe:
             "parameters": self.parameters, "peak_flops": self.peak_flops,
             "mfu": 6 * self.parameters * trained / seconds / self.peak_flops,
         }
+        if self.profile is not None:
+            out["profile"] = self.profile
         if prompts_per_step:
             out["generated_tokens_per_s"] = (generated1 - generated0) / seconds
             out["prompts_per_s"] = prompts_per_step * steps / seconds

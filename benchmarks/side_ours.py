@@ -42,7 +42,7 @@ def overrides(spec: dict, output_dir: str) -> list[str]:
 def main(spec_path: str, out_path: str) -> int:
     with open(spec_path, encoding="utf-8") as f:
         spec = json.load(f)
-    probe = Probe(spec["device"], spec["warmup"])
+    probe = Probe.from_spec(spec)
     probe.install()
 
     from trainer_lib import cli

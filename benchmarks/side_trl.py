@@ -17,7 +17,7 @@ from benchmarks.probe import Probe, write_result
 def main(spec_path: str, out_path: str) -> int:
     with open(spec_path, encoding="utf-8") as f:
         spec = json.load(f)
-    probe = Probe(spec["device"], spec["warmup"])
+    probe = Probe.from_spec(spec)
     probe.install()
 
     import torch

@@ -147,6 +147,13 @@ def describe(side: str, r: dict) -> str:
     return line
 
 
+def describe_profile(side: str, profile: dict) -> str:
+    groups = ", ".join(f"{name} {100 * share:.0f}%" for name, share in
+                       sorted(profile["groups"].items(), key=lambda kv: -kv[1]) if share >= 0.005)
+    top = ", ".join(f"{name} {100 * share:.0f}%" for name, share in profile["top"][:5])
+    return f"profile {side:6s} self CPU {profile['total_self_cpu_s']:.1f}s: {groups}; top ops: {top}"
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m benchmarks.vs_trl", description=__doc__.split("\n\n")[0])
     p.add_argument("--algo", choices=ALGOS, required=True)
@@ -167,6 +174,8 @@ def parse_args(argv):
     p.add_argument("--trl-python", default=os.path.join(ROOT, ".venv-bench", "bin", "python"))
     p.add_argument("--ours-only", action="store_true", help="skip TRL's side (no ratio line)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
+    p.add_argument("--profile", action="store_true",
+                   help="after the timed rounds, one profiled run per side: where its step time goes")
     args = p.parse_args(argv)
     args.size = args.size or ("0.5b" if args.device == "cuda" else "small")
     if args.algo == "grpo":
@@ -192,11 +201,21 @@ def main(argv=None) -> int:
                 out = os.path.join(workdir, f"{side}-{round_index}.json")
                 results[side].append(run_side(side, pythons[side], spec_path, out, args.timeout))
                 print(f"round {round_index + 1} {describe(side, results[side][-1])}", flush=True)
+        profiles = {}
+        if args.profile:
+            profiled_path = os.path.join(workdir, "spec-profiled.json")
+            with open(profiled_path, "w", encoding="utf-8") as f:
+                json.dump({**spec, "profile": True}, f)
+            for side in sides:
+                out = os.path.join(workdir, f"{side}-profiled.json")
+                profiles[side] = run_side(side, pythons[side], profiled_path, out, args.timeout)["profile"]
+                print(describe_profile(side, profiles[side]), flush=True)
     medians = {side: {key: statistics.median(r[key] for r in rs) for key in ("tokens_per_s", "peak_memory_bytes")}
                for side, rs in results.items()}
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"args": vars(args), "spec": spec, "results": results, "medians": medians}, f, indent=1)
+            json.dump({"args": vars(args), "spec": spec, "results": results, "medians": medians,
+                       "profiles": profiles}, f, indent=1)
     if args.ours_only:
         return 0
     throughput = medians["ours"]["tokens_per_s"] / medians["trl"]["tokens_per_s"]

@@ -44,9 +44,12 @@ def check_side(result: dict) -> None:
 @pytest.mark.slow
 @pytest.mark.extended
 def test_ours_side(tmp_path):
-    stdout, report = run_harness(tmp_path, "--ours-only")
+    stdout, report = run_harness(tmp_path, "--ours-only", "--profile")
     assert "round 1 ours" in stdout and "ratio" not in stdout
     check_side(report["results"]["ours"][0])
+    profile = report["profiles"]["ours"]  # one extra run, profiled over its timed step
+    assert "profile ours" in stdout and profile["groups"]["matmul"] > 0, profile
+    assert abs(sum(profile["groups"].values()) - 1.0) < 1e-6
 
 
 @pytest.mark.slow
