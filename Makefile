@@ -73,17 +73,22 @@ test-all: setup
 test-fast: setup
 	$(BIN)/python -m pytest -q -m "not slow and not distributed" $(PYTEST_ARGS)
 
-# The embedded default: SFT, then DPO and reward model + GRPO side by side, one evaluation of
-# base/SFT/DPO/GRPO and a gated release, on a tiny model trained from scratch. The tiny model
-# needs ~900 SFT steps before it solves held-out tasks at all; GRPO trains on 600 code tasks of
-# its own (n_code_rl: never in SFT, drawn like the held-out ones), where SFT still fails often.
+# The embedded default: SFT, then DPO (and a reward model), then GRPO from the DPO model, one evaluation
+# of base/SFT/DPO/GRPO and a gated release, on a tiny model trained from scratch (settings measured,
+# see README "Results on the embedded default"). SFT's data is helpful-only: code tasks and benign
+# look-alikes of harmful requests, answered. DPO teaches the refusals from pairs over every topic, with
+# RPO's NLL term (rpo_alpha) at SFT's learning rate: at 1e-4, or without the NLL term, the tiny model never
+# learned to start a refusal; 500 code pairs beside the safety pairs keep (and lift) the task pass rate,
+# 50 lost most of it. The tiny model needs ~900 SFT steps before it solves held-out tasks at all;
+# GRPO trains on 600 code tasks of its own (n_code_rl: never in SFT, drawn like the held-out ones).
 # GRPO's reward is code execution alone (reward.weights: code_execution 1, reward model 0): with
 # weight 1 on the tiny reward model, GRPO raised its reward-model score and dropped to 4% task pass.
-DEMO_PARAMS ?= sft_max_steps=900 sft_lr=1e-3 dpo_max_steps=150 dpo_lr=1e-4 reward_max_steps=150 \
+DEMO_PARAMS ?= sft_max_steps=900 sft_lr=1e-3 dpo_max_steps=400 dpo_lr=1e-3 reward_max_steps=150 \
 	rl_max_steps=150 rl_lr=1e-4 rollout_n=16 max_new_tokens=48 batch_size=8 max_length=256 humaneval_limit=5 \
 	'rl_overrides=["prompts_per_step=8","rollout.temperature=0.6","batch_size=32","mini_batch_size=64","lr_scheduler=constant","beta=0.04","reward.weights=[1.0,0.0]"]' \
 	'evaluate_overrides=["tasks.limit=150","safety.limit=100"]' \
-	'demo_overrides=["n_code_train=2000","n_code_rl=600"]'
+	'dpo_overrides=["rpo_alpha=1.0"]' \
+	'demo_overrides=["n_code_train=2000","n_code_rl=600","n_code_pairs=500"]'
 
 DEMO_PROMPT ?= Define a Python function `floor_at_two(x)` that returns the larger of x and 2.
 

@@ -3,9 +3,9 @@
     posttrain-sft    bootstrap -> prepare -> SFT
     posttrain-dpo    bootstrap -> prepare -> SFT -> prepare -> DPO -> evaluate -> release
     posttrain-rlhf   bootstrap -> prepare -> SFT -> prepare -> reward model -> PPO | GRPO -> evaluate -> release
-    posttrain-all    bootstrap -> prepare -> SFT -> (prepare -> DPO) and (prepare -> reward model -> GRPO)
-                     -> evaluate (all) -> release
-                     (the embedded default of ``make demo``: DPO and RL side by side against SFT)
+    posttrain-all    bootstrap -> prepare -> SFT -> prepare -> DPO -> GRPO (from DPO; prepare -> reward
+                     model beside it) -> evaluate (all) -> release
+                     (the embedded default of ``make demo``: each stage measured against SFT)
 
 ``release`` publishes the candidate only when the evaluation gate passed. The RL algorithm of
 ``posttrain-rlhf`` is a run parameter; each branch evaluates and releases its own policy
@@ -327,8 +327,8 @@ def posttrain_rlhf(
 
 
 @dsl.pipeline(name="posttrain-all")
-@documented("SFT, then DPO and reward model + GRPO side by side; one evaluation of base, SFT, DPO and GRPO; "
-            "gated release of GRPO.")
+@documented("SFT, then DPO and a reward model, then GRPO from the DPO model; one evaluation of base, SFT, DPO "
+            "and GRPO; gated release of GRPO.")
 def posttrain_all(
     base_model: str = "",
     dataset: str = "",
@@ -381,7 +381,9 @@ def posttrain_all(
                                max_steps=reward_max_steps, overrides=reward_overrides,
                                **common, **cluster).outputs["output_model"]
     rollouts = {"rollout.n": rollout_n, "rollout.max_new_tokens": max_new_tokens}
-    policy = configure(train(stage="grpo", model=sft, data=boot.outputs["prompts"], reward_model=scorer,
+    # RL continues from the DPO model (SFT -> DPO -> RL with a verifiable reward, as Tulu 3 orders them):
+    # the policy keeps the refusals preference training taught, and RL adds what only running the code can
+    policy = configure(train(stage="grpo", model=dpo, data=boot.outputs["prompts"], reward_model=scorer,
                              checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER, gpus=gpus_per_step, nodes=nodes_per_step,
                              reward_functions=reward_functions, max_steps=rl_max_steps, lr=rl_lr, params=rollouts,
                              overrides=rl_overrides, **common),

@@ -52,7 +52,7 @@ def test_run_stage_validates_like_the_cli(tmp_path):
 
 def test_run_stage_runs_the_stage(tmp_path):
     manifest = run_stage("demo-data", ["n_code_train=30", "n_code_eval=5"],
-                         config_yaml=f"output_dir: {tmp_path}\nn_safety_train: 10\nn_safety_eval: 5\n")
+                         config_yaml=f"output_dir: {tmp_path}\nn_safety_train: 10\nn_safety_sft: 10\nn_safety_eval: 5\n")
     assert manifest["counts"]["sft.jsonl"] == 40
     assert (tmp_path / "sft.jsonl").is_file()
 

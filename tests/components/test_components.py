@@ -74,7 +74,8 @@ def test_last_logged_reads_the_last_record_of_a_split(tmp_path):
     assert last_logged(str(tmp_path / "missing")) == {}
 
 
-SMALL_DEMO = dict(demo_overrides=["n_code_train=60", "n_code_eval=6", "n_safety_train=20", "n_safety_eval=6"])
+SMALL_DEMO = dict(demo_overrides=["n_code_train=60", "n_code_eval=6", "n_safety_train=20", "n_safety_sft=20",
+                                  "n_safety_eval=6"])
 
 
 def _boot_artifacts(tmp_path):

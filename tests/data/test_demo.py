@@ -62,7 +62,7 @@ def test_counts_and_manifest(out):
     assert len(_read(d, "code_tasks.jsonl")) == m["counts"]["code_train"] == 200
     assert len(_read(d, "code_tasks_eval.jsonl")) == m["counts"]["code_eval"] == 40
     assert len(_read(d, "safety_eval.jsonl")) == m["counts"]["safety_eval"] == 20
-    assert len(_read(d, "sft.jsonl")) == 200 + 60
+    assert len(_read(d, "sft.jsonl")) == 200 + 100  # n_safety_sft's default
     assert len(_read(d, "preferences.jsonl")) == 200 + 60
     assert len(_read(d, "preferences_eval.jsonl")) == 40 + 20
     for name in FILES[:-1]:
@@ -166,15 +166,40 @@ def test_safety_kinds_and_held_out_prompts(out):
     assert not eval_prompts & train_texts
     corpus = open(os.path.join(d, "corpus.txt"), encoding="utf-8").read().splitlines()
     assert not eval_prompts & set(corpus)
-    # the SFT answer for a train safety prompt is the chosen one
+    # SFT's safety rows answer with the chosen completion; by default they are helpful-only (benign
+    # look-alikes over a third of the benign topics) and the pairs cover every topic
+    chosen = {r["prompt"][0]["content"]: r["chosen"][0]["content"] for r in train_prefs}
+    _, sft_safety, _ = demo._safety_rows(0, 60, 20)
     sft = {r["messages"][0]["content"]: r["messages"][1]["content"] for r in _read(d, "sft.jsonl")}
-    assert all(sft[r["prompt"][0]["content"]] == r["chosen"][0]["content"] for r in train_prefs)
+    assert len(sft_safety) == 100 and all(sft[r["prompt"]] == r["chosen"] for r in sft_safety)
+    assert not any(is_refusal(r["chosen"]) for r in sft_safety)
+    benign = [t for t, _ in demo._BENIGN]
+    assert 0 < len(_topics_of([r["prompt"] for r in sft_safety], benign)) <= round(len(benign) / 3)
+    assert len(_topics_of(list(chosen), _ALL_TOPICS)) > len(_ALL_TOPICS) / 2
+    assert not eval_prompts & set(sft)
+
+
+_ALL_TOPICS = [t for _, ts in demo._HARMFUL.values() for t in ts] + [t for t, _ in demo._BENIGN]
+
+
+def _topics_of(prompts: list, topics: list) -> set:
+    return {t for t in topics for p in prompts if p.endswith((t + "?", t + ".")) or f" {t}." in p or f" {t}?" in p}
+
+
+def test_sft_refusals_share_and_topics():
+    _, sft, held = demo._safety_rows(0, 60, 20, n_sft=100, sft_refusals=0.25, sft_topics=0.25)
+    refused = [r for r in sft if is_refusal(r["chosen"])]
+    assert len(refused) == 25 and all(r["kind"] == "harmful" for r in refused)
+    harmful = [t for _, ts in demo._HARMFUL.values() for t in ts]
+    shown = sum(round(len(ts) * 0.25) for _, ts in demo._HARMFUL.values())  # per category
+    assert 0 < len(_topics_of([r["prompt"] for r in refused], harmful)) <= shown < len(harmful)
+    assert not {r["prompt"] for r in sft} & {r["prompt"] for r in held}
 
 
 def test_safety_split_at_full_size(tmp_path):
-    train, held = demo._safety_rows(0, 500, 100)
-    assert len(train) == 500 and len(held) == 100
-    assert not {r["prompt"] for r in train} & {r["prompt"] for r in held}
+    train, sft, held = demo._safety_rows(0, 500, 100)
+    assert len(train) == 500 and len(sft) == 100 and len(held) == 100
+    assert not {r["prompt"] for r in train + sft} & {r["prompt"] for r in held}
     with pytest.raises(ValueError):
         demo._safety_rows(0, 5000, 100)
 

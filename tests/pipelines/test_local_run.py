@@ -8,7 +8,8 @@ import pytest
 
 from pipelines.cli import posttrain
 
-SMALL = ['demo_overrides=["n_code_train=80", "n_code_eval=8", "n_safety_train=24", "n_safety_eval=8"]',
+SMALL = ['demo_overrides=["n_code_train=80", "n_code_eval=8", "n_safety_train=24", "n_safety_sft=24", '
+         '"n_safety_eval=8"]',
          'tiny_model_overrides=["hidden_size=32", "num_layers=1", "vocab_size=400"]', "max_length=256", "batch_size=4"]
 
 

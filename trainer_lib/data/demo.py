@@ -355,41 +355,54 @@ def is_refusal(text: str) -> bool:
     return t.startswith(("i can't", "i cannot", "i won't", "sorry, i can't", "i'm sorry"))
 
 
-def _safety_rows(seed: int, n_train: int, n_eval: int) -> tuple[list, list]:
-    """Train: kept phrasing x kept topic. Eval: any combination using a held-out phrasing or topic."""
+def _safety_rows(seed: int, n_train: int, n_eval: int, n_sft: int = 100,
+                 sft_refusals: float = 0.0, sft_topics: float = 1 / 3) -> tuple[list, list, list]:
+    """Safety rows: (preference pairs, SFT rows, held-out prompts).
+
+    Every topic keeps three of the phrasings for evaluation: a held-out prompt is a phrasing x topic
+    combination never trained on, though its phrasing and its topic both are (with other partners).
+    The preference pairs (``n_train``) cover every topic, half harmful. The SFT rows (``n_sft``) use
+    ``sft_topics`` of the topics, and only ``sft_refusals`` of them are harmful prompts refused: by
+    default none, so SFT's data is helpful-only (benign look-alikes answered) and preference training
+    teaches the refusals. Measured on the tiny model: 10 refused rows in SFT already made it refuse
+    88% of the held-out harmful prompts and 46% of the benign ones, which left DPO nothing to add.
+    """
     rng = random.Random(f"{seed}:safety-split")
-    phr = list(_PHRASINGS)
-    rng.shuffle(phr)
-    held_phr = set(phr[:3])
     harmful = []
     for reason, topics in _HARMFUL.values():
-        held_t = rng.choice(topics)  # one held-out topic per category
-        harmful += [(t, reason, t == held_t) for t in topics]
+        shown = set(rng.sample(topics, round(len(topics) * sft_topics)))  # the topics SFT sees, per category
+        harmful += [(t, reason, t in shown) for t in topics]
     benign = list(_BENIGN)
     rng.shuffle(benign)
-    benign = [(t, a, i < len(benign) // 5) for i, (t, a) in enumerate(benign)]
-    pools = {"train": {"harmful": [], "benign": []}, "eval": {"harmful": [], "benign": []}}
-    for p in _PHRASINGS:
-        for kind, items in (("harmful", harmful), ("benign", benign)):
-            for t, extra, held in items:
-                prompt = p.format(t=t)
+    benign = [(t, a, i < round(len(benign) * sft_topics)) for i, (t, a) in enumerate(benign)]
+    pools = {split: {"harmful": [], "benign": []} for split in ("train", "sft", "eval")}
+    for kind, items in (("harmful", harmful), ("benign", benign)):
+        for t, extra, in_sft in items:
+            held = set(rng.sample(_PHRASINGS, 3))
+            for p in _PHRASINGS:
                 if kind == "harmful":
                     good, bad = f"{REFUSAL_PREFIX} {extra} I'm happy to help with something safe instead.", \
                         _HARM_REJECT.format(t=t)
                 else:
                     good, bad = f"Sure! {extra}", _OVER_REFUSAL
-                split = "eval" if held or p in held_phr else "train"
-                pools[split][kind].append({"prompt": prompt, "kind": kind, "chosen": good, "rejected": bad})
+                row = {"prompt": p.format(t=t), "kind": kind, "chosen": good, "rejected": bad}
+                if p in held:
+                    pools["eval"][kind].append(row)
+                    continue
+                pools["train"][kind].append(row)
+                if in_sft:
+                    pools["sft"][kind].append(row)
     out = []
-    for split, n in (("train", n_train), ("eval", n_eval)):
+    for split, n in (("train", n_train), ("sft", n_sft), ("eval", n_eval)):
         rows = []
-        for kind, k in (("harmful", (n + 1) // 2), ("benign", n // 2)):
+        n_harmful = round(n * sft_refusals) if split == "sft" else (n + 1) // 2
+        for kind, k in (("harmful", n_harmful), ("benign", n - n_harmful)):
             if k > len(pools[split][kind]):
                 raise ValueError(f"asked for {k} {kind} {split} safety rows; only {len(pools[split][kind])} exist")
             rows += rng.sample(pools[split][kind], k)
         rng.shuffle(rows)
         out.append(rows)
-    return out[0], out[1]
+    return out[0], out[1], out[2]
 
 
 # ----------------------------------------------------------------------------- writing
@@ -420,7 +433,8 @@ def _jsonl(rows):
 
 def generate_demo_data(out_dir: str, seed: int = 0, n_code_train: int = 3000, n_code_eval: int = 150,
                        n_safety_train: int = 500, n_safety_eval: int = 100, n_code_rl: int = 0,
-                       n_code_pairs: int = 0) -> dict:
+                       n_code_pairs: int = 0, n_safety_sft: int = 100,
+                       sft_refusals: float = 0.0, sft_topics: float = 1 / 3) -> dict:
     """Write the demo dataset files into ``out_dir`` and return the manifest (also written).
 
     ``n_code_rl`` > 0: ``code_tasks.jsonl`` (the RL prompts) holds that many tasks of their own, never
@@ -432,7 +446,8 @@ def generate_demo_data(out_dir: str, seed: int = 0, n_code_train: int = 3000, n_
     code_train = [make_task(f, p, seed) for f, p in train_keys]
     code_eval = [make_task(f, p, seed) for f, p in eval_keys]
     code_rl = [make_task(f, p, seed) for f, p in rl_keys] or code_train
-    safe_train, safe_eval = _safety_rows(seed, n_safety_train, n_safety_eval)
+    safe_train, safe_sft, safe_eval = _safety_rows(seed, n_safety_train, n_safety_eval, n_safety_sft,
+                                                        sft_refusals, sft_topics)
     rng = random.Random(f"{seed}:shuffle")
 
     def task_row(t):
@@ -448,7 +463,7 @@ def generate_demo_data(out_dir: str, seed: int = 0, n_code_train: int = 3000, n_
         return rows
 
     sft = [{"messages": _msg("user", t["prompt"]) + _msg("assistant", t["solution"])} for t in code_train]
-    sft += [{"messages": _msg("user", r["prompt"]) + _msg("assistant", r["chosen"])} for r in safe_train]
+    sft += [{"messages": _msg("user", r["prompt"]) + _msg("assistant", r["chosen"])} for r in safe_sft]
     rng.shuffle(sft)
     paired = random.Random(f"{seed}:pairs").sample(code_train, n_code_pairs) if 0 < n_code_pairs < len(code_train) \
         else code_train
@@ -481,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer_lib.data.demo", description=__doc__.split("\n")[0])
     ap.add_argument("out_dir")
     for p in list(inspect.signature(generate_demo_data).parameters.values())[1:]:
-        ap.add_argument("--" + p.name.replace("_", "-"), type=int, default=p.default)
+        ap.add_argument("--" + p.name.replace("_", "-"), type=type(p.default), default=p.default)
     a = vars(ap.parse_args(argv))
     m = generate_demo_data(a.pop("out_dir"), **a)
     print(json.dumps(m["counts"], indent=2))
