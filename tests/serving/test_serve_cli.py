@@ -17,12 +17,15 @@ from trainer_lib.stages import deploy
 SERVE = "import sys; from trainer_lib.cli import main; sys.exit(main(['serve', *sys.argv[1:]]))"
 
 
-def _serve(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", SERVE, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+def _serve(log, *args: str) -> subprocess.Popen:
+    """The server's stderr (its own log and Triton's) goes to the file ``log``: a pipe nobody reads
+    fills up once Triton has logged 64 KiB, and then the server blocks writing to it and cannot stop."""
+    return subprocess.Popen([sys.executable, "-c", SERVE, *args], stdout=subprocess.PIPE, stderr=log,
                             text=True, env=clean_env())
 
 
-def test_serve_and_deploy_as_a_user_runs_them_on_an_s3_repository(s3_bucket, export_dir, tiny_model_dir, triton_env):
+def test_serve_and_deploy_as_a_user_runs_them_on_an_s3_repository(s3_bucket, export_dir, tiny_model_dir, triton_env,
+                                                                  tmp_path):
     """`posttrain serve --repo s3://...` in the foreground, then `posttrain deploy ... triton.url=...`: the
     new FP32 version answers `text_input` over HTTP with PyTorch's greedy text; Ctrl-C stops the server."""
     from tests.serving.helpers import torch_greedy
@@ -32,13 +35,14 @@ def test_serve_and_deploy_as_a_user_runs_them_on_an_s3_repository(s3_bucket, exp
     storage.copy(export_dir, export)
     deploy.run(load_config(deploy.CONFIG, None, nest({"export.path": export, "repository": repository,
                                                       "model_name": "tiny"})))  # version 1: publish only
-    proc = _serve("--repo", repository, "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+    log = open(tmp_path / "serve.log", "w+", encoding="utf-8")
+    proc = _serve(log, "--repo", repository, "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
                   "--env", triton_env, "--timeout", "60")
     try:
         line = proc.stdout.readline()
         if not line:
             proc.wait(timeout=30)
-            pytest.skip(f"tritonserver cannot start: {proc.stderr.read()[-2000:]}")
+            pytest.skip(f"tritonserver cannot start: {(tmp_path / 'serve.log').read_text()[-2000:]}")
         endpoint = json.loads(line)
         assert endpoint["http"].startswith("http://127.0.0.1:")
         assert {"name": "tiny", "version": "1", "state": "READY"} in endpoint["models"]
@@ -64,7 +68,7 @@ def test_serve_and_deploy_as_a_user_runs_them_on_an_s3_repository(s3_bucket, exp
             proc.kill()
             proc.wait()
         proc.stdout.close()
-        proc.stderr.close()
+        log.close()
 
 
 @pytest.mark.parametrize("args, message", [
