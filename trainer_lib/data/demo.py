@@ -17,8 +17,9 @@ drawn (by seed) from families with >= 20 keys, at most 15% per family, so every 
 task is an unseen combination of a family and constants that both occur in training. RL
 tasks (``n_code_rl``) are drawn the same way from what is left: new to SFT, from the
 held-out tasks' distribution, never held-out tasks themselves.
-Held-out safety prompts use a held-out phrasing and/or a held-out topic; train prompts use
-neither. Reference solutions were only ever produced by this module and are exec'd here
+Held-out safety prompts are phrasing x topic combinations never trained on (each topic keeps
+three of its twelve phrasings for evaluation); SFT's safety rows are helpful-only by default
+(``sft_refusals``), the preference pairs cover every topic. Reference solutions were only ever produced by this module and are exec'd here
 to compute test expectations - never exec untrusted model output this way.
 """
 from __future__ import annotations
