@@ -19,7 +19,7 @@ SERVE = "import sys; from trainer_lib.cli import main; sys.exit(main(['serve', *
 
 def _serve(log, *args: str) -> subprocess.Popen:
     """The server's stderr (its own log and Triton's) goes to the file ``log``: a pipe nobody reads
-    fills up once Triton has logged 64 KiB, and then the server blocks writing to it and cannot stop."""
+    would block the server once Triton had logged 64 KiB."""
     return subprocess.Popen([sys.executable, "-c", SERVE, *args], stdout=subprocess.PIPE, stderr=log,
                             text=True, env=clean_env())
 

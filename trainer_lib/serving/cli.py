@@ -122,6 +122,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"PyTorch ({args.compare}): {answer['pytorch']!r}", file=sys.stderr)
         return 0
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
+    # Ctrl-C / SIGINT stops it even when it was started as a background job, which a shell starts
+    # with SIGINT ignored (Python then leaves it ignored), or by a parent that had SIGINT blocked
+    previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         models = [m for m in server.model_states() if m.get("state")]
         print(json.dumps({"http": server.url, "grpc": server.grpc_url, "repository": args.repo, "models": models}),
@@ -136,6 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.stop()
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
 
 
 if __name__ == "__main__":
