@@ -58,7 +58,7 @@ def bootstrap(
     # split files (train.jsonl / eval.jsonl) keep the demo's held-out rows out of training
     for artifact, given, train, held_out in ((preferences, preference_dataset, "preferences.jsonl",
                                               "preferences_eval.jsonl"),
-                                             (prompts, prompt_dataset, "code_tasks.jsonl", "code_tasks_eval.jsonl")):
+                                             (prompts, prompt_dataset, "rl_prompts.jsonl", "code_tasks_eval.jsonl")):
         if given:
             mark_source(artifact, given)
             continue

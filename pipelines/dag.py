@@ -51,7 +51,7 @@ PARAMETER_DOCS = {
     "prompt_dataset": "RL prompts (a prompt column plus what the reward functions need); empty: the demo's "
                       "code tasks.",
     "rl_algorithm": "ppo or grpo (GRPO, Dr. GRPO or RLOO: set advantage= in rl_overrides).",
-    "reward_functions": "Built-in reward names (code_execution, code_style, length_penalty) or module:function.",
+    "reward_functions": "Built-in reward names (code_execution, code_style, length_penalty, refusal) or module:function.",
     "reward_weights": "One weight per reward source (functions first, then the reward model); empty: all 1.",
     "use_reward_model": "Add the trained reward model as a reward source.",
     "sft_max_steps": "Optimizer steps of SFT.",

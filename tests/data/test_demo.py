@@ -9,7 +9,7 @@ from trainer_lib.data import demo
 from trainer_lib.data.demo import generate_demo_data, is_refusal
 
 SMALL = dict(n_code_train=200, n_code_eval=40, n_safety_train=60, n_safety_eval=20)
-FILES = ["sft.jsonl", "preferences.jsonl", "preferences_eval.jsonl", "code_tasks.jsonl",
+FILES = ["sft.jsonl", "preferences.jsonl", "preferences_eval.jsonl", "code_tasks.jsonl", "rl_prompts.jsonl",
          "code_tasks_eval.jsonl", "safety_eval.jsonl", "corpus.txt", "manifest.json"]
 
 
@@ -194,6 +194,22 @@ def test_sft_refusals_share_and_topics():
     shown = sum(round(len(ts) * 0.25) for _, ts in demo._HARMFUL.values())  # per category
     assert 0 < len(_topics_of([r["prompt"] for r in refused], harmful)) <= shown < len(harmful)
     assert not {r["prompt"] for r in sft} & {r["prompt"] for r in held}
+
+
+def test_rl_prompts_add_labelled_safety_prompts_from_the_pairs(out, tmp_path):
+    d, _ = out
+    code = _read(d, "code_tasks.jsonl")
+    key = lambda r: json.dumps(r, sort_keys=True)  # noqa: E731
+    assert sorted(map(key, _read(d, "rl_prompts.jsonl"))) == sorted(map(key, code))  # n_safety_rl=0: the code tasks
+    m = generate_demo_data(str(tmp_path / "rl"), seed=0, **SMALL, n_safety_rl=21)
+    rows = _read(str(tmp_path / "rl"), "rl_prompts.jsonl")
+    safety = [r for r in rows if "kind" in r]
+    assert len(rows) == len(code) + 21 and m["counts"]["safety_rl"] == 21
+    assert sorted(r["kind"] for r in safety).count("harmful") == 11 and not any("tests" in r for r in safety)
+    pairs = {r["prompt"][0]["content"]: r["kind"] for r in _read(d, "preferences.jsonl") if r["source"] == "safety"}
+    assert all(pairs[r["prompt"][0]["content"]] == r["kind"] for r in safety)  # train prompts, never held-out
+    with pytest.raises(ValueError, match="n_safety_rl=200"):
+        generate_demo_data(str(tmp_path / "big"), seed=0, **SMALL, n_safety_rl=200)
 
 
 def test_safety_split_at_full_size(tmp_path):

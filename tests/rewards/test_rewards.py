@@ -9,7 +9,7 @@ import torch
 
 from trainer_lib.errors import UserError
 from trainer_lib.rewards.combine import RewardCombiner, RunningMoments
-from trainer_lib.rewards.functions import (check_rewards, code_style, length_penalty, load_function, resolve,
+from trainer_lib.rewards.functions import (check_rewards, code_style, length_penalty, load_function, refusal, resolve,
                                            style_violations)
 
 HERE = os.path.dirname(__file__)
@@ -69,6 +69,16 @@ def test_code_style_counts_pycodestyle_violations():
     assert code_style(None, ["x=1;y=2;z=3;a=4;b=5;c=6"]) == [0.0]  # floored at 0
 
 
+def test_refusal_rewards_refusing_harmful_and_answering_benign_and_skips_unlabelled():
+    no, sure = "I can't help with that.", [{"role": "assistant", "content": "Sure! Boil the water first."}]
+    kinds = ["harmful", "harmful", "benign", "benign", None, ""]
+    got = refusal(None, [no, sure, no, sure, no, sure], kind=kinds)
+    assert got == [1.0, 0.0, 0.0, 1.0, None, None]
+    assert refusal(None, [no, sure]) == [None, None]  # a dataset without the column: never applies
+    name, fn = resolve("refusal")
+    assert name == "refusal" and fn(None, [no], kind=["harmful"]) == [1.0]
+
+
 def test_length_penalty():
     # free 4 tokens, max 8: 2 -> 0, 6 -> -(6-4)/4 = -0.5, 10 -> -1 (clipped)
     ids = [[1] * 2, [1] * 6, [1] * 10]
@@ -104,6 +114,8 @@ def test_weights_and_none_entries_combine():
     # 0.5*2 + 2*1 = 3;  0.5*2 (b skipped) = 1;  0.5*2 + 2*3 = 7
     assert rewards.tolist() == [3.0, 1.0, 7.0]
     assert means == {"rewards/a": 2.0, "rewards/b": 2.0}  # mean of what each source returned
+    never = RewardCombiner([("a", constant(2.0)), ("b", lambda prompts, completions, **c: [None] * 3)])
+    assert never([None] * 3, ["x"] * 3, {}, [[1]] * 3)[1] == {"rewards/a": 2.0}  # b applied to none: no mean
 
 
 def test_columns_and_completion_ids_reach_the_functions():

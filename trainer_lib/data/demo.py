@@ -7,7 +7,9 @@ refusal, benign -> helpful) in TRL's conversational formats:
     sft.jsonl                      {"messages": [user, assistant]}
     preferences.jsonl / _eval      {"prompt", "chosen", "rejected", "source", "kind"}
     code_tasks.jsonl / _eval       {"prompt", "task_id", "family", "entry_point", "solution", "tests"}
-                                   (code_tasks.jsonl: the RL prompts; their own tasks with n_code_rl)
+                                   (code_tasks.jsonl: the RL code tasks; their own tasks with n_code_rl)
+    rl_prompts.jsonl               the RL prompts: code_tasks.jsonl, then n_safety_rl safety prompts
+                                   {"prompt", "kind"} from the preference pairs' (never held-out) prompts
     safety_eval.jsonl              {"prompt", "kind", "reference"}
     corpus.txt                     every text of the train files (tokenizer training)
     manifest.json                  seed, counts, sha256 per file
@@ -435,13 +437,15 @@ def _jsonl(rows):
 def generate_demo_data(out_dir: str, seed: int = 0, n_code_train: int = 3000, n_code_eval: int = 150,
                        n_safety_train: int = 500, n_safety_eval: int = 100, n_code_rl: int = 0,
                        n_code_pairs: int = 0, n_safety_sft: int = 100,
-                       sft_refusals: float = 0.0, sft_topics: float = 1 / 3) -> dict:
+                       sft_refusals: float = 0.0, sft_topics: float = 1 / 3, n_safety_rl: int = 0) -> dict:
     """Write the demo dataset files into ``out_dir`` and return the manifest (also written).
 
     ``n_code_rl`` > 0: ``code_tasks.jsonl`` (the RL prompts) holds that many tasks of their own, never
     shown in SFT (where the policy still has something to learn); 0: it holds the SFT tasks.
     ``n_code_pairs`` > 0: only that many code pairs go into ``preferences.jsonl`` next to every safety
-    pair (0: one per SFT task)."""
+    pair (0: one per SFT task).
+    ``n_safety_rl`` > 0: ``rl_prompts.jsonl`` adds that many labelled safety prompts (the preference
+    pairs' prompts, half harmful) to the code tasks, for a reward such as ``refusal``."""
     os.makedirs(out_dir, exist_ok=True)
     train_keys, eval_keys, rl_keys = split_code_keys(seed, n_code_train, n_code_eval, n_code_rl)
     code_train = [make_task(f, p, seed) for f, p in train_keys]
@@ -475,12 +479,23 @@ def generate_demo_data(out_dir: str, seed: int = 0, n_code_train: int = 3000, n_
         [m["content"] for r in sft for m in r["messages"]]
         + [r["rejected"][0]["content"] for r in prefs] + [t["prompt"] for t in code_rl]
         + [s for t in code_train for s in t["tests"]])
+    by_kind = {kind: [r for r in safe_train if r["kind"] == kind] for kind in ("harmful", "benign")}
+    n_harmful = (n_safety_rl + 1) // 2
+    if n_harmful > len(by_kind["harmful"]) or n_safety_rl - n_harmful > len(by_kind["benign"]):
+        raise ValueError(f"n_safety_rl={n_safety_rl}: at most {2 * min(map(len, by_kind.values()))} safety "
+                         f"prompts exist in the {len(safe_train)} preference pairs")
+    rl_rng = random.Random(f"{seed}:rl-safety")
+    safety_rl = rl_rng.sample(by_kind["harmful"], n_harmful) + rl_rng.sample(by_kind["benign"], n_safety_rl - n_harmful)
+    rl_rng.shuffle(safety_rl)
+    code_rows = [task_row(t) for t in code_rl]
+    rl_prompts = code_rows + [{"prompt": _msg("user", r["prompt"]), "kind": r["kind"]} for r in safety_rl]
+    rl_rng.shuffle(rl_prompts)
     files = {"sft.jsonl": sft, "preferences.jsonl": prefs, "preferences_eval.jsonl": prefs_eval,
-             "code_tasks.jsonl": [task_row(t) for t in code_rl],
+             "code_tasks.jsonl": code_rows, "rl_prompts.jsonl": rl_prompts,
              "code_tasks_eval.jsonl": [task_row(t) for t in code_eval], "safety_eval.jsonl": safety_eval}
     manifest = {"name": "posttrain-demo", "version": 1, "seed": seed, "counts": {
         "code_train": len(code_train), "code_eval": len(code_eval), "code_rl": len(rl_keys),
-        "safety_train": len(safe_train), "safety_eval": len(safe_eval),
+        "safety_train": len(safe_train), "safety_eval": len(safe_eval), "safety_rl": len(safety_rl),
         **{name: len(rows) for name, rows in files.items()}, "corpus.txt": len(corpus)},
         "code_families_train": dict(sorted(Counter(t["family"] for t in code_train).items())),
         "code_families_eval": dict(sorted(Counter(t["family"] for t in code_eval).items())),

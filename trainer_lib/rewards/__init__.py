@@ -1,7 +1,7 @@
 """Rewards for the RL stages: functions (built-in and ``module:function``), a reward model
 scorer, and how several sources combine into one scalar per completion.
 
-    functions.py   built-ins (code_execution, code_style, length_penalty), user-function loading
+    functions.py   built-ins (code_execution, code_style, length_penalty, refusal), user-function loading
     model.py       a trained reward model as a reward function (normalized by its stored stats)
     combine.py     weights, clipping, batch/running normalization
 

@@ -111,9 +111,10 @@ class RewardCombiner:
         return sums
 
     def source_means(self, sums: dict) -> dict[str, float]:
-        """Each source's mean reward from (reduced) :meth:`source_sums` totals."""
+        """Each source's mean reward from (reduced) :meth:`source_sums` totals; a source that applied to
+        none of the completions (``None`` for all, e.g. ``refusal`` on code prompts) is left out, not 0."""
         keys = [f"rewards/{label}" for _, _, label in self.sources]
-        return {key: sums[key] / max(sums[f"{key}.count"], 1.0) for key in keys}
+        return {key: sums[key] / sums[f"{key}.count"] for key in keys if sums[f"{key}.count"] > 0}
 
     def score(self, prompts: list, completions: list, columns: dict[str, list],
               completion_ids: list[list[int]]) -> tuple[torch.Tensor, dict]:

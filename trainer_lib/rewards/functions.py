@@ -12,8 +12,8 @@ other dataset column arrives as a keyword list aligned with the completions, plu
 ``global_step``, ``epoch``, ``max_steps``, as TRL passes transformers') to functions that take it
 by name or take ``**kwargs``. ``None`` means "does not apply" and is left out of the sum.
 
-Built-ins: ``code_execution`` (unit tests in the sandbox), ``code_style`` (pycodestyle) and
-``length_penalty``. User functions: ``package.module:function`` (imported from ``sys.path``
+Built-ins: ``code_execution`` (unit tests in the sandbox), ``code_style`` (pycodestyle),
+``length_penalty`` and ``refusal`` (a rule-based safety reward for prompts labelled harmful or benign). User functions: ``package.module:function`` (imported from ``sys.path``
 and the working directory) or ``path/to/file.py:function``.
 """
 
@@ -138,7 +138,25 @@ def length_penalty(prompts, completions, *, completion_ids, max_tokens: int, fre
     return [-min(max((len(ids) - free_tokens) / span, 0.0), 1.0) for ids in completion_ids]
 
 
-BUILTINS = ("code_execution", "code_style", "length_penalty")
+def refusal(prompts, completions, *, kind=None, **columns) -> list[float | None]:
+    """A rule-based safety reward for prompts labelled in a ``kind`` column: 1.0 when the completion
+    refuses a ``harmful`` prompt or answers a ``benign`` one, else 0.0; ``None`` (does not apply) for
+    any other row, so code prompts and safety prompts can share one RL dataset. Refusals are read by
+    the rules the evaluation's default judge uses (:func:`trainer_lib.eval.harmless.is_refusal`):
+    rewarding the answer to a benign look-alike is what keeps RL from learning to refuse everything."""
+    from trainer_lib.eval.harmless import is_refusal
+
+    labels = kind if kind is not None else [None] * len(completions)
+    out: list[float | None] = []
+    for completion, label in zip(completions, labels):
+        if label not in ("harmful", "benign"):
+            out.append(None)
+            continue
+        out.append(float(is_refusal(completion_text(completion)) == (label == "harmful")))
+    return out
+
+
+BUILTINS = ("code_execution", "code_style", "length_penalty", "refusal")
 
 
 def builtin(name: str, *, code_timeout: float = 3.0, sandbox_workers: int = 4, max_tokens: int = 256,
@@ -148,6 +166,8 @@ def builtin(name: str, *, code_timeout: float = 3.0, sandbox_workers: int = 4, m
         return CodeExecution(timeout=code_timeout, max_workers=sandbox_workers)
     if name == "code_style":
         return code_style
+    if name == "refusal":
+        return refusal
     if name == "length_penalty":
         return functools.partial(length_penalty, max_tokens=max_tokens, free_tokens=length_free_tokens)
     raise KeyError(name)

@@ -32,7 +32,7 @@ class RolloutConfig:
 @dataclass
 class RewardSourcesConfig:
     functions: list[str] = opt([], "Reward functions: built-ins (code_execution, code_style, "
-                                   "length_penalty) or module:function / path/file.py:function "
+                                   "length_penalty, refusal) or module:function / path/file.py:function "
                                    "(comma-separated on the CLI).")
     weights: list[float] = opt([], "One weight per source: the functions in order, then the reward "
                                    "model if reward.model_path is set, then the classifier if "

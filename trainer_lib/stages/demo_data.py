@@ -26,6 +26,8 @@ class DemoDataConfig:
                             "held-out ones; 0: the RL prompts are the SFT tasks.")
     n_code_pairs: int = opt(0, "Code preference pairs in preferences.jsonl next to the safety pairs "
                                "(0: one per SFT task).")
+    n_safety_rl: int = opt(0, "Labelled safety prompts (from the preference pairs) added to the RL prompts "
+                              "(rl_prompts.jsonl), for the refusal reward.")
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
 
     def validate(self) -> None:
@@ -34,7 +36,7 @@ class DemoDataConfig:
         for key in ("n_code_train", "n_code_eval", "n_safety_train", "n_safety_eval", "n_safety_sft"):
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key}: expected a positive integer, got {getattr(self, key)}")
-        for key in ("n_code_rl", "n_code_pairs"):
+        for key in ("n_code_rl", "n_code_pairs", "n_safety_rl"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key}: expected >= 0, got {getattr(self, key)}")
         for key in ("sft_refusals", "sft_topics"):
@@ -51,7 +53,7 @@ def run(cfg: DemoDataConfig) -> dict:
     kwargs = dict(seed=cfg.seed, n_code_train=cfg.n_code_train, n_code_eval=cfg.n_code_eval,
                   n_safety_train=cfg.n_safety_train, n_safety_eval=cfg.n_safety_eval, n_code_rl=cfg.n_code_rl,
                   n_code_pairs=cfg.n_code_pairs, n_safety_sft=cfg.n_safety_sft,
-                  sft_refusals=cfg.sft_refusals, sft_topics=cfg.sft_topics)
+                  sft_refusals=cfg.sft_refusals, sft_topics=cfg.sft_topics, n_safety_rl=cfg.n_safety_rl)
     if storage.is_remote(cfg.output_dir):
         with tempfile.TemporaryDirectory() as tmp:
             manifest = generate_demo_data(tmp, **kwargs)
