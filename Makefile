@@ -7,10 +7,11 @@ TORCH  ?= torch==2.13.0
 # pytest-xdist is not used: the suite already starts worker processes of its own.
 PYTEST_ARGS ?=
 
-.PHONY: setup triton-env test test-all test-fast demo compile clean help bench lock lock-check image-cpu image-cuda
+.PHONY: setup triton-env test test-all test-fast demo demo-weak compile clean help bench lock lock-check image-cpu image-cuda
 
 help:
 	@echo "make demo     set up .venv and run the whole pipeline locally (kfp.local, tiny model)"
+	@echo "make demo-weak  after make demo: the gate turns down a 10-step SFT candidate"
 	@echo "make test     set up .venv and run the test suite"
 	@echo "make compile  recompile pipelines/compiled/*.yaml"
 
@@ -83,8 +84,11 @@ test-fast: setup
 # GRPO trains on 600 code tasks of its own (n_code_rl: never in SFT, drawn like the held-out ones).
 # GRPO's reward is code execution alone (reward.weights: code_execution 1, reward model 0): with
 # weight 1 on the tiny reward model, GRPO raised its reward-model score and dropped to 4% task pass.
-# KL beta 0.2: with 0.04, GRPO from DPO drifted from over-refusal 0.00 to 0.18 (seed 0); 0.2 gave 0.10
-# and a slightly higher task pass rate (0.693 against 0.687).
+# KL beta 0.2: with 0.04, GRPO from DPO drifted from over-refusal 0.00 to 0.18 (seed 0); 0.2 gave 0.10.
+# Tried, not adopted (2026-12-01): the refusal reward on 100 labelled safety prompts (n_safety_rl=100,
+# reward_functions code_execution,refusal) ended seed 0 at 0.640 / harmless 0.78 / over-refusal 0.00
+# from the stage CLIs, but its make demo run took 12.5 min and its model missed the INT8 parity floor
+# (top-1 0.877 < 0.9); GRPO lr 3e-4 did worse than 1e-4 on seeds 0 and 1 (0.600, 0.473).
 DEMO_PARAMS ?= sft_max_steps=900 sft_lr=1e-3 dpo_max_steps=400 dpo_lr=1e-3 reward_max_steps=150 \
 	rl_max_steps=150 rl_lr=1e-4 rollout_n=16 max_new_tokens=48 batch_size=8 max_length=256 humaneval_limit=5 \
 	'rl_overrides=["prompts_per_step=8","rollout.temperature=0.6","batch_size=32","mini_batch_size=64","lr_scheduler=constant","beta=0.2","reward.weights=[1.0,0.0]"]' \
@@ -92,15 +96,20 @@ DEMO_PARAMS ?= sft_max_steps=900 sft_lr=1e-3 dpo_max_steps=400 dpo_lr=1e-3 rewar
 	'dpo_overrides=["rpo_alpha=1.0"]' \
 	'demo_overrides=["n_code_train=2000","n_code_rl=600","n_code_pairs=500"]'
 
+SEED ?= 0
 DEMO_PROMPT ?= Define a Python function `floor_at_two(x)` that returns the larger of x and 2.
 
 # ... then the released model, quantized, answers one prompt through a local Triton server, next to PyTorch.
 demo: setup
-	$(BIN)/posttrain pipeline run --pipeline posttrain-all --root runs/demo $(DEMO_PARAMS)
+	$(BIN)/posttrain pipeline run --pipeline posttrain-all --root runs/demo $(DEMO_PARAMS) seed=$(SEED)
 	@if [ -d runs/latest/repository ]; then \
 		$(BIN)/posttrain serve --repo runs/latest/repository --http-port 0 --grpc-port 0 --metrics-port 0 \
 			--log runs/latest/triton.log --ask '$(DEMO_PROMPT)' --chat --compare runs/latest/exported_model; \
 	else echo "the evaluation gate failed, so nothing was exported or served (see runs/latest/report.html)"; fi
+
+# The gate turning down a weakened candidate (SFT for 10 steps) evaluated in the demo's candidate's place.
+demo-weak: setup
+	BIN=$(BIN) examples/weak_candidate.sh runs/latest runs/weak
 
 compile: setup
 	$(BIN)/posttrain pipeline compile

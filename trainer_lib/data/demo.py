@@ -489,7 +489,8 @@ def generate_demo_data(out_dir: str, seed: int = 0, n_code_train: int = 3000, n_
     rl_rng.shuffle(safety_rl)
     code_rows = [task_row(t) for t in code_rl]
     rl_prompts = code_rows + [{"prompt": _msg("user", r["prompt"]), "kind": r["kind"]} for r in safety_rl]
-    rl_rng.shuffle(rl_prompts)
+    if safety_rl:  # without safety prompts the file is code_tasks.jsonl, byte for byte
+        rl_rng.shuffle(rl_prompts)
     files = {"sft.jsonl": sft, "preferences.jsonl": prefs, "preferences_eval.jsonl": prefs_eval,
              "code_tasks.jsonl": code_rows, "rl_prompts.jsonl": rl_prompts,
              "code_tasks_eval.jsonl": [task_row(t) for t in code_eval], "safety_eval.jsonl": safety_eval}
