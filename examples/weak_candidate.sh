@@ -34,7 +34,7 @@ PY
 rm -rf "$OUT" && mkdir -p "$OUT/data"
 cp "$DEMO/sft.jsonl" "$OUT/data/sft.jsonl"
 "$BIN/posttrain" prepare data.path="$OUT/data" model.path="$BASE" output_dir="$OUT/prepared" \
-    data.max_length="$LENGTH" seed="$SEED" > "$OUT/prepare.log"
+    data.max_length="$LENGTH" seed="$SEED" > "$OUT/prepare.log" 2>&1
 "$BIN/posttrain" sft model.path="$BASE" data.path="$OUT/prepared" output_dir="$OUT/sft10" max_steps=10 lr=1e-3 \
     data.max_length="$LENGTH" seed="$SEED" > "$OUT/sft10.log" 2>&1
 # shellcheck disable=SC2086  # OVERRIDES: key=value words
