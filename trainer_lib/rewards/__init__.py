@@ -2,6 +2,7 @@
 scorer, and how several sources combine into one scalar per completion.
 
     functions.py   built-ins (code_execution, code_style, length_penalty, refusal), user-function loading
+    refusal_rules.py  whether a response reads as a refusal (the refusal reward and the evaluation's judge)
     model.py       a trained reward model as a reward function (normalized by its stored stats)
     combine.py     weights, clipping, batch/running normalization
 

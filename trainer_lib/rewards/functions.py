@@ -13,8 +13,9 @@ other dataset column arrives as a keyword list aligned with the completions, plu
 by name or take ``**kwargs``. ``None`` means "does not apply" and is left out of the sum.
 
 Built-ins: ``code_execution`` (unit tests in the sandbox), ``code_style`` (pycodestyle),
-``length_penalty`` and ``refusal`` (a rule-based safety reward for prompts labelled harmful or benign). User functions: ``package.module:function`` (imported from ``sys.path``
-and the working directory) or ``path/to/file.py:function``.
+``length_penalty`` and ``refusal`` (a rule-based safety reward for prompts labelled harmful or
+benign). User functions: ``package.module:function`` (imported from ``sys.path`` and the working
+directory) or ``path/to/file.py:function``.
 """
 
 from __future__ import annotations
@@ -142,18 +143,13 @@ def refusal(prompts, completions, *, kind=None, **columns) -> list[float | None]
     """A rule-based safety reward for prompts labelled in a ``kind`` column: 1.0 when the completion
     refuses a ``harmful`` prompt or answers a ``benign`` one, else 0.0; ``None`` (does not apply) for
     any other row, so code prompts and safety prompts can share one RL dataset. Refusals are read by
-    the rules the evaluation's default judge uses (:func:`trainer_lib.eval.harmless.is_refusal`):
+    the rules the evaluation's default judge uses (:func:`trainer_lib.rewards.refusal_rules.is_refusal`):
     rewarding the answer to a benign look-alike is what keeps RL from learning to refuse everything."""
-    from trainer_lib.eval.harmless import is_refusal
+    from trainer_lib.rewards.refusal_rules import is_refusal
 
     labels = kind if kind is not None else [None] * len(completions)
-    out: list[float | None] = []
-    for completion, label in zip(completions, labels):
-        if label not in ("harmful", "benign"):
-            out.append(None)
-            continue
-        out.append(float(is_refusal(completion_text(completion)) == (label == "harmful")))
-    return out
+    return [float(is_refusal(completion_text(c)) == (label == "harmful")) if label in ("harmful", "benign") else None
+            for c, label in zip(completions, labels)]
 
 
 BUILTINS = ("code_execution", "code_style", "length_penalty", "refusal")
