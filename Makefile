@@ -87,8 +87,8 @@ test-fast: setup
 # KL beta 0.2: with 0.04, GRPO from DPO drifted from over-refusal 0.00 to 0.18 (seed 0); 0.2 gave 0.10.
 # Tried, not adopted (2026-12-01): the refusal reward on 100 labelled safety prompts (n_safety_rl=100,
 # reward_functions code_execution,refusal) ended seed 0 at 0.640 / harmless 0.78 / over-refusal 0.00
-# from the stage CLIs, but its make demo run took 12.5 min and its model missed the INT8 parity floor
-# (top-1 0.877 < 0.9); GRPO lr 3e-4 did worse than 1e-4 on seeds 0 and 1 (0.600, 0.473).
+# from the stage CLIs, but its make demo run took 12.5 min (its INT8 parity miss, 0.877, was the CPU's
+# int8 saturation, since fixed); GRPO lr 3e-4 did worse than 1e-4 on seeds 0 and 1 (0.600, 0.473).
 DEMO_PARAMS ?= sft_max_steps=900 sft_lr=1e-3 dpo_max_steps=400 dpo_lr=1e-3 reward_max_steps=150 \
 	rl_max_steps=150 rl_lr=1e-4 rollout_n=16 max_new_tokens=48 batch_size=8 max_length=256 humaneval_limit=5 \
 	'rl_overrides=["prompts_per_step=8","rollout.temperature=0.6","batch_size=32","mini_batch_size=64","lr_scheduler=constant","beta=0.2","reward.weights=[1.0,0.0]"]' \
