@@ -225,3 +225,40 @@ def test_cli(tmp_path):
     assert demo.main([d, "--seed", "0"] + [f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()]) == 0
     m = json.load(open(os.path.join(d, "manifest.json")))
     assert m["counts"]["code_train"] == 200 and m["seed"] == 0
+
+
+def test_teacher_mistakes_every_family_rule_applies_and_a_test_can_catch_it():
+    for name, (pattern, _, _) in demo.TEACHER_MISTAKES.items():
+        fam = next(f for f in demo.FAMILIES if f.name == name)
+        caught = 0
+        for params in fam.params[:: max(1, len(fam.params) // 10)]:
+            t = demo.make_task(fam, params, seed=0)
+            wrong = demo.teacher_answer(t, 1.0, seed=0)
+            assert wrong != t["solution"], (name, t["solution"])  # the rule matches every task of its family
+            assert wrong.split("\n")[0] == t["solution"].split("\n")[0]  # same signature: only the body is wrong
+            caught += not _passes(wrong, t["tests"])
+        assert caught >= 5, name  # a real mistake: most tasks' tests fail it
+        assert demo.teacher_answer(t, 0.0, seed=0) == t["solution"]
+
+
+def test_teacher_mistakes_share_and_where_they_go(tmp_path):
+    d = str(tmp_path / "teacher")
+    m = generate_demo_data(d, seed=0, **SMALL, n_code_rl=30, teacher_mistakes=0.7)
+    tasks = {r["prompt"][0]["content"]: r for r in _read(d, "code_tasks.jsonl") + _read(d, "code_tasks_eval.jsonl")}
+    sft = [r["messages"] for r in _read(d, "sft.jsonl")]
+    # SFT tasks are not in code_tasks.jsonl (n_code_rl): rebuild the split to know each SFT task's reference
+    train, _, _ = demo.split_code_keys(0, SMALL["n_code_train"], SMALL["n_code_eval"], 30)
+    reference = {t["prompt"]: t for t in (demo.make_task(f, p, 0) for f, p in train)}
+    wrong = {p: r for p, r in reference.items() if r["family"] in demo.TEACHER_MISTAKES}
+    demos = {m_[0]["content"]: m_[1]["content"] for m_ in sft if m_[0]["content"] in reference}
+    n_wrong = sum(demos[p] != wrong[p]["solution"] for p in wrong)
+    assert m["counts"]["teacher_mistakes"] == n_wrong
+    assert 0.55 * len(wrong) <= n_wrong <= 0.85 * len(wrong)  # about 0.7 of the families' demonstrations
+    assert all(demos[p] == r["solution"] for p, r in reference.items() if p not in wrong)  # other families: right
+    for r in _read(d, "preferences.jsonl"):  # chosen code answers are the teacher's, rejected ones still fail
+        if r["source"] == "code":
+            p = r["prompt"][0]["content"]
+            assert r["chosen"][0]["content"] == demos[p] != r["rejected"][0]["content"]
+            assert not _passes(r["rejected"][0]["content"], reference[p]["tests"])
+    for t in tasks.values():  # RL and held-out tasks keep the reference solution their tests check
+        assert _passes(t["solution"], t["tests"])

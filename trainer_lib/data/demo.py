@@ -224,6 +224,30 @@ def _buggy(rng: random.Random, solution: str, tests: list[str]) -> str:
     raise RuntimeError(f"no failing mutation for {solution!r}")
 
 
+#: The demo's SFT "teacher" and its blind spots: on these families it writes a plausible, consistent mistake
+#: (family -> (pattern, replacement, what it gets wrong)), the way distilled or crowd-written demonstrations
+#: inherit their author's habits. With ``teacher_mistakes`` > 0.5 of such demonstrations wrong, SFT imitates the
+#: mistake; only the unit tests (RL's code_execution reward) tell it apart from the right answer.
+TEACHER_MISTAKES = {
+    "add_mul": (r"\((x \+ \d+)\) \* (\d+)", r"\1 * \2", "drops the parentheses of (x + a) * b"),
+    "sub_mul": (r"\((x - \d+)\) \* (\d+)", r"\1 * \2", "drops the parentheses of (x - a) * b"),
+    "shift": (r" > ", " >= ", "writes >= for 'greater than'"),
+    "pick": (r" ([<>]) ", r" \1= ", "writes >= / <= for 'greater / less than'"),
+    "list_cond": (r" ([<>]) ", r" \1= ", "writes >= / <= for 'greater / less than'"),
+    "distance": (r"abs\((x - \d+)\)", r"\1", "forgets abs() in the distance"),
+}
+
+
+def teacher_answer(task: dict, rate: float, seed: int) -> str:
+    """The demonstration the SFT data holds for ``task``: on a TEACHER_MISTAKES family, with probability
+    ``rate`` (a pure function of seed and task), the teacher's mistake (a habit: written whether or not this
+    task's tests would catch it); otherwise the reference solution."""
+    rule = TEACHER_MISTAKES.get(task["family"])
+    if rule is None or rate <= 0 or random.Random(f"{seed}:teacher:{task['task_id']}").random() >= rate:
+        return task["solution"]
+    return re.sub(rule[0], rule[1], task["solution"], count=1)
+
+
 def make_task(fam: Family, params: tuple, seed: int) -> dict:
     """Build one verified task; its content depends only on (seed, family, params)."""
     task_id = f"{fam.name}:" + ",".join(str(p) for p in params)
@@ -437,13 +461,17 @@ def _jsonl(rows):
 def generate_demo_data(out_dir: str, seed: int = 0, n_code_train: int = 3000, n_code_eval: int = 150,
                        n_safety_train: int = 500, n_safety_eval: int = 100, n_code_rl: int = 0,
                        n_code_pairs: int = 0, n_safety_sft: int = 100,
-                       sft_refusals: float = 0.0, sft_topics: float = 1 / 3, n_safety_rl: int = 0) -> dict:
+                       sft_refusals: float = 0.0, sft_topics: float = 1 / 3, n_safety_rl: int = 0,
+                       teacher_mistakes: float = 0.0) -> dict:
     """Write the demo dataset files into ``out_dir`` and return the manifest (also written).
 
     ``n_code_rl`` > 0: ``code_tasks.jsonl`` (the RL prompts) holds that many tasks of their own, never
     shown in SFT (where the policy still has something to learn); 0: it holds the SFT tasks.
     ``n_code_pairs`` > 0: only that many code pairs go into ``preferences.jsonl`` next to every safety
     pair (0: one per SFT task).
+    ``teacher_mistakes`` > 0: that share of the demonstrations of the TEACHER_MISTAKES families carry the
+    teacher's mistake, in the SFT rows and as the chosen answer of their preference pairs alike (all
+    written data comes from the same teacher); held-out and RL tasks keep their tests, which catch it.
     ``n_safety_rl`` > 0: ``rl_prompts.jsonl`` adds that many labelled safety prompts (the preference
     pairs' prompts, half harmful) to the code tasks, for a reward such as ``refusal``."""
     os.makedirs(out_dir, exist_ok=True)
@@ -451,6 +479,10 @@ def generate_demo_data(out_dir: str, seed: int = 0, n_code_train: int = 3000, n_
     code_train = [make_task(f, p, seed) for f, p in train_keys]
     code_eval = [make_task(f, p, seed) for f, p in eval_keys]
     code_rl = [make_task(f, p, seed) for f, p in rl_keys] or code_train
+    for t in code_train:  # what the teacher wrote; a pair whose chosen answer is wrong gets another rejected one
+        t["demo"] = teacher_answer(t, teacher_mistakes, seed)
+        if t["demo"] != t["solution"]:
+            t["rejected"] = _buggy(random.Random(f"{seed}:teacher-pair:{t['task_id']}"), t["demo"], t["tests"])
     safe_train, safe_sft, safe_eval = _safety_rows(seed, n_safety_train, n_safety_eval, n_safety_sft,
                                                         sft_refusals, sft_topics)
     rng = random.Random(f"{seed}:shuffle")
@@ -460,14 +492,14 @@ def generate_demo_data(out_dir: str, seed: int = 0, n_code_train: int = 3000, n_
                 "entry_point": t["entry_point"], "solution": t["solution"], "tests": t["tests"]}
 
     def pref_rows(tasks, safety):
-        rows = [{"prompt": _msg("user", t["prompt"]), "chosen": _msg("assistant", t["solution"]),
+        rows = [{"prompt": _msg("user", t["prompt"]), "chosen": _msg("assistant", t.get("demo", t["solution"])),
                  "rejected": _msg("assistant", t["rejected"]), "source": "code", "kind": "code"} for t in tasks]
         rows += [{"prompt": _msg("user", r["prompt"]), "chosen": _msg("assistant", r["chosen"]),
                   "rejected": _msg("assistant", r["rejected"]), "source": "safety", "kind": r["kind"]} for r in safety]
         rng.shuffle(rows)
         return rows
 
-    sft = [{"messages": _msg("user", t["prompt"]) + _msg("assistant", t["solution"])} for t in code_train]
+    sft = [{"messages": _msg("user", t["prompt"]) + _msg("assistant", t["demo"])} for t in code_train]
     sft += [{"messages": _msg("user", r["prompt"]) + _msg("assistant", r["chosen"])} for r in safe_sft]
     rng.shuffle(sft)
     paired = random.Random(f"{seed}:pairs").sample(code_train, n_code_pairs) if 0 < n_code_pairs < len(code_train) \
@@ -497,6 +529,7 @@ def generate_demo_data(out_dir: str, seed: int = 0, n_code_train: int = 3000, n_
     manifest = {"name": "posttrain-demo", "version": 1, "seed": seed, "counts": {
         "code_train": len(code_train), "code_eval": len(code_eval), "code_rl": len(rl_keys),
         "safety_train": len(safe_train), "safety_eval": len(safe_eval), "safety_rl": len(safety_rl),
+        "teacher_mistakes": sum(t["demo"] != t["solution"] for t in code_train),
         **{name: len(rows) for name, rows in files.items()}, "corpus.txt": len(corpus)},
         "code_families_train": dict(sorted(Counter(t["family"] for t in code_train).items())),
         "code_families_eval": dict(sorted(Counter(t["family"] for t in code_eval).items())),

@@ -28,6 +28,9 @@ class DemoDataConfig:
                                "(0: one per SFT task).")
     n_safety_rl: int = opt(0, "Labelled safety prompts (from the preference pairs) added to the RL prompts "
                               "(rl_prompts.jsonl), for the refusal reward.")
+    teacher_mistakes: float = opt(0.0, "Share of the demonstrations (SFT rows, chosen code answers) of the "
+                                       "families in trainer_lib.data.demo.TEACHER_MISTAKES that carry the "
+                                       "teacher's consistent mistake, which only the unit tests catch.")
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
 
     def validate(self) -> None:
@@ -39,7 +42,7 @@ class DemoDataConfig:
         for key in ("n_code_rl", "n_code_pairs", "n_safety_rl"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"{key}: expected >= 0, got {getattr(self, key)}")
-        for key in ("sft_refusals", "sft_topics"):
+        for key in ("sft_refusals", "sft_topics", "teacher_mistakes"):
             if not 0 <= getattr(self, key) <= 1:
                 raise ConfigError(f"{key}: expected a share between 0 and 1, got {getattr(self, key)}")
 
@@ -53,7 +56,8 @@ def run(cfg: DemoDataConfig) -> dict:
     kwargs = dict(seed=cfg.seed, n_code_train=cfg.n_code_train, n_code_eval=cfg.n_code_eval,
                   n_safety_train=cfg.n_safety_train, n_safety_eval=cfg.n_safety_eval, n_code_rl=cfg.n_code_rl,
                   n_code_pairs=cfg.n_code_pairs, n_safety_sft=cfg.n_safety_sft,
-                  sft_refusals=cfg.sft_refusals, sft_topics=cfg.sft_topics, n_safety_rl=cfg.n_safety_rl)
+                  sft_refusals=cfg.sft_refusals, sft_topics=cfg.sft_topics, n_safety_rl=cfg.n_safety_rl,
+                  teacher_mistakes=cfg.teacher_mistakes)
     if storage.is_remote(cfg.output_dir):
         with tempfile.TemporaryDirectory() as tmp:
             manifest = generate_demo_data(tmp, **kwargs)
