@@ -76,25 +76,27 @@ test-fast: setup
 
 # The embedded default: SFT, then DPO (and a reward model), then GRPO from the DPO model, one evaluation
 # of base/SFT/DPO/GRPO and a gated release, on a tiny model trained from scratch (settings measured,
-# see README "Results on the embedded default"). SFT's data is helpful-only: code tasks and benign
-# look-alikes of harmful requests, answered. DPO teaches the refusals from pairs over every topic, with
-# RPO's NLL term (rpo_alpha) at SFT's learning rate: at 1e-4, or without the NLL term, the tiny model never
-# learned to start a refusal; 500 code pairs beside the safety pairs keep (and lift) the task pass rate,
-# 50 lost most of it. The tiny model needs ~900 SFT steps before it solves held-out tasks at all;
-# GRPO trains on 600 code tasks of its own (n_code_rl: never in SFT, drawn like the held-out ones).
-# GRPO's reward is code execution alone (reward.weights: code_execution 1, reward model 0): with
-# weight 1 on the tiny reward model, GRPO raised its reward-model score and dropped to 4% task pass.
-# KL beta 0.2: with 0.04, GRPO from DPO drifted from over-refusal 0.00 to 0.18 (seed 0); 0.2 gave 0.10.
-# Tried, not adopted (2026-12-01): the refusal reward on 100 labelled safety prompts (n_safety_rl=100,
-# reward_functions code_execution,refusal) ended seed 0 at 0.640 / harmless 0.78 / over-refusal 0.00
-# from the stage CLIs, but its make demo run took 12.5 min (its INT8 parity miss, 0.877, was the CPU's
-# int8 saturation, since fixed); GRPO lr 3e-4 did worse than 1e-4 on seeds 0 and 1 (0.600, 0.473).
+# see README "Results on the embedded default"). What each stage has to add (trainer_lib/data/demo.py):
+# - SFT's code demonstrations come from a "teacher" with consistent mistakes on six task families
+#   (teacher_mistakes=0.7 of their demonstrations: dropped parentheses, >= for "greater than", no abs());
+#   SFT imitates them. The preference pairs come from the same teacher, so DPO cannot fix them either.
+# - GRPO's code_execution reward runs the unit tests, which catch the mistakes: it trains on 200 code tasks of
+#   its own (n_code_rl: never in SFT, drawn family by family like the held-out ones; 600 were two thirds
+#   `pick` and `shift`, which left the other families without RL signal), reward model weight 0 (with weight
+#   1 on the tiny reward model GRPO raised its score and dropped to 4% task pass). The held-out reward stops
+#   rising by step 100 (eval reward at steps 50/100/150 on seeds 0-2), so 100 steps.
+# - SFT's safety rows are helpful-only: 200 benign look-alikes of harmful requests ("kill a Python process"),
+#   answered, over every benign topic (sft_topics=1; with a third of them DPO over-refused 0.08 of the held-out
+#   benign prompts, with all 0.00-0.02). DPO teaches the refusals from pairs over every topic, with RPO's NLL
+#   term (rpo_alpha) at SFT's learning rate: at 1e-4, or without the NLL term, the tiny model never learned
+#   to start a refusal; 500 code pairs beside the safety pairs keep the task pass rate.
+# KL beta 0.2: with 0.04, GRPO from DPO drifted to over-refusal 0.18 (seed 0, an earlier design).
 DEMO_PARAMS ?= sft_max_steps=900 sft_lr=1e-3 dpo_max_steps=400 dpo_lr=1e-3 reward_max_steps=150 \
-	rl_max_steps=150 rl_lr=1e-4 rollout_n=16 max_new_tokens=48 batch_size=8 max_length=256 humaneval_limit=5 \
+	rl_max_steps=100 rl_lr=1e-4 rollout_n=16 max_new_tokens=48 batch_size=8 max_length=256 humaneval_limit=5 \
 	'rl_overrides=["prompts_per_step=8","rollout.temperature=0.6","batch_size=32","mini_batch_size=64","lr_scheduler=constant","beta=0.2","reward.weights=[1.0,0.0]"]' \
 	'evaluate_overrides=["tasks.limit=150","safety.limit=100"]' \
 	'dpo_overrides=["rpo_alpha=1.0"]' \
-	'demo_overrides=["n_code_train=2000","n_code_rl=600","n_code_pairs=500"]'
+	'demo_overrides=["n_code_train=2000","n_code_rl=200","n_code_pairs=500","teacher_mistakes=0.7","sft_topics=1.0","n_safety_sft=200"]'
 
 SEED ?= 0
 DEMO_PROMPT ?= Define a Python function `floor_at_two(x)` that returns the larger of x and 2.
