@@ -18,7 +18,9 @@ Split rule: a code task's key is ``task_id = family:params``. Held-out tasks are
 drawn (by seed) from families with >= 20 keys, at most 15% per family, so every held-out
 task is an unseen combination of a family and constants that both occur in training. RL
 tasks (``n_code_rl``) are drawn the same way from what is left: new to SFT, from the
-held-out tasks' distribution, never held-out tasks themselves.
+held-out tasks' distribution, never held-out tasks themselves. With ``teacher_mistakes`` the SFT
+demonstrations (and chosen code answers) of the TEACHER_MISTAKES families carry a consistent
+mistake that only the unit tests catch: what RL with an execution reward has to add.
 Held-out safety prompts are phrasing x topic combinations never trained on (each topic keeps
 three of its twelve phrasings for evaluation); SFT's safety rows are helpful-only by default
 (``sft_refusals``), the preference pairs cover every topic. Reference solutions were only ever produced by this module and are exec'd here
