@@ -228,7 +228,7 @@ def test_cli(tmp_path):
 
 
 def test_teacher_mistakes_every_family_rule_applies_and_a_test_can_catch_it():
-    for name, (pattern, _, _) in demo.TEACHER_MISTAKES.items():
+    for name in demo.TEACHER_MISTAKES:
         fam = next(f for f in demo.FAMILIES if f.name == name)
         caught = 0
         for params in fam.params[:: max(1, len(fam.params) // 10)]:
@@ -244,7 +244,6 @@ def test_teacher_mistakes_every_family_rule_applies_and_a_test_can_catch_it():
 def test_teacher_mistakes_share_and_where_they_go(tmp_path):
     d = str(tmp_path / "teacher")
     m = generate_demo_data(d, seed=0, **SMALL, n_code_rl=30, teacher_mistakes=0.7)
-    tasks = {r["prompt"][0]["content"]: r for r in _read(d, "code_tasks.jsonl") + _read(d, "code_tasks_eval.jsonl")}
     sft = [r["messages"] for r in _read(d, "sft.jsonl")]
     # SFT tasks are not in code_tasks.jsonl (n_code_rl): rebuild the split to know each SFT task's reference
     train, _, _ = demo.split_code_keys(0, SMALL["n_code_train"], SMALL["n_code_eval"], 30)
@@ -260,5 +259,5 @@ def test_teacher_mistakes_share_and_where_they_go(tmp_path):
             p = r["prompt"][0]["content"]
             assert r["chosen"][0]["content"] == demos[p] != r["rejected"][0]["content"]
             assert not _passes(r["rejected"][0]["content"], reference[p]["tests"])
-    for t in tasks.values():  # RL and held-out tasks keep the reference solution their tests check
+    for t in _read(d, "code_tasks.jsonl") + _read(d, "code_tasks_eval.jsonl"):  # RL and held-out: references
         assert _passes(t["solution"], t["tests"])
