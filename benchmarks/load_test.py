@@ -77,8 +77,8 @@ def serve_export(export_dir: str, variant: str, model: str, workdir: str):
     """Publish ``export_dir`` as version 1 of ``model`` in a repository under ``workdir``; a started server."""
     from trainer_lib.config import load_config
     from trainer_lib.serving.server import TritonServer
-    from trainer_lib.stage_api import nest
-    from trainer_lib.stages import deploy
+    from trainer_lib.config.layers import nest
+    from trainer_lib.stages.lifecycle import deploy
 
     repository = os.path.join(workdir, "repository")
     deploy.run(load_config(deploy.CONFIG, None, nest({"export.path": export_dir, "repository": repository,

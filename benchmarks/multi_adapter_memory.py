@@ -44,7 +44,7 @@ def build_models(root: str, layers: int, hidden: int, intermediate: int, seed: i
 
     from trainer_lib.config import LoraConfig
     from trainer_lib.models.heads import STATS_FILE, apply_reward_lora
-    from trainer_lib.models.tiny import build_tiny_llama, train_tokenizer
+    from trainer_lib.demo.tiny_model import build_tiny_llama, train_tokenizer
 
     rng = random.Random(seed)
     texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 24))) for _ in range(2000)]

@@ -70,7 +70,7 @@ def write_rows(path: str, count: int, seed: int, **kwargs) -> None:
 
 
 def make_tokenizer(directory: str) -> str:
-    from trainer_lib.models.tiny import train_tokenizer
+    from trainer_lib.demo.tiny_model import train_tokenizer
 
     rng = random.Random(0)
     tok = train_tokenizer((sentence(rng, 5, 30) for _ in range(20000)), vocab_size=2048)

@@ -46,7 +46,7 @@ def main(spec_path: str, out_path: str) -> int:
     probe.install()
 
     from trainer_lib import cli
-    from trainer_lib.cadence import Cadence
+    from trainer_lib.loop.cadence import Cadence
 
     after_step = Cadence.after_step
 

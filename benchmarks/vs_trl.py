@@ -84,7 +84,7 @@ def make_rows(algo: str, count: int, seed: int) -> list[dict]:
 
 def build_workload(args, workdir: str) -> dict:
     """Save the model, tokenizer and data under ``workdir``; return the spec both children read."""
-    from trainer_lib.models.tiny import build_tiny_llama, train_tokenizer
+    from trainer_lib.demo.tiny_model import build_tiny_llama, train_tokenizer
 
     size = SIZES[args.size]
     max_length = args.max_length or size["max_length"]

@@ -128,7 +128,7 @@ def run_on_nodes(stage: str, cfg, nodes: int, per_node: int, root: str) -> dict:
     import json
 
     from trainer_lib import storage
-    from trainer_lib.checkpoint import stable_checkpoint_dir
+    from trainer_lib.engine.checkpoint import stable_checkpoint_dir
     from trainer_lib.cluster.trainjob import launch_stage, object_store_env
     from trainer_lib.config import to_dict
     from trainer_lib.errors import UserError

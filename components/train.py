@@ -59,7 +59,7 @@ def train(
     """
     from components.common import (last_logged, log_summary, remote_location, run_in_processes, run_on_nodes,
                                    source_of, store_prefix, training_layers)
-    from trainer_lib.checkpoint import stable_checkpoint_dir
+    from trainer_lib.engine.checkpoint import stable_checkpoint_dir
     from trainer_lib.stage_api import run_config, stage_config
 
     if stage not in ("sft", "reward", "dpo", "ppo", "grpo"):

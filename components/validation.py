@@ -107,7 +107,7 @@ def check_spec(spec: dict, params: dict) -> int:
     """Build every stage config the pipeline ``spec`` (IR dict) would run with ``params`` (its defaults
     filled in); raises :class:`ValidationError` naming the task, stage and key. Returns how many
     configs were checked."""
-    from trainer_lib.config import ConfigError
+    from trainer_lib.errors import ConfigError
     from trainer_lib.stage_api import stage_config
 
     spec = spec.get("pipeline_spec", spec)  # the API's {pipeline_spec, platform_spec} form

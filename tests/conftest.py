@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+#: The repository root (tests in sub-folders find the examples, the README and the test data from here).
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -109,7 +112,7 @@ def chat_jsonl(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> str:
     """A 2-layer Llama with a BPE tokenizer trained on the test corpus, in HF format."""
-    from trainer_lib.models.tiny import make_tiny_model
+    from trainer_lib.demo.tiny_model import make_tiny_model
 
     texts = [q + " " + a for q, a in CHAT_ROWS] * 20
     out = tmp_path_factory.mktemp("models") / "tiny"
@@ -119,7 +122,7 @@ def tiny_model_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory) -> str:
     """The bundled demo datasets at small sizes."""
-    from trainer_lib.data.demo import generate_demo_data
+    from trainer_lib.demo.generator import generate_demo_data
 
     out = tmp_path_factory.mktemp("demo")
     generate_demo_data(str(out), seed=0, n_code_train=200, n_code_eval=20, n_safety_train=60, n_safety_eval=20)

@@ -5,8 +5,9 @@ import os
 import pytest
 
 from trainer_lib.cli import main
-from trainer_lib.config import ConfigError, load_config
-from trainer_lib.stages.sft import SFTConfig
+from trainer_lib.config import load_config
+from trainer_lib.errors import ConfigError
+from trainer_lib.stages.training.sft import SFTConfig
 
 CANARY = "hf_posttrainCanaryToken0123456789abcdXYZ"
 

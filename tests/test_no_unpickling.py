@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AUDITED = ("trainer_lib", "components")
 
 #: "path:function" -> why it is safe. Empty: weights are read through safetensors, checkpoints
-#: through trainer_lib.strategy.weights_only_loads, tables through torch.load(weights_only=True).
+#: through trainer_lib.engine.strategy.weights_only_loads, tables through torch.load(weights_only=True).
 ALLOWED: dict[str, str] = {}
 
 #: (module, function) pairs that unpickle whatever they read.
@@ -132,7 +132,7 @@ def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(
         planted, tiny_model_dir, chat_jsonl, tmp_path, capsys):
     import torch
 
-    from tests.stages.rl_helpers import one_thread
+    from tests.stages.training.rl_helpers import one_thread
     from trainer_lib.cli import main
 
     out, marker = tmp_path / "run", tmp_path / "payload-ran"

@@ -5,8 +5,9 @@ import sys
 
 import pytest
 
-from trainer_lib.config import ConfigError
-from trainer_lib.stage_api import build_values, nest, run_stage
+from trainer_lib.errors import ConfigError
+from trainer_lib.config.layers import build_values, nest
+from trainer_lib.stage_api import run_stage
 
 
 def test_layers_apply_in_order_after_the_yaml():

@@ -6,7 +6,7 @@
 
 Stages come from the registry in :mod:`trainer_lib.stages` and are imported lazily, so
 ``posttrain --help`` needs no torch. Commands that belong to the layers above the library
-(``posttrain pipeline``) are handed in by the console entry point (:func:`pipelines.cli.posttrain`)
+(``posttrain pipeline``) are handed in by the console entry point (:func:`pipelines.commands.posttrain`)
 as ``extra_commands``; this module never imports them.
 """
 
@@ -20,7 +20,8 @@ import sys
 import textwrap
 from typing import Callable
 
-from trainer_lib.config import ConfigError, describe, load_config
+from trainer_lib.config import describe, load_config
+from trainer_lib.errors import ConfigError
 from trainer_lib.stages import STAGES, stage_module
 
 Command = tuple[str, Callable[[list[str]], int]]  # (one-line help, main(argv) -> exit code)
@@ -53,8 +54,8 @@ def run_command(command: Callable[[list[str]], int], argv: list[str]) -> int:
 
 #: Library commands that are not stages: name -> (help, main).
 COMMANDS: dict[str, Command] = {
-    "humaneval": ("Score a HumanEval completions file (pass@k) without a model.", _lazy("trainer_lib.eval.cli")),
-    "serve": ("Serve a Triton model repository with a local tritonserver.", _lazy("trainer_lib.serving.cli")),
+    "humaneval": ("Score a HumanEval completions file (pass@k) without a model.", _lazy("trainer_lib.eval.humaneval_cli")),
+    "serve": ("Serve a Triton model repository with a local tritonserver.", _lazy("trainer_lib.serving.serve_cli")),
 }
 
 
@@ -106,9 +107,9 @@ def stage_main(name: str, argv: list[str]) -> int:
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         return 0
     if args.nproc > 1 and "TORCHELASTIC_RUN_ID" not in os.environ:  # not yet inside torchrun
-        from trainer_lib.launch import launch_workers
+        from trainer_lib.engine.launch import launch_workers
 
-        from trainer_lib.config_aliases import ANNOUNCED_ENV
+        from trainer_lib.config.aliases import ANNOUNCED_ENV
 
         return launch_workers(args.nproc, ["-m", "trainer_lib.cli", name, *argv_without_nproc(argv)],
                               env={ANNOUNCED_ENV: "1"})

@@ -14,55 +14,12 @@ Nothing here imports kfp or torch.
 
 from __future__ import annotations
 
-import yaml
-
 from trainer_lib import storage
-from trainer_lib.config import ConfigError, load_config, merge, parse_overrides
-from trainer_lib.keys import section_for
+from trainer_lib.config import load_config
+from trainer_lib.config.layers import Layer, build_values
+from trainer_lib.errors import ConfigError
+from trainer_lib.loop.tracking import check_reporters
 from trainer_lib.stages import STAGES, stage_module
-from trainer_lib.tracking import check_reporters
-
-Layer = dict | str
-
-
-def nest(flat: dict) -> dict:
-    """``{"model.path": x, "lr": 1}`` -> ``{"model": {"path": x}, "lr": 1}``; values kept as they are."""
-    tree: dict = {}
-    for key, value in flat.items():
-        node, last = section_for(tree, str(key), f"{key}: conflicts with an earlier key")
-        if isinstance(value, dict):
-            value = nest(value)
-            if isinstance(node.get(last), dict):
-                value = merge(node[last], value)
-        node[last] = value
-    return tree
-
-
-def build_values(overrides: dict | list[Layer] | None, config_yaml: str = "") -> dict:
-    """The merged nested mapping: YAML text, then each override layer in order."""
-    values: dict = {}
-    if config_yaml and config_yaml.strip():
-        try:
-            loaded = yaml.safe_load(config_yaml)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config_yaml: invalid YAML: {exc}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError("config_yaml: expected a mapping at the top level")
-        values = loaded or {}
-    layers = [overrides] if isinstance(overrides, dict) else list(overrides or [])
-    strings: list[str] = []  # consecutive key=value strings are parsed together
-    for layer in [*layers, None]:
-        if isinstance(layer, str):
-            strings.append(layer)
-            continue
-        if strings:
-            values = merge(values, parse_overrides(strings))
-            strings = []
-        if isinstance(layer, dict):
-            values = merge(values, nest(layer))
-        elif layer is not None:
-            raise ConfigError(f"overrides: expected key=value strings or mappings, got {layer!r}")
-    return values
 
 
 def stage_config(name: str, overrides: dict | list[Layer] | None = None, config_yaml: str = ""):

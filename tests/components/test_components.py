@@ -21,7 +21,7 @@ HEAVY = ("torch", "transformers", "deepspeed", "datasets", "peft", "onnxruntime"
 
 def test_components_and_pipelines_import_without_heavy_modules():
     names = ", ".join(f"components.{c.python_func.__name__}" for c in COMPONENTS)
-    code = (f"import sys, {names}, pipelines.dag, pipelines.cli;"
+    code = (f"import sys, {names}, pipelines.dag, pipelines.commands;"
             f"print([m for m in {HEAVY!r} if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

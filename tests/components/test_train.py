@@ -9,7 +9,7 @@ from kfp import dsl
 
 from components.common import IMAGE, mark_source
 from components.train import train
-from tests.stages.rl_helpers import LENGTH_REWARD, one_thread, write_prompts
+from tests.stages.training.rl_helpers import LENGTH_REWARD, one_thread, write_prompts
 
 PAIRS = [{"prompt": f"Tell me about {w}:", "chosen": f" {w} is kind.", "rejected": f" {w} is rude."}
          for w in "apple river stone cloud lamp green table seven".split()]

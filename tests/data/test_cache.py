@@ -115,7 +115,7 @@ def test_only_local_rank_0_builds_the_other_ranks_wait(tmp_path, cache_dir):
 
 
 def test_tokenizer_fingerprint_sees_vocab_and_chat_template():
-    from trainer_lib.models.tiny import train_tokenizer
+    from trainer_lib.demo.tiny_model import train_tokenizer
 
     a = train_tokenizer(["one two three four"] * 4, vocab_size=300)
     b = train_tokenizer(["one two three four"] * 4, vocab_size=300)

@@ -15,7 +15,7 @@ from trainer_lib import cli
 from trainer_lib.config import DataConfig, load_config
 from trainer_lib.data.dataset import build_dataset
 from trainer_lib.errors import UserError
-from trainer_lib.stages.prepare import PrepareConfig
+from trainer_lib.stages.lifecycle.prepare import PrepareConfig
 
 CARD = """---
 configs:

@@ -5,12 +5,13 @@ import json
 import pytest
 
 from trainer_lib.cli import main
-from trainer_lib.config import ConfigError, load_config
+from trainer_lib.config import load_config
+from trainer_lib.errors import ConfigError
 from trainer_lib.data.dataset import build_dataset
 from trainer_lib.data.formats import detect_format
 from trainer_lib.data.llamafactory import converter
 from trainer_lib.errors import DataError
-from trainer_lib.stages.sft import SFTConfig
+from trainer_lib.stages.training.sft import SFTConfig
 
 from tests.conftest import CHAT_ROWS
 

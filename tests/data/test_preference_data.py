@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainer_lib.data.formats import normalize_row
-from trainer_lib.data.preference import (assign_kl_completions, average_logps, collate_pairs, collate_unpaired,
+from trainer_lib.data.preference_batches import (assign_kl_completions, average_logps, collate_pairs, collate_unpaired,
                                          completion_text, sequence_logps, split_halves, token_fingerprint,
                                          tokenize_pair, tokenize_unpaired, unpair)
 from trainer_lib.data.tokenize import render_prompt
@@ -14,7 +14,7 @@ from trainer_lib.data.tokenize import render_prompt
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from trainer_lib.models.tiny import train_tokenizer
+    from trainer_lib.demo.tiny_model import train_tokenizer
 
     return train_tokenizer(["What is two plus two? Four. Five. The answer is four, not five."] * 4, vocab_size=300)
 

@@ -7,7 +7,7 @@ import logging
 import pytest
 
 from trainer_lib import cli
-from trainer_lib.data.preference import tokenize_pair
+from trainer_lib.data.preference_batches import tokenize_pair
 from trainer_lib.data.tokenize import is_trainable, tokenize_sft
 from trainer_lib.data.tokenized import tokenize_split
 
@@ -20,7 +20,7 @@ def cache_dir(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from trainer_lib.models.tiny import train_tokenizer
+    from trainer_lib.demo.tiny_model import train_tokenizer
 
     return train_tokenizer(["What is two plus two? Four. Five. Name a color. Blue. Say hello."] * 4, vocab_size=300)
 
@@ -60,7 +60,7 @@ def test_workers_give_the_examples_of_row_by_row_tokenization(tokenizer):
 def test_second_tokenization_is_a_cache_hit_and_any_change_misses(tokenizer, cache_dir, caplog):
     import datasets
 
-    from trainer_lib.models.tiny import train_tokenizer
+    from trainer_lib.demo.tiny_model import train_tokenizer
 
     caplog.set_level(logging.INFO, logger="trainer_lib.data.cache")
     ds = datasets.Dataset.from_list(chat_rows(12))

@@ -2,9 +2,10 @@
 
 import pytest
 
-from trainer_lib.config import ConfigError, load_config
+from trainer_lib.config import load_config
+from trainer_lib.errors import ConfigError
 from trainer_lib.eval.gate import Rule, check_rule, evaluate_gate, parse_rule, parse_rules
-from trainer_lib.stages.evaluate import EvaluateConfig, computed_metrics
+from trainer_lib.stages.lifecycle.evaluate import EvaluateConfig, computed_metrics
 
 METRICS = ["task_pass_rate", "humaneval_pass@1", "harmless_rate", "over_refusal_rate"]
 

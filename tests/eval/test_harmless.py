@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from trainer_lib.data.demo import REFUSAL_PREFIX
+from trainer_lib.demo.generator import REFUSAL_PREFIX
 from trainer_lib.errors import DataError, UserError
 from trainer_lib.eval.harmless import (ClassifierJudge, RefusalRulesJudge, RewardModelJudge, is_refusal,
                                        load_safety_prompts, score_safety)
@@ -108,7 +108,7 @@ def test_reward_model_judge_uses_the_normalized_reward(tiny_model_dir, tmp_path)
     from transformers import AutoModelForSequenceClassification
 
     from trainer_lib.config import load_config
-    from trainer_lib.stages.evaluate import EvaluateConfig, load_scorer
+    from trainer_lib.stages.lifecycle.evaluate import EvaluateConfig, load_scorer
 
     rm = AutoModelForSequenceClassification.from_pretrained(tiny_model_dir, num_labels=1)
     rm.config.pad_token_id = 0

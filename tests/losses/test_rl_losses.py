@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from trainer_lib.losses import gae_advantages, grpo_advantages, kl_penalty, rloo_advantages
-from trainer_lib.losses.rl import (KLController, clipped_surrogate, constant_normalized_sum,
+from trainer_lib.losses import (KLController, clipped_surrogate, constant_normalized_sum,
                                    explained_variance, masked_mean, masked_whiten, ppo_policy_loss,
                                    ppo_value_loss, sequence_mean)
 

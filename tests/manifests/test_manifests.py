@@ -99,7 +99,7 @@ def test_trainjob_runs_posttrain_sft_with_the_shared_credentials():
 
 def test_trainjob_arguments_are_valid_sft_config():
     from trainer_lib.config import load_config
-    from trainer_lib.stages.sft import CONFIG
+    from trainer_lib.stages.training.sft import CONFIG
 
     (job,) = docs("trainjob-sft.yaml")
     cfg = load_config(CONFIG, None, [a for a in job["spec"]["trainer"]["command"] if "=" in a])

@@ -7,10 +7,11 @@ import shutil
 import pytest
 
 from trainer_lib.cli import main
-from trainer_lib.config import ConfigError, ModelConfig, load_config
+from trainer_lib.config import ModelConfig, load_config
+from trainer_lib.errors import ConfigError
 from trainer_lib.errors import UserError
 from trainer_lib.models.load import load_tokenizer
-from trainer_lib.stages.sft import SFTConfig
+from trainer_lib.stages.training.sft import SFTConfig
 
 CHAT = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi!"}]
 

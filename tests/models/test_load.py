@@ -26,7 +26,7 @@ for revision in sys.argv[1:]:
 @pytest.fixture(scope="module")
 def hub_cache(tmp_path_factory):
     """A Hugging Face hub cache holding two commits of ``org/tiny``: main (1 layer), tag v2 (2 layers)."""
-    from trainer_lib.models.tiny import make_tiny_model
+    from trainer_lib.demo.tiny_model import make_tiny_model
 
     root = tmp_path_factory.mktemp("hub")
     repo = root / "models--org--tiny"

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-from tests.stages.rl_helpers import LENGTH_REWARD, write_reward_adapter
-from trainer_lib.config import ConfigError, load_config
+from tests.stages.training.rl_helpers import LENGTH_REWARD, write_reward_adapter
+from trainer_lib.config import load_config
+from trainer_lib.errors import ConfigError
 
 
 @pytest.fixture(scope="module")
@@ -13,7 +14,7 @@ def reward_adapter(tiny_model_dir, tmp_path_factory):
 
 
 def _config(tiny_model_dir, *extra):
-    from trainer_lib.stages.ppo import PPOConfig
+    from trainer_lib.stages.training.ppo import PPOConfig
 
     return load_config(PPOConfig, None, [f"model.path={tiny_model_dir}", "data.path=unused.jsonl", "output_dir=/tmp/x",
                                          f"reward.functions={LENGTH_REWARD}", *extra])
@@ -22,7 +23,7 @@ def _config(tiny_model_dir, *extra):
 def _shared(tiny_model_dir, reward_adapter, with_value=True):
     from trainer_lib.config import EngineConfig
     from trainer_lib.models import multi_adapter
-    from trainer_lib.strategy import DeepSpeedStrategy
+    from trainer_lib.engine.strategy import DeepSpeedStrategy
 
     cfg = _config(tiny_model_dir, "lora.r=4", "multi_adapter=true", f"reward.model_path={reward_adapter}")
     return multi_adapter.build(cfg, DeepSpeedStrategy(EngineConfig(), 1), with_value=with_value)
@@ -62,7 +63,7 @@ def test_roles_match_their_separate_models(tiny_model_dir, reward_adapter):
 
 def test_value_starts_from_the_reward_model_and_groups_split_the_learning_rates(tiny_model_dir, reward_adapter):
     from trainer_lib.models.multi_adapter import param_group
-    from trainer_lib.rollout import Rollout
+    from trainer_lib.rl.rollout import Rollout
 
     shared = _shared(tiny_model_dir, reward_adapter)
     assert torch.equal(shared.model.value_head.weight, shared.model.reward_head.weight)

@@ -18,7 +18,7 @@ def llama_50m(tiny_model_dir, tmp_path_factory) -> tuple[str, int]:
     """A 12-layer, 512-wide Llama (about 50M parameters) built from a config, with the test tokenizer."""
     from transformers import AutoTokenizer
 
-    from trainer_lib.models.tiny import build_tiny_llama
+    from trainer_lib.demo.tiny_model import build_tiny_llama
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = build_tiny_llama(tokenizer, num_layers=12, hidden_size=512, num_heads=8, num_kv_heads=8,

@@ -10,7 +10,7 @@ import yaml
 
 from components.common import IMAGE
 from pipelines import settings
-from pipelines.cli import COMPILED_DIR, compile_all
+from pipelines.commands import COMPILED_DIR, compile_all
 from pipelines.dag import PIPELINES
 
 HEAVY = ("torch", "transformers", "deepspeed", "datasets", "peft")
@@ -35,7 +35,7 @@ def test_compiled_ir_matches_the_committed_files(compiled):
 
 def test_compiling_is_deterministic_and_imports_no_heavy_modules(compiled, tmp_path):
     # another process, another hash seed: same bytes; and that process never imported torch
-    code = ("import sys; from pipelines.cli import compile_all; compile_all(sys.argv[1]);"
+    code = ("import sys; from pipelines.commands import compile_all; compile_all(sys.argv[1]);"
             f"print([m for m in {HEAVY!r} if m in sys.modules])")
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,

@@ -6,7 +6,7 @@ import tempfile
 
 import pytest
 
-from pipelines.cli import posttrain
+from pipelines.commands import posttrain
 
 SMALL = ['demo_overrides=["n_code_train=80", "n_code_eval=8", "n_safety_train=24", "n_safety_sft=24", '
          '"n_safety_eval=8"]',

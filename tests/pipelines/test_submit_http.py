@@ -15,7 +15,7 @@ import kfp
 import pytest
 import yaml
 
-from pipelines.cli import posttrain
+from pipelines.commands import posttrain
 from tests.http_helpers import serving
 
 API = "/apis/v2beta1"

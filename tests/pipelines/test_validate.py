@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from pipelines.cli import posttrain
+from pipelines.commands import posttrain
 from pipelines.dag import PIPELINES
 from pipelines.validate import ValidationError, validate
 

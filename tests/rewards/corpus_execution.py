@@ -1,4 +1,4 @@
-"""A reward source for tests/test_sandbox_grpo.py: the library's ``code_execution`` reward, scoring
+"""A reward source for tests/sandbox/test_sandbox_grpo.py: the library's ``code_execution`` reward, scoring
 for each prompt the hostile corpus program of its ``program`` column (first completion of a group)
 and an honest solution (second completion) in place of what the tiny policy wrote.
 

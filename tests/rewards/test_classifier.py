@@ -83,7 +83,7 @@ def test_the_judge_uses_the_labels_probability(classifier):
 
 
 def test_grpo_with_a_classifier_reward(classifier, tiny_model_dir, tmp_path):
-    from tests.stages.rl_helpers import one_thread, write_prompts
+    from tests.stages.training.rl_helpers import one_thread, write_prompts
     from trainer_lib.cli import main
 
     prompts = write_prompts(tmp_path / "prompts.jsonl")

@@ -207,7 +207,7 @@ def test_reward_model_scores_are_normalized_with_the_stored_statistics(tiny_mode
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from trainer_lib.config import ModelConfig
-    from trainer_lib.data.preference import encode_completion, encode_prompt
+    from trainer_lib.data.preference_batches import encode_completion, encode_prompt
     from trainer_lib.models.heads import STATS_FILE
     from trainer_lib.rewards.model import load_reward_scorer
 

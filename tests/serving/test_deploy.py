@@ -19,8 +19,8 @@ from trainer_lib.config import load_config
 from trainer_lib.errors import UserError
 from trainer_lib.serving import repository as repo
 from trainer_lib.serving.client import connected, generate
-from trainer_lib.stage_api import nest
-from trainer_lib.stages import deploy
+from trainer_lib.config.layers import nest
+from trainer_lib.stages.lifecycle import deploy
 
 MODEL = "chat"
 PROMPT = "What is two plus two?"

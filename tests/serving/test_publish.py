@@ -6,8 +6,8 @@ import os
 
 from trainer_lib.config import load_config
 from trainer_lib.serving import repository as repo
-from trainer_lib.stage_api import nest
-from trainer_lib.stages import deploy
+from trainer_lib.config.layers import nest
+from trainer_lib.stages.lifecycle import deploy
 
 
 def test_publish_only_writes_both_models_and_keeps_the_last_versions(export_dir, tmp_path):

@@ -9,7 +9,8 @@ import sys
 import pytest
 
 from tests.serving.helpers import torch_greedy
-from trainer_lib.config import ConfigError, load_config
+from trainer_lib.config import load_config
+from trainer_lib.errors import ConfigError
 from trainer_lib.errors import UserError
 from trainer_lib.serving import repository as repo
 
@@ -129,7 +130,7 @@ def test_missing_export_files_name_the_path(tmp_path):
     ({"export": {"path": "e"}, "repository": "r", "tensorrt_fp16": True}, "tensorrt_fp16"),
 ])
 def test_deploy_config_errors_name_the_key(override, key):
-    from trainer_lib.stages import deploy
+    from trainer_lib.stages.lifecycle import deploy
 
     with pytest.raises(ConfigError, match=f"^{key}:"):
         load_config(deploy.CONFIG, None, override)

@@ -11,8 +11,8 @@ import pytest
 
 from tests.conftest import clean_env
 from trainer_lib.config import load_config
-from trainer_lib.stage_api import nest
-from trainer_lib.stages import deploy
+from trainer_lib.config.layers import nest
+from trainer_lib.stages.lifecycle import deploy
 
 SERVE = "import sys; from trainer_lib.cli import main; sys.exit(main(['serve', *sys.argv[1:]]))"
 

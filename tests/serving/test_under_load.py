@@ -12,8 +12,8 @@ from benchmarks.load_test import PROMPTS, request, run_load
 from tests.serving.helpers import start_server
 from trainer_lib.config import load_config
 from trainer_lib.errors import UserError
-from trainer_lib.stage_api import nest
-from trainer_lib.stages import deploy
+from trainer_lib.config.layers import nest
+from trainer_lib.stages.lifecycle import deploy
 
 
 def _deploy(**values) -> dict:

@@ -3,7 +3,7 @@
 A KFP task is one pod. A stage that needs several nodes is started from that pod as a ``TrainJob``
 (``trainer.kubeflow.org/v1alpha1``, fields as in Trainer v2.2/v2.3), which the Trainer turns into
 ``numNodes`` pods running ``posttrain <stage> --nproc N key=value ...``; its ``torch-distributed``
-runtime sets the ``PET_*`` variables torchrun reads (:mod:`trainer_lib.launch`).
+runtime sets the ``PET_*`` variables torchrun reads (:mod:`trainer_lib.engine.launch`).
 
     result = launch_stage("sft", [typed, overrides], run_id=..., task="sft", image=IMAGE,
                           output_dir="s3://b/runs/42/sft", checkpoint_dir="s3://b/ckpt/42/sft",
@@ -113,7 +113,8 @@ def stage_args(stage: str, overrides: dict | list | None, output_dir: str, check
     """The stage's config (``run_stage`` layers, then the two locations) as ``key=value`` arguments,
     validated here first; a local path anywhere a node would read or write is refused."""
     from trainer_lib import storage
-    from trainer_lib.stage_api import build_values, stage_config
+    from trainer_lib.config.layers import build_values
+    from trainer_lib.stage_api import stage_config
 
     for key, value in (("output_dir", output_dir), ("checkpoint_dir", checkpoint_dir)):
         if not storage.is_shared(value):

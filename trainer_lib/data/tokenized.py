@@ -10,9 +10,9 @@ Kinds (the function, and the columns it makes):
 
 * ``sft``: :func:`trainer_lib.data.tokenize.tokenize_sft_batch`: ``input_ids``, ``labels``,
   ``length`` (rows with nothing to learn are dropped);
-* ``pairs``: :func:`trainer_lib.data.preference.tokenize_pairs_batch`: ``prompt_ids``,
+* ``pairs``: :func:`trainer_lib.data.preference_batches.tokenize_pairs_batch`: ``prompt_ids``,
   ``chosen_ids``, ``rejected_ids`` (and ``margin`` when the data has one);
-* ``unpaired``: :func:`trainer_lib.data.preference.tokenize_unpaired_batch`: ``prompt_ids``,
+* ``unpaired``: :func:`trainer_lib.data.preference_batches.tokenize_unpaired_batch`: ``prompt_ids``,
   ``completion_ids``, ``label``.
 """
 
@@ -31,8 +31,8 @@ log = logging.getLogger(__name__)
 #: kind -> (module, function name) of the batched tokenization.
 KINDS = {
     "sft": ("trainer_lib.data.tokenize", "tokenize_sft_batch"),
-    "pairs": ("trainer_lib.data.preference", "tokenize_pairs_batch"),
-    "unpaired": ("trainer_lib.data.preference", "tokenize_unpaired_batch"),
+    "pairs": ("trainer_lib.data.preference_batches", "tokenize_pairs_batch"),
+    "unpaired": ("trainer_lib.data.preference_batches", "tokenize_unpaired_batch"),
 }
 
 

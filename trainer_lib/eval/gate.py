@@ -15,7 +15,7 @@ import operator
 import re
 from dataclasses import dataclass
 
-from trainer_lib.config import ConfigError
+from trainer_lib.errors import ConfigError
 
 OPS = {">=": operator.ge, "<=": operator.le, ">": operator.gt, "<": operator.lt}
 _UNSIGNED = r"(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?"

@@ -7,5 +7,5 @@
 * :mod:`trainer_lib.export.parity`: ONNX vs PyTorch logits, top-1 agreement, greedy exact match,
   file sizes and decode latency.
 
-Nothing heavy is imported here; the ``posttrain export`` stage is :mod:`trainer_lib.stages.export`.
+Nothing heavy is imported here; the ``posttrain export`` stage is :mod:`trainer_lib.stages.lifecycle.export`.
 """

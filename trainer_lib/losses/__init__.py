@@ -1,19 +1,54 @@
 """Loss functions: pure math over tensors, each citing its paper equation (imports only torch).
 
-Importing this package imports torch (the losses are torch functions) but nothing heavier.
+* :mod:`~trainer_lib.losses.preference`: reward-model and DPO-family losses (DPO, cDPO, IPO, hinge,
+  robust DPO, SimPO, KTO, RPO).
+* :mod:`~trainer_lib.losses.advantages`: masked statistics and advantage estimators (GAE, GRPO, RLOO).
+* :mod:`~trainer_lib.losses.policy_gradient`: KL estimators and control, clipped policy and value
+  losses, token-loss averaging.
+
+Every public function is importable from the package itself. Importing it imports torch, nothing heavier.
 """
 
-from trainer_lib.losses.preference import (dpo_sigmoid_loss, hinge_loss, ipo_loss, kto_loss,
-                                           kto_reference_point, pairwise_reward_loss,
-                                           reward_centering_penalty, robust_dpo_loss, rpo_nll_term, simpo_loss)
+from trainer_lib.losses.advantages import (
+    explained_variance,
+    gae_advantages,
+    grpo_advantages,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    rloo_advantages,
+    whiten,
+)
+from trainer_lib.losses.policy_gradient import (
+    KLController,
+    clipped_surrogate,
+    constant_normalized_sum,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    kl_penalty,
+    ppo_policy_loss,
+    ppo_value_loss,
+    sequence_mean,
+)
+from trainer_lib.losses.preference import (
+    dpo_sigmoid_loss,
+    hinge_loss,
+    ipo_loss,
+    kto_loss,
+    kto_reference_point,
+    pairwise_reward_loss,
+    reward_centering_penalty,
+    robust_dpo_loss,
+    rpo_nll_term,
+    simpo_loss,
+)
 
-__all__ = ["dpo_sigmoid_loss", "hinge_loss", "ipo_loss", "kto_loss", "kto_reference_point",
-           "pairwise_reward_loss", "reward_centering_penalty", "robust_dpo_loss", "rpo_nll_term", "simpo_loss"]
-from trainer_lib.losses.rl import (KLController, clipped_surrogate, constant_normalized_sum,  # noqa: E402
-                                   explained_variance, gae_advantages, grpo_advantages, kl_penalty,
-                                   masked_mean, masked_whiten, ppo_policy_loss, ppo_value_loss,
-                                   rloo_advantages, sequence_mean, whiten)
-
-__all__ += ["KLController", "clipped_surrogate", "constant_normalized_sum", "explained_variance",
-            "gae_advantages", "grpo_advantages", "kl_penalty", "masked_mean", "masked_whiten",
-            "ppo_policy_loss", "ppo_value_loss", "rloo_advantages", "sequence_mean", "whiten"]
+__all__ = [
+    "KLController", "clipped_surrogate", "constant_normalized_sum", "dpo_sigmoid_loss", "explained_variance",
+    "gae_advantages", "grpo_advantages", "hinge_loss", "ipo_loss", "kl_k1", "kl_k2", "kl_k3", "kl_penalty",
+    "kto_loss", "kto_reference_point", "masked_mean", "masked_sum", "masked_var", "masked_whiten",
+    "pairwise_reward_loss", "ppo_policy_loss", "ppo_value_loss", "reward_centering_penalty", "rloo_advantages",
+    "robust_dpo_loss", "rpo_nll_term", "sequence_mean", "simpo_loss", "whiten",
+]

@@ -81,7 +81,7 @@ class SharedBase:
 
     def reference(self):
         """The reference policy (the base, adapters off) in the call shape of a causal LM, for
-        :func:`trainer_lib.rollout.token_logprobs`."""
+        :func:`trainer_lib.rl.rollout.token_logprobs`."""
         return _View(self, self.disabled, lambda shared, **inputs: shared.model(**inputs))
 
     def hidden_states(self, inputs: dict):
@@ -181,7 +181,7 @@ def build(cfg, strategy, with_value: bool) -> SharedBase:
     adapter when ``reward.model_path`` is one, plus (``with_value``) the trainable "value" adapter
     and head: from ``critic.path`` or the reward adapter when either is a LoRA of the base
     (as the separate critic starts from the reward model), else new."""
-    from trainer_lib.config import ConfigError
+    from trainer_lib.errors import ConfigError
     from trainer_lib.models.load import apply_lora, load_causal_lm
 
     if strategy.zero_stage == 3:  # also when set by engine.deepspeed_config, which validate() does not read

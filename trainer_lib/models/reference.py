@@ -9,7 +9,7 @@
   (:func:`precomputed_reference`) and cached under a fingerprint of the reference model and every
   token id, so a retried or resumed run loads it instead of recomputing.
 
-Batches are laid out by :mod:`trainer_lib.data.preference` (``2B`` rows, two halves).
+Batches are laid out by :mod:`trainer_lib.data.preference_batches` (``2B`` rows, two halves).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class SequenceLogps:
 
 def forward_logps(model, batch: dict, device) -> SequenceLogps:
     """ONE forward pass over all ``2B`` rows of a batch -> per-sequence log-probs of each half."""
-    from trainer_lib.data.preference import model_inputs, sequence_logps, split_halves
+    from trainer_lib.data.preference_batches import model_inputs, sequence_logps, split_halves
 
     logits = model(**model_inputs(batch, device), use_cache=False).logits
     summed, counts = sequence_logps(logits, batch["input_ids"], batch["completion_mask"],
@@ -116,7 +116,7 @@ def precomputed_reference(sets: dict, strategy, make_live: Callable, directory: 
     """
     import torch
 
-    from trainer_lib.data.preference import token_fingerprint
+    from trainer_lib.data.preference_batches import token_fingerprint
 
     fingerprint = token_fingerprint([ex for s in sets.values() for ex in s.examples], *identity,
                                     *(f"{name}:{len(s.examples)}" for name, s in sets.items()))

@@ -246,9 +246,9 @@ def execution_pass_rate(model_dir: str, tasks_path: str, *, max_new_tokens: int 
     import json
 
     from trainer_lib.config import ModelConfig
-    from trainer_lib.data.preference import encode_prompt
+    from trainer_lib.data.preference_batches import encode_prompt
     from trainer_lib.models.load import load_causal_lm, load_tokenizer
-    from trainer_lib.rollout import generate
+    from trainer_lib.rl.rollout import generate
 
     with open(os.path.expanduser(tasks_path), encoding="utf-8") as fh:
         tasks = [json.loads(line) for line in fh if line.strip()]

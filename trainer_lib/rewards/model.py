@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer_lib.data.preference import encode_completion, encode_prompt
+from trainer_lib.data.preference_batches import encode_completion, encode_prompt
 
 
 class RewardModelScorer:

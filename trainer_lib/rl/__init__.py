@@ -1,9 +1,9 @@
 """What the online RL stages (``ppo``, ``grpo``) share; each stage's loop stays in its own file.
 
-* :mod:`trainer_lib.rl.config`: the RL config sections and keys, their validation, and the
+* :mod:`trainer_lib.config.rl`: the RL config sections and keys, their validation, and the
   engine settings derived from them (gradient accumulation from the mini-batch size).
 * :mod:`trainer_lib.rl.experience`: experience making: prompts, sampling, scoring with the
   reward sources, reference log-probs, per-micro-batch forward passes, held-out evaluation.
-* :mod:`trainer_lib.rl.schedule`: which prompts each rank takes at each step, the sampling seed,
+* :mod:`trainer_lib.rl.prompts`: which prompts each rank takes at each step, the sampling seed,
   and the walk over shuffled mini-batches of micro-batches in the update phase.
 """

@@ -3,7 +3,7 @@
 A step samples ``rollout.n`` completions per prompt with the current policy (:func:`sample`),
 scores them with the configured reward sources (:func:`score_rollout`), and computes, with the
 weights that sampled them, the per-token log-probs the update needs (:func:`per_micro_batch`
-over :func:`trainer_lib.rollout.token_logprobs`, :func:`reference_logprobs`). Held-out prompts
+over :func:`trainer_lib.rl.rollout.token_logprobs`, :func:`reference_logprobs`). Held-out prompts
 are scored the same way, greedily (:func:`evaluate`).
 """
 
@@ -28,10 +28,10 @@ def start(cfg):
     The strategy is built from the final engine config (accumulation derived from the mini-batch
     size and the world size), then the process group is joined; the schedule holds the train rows.
     """
-    from trainer_lib.batch_size import resolve_batch_size
+    from trainer_lib.engine.batch_size import resolve_batch_size
     from trainer_lib.models.load import load_tokenizer
-    from trainer_lib.rl.schedule import PromptSchedule
-    from trainer_lib.strategy import DeepSpeedStrategy, planned_world_size
+    from trainer_lib.rl.prompts import PromptSchedule
+    from trainer_lib.engine.strategy import DeepSpeedStrategy, planned_world_size
 
     resolve_batch_size(cfg, sequence_length=cfg.data.max_length + cfg.rollout.max_new_tokens)
     strategy = DeepSpeedStrategy(cfg.engine_for(planned_world_size()), micro_batch_size=cfg.batch_size, seed=cfg.seed)
@@ -57,7 +57,7 @@ def load_prompts(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
 
 def prompt_inputs(rows: list[dict], tokenizer, n: int) -> tuple[list, list[list[int]], dict[str, list]]:
     """For rows: (raw prompts, prompt token ids, other columns repeated ``n`` times as keyword lists)."""
-    from trainer_lib.data.preference import encode_prompt
+    from trainer_lib.data.preference_batches import encode_prompt
 
     columns = {key: [row[key] for row in rows for _ in range(n)] for key in rows[0] if key != "prompt"}
     prompts = [row["prompt"] for row in rows]
@@ -172,7 +172,7 @@ def reference_logprobs(reference, policy, rollout, temperature: float):
     """Token log-probs under the reference (or under ``policy`` with its LoRA adapters disabled)."""
     import torch
 
-    from trainer_lib.rollout import token_logprobs
+    from trainer_lib.rl.rollout import token_logprobs
 
     with torch.no_grad():
         if reference is not None:
@@ -195,7 +195,7 @@ def per_micro_batch(fn, rollout, micro: int):
 
 def sample(engine, strategy, tokenizer, rows: list[dict], rollout_cfg, seed: int):
     """Generate ``rollout.n`` completions per row with the engine's current weights."""
-    from trainer_lib.rollout import generate
+    from trainer_lib.rl.rollout import generate
 
     prompts, prompt_ids, columns = prompt_inputs(rows, tokenizer, rollout_cfg.n)
     # ZeRO-3: weights fetched layer by layer by DeepSpeed's hooks, all ranks stepping together

@@ -1,0 +1,106 @@
+"""Config parsing: YAML + overrides, types, clear errors with exit code 2, --help coverage."""
+
+import pytest
+
+from trainer_lib.cli import main
+from trainer_lib.config import describe, load_config, parse_overrides
+from trainer_lib.errors import ConfigError
+from trainer_lib.stages.training.sft import SFTConfig
+
+REQUIRED = ["model.path=m", "data.path=d.jsonl", "output_dir=out"]
+
+
+def test_yaml_then_overrides(tmp_path):
+    cfg_file = tmp_path / "sft.yaml"
+    cfg_file.write_text("max_steps: 7\nlr: 0.01\nengine:\n  zero_stage: 2\nlora:\n  r: 4\n")
+    cfg = load_config(SFTConfig, str(cfg_file), REQUIRED + ["lr=3e-4", "engine.precision=bf16",
+                                                         "lora.target_modules=q_proj,v_proj"])
+    assert cfg.max_steps == 7  # from the file
+    assert cfg.lr == pytest.approx(3e-4)  # the override wins
+    assert cfg.engine.zero_stage == 2 and cfg.engine.precision == "bf16"
+    assert cfg.lora.r == 4 and cfg.lora.target_modules == ["q_proj", "v_proj"]
+    assert cfg.engine.gradient_accumulation_steps == 1  # untouched default
+
+
+def test_parse_overrides_nests_and_types():
+    assert parse_overrides(["a.b=1", "a.c=true", "d=x,y", "e=0.5"]) == {
+        "a": {"b": 1, "c": True}, "d": "x,y", "e": 0.5}
+    with pytest.raises(ConfigError, match="expected key=value"):
+        parse_overrides(["novalue"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("engine.zero_stag=2", "engine.zero_stag: unknown key (did you mean 'engine.zero_stage'?)"),
+    ("max_steps=ten", "max_steps: expected an integer, got 'ten'"),
+    ("engine.zero_stage=5", "engine.zero_stage: expected one of [0, 1, 2, 3], got 5"),
+    ("engine.precision=fp8", "engine.precision: expected one of ['fp32', 'bf16'], got 'fp8'"),
+    ("batch_size=0", "batch_size: expected a positive number, got 0"),
+    ("engine.offload_optimizer=true", "engine.offload_optimizer: needs engine.zero_stage >= 1"),
+    ("engine.gradient_checkpointing=maybe", "engine.gradient_checkpointing: expected true or false"),
+    ("lr=-1", "lr: expected a positive number"),
+])
+def test_bad_values_name_the_key(override, message):
+    with pytest.raises(ConfigError) as err:
+        load_config(SFTConfig, None, REQUIRED + [override])
+    assert message in str(err.value)
+
+
+def test_missing_required_key():
+    with pytest.raises(ConfigError, match="output_dir: required"):
+        load_config(SFTConfig, None, ["model.path=m", "data.path=d"])
+
+
+def test_cli_exit_code_2_and_message(capsys, tmp_path):
+    assert main(["sft", *REQUIRED, "engine.zero_stag=2"]) == 2
+    err = capsys.readouterr().err
+    assert "error: engine.zero_stag: unknown key" in err and "Traceback" not in err
+    assert main(["sft", "--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "file not found" in capsys.readouterr().err
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- just\n- a list\n")
+    assert main(["sft", "--config", str(bad)]) == 2
+    assert "expected a mapping" in capsys.readouterr().err
+    assert main(["nosuchstage"]) == 2
+
+
+def test_help_lists_every_option(capsys):
+    from pipelines.commands import posttrain
+
+    assert main(["--help"]) == 0
+    top = capsys.readouterr().out
+    assert "sft" in top and "prepare" in top and "pipeline" not in top  # the library knows no pipelines
+    assert posttrain(["--help"]) == 0  # the console command adds them
+    assert "pipeline" in capsys.readouterr().out
+    for stage in ("sft", "prepare"):
+        assert main([stage, "--help"]) == 0
+        out = capsys.readouterr().out
+        import importlib
+
+        module = importlib.import_module(f"trainer_lib.stages.{stage}")
+        for key, _, text in describe(module.CONFIG):
+            assert key in out, key
+            assert text, f"{stage}: option {key} has no help text"
+
+
+def test_print_config_round_trips(capsys, tmp_path):
+    assert main(["sft", *REQUIRED, "max_steps=3", "--print-config"]) == 0
+    dumped = tmp_path / "dumped.yaml"
+    dumped.write_text(capsys.readouterr().out)
+    cfg = load_config(SFTConfig, str(dumped))
+    assert cfg.max_steps == 3 and cfg.model.path == "m"
+
+
+def test_values_given_as_text_parse_like_the_command_line():
+    """KFP fills a dict parameter from pipeline parameters as text ('200.0', "['a', 'b']", 'True')."""
+    from trainer_lib.stages.training.grpo import GRPOConfig
+
+    cfg = load_config(GRPOConfig, None, {"model": {"path": "m"}, "data": {"path": "d"}, "output_dir": "o",
+                                         "max_steps": "200.0", "lr": "1e-05", "resume": "True",
+                                         "reward": {"functions": "['code_execution', 'my.mod:fn']",
+                                                    "weights": "[1.0, 0.5]"}})
+    assert cfg.max_steps == 200 and cfg.lr == 1e-5 and cfg.resume is True
+    assert cfg.reward.functions == ["code_execution", "my.mod:fn"] and cfg.reward.weights == [1.0, 0.5]
+    with pytest.raises(ConfigError, match="max_steps: expected an integer"):
+        load_config(GRPOConfig, None, {"max_steps": "200.5"})
+    with pytest.raises(ConfigError, match="reward.functions: expected a list"):
+        load_config(GRPOConfig, None, {"reward": {"functions": "[unclosed"}})

@@ -1,0 +1,101 @@
+"""Rollouts: left padding is invisible, n samples per prompt, seeded sampling, stop strings, log-probs."""
+
+import pytest
+import torch
+
+from trainer_lib.rl.rollout import generate, token_logprobs
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    from tests.stages.training.rl_helpers import one_thread
+
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def policy(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    prompts = [tokenizer(t)["input_ids"] for t in ("Say hello.", "What is two plus two? Name a color.", "Blue")]
+    assert len({len(p) for p in prompts}) == 3  # different lengths, so the batch is left-padded
+    return model, tokenizer, prompts
+
+
+def test_batched_greedy_generation_equals_one_prompt_at_a_time(policy):
+    model, tokenizer, prompts = policy
+    batched = generate(model, tokenizer, prompts, n=2, max_new_tokens=8, temperature=0.0)
+    assert batched.prompt_ids.shape[0] == 6 and batched.response_ids.shape[0] == 6
+    for i, prompt in enumerate(prompts):
+        single = generate(model, tokenizer, [prompt], n=1, max_new_tokens=8, temperature=0.0)
+        length = int(single.response_mask.sum())
+        for row in (2 * i, 2 * i + 1):  # n consecutive rows per prompt
+            assert batched.prompt_ids[row][batched.prompt_mask[row].bool()].tolist() == prompt
+            assert batched.response_ids[row, :length].tolist() == single.response_ids[0, :length].tolist()
+            assert int(batched.response_mask[row].sum()) == length
+            assert batched.completions[row] == single.completions[0]
+    assert batched.stats["generated_tokens"] == int(batched.response_mask.sum())
+    assert batched.stats["tokens_per_s"] > 0
+
+
+def test_sampling_is_seeded_and_leaves_the_global_rng_alone(policy):
+    model, tokenizer, prompts = policy
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    a = generate(model, tokenizer, prompts, n=4, max_new_tokens=8, temperature=1.0, top_k=50, top_p=0.95,
+                 batch_size=5, seed=1)
+    assert torch.equal(torch.get_rng_state(), before)
+    b = generate(model, tokenizer, prompts, n=4, max_new_tokens=8, temperature=1.0, top_k=50, top_p=0.95,
+                 batch_size=5, seed=1)
+    c = generate(model, tokenizer, prompts, n=4, max_new_tokens=8, temperature=1.0, top_k=50, top_p=0.95, seed=2)
+    assert len(a) == 12 and a.completions == b.completions
+    assert a.completions != c.completions
+    assert len(set(a.completions[:4])) > 1  # the n samples of one prompt differ
+
+
+def test_stop_strings_cut_the_text_and_end_the_response(policy):
+    model, tokenizer, prompts = policy
+    free = generate(model, tokenizer, prompts[:1], max_new_tokens=12, temperature=0.0)
+    text = free.completions[0]
+    assert len(text) > 4, text
+    stop = text[2:4]
+    cut = generate(model, tokenizer, prompts[:1], max_new_tokens=12, temperature=0.0, stop=[stop])
+    assert cut.completions[0] == text[:text.find(stop)]
+    assert cut.finished == [True]
+    ids = cut.response_ids[0, :int(cut.response_mask.sum())].tolist()
+    assert stop in tokenizer.decode(ids) and stop not in tokenizer.decode(ids[:-1])  # ends on the stop token
+
+
+def test_a_response_ends_at_its_first_eos_or_stop_token(policy):
+    from trainer_lib.rl.rollout import _cut
+
+    _, tokenizer, _ = policy
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    hello = tokenizer("Hello there", add_special_tokens=False)["input_ids"]
+    assert _cut(tokenizer, hello + [eos, pad, pad], []) == (hello + [eos], "Hello there", True)
+    assert _cut(tokenizer, hello, []) == (hello, "Hello there", False)  # ran out of tokens
+    ids, text, finished = _cut(tokenizer, hello + [eos], [" the"])
+    assert text == "Hello" and finished and " the" in tokenizer.decode(ids)
+    assert " the" not in tokenizer.decode(ids[:-1])
+
+
+def test_token_logprobs_are_padding_invariant_and_match_the_greedy_choice(policy):
+    model, tokenizer, prompts = policy
+    rollout = generate(model, tokenizer, prompts, n=1, max_new_tokens=6, temperature=0.0)
+    with torch.no_grad():
+        batched, entropy = token_logprobs(model, rollout, with_entropy=True)
+        for row in range(len(rollout)):
+            part = rollout.select([row])  # trims the padding columns away
+            assert part.prompt_mask.all()
+            single, _ = token_logprobs(model, part)
+            assert torch.allclose(single[0], batched[row, :single.shape[1]], atol=1e-5)
+        # greedy tokens are the argmax: their log-prob is the max over the vocabulary
+        inputs = rollout.model_inputs("cpu")
+        logits = model(**inputs).logits[:, -rollout.response_ids.shape[1] - 1:-1]
+        best = torch.log_softmax(logits.float(), -1).max(-1).values * rollout.response_mask
+    assert torch.allclose(batched, best, atol=1e-5)
+    assert ((entropy > 0) == rollout.response_mask.bool()).all()
+    assert (batched[rollout.response_mask == 0] == 0).all()

@@ -1,0 +1,57 @@
+"""The override layers a stage's config is built from, as components and TrainJobs hand them over.
+
+A layer is a mapping (dotted or nested keys, values already typed) or a ``key=value`` string (its
+value parsed as a YAML scalar, as on the command line). :func:`build_values` lays them over a YAML
+text in order, later ones winning; :func:`trainer_lib.stage_api.stage_config` then types and
+validates the result.
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from trainer_lib.config.loader import merge, parse_overrides
+from trainer_lib.config.values import section_for
+from trainer_lib.errors import ConfigError
+
+Layer = dict | str
+
+
+def nest(flat: dict) -> dict:
+    """``{"model.path": x, "lr": 1}`` -> ``{"model": {"path": x}, "lr": 1}``; values kept as they are."""
+    tree: dict = {}
+    for key, value in flat.items():
+        node, last = section_for(tree, str(key), f"{key}: conflicts with an earlier key")
+        if isinstance(value, dict):
+            value = nest(value)
+            if isinstance(node.get(last), dict):
+                value = merge(node[last], value)
+        node[last] = value
+    return tree
+
+
+def build_values(overrides: dict | list[Layer] | None, config_yaml: str = "") -> dict:
+    """The merged nested mapping: YAML text, then each override layer in order."""
+    values: dict = {}
+    if config_yaml and config_yaml.strip():
+        try:
+            loaded = yaml.safe_load(config_yaml)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config_yaml: invalid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError("config_yaml: expected a mapping at the top level")
+        values = loaded or {}
+    layers = [overrides] if isinstance(overrides, dict) else list(overrides or [])
+    strings: list[str] = []  # consecutive key=value strings are parsed together
+    for layer in [*layers, None]:
+        if isinstance(layer, str):
+            strings.append(layer)
+            continue
+        if strings:
+            values = merge(values, parse_overrides(strings))
+            strings = []
+        if isinstance(layer, dict):
+            values = merge(values, nest(layer))
+        elif layer is not None:
+            raise ConfigError(f"overrides: expected key=value strings or mappings, got {layer!r}")
+    return values

@@ -1,0 +1,266 @@
+"""Build a typed config from YAML files and ``key=value`` overrides, validated before any heavy work.
+
+Each file and the overrides are one layer; TRL's and LLaMA-Factory's key names in a layer become ours
+(:mod:`trainer_lib.config.aliases`) before the layers are merged, so a later layer wins whichever
+names it uses. Errors are :class:`~trainer_lib.errors.ConfigError` naming the key; the CLI turns them
+into exit code 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from typing import Any, Literal, Union
+
+import yaml
+
+from trainer_lib.config import aliases
+from trainer_lib.config.sections import lookup
+from trainer_lib.config.values import parse_bool, section_for
+from trainer_lib.errors import ConfigError
+
+
+def _number(value: Any) -> int | float | None:
+    """A number, or text of one ("3", "1e-4", and "200.0" as a pipeline backend writes whole numbers);
+    None for anything else (booleans included)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return value
+    if isinstance(value, str):
+        for parse in (int, float):
+            try:
+                return parse(value)
+            except ValueError:
+                pass
+    return None
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    """Turn a YAML/CLI value into the declared type, or raise a ConfigError naming the key."""
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None or (isinstance(value, str) and value.lower() in ("null", "none", "~")):
+            if type(None) in typing.get_args(tp):
+                return None
+        if len(args) == 1:
+            return _coerce(value, args[0], key)
+        for arg in args:  # e.g. batch_size: an integer, else "auto"
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{key}: expected {' or '.join(_type_name(a) for a in args)}, got {value!r}")
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if isinstance(value, str) and value.lower() in allowed:
+            return value.lower()
+        raise ConfigError(f"{key}: expected {_type_name(tp)}, got {value!r}")
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str) and value.strip().startswith("["):  # a YAML/JSON list given as text
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError:
+                raise ConfigError(f"{key}: expected a list, got {value!r}") from None
+        elif isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v, item_tp, key) for v in value]
+    if tp is bool:
+        return parse_bool(value, key)
+    if tp in (int, float):
+        number = _number(value)
+        if number is None or (tp is int and not float(number).is_integer()):
+            raise ConfigError(f"{key}: expected {'an integer' if tp is int else 'a number'}, got {value!r}")
+        return int(number) if tp is int else float(number)
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    if tp is dict or typing.get_origin(tp) is dict:
+        if isinstance(value, str) and value.strip().startswith("{"):  # a YAML/JSON mapping given as text
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError:
+                raise ConfigError(f"{key}: expected a mapping, got {value!r}") from None
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    return value
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is Literal:
+        return " or ".join(repr(v) for v in typing.get_args(tp))
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def _fields(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
+    hints = typing.get_type_hints(cls)
+    return {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls)}
+
+
+def _build(cls: type, values: dict, prefix: str = "") -> Any:
+    known = _fields(cls)
+    kwargs = {}
+    for name, value in values.items():
+        key = f"{prefix}{name}"
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=1)
+            hint = f" (did you mean '{prefix}{close[0]}'?)" if close else ""
+            raise ConfigError(f"{key}: unknown key{hint}")
+        f, tp = known[name]
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{key}: expected a mapping of {tp.__name__} keys, got {value!r}")
+            kwargs[name] = _build(tp, value, f"{key}.")
+        else:
+            kwargs[name] = _coerce(value, tp, key)
+            choices = f.metadata.get("choices")
+            if choices and kwargs[name] not in choices:
+                raise ConfigError(f"{key}: expected one of {list(choices)}, got {kwargs[name]!r}")
+    return cls(**kwargs)
+
+
+def parse_overrides(overrides: list[str]) -> dict:
+    """``["a.b=1", "c=x"]`` -> nested dict. Values are parsed as YAML scalars."""
+    tree: dict = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"{item}: expected key=value")
+        key, raw = item.split("=", 1)
+        key = key.strip().lstrip("-")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        if isinstance(value, (dict,)):
+            value = raw
+        node, last = section_for(tree, key, f"{key}: conflicts with an earlier override")
+        node[last] = value
+    return tree
+
+
+def merge(base: dict, extra: dict) -> dict:
+    """``extra`` laid over ``base``, nested mappings merged key by key (neither is changed)."""
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _one_line_yaml_error(exc) -> str:
+    """PyYAML's multi-line message as one line: what went wrong and where (1-based line, column)."""
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    context = getattr(exc, "context", None)
+    return f"{where}{problem}" + (f" ({context})" if context else "")
+
+
+def read_yaml(path: str) -> dict:
+    """The top-level mapping of a YAML config file (a ConfigError naming the file otherwise)."""
+    if not os.path.exists(path):
+        raise ConfigError(f"--config {path}: file not found")
+    with open(path, encoding="utf-8") as fh:
+        try:
+            loaded = yaml.safe_load(fh) or {}
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: invalid YAML: {_one_line_yaml_error(exc)}") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return loaded
+
+
+def has_key(cls: type, dotted: str) -> bool:
+    """Whether config class ``cls`` has the (dotted) key, e.g. ``has_key(SFTConfig, "lora.r")``."""
+    tp: Any = cls
+    for part in dotted.split("."):
+        if not dataclasses.is_dataclass(tp) or part not in _fields(tp):
+            return False
+        tp = _fields(tp)[part][1]
+    return True
+
+
+def load_config(cls: type, config_files: str | dict | list[str | dict] | None = None,
+                overrides: list[str] | dict | None = None, validate: bool = True,
+                stage: str | None = None) -> Any:
+    """Build ``cls`` from YAML files (or already-read mappings), merged in order, then the
+    overrides; then run ``validate()``.
+
+    Each file and the overrides are one layer: TRL's and LLaMA-Factory's key names in a layer
+    become ours (:mod:`trainer_lib.config.aliases`, the mapping printed once) before the layers
+    are merged, so a later layer wins whichever names it uses. ``stage`` is the stage being run,
+    which LLaMA-Factory's ``stage`` key must match.
+    """
+    files = config_files if isinstance(config_files, list) else [config_files] if config_files else []
+    layers = [f if isinstance(f, dict) else read_yaml(f) for f in files]
+    if overrides:
+        layers.append(overrides if isinstance(overrides, dict) else parse_overrides(list(overrides)))
+    values: dict = {}
+    lines: list[str] = []
+    set_by: dict[str, str] = {}
+    warmup_ratio = None
+    for layer in layers:
+        translated = aliases.translate(layer, lambda key: has_key(cls, key), stage)
+        values = merge(values, translated.values)
+        lines += translated.lines
+        set_by.update(translated.set_by)
+        if translated.warmup_ratio is not None:
+            warmup_ratio = translated.warmup_ratio
+    try:
+        try:
+            cfg = _build(cls, values)
+            if warmup_ratio is not None:
+                lines.append(aliases.resolve_warmup_ratio(cfg, warmup_ratio, "warmup_steps" in values))
+        finally:
+            aliases.announce(lines)
+        if validate and hasattr(cfg, "validate"):
+            cfg.validate()
+    except ConfigError as exc:
+        raise aliases.explain(exc, set_by) from None
+    return cfg
+
+
+def to_dict(cfg: Any) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def flat_dict(cfg: Any) -> dict[str, Any]:
+    """``{"engine.zero_stage": 2, "lr": 1e-4, ...}``: every key of a config, dotted (trackers' params)."""
+    def flatten(tree: dict, prefix: str) -> dict:
+        out = {}
+        for key, value in tree.items():
+            if isinstance(value, dict) and dataclasses.is_dataclass(lookup(cfg, f"{prefix}{key}")):
+                out.update(flatten(value, f"{prefix}{key}."))
+            else:
+                out[f"{prefix}{key}"] = value
+        return out
+
+    return flatten(to_dict(cfg), "")
+
+
+def describe(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(key, default, help) rows for every option, nested sections flattened."""
+    rows = []
+    for name, (f, tp) in _fields(cls).items():
+        key = f"{prefix}{name}"
+        if dataclasses.is_dataclass(tp):
+            rows.extend(describe(tp, f"{key}."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        if isinstance(default, list):
+            default = ",".join(map(str, default))
+        text = f.metadata.get("help", "")
+        if f.metadata.get("choices"):
+            text += f" One of: {', '.join(map(str, f.metadata['choices']))}."
+        rows.append((key, "null" if default is None else str(default), text))
+    return rows

@@ -1,0 +1,35 @@
+"""Single config values: booleans in text, and dotted keys (``engine.zero_stage``) in nested mappings.
+
+The one place that parses them, for the typed configs, the TRL/LLaMA-Factory aliases and the
+pipeline parameters alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer_lib.errors import ConfigError
+
+TRUE = frozenset({"true", "yes", "1", "on"})
+FALSE = frozenset({"false", "no", "0", "off"})
+
+
+def parse_bool(value: Any, key: str) -> bool:
+    """A bool, or its text (true/false, yes/no, 1/0, on/off, any case); a ConfigError naming ``key`` otherwise."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in TRUE | FALSE:
+        return value.lower() in TRUE
+    raise ConfigError(f"{key}: expected true or false, got {value!r}")
+
+
+def section_for(tree: dict, dotted: str, conflict: str) -> tuple[dict, str]:
+    """``(mapping, last part)`` of a dotted key in a nested dict, sections created on the way; a
+    ConfigError with ``conflict`` when a value stands where a section should be."""
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(conflict)
+    return node, parts[-1]

@@ -1,0 +1,1 @@
+"""The DeepSpeed engine and what surrounds it."""

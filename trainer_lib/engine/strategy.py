@@ -1,0 +1,456 @@
+"""The one place that talks to DeepSpeed and torch.distributed.
+
+Trainers call ``setup_distributed``, ``prepare``, ``backward``, ``optimizer_step``,
+``save_checkpoint`` / ``load_checkpoint`` and ``save_hf_model`` and read the same on one CPU
+process without a launcher, N local workers or a multi-node job (OpenRLHF's strategy idea).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import re
+import socket
+from typing import Any
+
+from trainer_lib.config import EngineConfig
+from trainer_lib.errors import ConfigError
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def planned_world_size() -> int:
+    """Processes in the job, known before the process group is set up (1 without a launcher)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) if _launched() else 1
+
+
+def _launched() -> bool:
+    """Started by torchrun or a training operator (which set RANK), or already set up here.
+
+    A child of a one-process run (e.g. a kfp.local task started from it) inherits RANK and
+    MASTER_PORT but must not join its parent's group: POSTTRAIN_SOLO_PID tells them apart.
+    """
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        return True
+    solo = os.environ.get("POSTTRAIN_SOLO_PID")
+    if solo is not None:
+        return solo == str(os.getpid())
+    return "RANK" in os.environ
+
+
+class DeepSpeedStrategy:
+    def __init__(self, engine: EngineConfig, micro_batch_size: int, seed: int = 0):
+        from trainer_lib.engine import deepspeed_file
+
+        self.cfg = engine
+        self.micro_batch_size = micro_batch_size
+        self.seed = seed
+        self._initialized = False
+        self._grad_norms: dict[int, float] = {}  # per engine (PPO has two)
+        # a user's DeepSpeed file may set the stage and offload: everything here that depends on
+        # them reads these three attributes, so the strategy follows the config DeepSpeed gets
+        self.user_config = deepspeed_file.read(engine.deepspeed_config) if engine.deepspeed_config else {}
+        self.zero_stage, self.offload_optimizer, self.offload_params = deepspeed_file.zero_settings(
+            engine, self.user_config)
+        self.effective_config: dict | None = None  # what the training engine got (logged by prepare)
+        if self.user_config:
+            deepspeed_file.check_batch_keys(self._own_config(train=True), self.user_config,
+                                              engine.deepspeed_config)
+
+    # ------------------------------------------------------------------ process group
+    def setup_distributed(self) -> None:
+        """Join (or create) the process group; a lone process needs no launcher."""
+        import deepspeed
+        import torch
+
+        if not _launched():  # plain `python`/`posttrain`: a private one-process group
+            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+                              MASTER_PORT=str(free_port()), POSTTRAIN_SOLO_PID=str(os.getpid()))
+        from deepspeed.accelerator import get_accelerator
+
+        backend = get_accelerator().communication_backend_name()
+        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+        self.device = torch.device(get_accelerator().device_name(self.local_rank))
+        if self.device.type != "cpu":
+            get_accelerator().set_device(self.local_rank)
+        self.set_seed(self.seed)
+        self._initialized = True
+
+    @property
+    def rank(self) -> int:
+        return int(os.environ.get("RANK", "0"))
+
+    @property
+    def local_rank(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", "0"))
+
+    @property
+    def world_size(self) -> int:
+        return planned_world_size()
+
+    @property
+    def is_rank_0(self) -> bool:
+        return self.rank == 0
+
+    def set_seed(self, seed: int) -> None:
+        import numpy as np
+        import torch
+
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+    def barrier(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized() and self.world_size > 1:
+            dist.barrier()
+
+    def all_reduce(self, value: Any, op: str = "mean") -> Any:
+        """Reduce a float, a tensor or a dict of floats across processes."""
+        import torch
+        import torch.distributed as dist
+
+        if isinstance(value, dict):
+            keys = sorted(value)
+            reduced = self.all_reduce(torch.tensor([float(value[k]) for k in keys], dtype=torch.float64), op)
+            return {k: float(v) for k, v in zip(keys, reduced.tolist())}
+        is_tensor = isinstance(value, torch.Tensor)
+        tensor = value.detach().clone().to(self.device) if is_tensor else torch.tensor(float(value), dtype=torch.float64, device=self.device)
+        if dist.is_initialized() and self.world_size > 1:
+            dist.all_reduce(tensor, op={"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM,
+                                        "max": dist.ReduceOp.MAX}[op])
+            if op == "mean":
+                tensor = tensor / self.world_size
+        return tensor if is_tensor else float(tensor.item())
+
+    def sharded_sums(self, items: list, fn, zeros: dict, models: tuple = ()) -> dict:
+        """The one sharded-evaluation loop: ``fn(item)`` over this rank's share of ``items`` (every
+        ``world_size``-th, from its rank), without gradients and with ``models`` in eval mode.
+
+        ``fn`` returns a dict of floats or tensors with keys of ``zeros``, which holds the starting
+        totals (so a rank with no items still takes part); totals are summed here, then across
+        ranks, and every rank returns the same dict. Under ZeRO-3 a forward is a collective, so
+        every rank calls ``fn`` equally often: one short of an item repeats the first and drops it.
+        """
+        import torch
+
+        modes = [model.training for model in models]
+        totals = dict(zeros)
+        mine = items[self.rank::self.world_size]
+        calls = -(-len(items) // self.world_size) if self.partitions_parameters else len(mine)
+        try:
+            for model in models:
+                model.eval()
+            with torch.no_grad():
+                for index in range(calls):
+                    result = fn(mine[index] if index < len(mine) else items[0])
+                    for key, value in result.items() if index < len(mine) else ():
+                        totals[key] = totals[key] + value
+        finally:
+            for model, mode in zip(models, modes):
+                model.train(mode)
+        floats = {k: v for k, v in totals.items() if not isinstance(v, torch.Tensor)}
+        reduced = self.all_reduce(floats, op="sum") if floats else {}
+        for key in sorted(set(totals) - set(floats)):
+            reduced[key] = self.all_reduce(totals[key], op="sum")
+        return reduced
+
+    def print(self, *args: Any) -> None:
+        if self.is_rank_0:
+            print(*args, flush=True)
+
+    # ------------------------------------------------------------------ engines
+    @property
+    def train_batch_size(self) -> int:
+        return self.micro_batch_size * self.cfg.gradient_accumulation_steps * self.world_size
+
+    def ds_config(self, train: bool = True) -> dict:
+        """The config DeepSpeed gets: ours (:meth:`_own_config`) with the user's
+        ``engine.deepspeed_config`` laid over it (precedence in :mod:`trainer_lib.engine.deepspeed_file`)."""
+        return self._effective_config(train)[0]
+
+    def _effective_config(self, train: bool) -> tuple[dict, list]:
+        """(:meth:`ds_config`, the sections of the user's file left out)."""
+        from trainer_lib.engine import deepspeed_file
+
+        return deepspeed_file.effective(self._own_config(train), self.user_config,
+                                          self.cfg.deepspeed_config, train)
+
+    def _own_config(self, train: bool) -> dict:
+        pin = getattr(self, "device", None) is not None and self.device.type != "cpu"
+        zero: dict[str, Any] = {"stage": self.zero_stage}
+        if train and self.cfg.offload_optimizer:
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
+        if self.cfg.offload_params:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
+        if self.zero_stage == 3:
+            zero["stage3_gather_16bit_weights_on_model_save"] = False
+        return {
+            "train_micro_batch_size_per_gpu": self.micro_batch_size,
+            "gradient_accumulation_steps": self.cfg.gradient_accumulation_steps if train else 1,
+            "train_batch_size": self.train_batch_size if train else self.micro_batch_size * self.world_size,
+            "gradient_clipping": self.cfg.max_grad_norm if train else 0.0,
+            "zero_optimization": zero,
+            "bf16": {"enabled": self.cfg.precision == "bf16"},
+            "zero_allow_untested_optimizer": True,
+            "zero_force_ds_cpu_optimizer": False,
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+
+    def _optimizer(self, model, lr: float, weight_decay: float, betas: tuple[float, float], eps: float,
+                   param_group=None):
+        import torch
+
+        # (group name, lr, decays) -> parameters; one name and lr unless param_group splits them
+        buckets: dict[tuple[str, float, bool], list] = {}
+        for name, param in model.named_parameters():
+            if not param.requires_grad:
+                continue
+            group, group_lr = param_group(name) if param_group else ("", lr)
+            decays = not (param.ndim < 2 or "norm" in name.lower())
+            buckets.setdefault((group, group_lr, decays), []).append(param)
+        groups = [{"params": params, "lr": group_lr, "weight_decay": weight_decay if decays else 0.0,
+                   **({"name": group} if group else {})}
+                  for (group, group_lr, decays), params in buckets.items()]
+        if self.offload_optimizer:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True)
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
+
+    def prepare(self, model, *, lr: float, weight_decay: float, total_steps: int,
+                warmup_steps: int = 0, lr_scheduler: str = "cosine", lr_scheduler_kwargs: dict | None = None,
+                betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, param_group=None):
+        """Wrap a trainable model: AdamW, LR schedule and ZeRO partitioning in one engine.
+
+        ``param_group(name) -> (group name, lr)`` puts parameters into named optimizer groups with
+        their own learning rates (multi-adapter PPO: policy adapter and value adapter in one module);
+        the schedule scales each group's lr alike."""
+        import deepspeed
+        from transformers import get_scheduler
+
+        from trainer_lib.errors import UserError
+
+        if self.cfg.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            if hasattr(model, "config"):
+                model.config.use_cache = False
+        optimizer = self._optimizer(model, lr, weight_decay, betas, eps, param_group)
+        try:
+            scheduler = get_scheduler(lr_scheduler, optimizer, num_warmup_steps=warmup_steps,
+                                      num_training_steps=total_steps,
+                                      scheduler_specific_kwargs=dict(lr_scheduler_kwargs or {}))
+        except (TypeError, ValueError) as exc:  # a missing or unknown schedule argument
+            raise UserError(f"lr_scheduler_kwargs: {lr_scheduler} cannot start with "
+                            f"{lr_scheduler_kwargs or {}}: {exc}") from None
+        config, dropped = self._effective_config(train=True)
+        self._log_config(model, config, dropped)
+        with self._naming_user_file():
+            engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                              config=config)
+        return engine
+
+    def _log_config(self, model, config: dict, dropped: list) -> None:
+        """Rank 0 prints the effective DeepSpeed config (one JSON line) and DeepSpeed's estimate of
+        the model states' memory; Cadence also writes the config to ``ds_config.json``."""
+        import json
+
+        from trainer_lib.engine import deepspeed_file
+
+        self.effective_config = config
+        if not self.is_rank_0:
+            return
+        if dropped:
+            print(f"engine.deepspeed_config: {self.cfg.deepspeed_config}: {' and '.join(dropped)} left out "
+                  f"(posttrain builds AdamW and the schedule from lr, weight_decay, adam_*, warmup_steps, "
+                  f"lr_scheduler)", flush=True)
+        print("deepspeed config: " + json.dumps(config, sort_keys=True), flush=True)
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
+        print(deepspeed_file.model_states_estimate(model, self.zero_stage, self.offload_optimizer,
+                                                     self.offload_params, self.world_size, local)[2], flush=True)
+
+    @contextlib.contextmanager
+    def _naming_user_file(self):
+        """DeepSpeed validates its config itself; when a user's file took part, its error names the file."""
+        if not self.user_config:
+            yield
+            return
+        try:
+            yield
+        except (ValueError, TypeError, KeyError, AssertionError) as exc:  # pydantic's errors are ValueErrors
+            raise ConfigError(f"engine.deepspeed_config: {self.cfg.deepspeed_config}: DeepSpeed refused the "
+                              f"config: {' '.join(str(exc).split())}") from exc
+
+    def prepare_frozen(self, model):
+        """A model used only for inference (reference, reward): ZeRO-3 partitions it too."""
+        import deepspeed
+
+        model.eval()
+        for param in model.parameters():
+            param.requires_grad_(False)
+        if self.zero_stage == 3:
+            with self._naming_user_file():
+                engine, *_ = deepspeed.initialize(model=model, config=self.ds_config(train=False))
+            return engine
+        if self.cfg.precision == "bf16":
+            import torch
+
+            model = model.to(torch.bfloat16)
+        return model.to(self.device)
+
+    def backward(self, loss, engine) -> None:
+        engine.backward(loss)
+
+    def optimizer_step(self, engine) -> None:
+        """Steps optimizer and scheduler only at the accumulation boundary (DeepSpeed decides)."""
+        if self.zero_stage == 0 and engine.is_gradient_accumulation_boundary():
+            self._grad_norms[id(engine)] = _local_grad_norm(engine.module)  # ZeRO-0 does not record it
+        engine.step()
+
+    def grad_norm(self, engine) -> float:
+        """Global gradient norm of the last optimizer step (before clipping); NaN if none was recorded."""
+        norm = self.recorded_grad_norm(engine)
+        return norm if norm is not None else float("nan")
+
+    def recorded_grad_norm(self, engine) -> float | None:
+        """:meth:`grad_norm`, or None before the engine recorded one."""
+        norm = engine.get_global_grad_norm() if self.zero_stage else self._grad_norms.get(id(engine))
+        return float(norm) if norm is not None else None
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, engine, save_dir: str, tag: str, client_state: dict) -> None:
+        """Model, optimizer, scheduler (DeepSpeed) plus this rank's RNG states."""
+        import torch
+
+        engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
+        torch.save(_rng_state(), os.path.join(save_dir, tag, f"rng_state_rank{self.rank}.pt"))
+        self.barrier()
+
+    def load_checkpoint(self, engine, save_dir: str, tag: str) -> dict:
+        """Load a checkpoint without unpickling anything but tensors, plain data and the few
+        DeepSpeed classes its files hold (:func:`checkpoint_globals`): a file planted under the
+        checkpoint location cannot run code."""
+        import pickle
+
+        import torch
+
+        from trainer_lib.errors import UserError
+
+        rng_file = os.path.join(save_dir, tag, f"rng_state_rank{self.rank}.pt")
+        try:
+            with weights_only_loads():
+                _, client_state = engine.load_checkpoint(save_dir, tag=tag, load_optimizer_states=True,
+                                                         load_lr_scheduler_states=True)
+                rng = torch.load(rng_file, weights_only=True) if os.path.exists(rng_file) else None
+        except pickle.UnpicklingError as exc:
+            found = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
+            raise UserError(f"{os.path.join(save_dir, tag)}: refusing to load a checkpoint that holds more than "
+                            f"tensors and plain data" + (f" ({found.group(1)})" if found else "")) from None
+        if rng is not None:
+            _set_rng_state(rng)
+        return client_state or {}
+
+    # ------------------------------------------------------------------ export
+    @property
+    def partitions_parameters(self) -> bool:
+        """ZeRO-3: each rank holds a slice of every weight, fetched by DeepSpeed's hooks for a forward."""
+        return self.zero_stage == 3
+
+    @contextlib.contextmanager
+    def gathered(self, tensors):
+        """Full values of ``tensors`` (a module's parameters, or a list) on every rank for the duration:
+        a collective under ZeRO-3 (every rank enters it, in the same order), nothing otherwise.
+        Gather a few at a time: all of a large model at once is a full copy on every rank."""
+        if self.partitions_parameters:
+            import deepspeed
+
+            params = list(tensors.parameters()) if hasattr(tensors, "parameters") else list(tensors)
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+                yield
+        else:
+            yield
+
+    def unwrap(self, engine):
+        return getattr(engine, "module", engine)
+
+    def save_hf_model(self, engine, tokenizer, out_dir: str, extra_files: dict[str, str] | None = None,
+                      merge_lora: bool = True) -> None:
+        """Final Hugging Face directory (safetensors shards, config, tokenizer), LoRA merged in; with
+        ``merge_lora=False`` a LoRA model is saved as its PEFT adapter only.
+
+        Written a tensor at a time (:mod:`trainer_lib.models.save`): under ZeRO-3 each weight is
+        gathered alone, rank 0 writes it into the current shard and the others drop it, so no rank
+        ever holds the whole model beyond one shard. The live weights are left as they are.
+        """
+        from trainer_lib.models.save import memory_log, save_hf_model
+
+        with memory_log(os.environ.get("POSTTRAIN_SAVE_MEMORY_LOG"), self.rank):  # how much the save takes
+            save_hf_model(self.unwrap(engine), tokenizer, out_dir, gather=self.gathered, is_writer=self.is_rank_0,
+                          merge_lora=merge_lora, extra_files=extra_files)
+            self.barrier()
+
+
+def _local_grad_norm(module) -> float:
+    import torch
+
+    norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
+    return float(torch.stack(norms).norm()) if norms else 0.0
+
+
+def _rng_state() -> dict:
+    """This process's RNG states as tensors and plain values (so they load with weights_only=True)."""
+    import numpy as np
+    import torch
+
+    version, keys, gauss = random.getstate()
+    kind, words, pos, has_gauss, cached = np.random.get_state()
+    return {"python": [version, torch.tensor(keys, dtype=torch.int64), gauss], "torch": torch.get_rng_state(),
+            "numpy": [kind, torch.from_numpy(words.astype(np.int64)), pos, has_gauss, cached]}
+
+
+def _set_rng_state(state: dict) -> None:
+    import numpy as np
+    import torch
+
+    version, keys, gauss = state["python"]
+    random.setstate((version, tuple(keys.tolist()), gauss))
+    kind, words, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, words.numpy().astype(np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+
+
+def checkpoint_globals() -> list:
+    """The classes DeepSpeed pickles into its checkpoint files besides tensors and plain containers
+    (ZeRO optimizer states): the only ones :func:`weights_only_loads` lets torch.load rebuild."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+@contextlib.contextmanager
+def weights_only_loads():
+    """Within it, every ``torch.load`` reads with ``weights_only=True``, also DeepSpeed's (which asks
+    for False), through torch's documented ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` switch, and only
+    :func:`checkpoint_globals` may be rebuilt besides torch's own safe types."""
+    import torch
+
+    previous = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        with torch.serialization.safe_globals(checkpoint_globals()):
+            yield
+    finally:
+        if previous is None:
+            del os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"]
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = previous

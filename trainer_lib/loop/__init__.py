@@ -1,0 +1,1 @@
+"""What every training loop shares."""

@@ -1,0 +1,163 @@
+"""The cadence every training stage shares around its loop body, kept in one place.
+
+OpenRLHF keeps logging, evaluation and checkpointing in one ``save_logs_and_checkpoints``; here it
+is one small object, and each stage keeps its algorithm and loop body in its own file::
+
+    run = Cadence(cfg, strategy, "sft", steps, engine, parameters=count_parameters(model),
+                  evaluate=lambda: {"loss": ...})
+    run.restore("1000 train / 50 eval examples")   # checkpoint, tracker, step-0 eval, a banner
+    for step in run.steps():
+        ...                            # the stage's own forward / backward / step
+        run.window.add("loss", loss)   # its metrics, plus run.window.count(samples, tokens)
+        run.after_step(step, epoch=epoch)   # log, evaluate, checkpoint on their schedules
+    summary = run.finish({...})        # final evaluation, last checkpoint, tracker closed
+    run.save_model(tokenizer, summary) # HF model + summary.json at output_dir, published
+
+Schedules come from the shared training keys (``logging_steps``, ``eval_steps``, ``save_steps``,
+``save_total_limit``, ``checkpoint_dir``, ``resume``; trackers from ``report_to``). A log record holds the window's means, the
+same throughput keys in every stage (``samples_per_s``, ``tokens_per_s``), ``lr`` and
+``grad_norm`` of the main engine, ``epoch`` when the stage passes one, and ``log_extra()``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Callable
+
+from trainer_lib.engine.checkpoint import CheckpointManager
+from trainer_lib.config import flat_dict
+from trainer_lib.errors import NonFiniteLossError
+from trainer_lib.loop.tracking import MetricsWindow, Tracker
+
+
+class Cadence:
+    def __init__(self, cfg, strategy, stage: str, total_steps: int, engine, *,
+                 parameters: tuple[int, int] = (0, 0),
+                 evaluate: Callable[[], dict] | None = None,
+                 extra_engines: dict | None = None,
+                 client_state: Callable[[int], dict] | None = None,
+                 restore_state: Callable[[dict], None] | None = None,
+                 log_extra: Callable[[], dict] | None = None,
+                 window_keys: tuple[str, ...] = ()):
+        """``parameters`` is (trainable, total) of the main model, for the start banner;
+        ``evaluate()`` returns eval metrics (None: the stage has no eval data);
+        ``extra_engines`` are checkpointed with the main one (PPO's critic);
+        ``client_state(step)`` adds the stage's own state to a checkpoint and ``restore_state(state)``
+        puts it back; ``log_extra()`` adds keys to each train log record."""
+        self.cfg, self.strategy, self.stage, self.total = cfg, strategy, stage, total_steps
+        self.parameters = parameters
+        self.engine, self.extra_engines = engine, extra_engines or {}
+        self.evaluate = evaluate
+        self.client_state = client_state or (lambda step: {})
+        self.restore_state = restore_state
+        self.log_extra = log_extra or (lambda: {})
+        self.ckpt = CheckpointManager.for_stage(cfg, strategy)
+        self.window = MetricsWindow(window_keys)
+        self.start = 0
+        self.tracker: Tracker | None = None
+
+    @property
+    def output_dir(self) -> str:
+        """The local directory the stage's logs and final model are written to."""
+        return self.ckpt.local_dir
+
+    def restore(self, what: str) -> dict | None:
+        """Resume from the newest complete checkpoint (if ``resume``), print the start banner (the
+        stage's ``what``, then steps, parameters, world size), open the tracker, on a fresh start log
+        the step-0 evaluation, and put the main engine in train mode. Returns the checkpoint's client
+        state, or None."""
+        state = self.ckpt.restore(self.engine, self.extra_engines) if self.cfg.resume else None
+        self.start = int(state["step"]) if state else 0
+        if state and self.restore_state:
+            self.restore_state(state)
+        trainable, total = self.parameters
+        self.strategy.print(f"{self.stage}: {what}, {self.total} steps, {trainable:,}/{total:,} trainable params, "
+                            f"world size {self.strategy.world_size}"
+                            + (f", resuming at step {self.start}" if self.start else ""))
+        self.tracker = Tracker(self.ckpt.local_dir, enabled=self.strategy.is_rank_0, total_steps=self.total,
+                               initial_step=self.start, desc=self.stage, report_to=self.cfg.report_to,
+                               params=flat_dict(self.cfg))
+        self.write_ds_config()
+        if state is None and self.evaluate is not None:
+            self.tracker.log(0, self.evaluate(), split="eval")
+        self.engine.train()  # (models load in eval mode; gradient checkpointing runs only in train mode)
+        self.window = MetricsWindow(self.window.keys)  # throughput counts from here
+        return state
+
+    def write_ds_config(self) -> None:
+        """``ds_config.json`` next to the metrics: the DeepSpeed config the main engine got (after
+        ``engine.deepspeed_config`` was laid over ours), as the start of the run logged it."""
+        config = getattr(self.strategy, "effective_config", None)
+        if config is not None and self.strategy.is_rank_0:
+            os.makedirs(self.ckpt.local_dir, exist_ok=True)
+            with open(os.path.join(self.ckpt.local_dir, "ds_config.json"), "w", encoding="utf-8") as fh:
+                json.dump(config, fh, indent=2, sort_keys=True)
+
+    def steps(self) -> range:
+        return range(self.start, self.total)
+
+    def after_step(self, step: int, epoch: int | None = None) -> None:
+        """After optimizer step ``step`` (0-based): log, evaluate and checkpoint on their schedules;
+        the last step's evaluation and checkpoint are left to :meth:`finish`."""
+        cfg, done = self.cfg, step + 1
+        self.check_finite(done)
+        self.tracker.advance()
+        if done % cfg.logging_steps == 0 or done == self.total:
+            record = self.window.reduce(self.strategy)
+            record.update(lr=self.engine.get_lr()[0], grad_norm=self.strategy.grad_norm(self.engine))
+            if epoch is not None:
+                record["epoch"] = epoch
+            record.update(self.log_extra())
+            self.tracker.log(done, record)
+        if done == self.total:
+            return
+        if self.evaluate is not None and cfg.eval_steps and done % cfg.eval_steps == 0:
+            self.tracker.log(done, self.evaluate(), split="eval")
+        if cfg.save_steps and done % cfg.save_steps == 0:
+            self.save_checkpoint(done)
+
+    def check_finite(self, done: int) -> None:
+        """Stop the run when a loss of this window (``loss``, ``*_loss``) or the main engine's
+        gradient norm is NaN or inf on any rank.
+
+        The window's sums hold every loss since the last log, so the first non-finite one shows
+        here at its own step; a non-finite gradient norm means this step's update already spoiled
+        the weights (the loss only shows it a step later). All ranks take part in one all-reduce
+        and raise together; nothing of this step is logged or saved, so the newest checkpoint is
+        the last good one."""
+        bad = {k: v for k, v in self.window.sums.items()
+               if (k == "loss" or k.endswith("_loss")) and not math.isfinite(v)}
+        norm = self.strategy.recorded_grad_norm(self.engine)
+        if norm is not None and not math.isfinite(norm):
+            bad["grad_norm"] = norm
+        if self.strategy.all_reduce(1.0 if bad else 0.0, op="max") == 0.0:
+            return
+        found = ", ".join(f"{k}={v}" for k, v in bad.items()) or "on another rank"
+        latest = self.ckpt.latest_step()
+        kept = (f"the last complete checkpoint is step {latest} in {self.ckpt.ckpt_root}" if latest is not None
+                else "no checkpoint was saved")
+        raise NonFiniteLossError(f"{self.stage}: step {done}: loss or gradient is not finite ({found}); stopped without "
+                                 f"saving this step, {kept} (lower lr, or check the data and model)")
+
+    def save_checkpoint(self, step: int) -> None:
+        self.ckpt.save(self.engine, step, {"step": step, **self.client_state(step)}, self.extra_engines)
+
+    def finish(self, summary: dict) -> dict:
+        """Final evaluation (``summary["eval"]``), the last checkpoint, tracker closed."""
+        summary = {**summary, "steps": self.total, "output_dir": self.cfg.output_dir}
+        if self.evaluate is not None:
+            summary["eval"] = self.evaluate()
+            if self.start < self.total:  # (resumed from the last checkpoint: that logged it already)
+                self.tracker.log(self.total, summary["eval"], split="eval")
+        if self.cfg.save_steps and self.start < self.total:
+            self.save_checkpoint(self.total)
+        self.tracker.close()
+        return summary
+
+    def save_model(self, tokenizer, summary: dict, extra_files: dict[str, str] | None = None) -> dict:
+        """The Hugging Face model (LoRA merged, or the adapter alone with ``lora.merge=false``) and
+        ``summary.json`` at the output root, published."""
+        self.ckpt.finish(self.engine, tokenizer, summary, extra_files=extra_files)
+        return summary

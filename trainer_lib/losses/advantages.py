@@ -1,0 +1,114 @@
+"""Masked statistics and advantage estimators for PPO, GRPO and RLOO. Tensors in, tensors out.
+
+Shapes: ``(B, T)`` per-token tensors hold the response tokens of ``B`` sequences, right-padded;
+``mask`` is 1 on response tokens (up to and including the eos) and 0 on padding. Group
+methods take ``(B,)`` sequence rewards laid out as consecutive groups of ``group_size``
+completions of the same prompt. Nothing here imports more than torch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# --------------------------------------------------------------------------- masked statistics
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    return (values * mask).sum() if dim is None else (values * mask).sum(dim)
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean over positions where ``mask`` is 1 (0 when the mask is empty)."""
+    return masked_sum(values, mask, dim) / (mask.sum() if dim is None else mask.sum(dim)).clamp(min=1)
+
+
+def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance over masked positions; Bessel-corrected like ``torch.var`` when ``unbiased``."""
+    mean = masked_mean(values, mask)
+    var = masked_mean((values - mean) ** 2, mask)
+    count = mask.sum()
+    if unbiased and count > 1:
+        var = var * count / (count - 1)
+    return var
+
+
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
+                  eps: float = 1e-8) -> torch.Tensor:
+    """``(x - mean) / sqrt(var + eps)`` over masked positions; ``shift_mean=False`` keeps the mean
+    (rescales only), as PPO implementations do for rewards."""
+    mean, var = masked_mean(values, mask), masked_var(values, mask)
+    whitened = (values - mean) * torch.rsqrt(var + eps)
+    return whitened if shift_mean else whitened + mean
+
+
+def whiten(values: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    return masked_whiten(values, torch.ones_like(values), shift_mean, eps)
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``1 - Var[R - V] / Var[R]``: 1 for a perfect critic, 0 for a constant one, < 0 for worse."""
+    return 1 - masked_var(returns - values, mask) / masked_var(returns, mask).clamp(min=1e-8)
+
+
+# --------------------------------------------------------------------------- advantages
+
+
+def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
+                   lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalized advantage estimation (Schulman et al. 2016, eq. 11-16), ``(B, T)`` in and out.
+
+        delta_t = r_t + gamma * V_{t+1} - V_t
+        A_t     = delta_t + gamma * lam * A_{t+1}
+        R_t     = A_t + V_t                       (the critic's regression target)
+
+    Values at and after the end of a response (``mask == 0``) count as 0: the episode ends
+    with the last response token. Advantages and returns are 0 off the mask.
+    """
+    mask = mask.to(values.dtype)
+    values = values * mask
+    rewards = rewards * mask
+    steps = rewards.shape[-1]
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[..., 0])
+    for t in reversed(range(steps)):
+        next_value = values[..., t + 1] if t + 1 < steps else torch.zeros_like(running)
+        delta = rewards[..., t] + gamma * next_value - values[..., t]
+        running = delta + gamma * lam * running
+        advantages[..., t] = running
+    advantages = advantages * mask
+    return advantages, (advantages + values) * mask
+
+
+def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    if rewards.dim() != 1 or group_size < 1 or rewards.numel() % group_size:
+        raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size}")
+    return rewards.view(-1, group_size)
+
+
+def grpo_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True,
+                    eps: float = 1e-4) -> torch.Tensor:
+    """Group-relative advantages, ``(B,)`` in and out.
+
+    GRPO (Shao et al. 2024, DeepSeekMath sec. 4.1.2): ``A_i = (r_i - mean(r)) / (std(r) + eps)``
+    over the ``group_size`` completions of a prompt (``std`` Bessel-corrected, as ``torch.std``).
+    Dr. GRPO (Liu et al. 2025, eq. 3) drops the std scaling, which biases towards easy and
+    hard prompts: ``scale=False`` gives ``A_i = r_i - mean(r)``.
+    """
+    groups = _groups(rewards, group_size)
+    centered = groups - groups.mean(dim=1, keepdim=True)
+    if scale:
+        std = groups.std(dim=1, keepdim=True) if group_size > 1 else torch.zeros_like(centered[:, :1])
+        centered = centered / (std + eps)
+    return centered.reshape(-1)
+
+
+def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024, eq. 6; Kool et al. 2019), ``(B,)`` in and out.
+
+        A_i = r_i - 1/(k-1) * sum_{j != i} r_j
+    """
+    if group_size < 2:
+        raise ValueError("rloo_advantages: needs group_size >= 2 (a baseline from the other samples)")
+    groups = _groups(rewards, group_size)
+    baseline = (groups.sum(dim=1, keepdim=True) - groups) / (group_size - 1)
+    return (groups - baseline).reshape(-1)

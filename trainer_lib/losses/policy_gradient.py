@@ -1,0 +1,134 @@
+"""Policy-gradient objectives for PPO, GRPO and RLOO: KL estimators and control, clipped policy and
+value losses, and how token losses are averaged. Tensors in, tensors out.
+
+Shapes as in :mod:`trainer_lib.losses.advantages`: ``(B, T)`` per-token tensors of right-padded
+response tokens, ``mask`` 1 on response tokens. Nothing here imports more than torch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from trainer_lib.losses.advantages import masked_mean, masked_sum
+
+# --------------------------------------------------------------------------- KL estimators
+# Schulman, "Approximating KL divergence" (2020): with samples from pi and log-ratio
+# log r = ref - logprobs, each is an estimator of KL(pi || ref).
+
+
+def kl_k1(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """``log pi - log ref``: unbiased, high variance, can be negative."""
+    return logprobs - ref_logprobs
+
+
+def kl_k2(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """``0.5 * (log pi - log ref)^2``: biased, low variance, >= 0."""
+    return 0.5 * (logprobs - ref_logprobs) ** 2
+
+
+def kl_k3(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """``exp(ref - log pi) - (ref - log pi) - 1``: unbiased and >= 0 (GRPO eq. 4)."""
+    log_ratio = ref_logprobs - logprobs
+    return torch.exp(log_ratio) - log_ratio - 1
+
+
+KL_ESTIMATORS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str) -> torch.Tensor:
+    """Elementwise KL estimate of ``kind`` (``k1``, ``k2`` or ``k3``)."""
+    if kind not in KL_ESTIMATORS:
+        raise ValueError(f"kl_penalty: kind must be one of {sorted(KL_ESTIMATORS)}, got {kind!r}")
+    return KL_ESTIMATORS[kind](logprobs, ref_logprobs)
+
+
+class KLController:
+    """KL coefficient: fixed, or adaptive towards ``target`` (Ziegler et al. 2019, sec. 2.2).
+
+        e      = clip(KL / target - 1, -0.2, 0.2)
+        beta  <- beta * (1 + e * n_steps / horizon)
+
+    ``target=None`` keeps the coefficient fixed. ``state_dict`` / ``load_state_dict`` carry the
+    current value across a resume.
+    """
+
+    def __init__(self, coef: float, target: float | None = None, horizon: int = 10000):
+        self.value = float(coef)
+        self.target = target
+        self.horizon = horizon
+
+    def update(self, current_kl: float, n_steps: int) -> float:
+        if self.target:
+            error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
+            self.value *= 1.0 + error * n_steps / self.horizon
+        return self.value
+
+    def state_dict(self) -> dict:
+        return {"value": self.value}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.value = float(state["value"])
+
+
+# --------------------------------------------------------------------------- PPO losses
+
+
+def clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                      clip_range: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token clipped surrogate loss (Schulman et al. 2017, PPO eq. 7), negated to minimize:
+
+        ratio = exp(log pi - log pi_old)
+        loss  = -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)
+
+    ``advantages`` is ``(B, T)`` or ``(B, 1)`` (one per sequence, broadcast). Returns the loss
+    and a 0/1 tensor marking tokens where the clipped term was chosen.
+    """
+    ratio = torch.exp(logprobs - old_logprobs)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    return torch.maximum(unclipped, clipped), (clipped > unclipped).to(logprobs.dtype)
+
+
+def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                    mask: torch.Tensor, clip_range: float) -> tuple[torch.Tensor, dict]:
+    """Token-mean clipped surrogate, plus ``clip_fraction`` and ``approx_kl`` (old -> new, k2)."""
+    per_token, clipped = clipped_surrogate(logprobs, old_logprobs, advantages, clip_range)
+    with torch.no_grad():
+        stats = {"clip_fraction": masked_mean(clipped, mask),
+                 "approx_kl": masked_mean(kl_k2(logprobs, old_logprobs), mask)}
+    return masked_mean(per_token, mask), stats
+
+
+def ppo_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
+                   mask: torch.Tensor, clip_range: float) -> tuple[torch.Tensor, dict]:
+    """Clipped value loss (PPO2 baselines; Ziegler et al. 2019):
+
+        V_clip = V_old + clip(V - V_old, -eps, eps)
+        loss   = 0.5 * mean(max((V - R)^2, (V_clip - R)^2))
+
+    ``clip_range <= 0`` turns clipping off (plain squared error).
+    """
+    unclipped = (values - returns) ** 2
+    if clip_range > 0:
+        clipped_values = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
+        clipped = (clipped_values - returns) ** 2
+        per_token = torch.maximum(unclipped, clipped)
+        fraction = masked_mean((clipped > unclipped).to(values.dtype), mask)
+    else:
+        per_token, fraction = unclipped, torch.zeros((), dtype=values.dtype)
+    return 0.5 * masked_mean(per_token, mask), {"value_clip_fraction": fraction.detach()}
+
+
+# --------------------------------------------------------------------------- aggregation
+# How per-token losses become one number changes what a long answer weighs.
+
+
+def sequence_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """GRPO (Shao et al. 2024, eq. 3): ``1/G sum_i 1/|o_i| sum_t l_{i,t}``."""
+    return masked_mean(per_token, mask, dim=-1).mean()
+
+
+def constant_normalized_sum(per_token: torch.Tensor, mask: torch.Tensor, max_tokens: int) -> torch.Tensor:
+    """Dr. GRPO (Liu et al. 2025, eq. 3): ``1/G sum_i 1/L sum_t l_{i,t}`` with a constant ``L``
+    (the generation budget), so no length bias from dividing by ``|o_i|``."""
+    return masked_sum(per_token, mask) / (per_token.shape[0] * max_tokens)

@@ -1,0 +1,309 @@
+"""Preference optimization: DPO and its variants (IPO, hinge/SLiC, robust DPO, SimPO, KTO).
+
+    posttrain dpo model.path=SFT_DIR data.path=PREFS output_dir=OUT loss=sigmoid beta=0.1
+
+Every step: one forward pass of the policy over chosen and rejected together (``2B`` sequences, one
+padding-free packed row with ``data.packing``, the default; padded rows otherwise), the
+reference's log-probs for the same rows (a frozen model, a precomputed table, or the LoRA policy
+with its adapters disabled), the configured loss (picked once at setup by :func:`select_objective`),
+backward, step. Log-probs are summed over completion tokens (SimPO averages them). KTO trains on
+unpaired rows (``prompt``/``completion``/``label``; pairs are split into a desirable and an
+undesirable row) and takes its KL reference point from mismatched prompt/completion pairs.
+
+Metrics (train and eval): ``loss``, ``rewards/chosen``, ``rewards/rejected``, ``rewards/margins``,
+``rewards/accuracy`` (implicit reward ``beta * (log pi - log pi_ref)`` of chosen above rejected),
+``logps/chosen``, ``logps/rejected`` and ``logps/accuracy`` (policy log-prob of chosen above
+rejected: at step 0 this is the starting model's held-out preference accuracy).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from trainer_lib import storage
+from trainer_lib.config import TrainingConfig, opt
+from trainer_lib.errors import ConfigError
+from trainer_lib.errors import UserError
+from trainer_lib.loop.micro_batches import MicroBatchSchedule, total_steps
+
+LOSSES = ("sigmoid", "ipo", "hinge", "robust", "simpo", "kto")
+REFERENCES = ("auto", "model", "precomputed", "adapter")
+
+
+@dataclass
+class DPOConfig(TrainingConfig):
+    loss: str = opt("sigmoid", "Preference loss: sigmoid (DPO; with label_smoothing: cDPO), ipo, hinge "
+                               "(SLiC), robust (robust DPO), simpo (reference-free), kto (unpaired).", LOSSES)
+    beta: float = opt(0.1, "Inverse temperature of the implicit reward (IPO: tau). SimPO wants ~2-2.5.")
+    label_smoothing: float = opt(0.0, "Assumed label-flip rate eps for sigmoid (cDPO) and robust "
+                                      "(0 <= eps < 0.5).")
+    simpo_gamma: float = opt(1.0, "SimPO target reward margin gamma.")
+    rpo_alpha: float = opt(0.0, "Weight alpha of RPO's NLL term on the chosen completion (Pang et al. 2024): "
+                                "loss + alpha * (-log pi(y_w|x) / |y_w|); keeps chosen answers likely while "
+                                "the margin grows. 0: off; the paper uses 1.0. Paired losses only.")
+    kto_desirable_weight: float = opt(1.0, "KTO lambda_D, weight of desirable completions.")
+    kto_undesirable_weight: float = opt(1.0, "KTO lambda_U, weight of undesirable completions.")
+    reference: str = opt("auto", "Reference log-probs: a frozen copy of reference_model_path ('model'), "
+                                 "a table computed once before training and cached ('precomputed'), or the "
+                                 "LoRA policy with adapters disabled ('adapter'). auto: adapter when "
+                                 "lora.r > 0, else model. Ignored by simpo.", REFERENCES)
+    reference_model_path: str | None = opt(None, "Reference model; default model.path.")
+    reference_logps_path: str | None = opt(None, "Directory (local or URL) caching precomputed reference "
+                                                 "log-probs, one file per reference+data fingerprint; "
+                                                 "default <output_dir>/reference_logps.")
+
+    def reference_mode(self) -> str:
+        if self.loss == "simpo":
+            return "none"
+        if self.reference == "auto":
+            return "adapter" if self.lora.r > 0 else "model"
+        return self.reference
+
+    def validate(self) -> None:
+        super().validate()
+        if not self.beta > 0:
+            raise ConfigError(f"beta: expected a positive number, got {self.beta}")
+        if self.label_smoothing and self.loss not in ("sigmoid", "robust"):
+            raise ConfigError(f"label_smoothing: only used by loss=sigmoid or loss=robust, not loss={self.loss}")
+        if not 0.0 <= self.label_smoothing < 0.5:
+            raise ConfigError(f"label_smoothing: expected 0 <= x < 0.5, got {self.label_smoothing}")
+        if self.rpo_alpha < 0 or (self.rpo_alpha and self.loss == "kto"):
+            raise ConfigError(f"rpo_alpha: expected >= 0 with a paired loss (not kto), got {self.rpo_alpha} "
+                              f"with loss={self.loss}")
+        if min(self.kto_desirable_weight, self.kto_undesirable_weight) < 0:
+            raise ConfigError("kto_desirable_weight/kto_undesirable_weight: expected >= 0")
+        uses_base = self.reference_model_path in (None, self.model.path)
+        if self.reference_mode() == "adapter" and (self.lora.r == 0 or not uses_base):
+            raise ConfigError("reference: 'adapter' needs lora.r > 0 and the reference to be model.path "
+                              "(set reference=model for another reference model)")
+
+
+CONFIG = DPOConfig
+
+
+# --------------------------------------------------------------------------- objectives and metrics
+
+
+def select_objective(cfg: DPOConfig) -> Callable:
+    """The configured loss as ``objective(policy, reference, batch) -> (B,)``, chosen once."""
+    from trainer_lib.data.preference_batches import average_logps
+    from trainer_lib.losses import (dpo_sigmoid_loss, hinge_loss, ipo_loss, kto_loss, kto_reference_point,
+                                    robust_dpo_loss, rpo_nll_term, simpo_loss)
+
+    beta, eps = cfg.beta, cfg.label_smoothing
+    objectives = {
+        "sigmoid": lambda p, r, b: dpo_sigmoid_loss(p.chosen, p.rejected, r.chosen, r.rejected, beta, eps),
+        "ipo": lambda p, r, b: ipo_loss(p.chosen, p.rejected, r.chosen, r.rejected, beta),
+        "hinge": lambda p, r, b: hinge_loss(p.chosen, p.rejected, r.chosen, r.rejected, beta),
+        "robust": lambda p, r, b: robust_dpo_loss(p.chosen, p.rejected, r.chosen, r.rejected, beta, eps),
+        "simpo": lambda p, r, b: simpo_loss(average_logps(p.chosen, p.chosen_tokens),
+                                            average_logps(p.rejected, p.rejected_tokens), beta, cfg.simpo_gamma),
+        # KTO halves: completion, mismatched KL completion (see trainer_lib.data.preference_batches)
+        "kto": lambda p, r, b: kto_loss(p.chosen, r.chosen, b["label"].to(p.chosen.device),
+                                        kto_reference_point(p.rejected, r.rejected), beta,
+                                        cfg.kto_desirable_weight, cfg.kto_undesirable_weight),
+    }
+    objective, alpha = objectives[cfg.loss], cfg.rpo_alpha
+    if not alpha:
+        return objective
+    return lambda p, r, b: objective(p, r, b) + alpha * rpo_nll_term(p.chosen, p.chosen_tokens)
+
+
+PAIRED_METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracy",
+                  "logps/chosen", "logps/rejected", "logps/accuracy")
+UNPAIRED_METRICS = ("loss", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected", "kl")
+
+
+def batch_metrics(kind: str, policy, reference, beta: float, batch: dict) -> dict:
+    """Per-example metric values (1-D tensors) of a batch; rewards are DPO's implicit rewards
+    ``beta * (log pi - log pi_ref)`` (reference-free SimPO: ``beta * mean token log pi``)."""
+    from trainer_lib.data.preference_batches import average_logps
+
+    if reference is None:
+        chosen = beta * average_logps(policy.chosen, policy.chosen_tokens)
+        rejected = beta * average_logps(policy.rejected, policy.rejected_tokens)
+    else:
+        chosen = beta * (policy.chosen - reference.chosen)
+        rejected = beta * (policy.rejected - reference.rejected)
+    if kind == "paired":
+        return {"rewards/chosen": chosen, "rewards/rejected": rejected, "rewards/margins": chosen - rejected,
+                "rewards/accuracy": (chosen > rejected).float(), "logps/chosen": policy.chosen,
+                "logps/rejected": policy.rejected, "logps/accuracy": (policy.chosen > policy.rejected).float()}
+    label = batch["label"].to(chosen.device)
+    kl = (policy.rejected - reference.rejected).mean(0, keepdim=True)
+    return {"rewards/chosen": chosen[label], "rewards/rejected": chosen[~label],
+            "logps/chosen": policy.chosen[label], "logps/rejected": policy.chosen[~label], "kl": kl}
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class Split:
+    kind: str  # "paired" or "unpaired"
+    examples: list[dict]
+    groups: list[list[int]]
+    collate: Callable
+
+
+def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
+    """``({"train": Split, "eval": Split?, "eval_unpaired": Split?}, format)``.
+
+    Paired losses train on pairs; KTO on unpaired rows (pairs are split into two). Paired eval
+    data is always evaluated as pairs (preference accuracy); under KTO also as unpaired rows (loss).
+    """
+    from trainer_lib.data import preference_batches as pref
+    from trainer_lib.data.dataset import training_data
+    from trainer_lib.data.tokenize import micro_batches
+    from trainer_lib.data.tokenized import tokenize_split
+
+    kto = cfg.loss == "kto"
+    allowed = pref.PAIRED_FORMATS + (pref.UNPAIRED_FORMATS if kto else ())
+    data = training_data(cfg.data, cfg.seed, allowed_formats=allowed, tokenizer=tokenizer,
+                         stage=f"dpo loss={cfg.loss}" + ("" if kto else " (unpaired data needs loss=kto)"))
+    fmt = data.format
+    max_len, pad = cfg.data.max_length, tokenizer.pad_token_id
+    paired = fmt in pref.PAIRED_FORMATS
+
+    def unpaired(examples: list[dict], seed: int) -> list[dict]:
+        return pref.assign_kl_completions(pref.unpair(examples) if paired else examples, seed, max_len)
+
+    # data.packing: a micro-batch's 2B sequences as one padding-free row (models/attention.py attends
+    # each on its own); never for remote modelling code, whose attention may not honour position_ids.
+    packed = cfg.data.packing and not cfg.model.trust_remote_code
+
+    def split(kind: str, examples: list[dict], batch_size: int) -> Split:
+        collate = pref.collate_pairs if kind == "paired" else pref.collate_unpaired
+        return Split(kind, examples, micro_batches(examples, batch_size, max_len, packing=False),
+                     lambda rows: collate(rows, pad, packed=packed))
+
+    def tokenized(name: str) -> list[dict]:
+        # tokenized by data.num_workers processes and cached; the examples are then lists (KTO pairs them up)
+        ds = tokenize_split(data.splits[name], data.fingerprints[name], "pairs" if paired else "unpaired", fmt,
+                            tokenizer, max_len, cfg.data.num_workers, what=f"{cfg.data.path} [{name}]")
+        return ds.to_list()
+
+    train, evals = tokenized("train"), tokenized("eval")
+    if not train:
+        raise UserError(f"data.path: {cfg.data.path} has no rows to train on")
+    sets = {"train": split("unpaired", unpaired(train, cfg.seed), cfg.batch_size) if kto
+            else split("paired", train, cfg.batch_size)}
+    if evals and paired:
+        sets["eval"] = split("paired", evals, cfg.eval_batch_size)
+    if evals and kto:
+        sets["eval_unpaired"] = split("unpaired", unpaired(evals, cfg.seed + 1), cfg.eval_batch_size)
+    return sets, fmt
+
+
+def evaluate(engine, strategy, name: str, split: Split, reference, objective, cfg: DPOConfig) -> dict:
+    """Mean metrics over one eval split (sharded across ranks); the loss where it applies."""
+    from trainer_lib.models.reference import forward_logps
+    from trainer_lib.loop.tracking import means_of, sums_and_counts
+
+    with_loss = split.kind == ("unpaired" if cfg.loss == "kto" else "paired")
+    keys = PAIRED_METRICS if split.kind == "paired" else UNPAIRED_METRICS
+
+    def sums(group: list[int]) -> dict:
+        batch = split.collate([split.examples[i] for i in group])
+        policy = forward_logps(engine, batch, strategy.device)
+        ref = reference(name, group, batch) if reference is not None else None
+        values = batch_metrics(split.kind, policy, ref, cfg.beta, batch)
+        if with_loss:
+            values["loss"] = objective(policy, ref, batch)
+        return sums_and_counts(values)
+
+    zeros = {f"{k}{suffix}": 0.0 for k in keys for suffix in ("", "#n")}
+    return means_of(strategy.sharded_sums(split.groups, sums, zeros, models=(engine,)), keys)
+
+
+def evaluate_all(engine, strategy, sets: dict, reference, objective, cfg: DPOConfig) -> dict:
+    metrics = {}
+    for name in ("eval", "eval_unpaired"):
+        if name in sets:
+            result = evaluate(engine, strategy, name, sets[name], reference, objective, cfg)
+            if name == "eval_unpaired" and "eval" in sets:  # KTO on pairs: its loss and KL only
+                result = {k: result[k] for k in ("loss", "kl") if k in result}
+            metrics.update(result)
+    return metrics
+
+
+# --------------------------------------------------------------------------- run
+
+
+def run(cfg: DPOConfig) -> dict:
+    from trainer_lib.loop.cadence import Cadence
+    from trainer_lib.data.tokenize import count_tokens
+    from trainer_lib.models.load import apply_lora, count_parameters, load_causal_lm, load_tokenizer
+    from trainer_lib.models.reference import (AdapterReference, FrozenModelReference, forward_logps,
+                                              precomputed_reference)
+    from trainer_lib.engine.batch_size import resolve_batch_size
+    from trainer_lib.engine.strategy import DeepSpeedStrategy
+
+    resolve_batch_size(cfg, sequences_per_row=2)  # a chosen and a rejected sequence per pair
+    strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
+    strategy.setup_distributed()
+
+    # ---- data
+    tokenizer = load_tokenizer(cfg.model)
+    sets, fmt = build_splits(cfg, tokenizer)
+    train = sets["train"]
+    schedule = MicroBatchSchedule(len(train.groups), cfg.engine.gradient_accumulation_steps,
+                                  strategy.world_size, cfg.seed)
+    steps = total_steps(cfg, len(train.groups), schedule.batches_per_step())
+    objective = select_objective(cfg)
+
+    # ---- policy engine
+    model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
+    engine = strategy.prepare(model, total_steps=steps, **cfg.optimizer_args())
+    run = Cadence(cfg, strategy, "dpo", steps, engine, parameters=count_parameters(model),
+                  window_keys=PAIRED_METRICS if train.kind == "paired" else UNPAIRED_METRICS,
+                  evaluate=(lambda: evaluate_all(engine, strategy, sets, reference, objective, cfg))
+                  if len(sets) > 1 else None)
+
+    # ---- reference (before the step-0 evaluation, which uses it)
+    mode, status = cfg.reference_mode(), None
+
+    def frozen_model():
+        path = cfg.reference_model_path or cfg.model.path
+        return FrozenModelReference(strategy.prepare_frozen(load_causal_lm(cfg.model, cfg.engine.precision, path)),
+                                    strategy.device)
+
+    def live():
+        return AdapterReference(engine, strategy) if cfg.lora.r > 0 and cfg.reference_model_path in (
+            None, cfg.model.path) else frozen_model()
+
+    if mode == "model":
+        reference = frozen_model()
+    elif mode == "adapter":
+        reference = AdapterReference(engine, strategy)
+    elif mode == "precomputed":
+        directory = cfg.reference_logps_path or storage.join(cfg.output_dir, "reference_logps")
+        identity = [cfg.reference_model_path or cfg.model.path, cfg.engine.precision]
+        reference, status = precomputed_reference(sets, strategy, live, directory, identity, cfg.eval_batch_size)
+    else:  # simpo is reference-free
+        reference = None
+    run.restore(f"loss={cfg.loss}, reference={mode}, {len(train.examples)} train examples ({fmt}), "
+                f"{len(train.groups)} micro-batches")
+
+    # ---- the loop
+    for step in run.steps():
+        for slot in range(schedule.accumulation):
+            epoch, group = schedule.index(step, slot, strategy.rank)
+            ids = train.groups[group]
+            batch = train.collate([train.examples[i] for i in ids])
+            policy = forward_logps(engine, batch, strategy.device)
+            ref = reference("train", ids, batch) if reference is not None else None
+            losses = objective(policy, ref, batch)
+            strategy.backward(losses.mean(), engine)
+            strategy.optimizer_step(engine)
+            run.window.add_all({"loss": losses, **batch_metrics(train.kind, policy, ref, cfg.beta, batch)})
+            run.window.count(samples=len(ids), tokens=count_tokens(batch))
+        run.after_step(step, epoch=epoch)
+
+    # ---- final evaluation and Hugging Face export (LoRA merged)
+    summary = run.finish({"stage": "dpo", "loss": cfg.loss, "reference": mode,
+                          "train_examples": len(train.examples), "format": fmt})
+    if status:
+        summary["reference_logps"] = status
+    return run.save_model(tokenizer, summary)

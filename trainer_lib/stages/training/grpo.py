@@ -1,0 +1,148 @@
+"""Critic-free RL: GRPO, Dr. GRPO and RLOO on groups of ``rollout.n`` completions per prompt.
+
+    posttrain grpo model.path=SFT data.path=PROMPTS output_dir=OUT reward.functions=code_execution
+
+Every step: take ``prompts_per_step`` prompts (a pure function of seed and step), sample
+``rollout.n`` completions of each with the current policy, score them, turn the group's
+rewards into one advantage per completion, and take ``ppo_epochs`` passes of clipped-ratio
+updates over shuffled mini-batches:
+
+    loss_{i,t} = -min(rho_{i,t} A_i, clip(rho_{i,t}, 1 - epsilon, 1 + epsilon) A_i) + beta * KL3_{i,t}
+
+with ``rho = pi / pi_old`` and the k3 estimate of KL(pi || pi_ref) as a loss term (Shao et al.
+2024, eq. 3-4). ``advantage`` picks, once, how advantages are formed and how token losses are
+averaged:
+
+    grpo     (r - mean) / (std + eps) per group        mean over tokens, then over completions
+    dr_grpo  r - mean per group                        sum over tokens / (completions * max_new_tokens)
+    rloo     r - mean of the other n - 1 completions   mean over tokens, then over completions
+
+With ``multi_adapter=true`` (and LoRA) policy, reference and a LoRA reward model of the same base
+share one frozen base (:mod:`trainer_lib.models.multi_adapter`): the policy adapter, the base with
+adapters disabled, and the reward adapter with its score head.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from dataclasses import dataclass
+
+from trainer_lib.config import opt
+from trainer_lib.errors import ConfigError
+from trainer_lib.config.rl import RLConfig
+
+
+@dataclass
+class GRPOConfig(RLConfig):
+    advantage: str = opt("grpo", "Advantage estimator (and loss averaging, see the stage's docs).",
+                         ("grpo", "dr_grpo", "rloo"))
+    beta: float = opt(0.04, "Coefficient of the k3 KL(policy || reference) loss term (0: no reference model).")
+    epsilon: float = opt(0.2, "Clip range of the probability ratio.")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.rollout.n < 2:
+            raise ConfigError("rollout.n: group methods need at least 2 completions per prompt")
+        if self.beta < 0 or self.epsilon <= 0:
+            raise ConfigError("beta: expected >= 0; epsilon: expected > 0")
+
+
+CONFIG = GRPOConfig
+
+
+def advantage_and_loss(cfg: GRPOConfig):
+    """(rewards (B,) -> advantages (B,), (per-token loss, mask) -> scalar loss) for ``cfg.advantage``."""
+    from trainer_lib.losses import (constant_normalized_sum, grpo_advantages, rloo_advantages,
+                                       sequence_mean)
+
+    n = cfg.rollout.n
+    return {
+        "grpo": (functools.partial(grpo_advantages, group_size=n, scale=True), sequence_mean),
+        "dr_grpo": (functools.partial(grpo_advantages, group_size=n, scale=False),
+                    functools.partial(constant_normalized_sum, max_tokens=cfg.rollout.max_new_tokens)),
+        "rloo": (functools.partial(rloo_advantages, group_size=n), sequence_mean),
+    }[cfg.advantage]
+
+
+def run(cfg: GRPOConfig) -> dict:
+    import torch
+
+    from trainer_lib.loop.cadence import Cadence
+    from trainer_lib.losses import clipped_surrogate, kl_k3, masked_mean
+    from trainer_lib.models import multi_adapter
+    from trainer_lib.models.load import apply_lora, count_parameters, disable_dropout, load_causal_lm
+    from trainer_lib.rl import experience as rl
+    from trainer_lib.rl.rollout import token_logprobs
+
+    # ---- prompts, schedule, models, rewards
+    strategy, tokenizer, eval_rows, schedule = rl.start(cfg)
+    steps, n, temperature = schedule.steps, cfg.rollout.n, cfg.rollout.temperature
+    shared = multi_adapter.build(cfg, strategy, with_value=False) if cfg.multi_adapter else None
+    policy = shared.model if shared else apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
+    disable_dropout(policy)
+    engine = strategy.prepare(policy, total_steps=steps * cfg.updates_per_step(), **cfg.optimizer_args())
+    if shared:  # the reference is the shared base with adapters off, the reward model (if a LoRA of it) an adapter
+        reference = shared.reference() if cfg.beta > 0 else None
+        rewards = rl.build_rewards(cfg, strategy, tokenizer, reward_model=shared.reward_model())
+    else:
+        reference = rl.load_reference(cfg, strategy) if cfg.beta > 0 else None
+        rewards = rl.build_rewards(cfg, strategy, tokenizer)
+    advantages_of, aggregate = advantage_and_loss(cfg)
+    reuse_logprobs = cfg.updates_per_step() == 1  # one update: pi_old is the policy itself
+
+    run = Cadence(cfg, strategy, "grpo", steps, engine, parameters=count_parameters(policy),
+                  evaluate=rl.held_out_evaluation(engine, strategy, tokenizer, eval_rows, rewards, cfg),
+                  client_state=lambda step: {"rewards": rewards.state_dict()},
+                  restore_state=lambda state: rewards.load_state_dict(state["rewards"]))
+    try:
+        run.restore(f"{cfg.advantage} advantages, {len(schedule.prompts)} train / {len(eval_rows)} eval prompts, "
+                    f"{cfg.prompts_per_step} prompts x {n} completions per step")
+
+        # ---- the loop
+        for step in run.steps():
+            rewards.trainer_state = schedule.trainer_state(step)  # reward functions may read the step
+            # 1. rollout: sample, score, group advantages
+            rollout, scores, metrics = rl.sample_and_score(engine, strategy, tokenizer, schedule.rows(step), cfg,
+                                                           rewards, schedule.sampling_seed(step))
+            advantages = advantages_of(scores)
+            # 2. log-probs before the update: pi_old (if it differs from pi) and the reference
+            logprob_start = time.perf_counter()
+            with torch.no_grad():
+                old_logprobs = None if reuse_logprobs else rl.per_micro_batch(
+                    lambda part: token_logprobs(engine, part, temperature)[0], rollout, cfg.batch_size)
+                ref_logprobs = None if cfg.beta == 0 else rl.per_micro_batch(
+                    lambda part: rl.reference_logprobs(reference, engine, part, temperature), rollout, cfg.batch_size)
+            # 3. clipped policy-gradient updates over shuffled mini-batches
+            train_start = time.perf_counter()
+            for micro in schedule.update_micro_batches(step):
+                part = rollout.select(micro)
+                width = part.response_ids.shape[1]
+                mask = part.response_mask.to(strategy.device).float()
+                logprobs, entropy = token_logprobs(engine, part, temperature, with_entropy=True)
+                old = logprobs.detach() if old_logprobs is None else old_logprobs[micro, :width].to(logprobs.device)
+                adv = advantages[micro].to(logprobs.device).unsqueeze(1)
+                per_token, clipped = clipped_surrogate(logprobs, old, adv, cfg.epsilon)
+                if ref_logprobs is not None:
+                    kl = kl_k3(logprobs, ref_logprobs[micro, :width].to(logprobs.device))
+                    per_token = per_token + cfg.beta * kl
+                    run.window.add("kl", masked_mean(kl.detach(), mask))
+                loss = aggregate(per_token, mask)
+                strategy.backward(loss, engine)
+                strategy.optimizer_step(engine)
+                run.window.add_all({"loss": loss, "clip_fraction": masked_mean(clipped, mask),
+                                    "entropy": masked_mean(entropy, mask)})
+            run.window.add_all({**metrics, "logprob_time": train_start - logprob_start,
+                                "train_time": time.perf_counter() - train_start})
+            run.window.count(samples=len(rollout), tokens=rl.rollout_tokens(rollout))
+            run.after_step(step)
+
+        # ---- final evaluation and Hugging Face export
+        summary = run.finish({"stage": "grpo", "advantage": cfg.advantage, "train_prompts": len(schedule.prompts)})
+    finally:
+        rewards.close()
+    if "eval" in summary:
+        summary["eval_reward"] = summary["eval"]["reward"]
+    if shared:
+        shared.keep_policy_only()  # the output is the policy (merged per lora.merge), as without multi_adapter
+    return run.save_model(tokenizer, summary)
