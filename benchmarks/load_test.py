@@ -24,9 +24,16 @@ import time
 import urllib.error
 import urllib.request
 
-PROMPTS = ["What is two plus two?", "Name a color.", "Say hello.", "Write a Python function add_one(x).",
-           "Write a Python function double(x).", "Is the sky green?", "Define f(x) that returns x + 1.",
-           "What comes after Monday?"]
+PROMPTS = [
+    "What is two plus two?",
+    "Name a color.",
+    "Say hello.",
+    "Write a Python function add_one(x).",
+    "Write a Python function double(x).",
+    "Is the sky green?",
+    "Define f(x) that returns x + 1.",
+    "What comes after Monday?",
+]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -39,8 +46,12 @@ def percentile(values: list[float], q: float) -> float:
 def request(url: str, model: str, prompt: str, max_tokens: int, timeout_s: float) -> tuple[float, str | None, str]:
     """One generate request: (seconds, text_output or None, error text or "")."""
     body = json.dumps({"text_input": prompt, "max_tokens": max_tokens}).encode()
-    req = urllib.request.Request(f"{url.rstrip('/')}/v2/models/{model}/generate", data=body, method="POST",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{url.rstrip('/')}/v2/models/{model}/generate",
+        data=body,
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     start = time.perf_counter()
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
@@ -52,8 +63,16 @@ def request(url: str, model: str, prompt: str, max_tokens: int, timeout_s: float
         return time.perf_counter() - start, None, f"{type(exc).__name__}: {exc}"[:300]
 
 
-def run_load(url: str, model: str, *, requests: int = 200, concurrency: int = 16, max_tokens: int = 16,
-             prompts: list[str] = PROMPTS, timeout_s: float = 120.0) -> dict:
+def run_load(
+    url: str,
+    model: str,
+    *,
+    requests: int = 200,
+    concurrency: int = 16,
+    max_tokens: int = 16,
+    prompts: list[str] = PROMPTS,
+    timeout_s: float = 120.0,
+) -> dict:
     """Send ``requests`` requests, ``concurrency`` at a time; the figures, plus every answer by prompt
     index (``answers``: list of (prompt index, text or None)) so callers can check them."""
     jobs = [i % len(prompts) for i in range(requests)]
@@ -64,9 +83,15 @@ def run_load(url: str, model: str, *, requests: int = 200, concurrency: int = 16
     latencies = [seconds for seconds, _, _ in results]
     errors = [error for _, _, error in results if error]
     return {
-        "requests": requests, "concurrency": concurrency, "max_tokens": max_tokens, "seconds": elapsed,
-        "requests_per_s": requests / elapsed, "errors": len(errors), "error_examples": sorted(set(errors))[:5],
-        "latency_p50_ms": 1000 * percentile(latencies, 50), "latency_p99_ms": 1000 * percentile(latencies, 99),
+        "requests": requests,
+        "concurrency": concurrency,
+        "max_tokens": max_tokens,
+        "seconds": elapsed,
+        "requests_per_s": requests / elapsed,
+        "errors": len(errors),
+        "error_examples": sorted(set(errors))[:5],
+        "latency_p50_ms": 1000 * percentile(latencies, 50),
+        "latency_p99_ms": 1000 * percentile(latencies, 99),
         "latency_max_ms": 1000 * max(latencies),
         "output_chars": sum(len(text) for _, text, _ in results if text),
         "answers": [(i, text) for i, (_, text, _) in zip(jobs, results)],
@@ -76,13 +101,18 @@ def run_load(url: str, model: str, *, requests: int = 200, concurrency: int = 16
 def serve_export(export_dir: str, variant: str, model: str, workdir: str):
     """Publish ``export_dir`` as version 1 of ``model`` in a repository under ``workdir``; a started server."""
     from trainer_lib.config import load_config
-    from trainer_lib.serving.server import TritonServer
     from trainer_lib.config.layers import nest
+    from trainer_lib.serving.server import TritonServer
     from trainer_lib.stages.lifecycle import deploy
 
     repository = os.path.join(workdir, "repository")
-    deploy.run(load_config(deploy.CONFIG, None, nest({"export.path": export_dir, "repository": repository,
-                                                      "model_name": model, "variant": variant})))
+    deploy.run(
+        load_config(
+            deploy.CONFIG,
+            None,
+            nest({"export.path": export_dir, "repository": repository, "model_name": model, "variant": variant}),
+        )
+    )
     return TritonServer(repository, load=[model], log_path=os.path.join(workdir, "server.log")).start(timeout_s=120)
 
 
@@ -104,17 +134,20 @@ def main(argv: list[str] | None = None) -> int:
         try:
             url = server.url if server else args.url
             request(url, args.model, PROMPTS[0], args.max_tokens, 120.0)  # warm up (first request loads sessions)
-            figures = run_load(url, args.model, requests=args.requests, concurrency=args.concurrency,
-                               max_tokens=args.max_tokens)
+            figures = run_load(
+                url, args.model, requests=args.requests, concurrency=args.concurrency, max_tokens=args.max_tokens
+            )
         finally:
             if server:
                 server.stop()
     figures.pop("answers")
     figures["served"] = f"{args.export} ({args.variant})" if args.export else args.url
-    print(f"{figures['requests']} requests, {figures['concurrency']} concurrent, max_tokens {figures['max_tokens']}: "
-          f"{figures['requests_per_s']:.1f} requests/s, p50 {figures['latency_p50_ms']:.1f} ms, "
-          f"p99 {figures['latency_p99_ms']:.1f} ms, max {figures['latency_max_ms']:.1f} ms, "
-          f"{figures['errors']} errors")
+    print(
+        f"{figures['requests']} requests, {figures['concurrency']} concurrent, max_tokens {figures['max_tokens']}: "
+        f"{figures['requests_per_s']:.1f} requests/s, p50 {figures['latency_p50_ms']:.1f} ms, "
+        f"p99 {figures['latency_p99_ms']:.1f} ms, max {figures['latency_max_ms']:.1f} ms, "
+        f"{figures['errors']} errors"
+    )
     for example in figures["error_examples"]:
         print(f"  error: {example}", file=sys.stderr)
     if args.json:

@@ -31,8 +31,10 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODES = ("multi_adapter", "separate", "separate_lora")
-WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
-         "upsilon phi chi psi omega one two three four five six seven eight nine ten red green blue").split()
+WORDS = (
+    "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau "
+    "upsilon phi chi psi omega one two three four five six seven eight nine ten red green blue"
+).split()
 
 
 def build_models(root: str, layers: int, hidden: int, intermediate: int, seed: int = 0) -> dict:
@@ -43,14 +45,21 @@ def build_models(root: str, layers: int, hidden: int, intermediate: int, seed: i
     from transformers import AutoModelForSequenceClassification
 
     from trainer_lib.config import LoraConfig
-    from trainer_lib.models.heads import STATS_FILE, apply_reward_lora
     from trainer_lib.demo.tiny_model import build_tiny_llama, train_tokenizer
+    from trainer_lib.models.heads import STATS_FILE, apply_reward_lora
 
     rng = random.Random(seed)
     texts = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 24))) for _ in range(2000)]
     tokenizer = train_tokenizer(texts, vocab_size=2048)
-    model = build_tiny_llama(tokenizer, num_layers=layers, hidden_size=hidden, num_heads=hidden // 64,
-                             num_kv_heads=hidden // 64, intermediate_size=intermediate, seed=seed)
+    model = build_tiny_llama(
+        tokenizer,
+        num_layers=layers,
+        hidden_size=hidden,
+        num_heads=hidden // 64,
+        num_kv_heads=hidden // 64,
+        intermediate_size=intermediate,
+        seed=seed,
+    )
     params = sum(p.numel() for p in model.parameters())
     paths = {name: os.path.join(root, name) for name in ("base", "rm_adapter", "rm_full")}
     model.save_pretrained(paths["base"])
@@ -83,9 +92,23 @@ def build_models(root: str, layers: int, hidden: int, intermediate: int, seed: i
 
 
 def ppo_args(mode: str, paths: dict, out: str, steps: int, device_bf16: bool) -> list[str]:
-    args = ["ppo", f"model.path={paths['base']}", f"data.path={paths['prompts']}", f"output_dir={out}",
-            "rollout.n=4", "prompts_per_step=4", "rollout.max_new_tokens=32", "batch_size=8", "ppo_epochs=1",
-            f"max_steps={steps}", "save_steps=0", "logging_steps=1", "data.eval_fraction=0", "seed=1", "lr=1e-5"]
+    args = [
+        "ppo",
+        f"model.path={paths['base']}",
+        f"data.path={paths['prompts']}",
+        f"output_dir={out}",
+        "rollout.n=4",
+        "prompts_per_step=4",
+        "rollout.max_new_tokens=32",
+        "batch_size=8",
+        "ppo_epochs=1",
+        f"max_steps={steps}",
+        "save_steps=0",
+        "logging_steps=1",
+        "data.eval_fraction=0",
+        "seed=1",
+        "lr=1e-5",
+    ]
     if device_bf16:
         args.append("engine.precision=bf16")
     if mode == "multi_adapter":
@@ -129,12 +152,25 @@ def main(argv: list[str] | None = None) -> int:
 
     with tempfile.TemporaryDirectory(prefix="multi_adapter_memory_") as root:
         built = build_models(root, args.layers, args.hidden, args.intermediate)
-        print(f"model: {built['parameters'] / 1e6:.1f}M parameters ({args.layers} layers, hidden {args.hidden})",
-              flush=True)
+        print(
+            f"model: {built['parameters'] / 1e6:.1f}M parameters ({args.layers} layers, hidden {args.hidden})",
+            flush=True,
+        )
         records = {}
         for mode in args.modes.split(","):
-            cmd = [sys.executable, "-m", "benchmarks.multi_adapter_memory", "--child", mode, "--steps",
-                   str(args.steps), "--paths", json.dumps(built["paths"]), "--out", os.path.join(root, mode)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "benchmarks.multi_adapter_memory",
+                "--child",
+                mode,
+                "--steps",
+                str(args.steps),
+                "--paths",
+                json.dumps(built["paths"]),
+                "--out",
+                os.path.join(root, mode),
+            ]
             if args.bf16:
                 cmd.append("--bf16")
             env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -145,13 +181,17 @@ def main(argv: list[str] | None = None) -> int:
             records[mode] = json.loads(done.stdout.strip().splitlines()[-1])
             print(json.dumps(records[mode]), flush=True)
     key = "cuda_peak_mb" if all("cuda_peak_mb" in r for r in records.values()) else "peak_rss_mb"
-    ratios = {f"multi_adapter/{other}": records["multi_adapter"][key] / records[other][key]
-              for other in ("separate", "separate_lora") if other in records and "multi_adapter" in records}
+    ratios = {
+        f"multi_adapter/{other}": records["multi_adapter"][key] / records[other][key]
+        for other in ("separate", "separate_lora")
+        if other in records and "multi_adapter" in records
+    }
     print("ratio " + " ".join(f"{name}={value:.3f}" for name, value in ratios.items()) + f" ({key})")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"parameters": built["parameters"], "records": records, "ratios": ratios, "measure": key}, fh,
-                      indent=2)
+            json.dump(
+                {"parameters": built["parameters"], "records": records, "ratios": ratios, "measure": key}, fh, indent=2
+            )
     return 0
 
 

@@ -37,14 +37,16 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORDS = ("the a of to and in is it that for on with as was at by this be are from or have an not but what "
-         "all were when we there can your which their said if do will each about how up out them then she "
-         "many some so these would other into has more her two like him see time could no make than first "
-         "been its who now people my made over did down only way find use may water long little very after "
-         "words called just where most know get through back much before go good new write our used me man "
-         "too any day same right look think also around another came come work three word must because does "
-         "part even place well such here take why things help put years different away again off went old "
-         "number function return value list python code print error test file class data loop string").split()
+WORDS = (
+    "the a of to and in is it that for on with as was at by this be are from or have an not but what "
+    "all were when we there can your which their said if do will each about how up out them then she "
+    "many some so these would other into has more her two like him see time could no make than first "
+    "been its who now people my made over did down only way find use may water long little very after "
+    "words called just where most know get through back much before go good new write our used me man "
+    "too any day same right look think also around another came come work three word must because does "
+    "part even place well such here take why things help put years different away again off went old "
+    "number function return value list python code print error test file class data loop string"
+).split()
 
 
 def sentence(rng: random.Random, low: int, high: int) -> str:
@@ -116,8 +118,12 @@ def timed_pass(kind: str, prepared: str, tokenizer_dir: str, workers: int, work:
     with ``workers`` workers, in a fresh process as every stage runs it (no state carried between passes)."""
     scratch = tempfile.mkdtemp(dir=work)
     try:
-        proc = subprocess.run([sys.executable, "-c", TIMED_PASS, kind, prepared, tokenizer_dir, str(workers), scratch],
-                              env=env, capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-c", TIMED_PASS, kind, prepared, tokenizer_dir, str(workers), scratch],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             raise SystemExit(f"{kind} pass with {workers} worker(s) failed:\n{proc.stderr[-3000:]}")
         return json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
@@ -133,14 +139,20 @@ def bench_speed(work: str, rows: str, tokenizer_dir: str, rounds: int, env: dict
         for workers in (1, 2):
             for kind in ("sft", "lengths"):
                 times[kind][workers].append(timed_pass(kind, prepared, tokenizer_dir, workers, work, env))
-            print(f"round {round_}: {workers} worker(s): sft {times['sft'][workers][-1]:.1f}s, "
-                  f"lengths {times['lengths'][workers][-1]:.1f}s", flush=True)
+            print(
+                f"round {round_}: {workers} worker(s): sft {times['sft'][workers][-1]:.1f}s, "
+                f"lengths {times['lengths'][workers][-1]:.1f}s",
+                flush=True,
+            )
     with open(rows, encoding="utf-8") as fh:
         result = {"rows": sum(1 for _ in fh)}
     for kind, by_workers in times.items():
         one, two = statistics.median(by_workers[1]), statistics.median(by_workers[2])
-        result[kind] = {"seconds_1_worker": by_workers[1], "seconds_2_workers": by_workers[2],
-                        "speedup": round(one / two, 3)}
+        result[kind] = {
+            "seconds_1_worker": by_workers[1],
+            "seconds_2_workers": by_workers[2],
+            "speedup": round(one / two, 3),
+        }
     return result
 
 
@@ -156,22 +168,40 @@ def bench_cache(work: str, rows: str, tokenizer_dir: str, env: dict) -> dict:
     mtime = os.stat(os.path.join(cache_dir, built[-1])).st_mtime_ns
     second, _ = cli(["prepare", *common, f"output_dir={os.path.join(work, 'out-b')}"], env)
     reused = entries() == built and os.stat(os.path.join(cache_dir, built[-1])).st_mtime_ns == mtime
-    print(f"prepare: first {first:.1f}s, again into another output_dir {second:.1f}s (cache reused: {reused})",
-          flush=True)
-    return {"first_s": round(first, 2), "second_s": round(second, 2), "speedup": round(first / second, 3),
-            "second_reused": reused}
+    print(
+        f"prepare: first {first:.1f}s, again into another output_dir {second:.1f}s (cache reused: {reused})", flush=True
+    )
+    return {
+        "first_s": round(first, 2),
+        "second_s": round(second, 2),
+        "speedup": round(first / second, 3),
+        "second_reused": reused,
+    }
 
 
 def bench_memory(work: str, count: int, tokenizer_dir: str, env: dict) -> dict:
     rows = os.path.join(work, "short.jsonl")
     write_rows(rows, count, seed=1, turns=(1, 1), length=(2, 12))
     probe = os.path.join(work, "rss.json")
-    code = ("import json, resource, sys; from trainer_lib import cli; rc = cli.main(sys.argv[2:]); "
-            "u = resource.getrusage; json.dump({'self_kib': u(resource.RUSAGE_SELF).ru_maxrss, "
-            "'children_kib': u(resource.RUSAGE_CHILDREN).ru_maxrss}, open(sys.argv[1], 'w')); sys.exit(rc)")
-    cmd = ["/usr/bin/time", "-v", sys.executable, "-c", code, probe, "prepare", f"data.path={rows}",
-           f"model.path={tokenizer_dir}", "data.max_length=512", "data.num_workers=2",
-           f"output_dir={os.path.join(work, 'out-memory')}"]
+    code = (
+        "import json, resource, sys; from trainer_lib import cli; rc = cli.main(sys.argv[2:]); "
+        "u = resource.getrusage; json.dump({'self_kib': u(resource.RUSAGE_SELF).ru_maxrss, "
+        "'children_kib': u(resource.RUSAGE_CHILDREN).ru_maxrss}, open(sys.argv[1], 'w')); sys.exit(rc)"
+    )
+    cmd = [
+        "/usr/bin/time",
+        "-v",
+        sys.executable,
+        "-c",
+        code,
+        probe,
+        "prepare",
+        f"data.path={rows}",
+        f"model.path={tokenizer_dir}",
+        "data.max_length=512",
+        "data.num_workers=2",
+        f"output_dir={os.path.join(work, 'out-memory')}",
+    ]
     start = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - start
@@ -180,8 +210,11 @@ def bench_memory(work: str, count: int, tokenizer_dir: str, env: dict) -> dict:
     peak_kib = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1))
     with open(probe, encoding="utf-8") as fh:
         own = json.load(fh)
-    mib = {"time_v_peak_mib": round(peak_kib / 1024), "self_peak_mib": round(own["self_kib"] / 1024),
-           "largest_worker_peak_mib": round(own["children_kib"] / 1024)}
+    mib = {
+        "time_v_peak_mib": round(peak_kib / 1024),
+        "self_peak_mib": round(own["self_kib"] / 1024),
+        "largest_worker_peak_mib": round(own["children_kib"] / 1024),
+    }
     print(f"prepare of {count} short rows: {seconds:.1f}s, peak RSS {mib}", flush=True)
     return {"rows": count, "seconds": round(seconds, 1), **mib}
 
@@ -198,8 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     parts = set(args.parts.split(","))
     work = args.workdir or tempfile.mkdtemp(prefix="prepare-scale-")
     os.makedirs(work, exist_ok=True)
-    env = {**os.environ, "POSTTRAIN_CACHE": os.path.join(work, "cache"), "POSTTRAIN_NO_PROGRESS": "1",
-           "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    env = {
+        **os.environ,
+        "POSTTRAIN_CACHE": os.path.join(work, "cache"),
+        "POSTTRAIN_NO_PROGRESS": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
+    }
     os.environ["POSTTRAIN_CACHE"] = env["POSTTRAIN_CACHE"]
     result = {"cpus": os.cpu_count(), "load_average": os.getloadavg()}
     try:
@@ -223,8 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(result))
     summary = []
     if "speed" in result:
-        summary += [f"sft_tokenize_speedup_2_workers={result['speed']['sft']['speedup']}",
-                    f"lengths_speedup_2_workers={result['speed']['lengths']['speedup']}"]
+        summary += [
+            f"sft_tokenize_speedup_2_workers={result['speed']['sft']['speedup']}",
+            f"lengths_speedup_2_workers={result['speed']['lengths']['speedup']}",
+        ]
     if "cache" in result:
         summary.append(f"prepare_again_speedup={result['cache']['speedup']}")
     if "memory" in result:

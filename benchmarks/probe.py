@@ -23,6 +23,7 @@ import json
 import resource
 import time
 
+
 def measure_peak_flops(device: str, size: int = 2048, reps: int = 5) -> float:
     """FLOP/s of a ``size`` x ``size`` matmul (fp32 on CPU, bf16 on CUDA), best of ``reps``."""
     import torch
@@ -37,16 +38,28 @@ def measure_peak_flops(device: str, size: int = 2048, reps: int = 5) -> float:
         start = time.perf_counter()
         (a @ b).sum().item()
         best = min(best, time.perf_counter() - start)
-    return 2 * size ** 3 / best
+    return 2 * size**3 / best
 
 
 #: operator groups of a profile (self CPU time of ops whose name contains one of the parts)
-OP_GROUPS = {"matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
-             "attention": ("scaled_dot_product", "flash_attention", "aten::softmax", "aten::_softmax"),
-             "log-softmax / cross-entropy": ("log_softmax", "nll_loss", "cross_entropy", "logsumexp"),
-             "optimizer": ("adam", "Adam", "_foreach", "lerp", "addcdiv", "addcmul"),
-             "copies / layout": ("aten::copy_", "aten::cat", "aten::clone", "aten::contiguous", "aten::to",
-                                 "aten::index", "aten::gather", "aten::scatter", "aten::fill_", "aten::zero_")}
+OP_GROUPS = {
+    "matmul": ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"),
+    "attention": ("scaled_dot_product", "flash_attention", "aten::softmax", "aten::_softmax"),
+    "log-softmax / cross-entropy": ("log_softmax", "nll_loss", "cross_entropy", "logsumexp"),
+    "optimizer": ("adam", "Adam", "_foreach", "lerp", "addcdiv", "addcmul"),
+    "copies / layout": (
+        "aten::copy_",
+        "aten::cat",
+        "aten::clone",
+        "aten::contiguous",
+        "aten::to",
+        "aten::index",
+        "aten::gather",
+        "aten::scatter",
+        "aten::fill_",
+        "aten::zero_",
+    ),
+}
 
 
 def profile_shares(profiler, top: int = 10) -> dict:
@@ -61,8 +74,11 @@ def profile_shares(profiler, top: int = 10) -> dict:
                 groups[name] += e.self_cpu_time_total / total
                 break
     groups["other"] = 1.0 - sum(groups.values())
-    return {"total_self_cpu_s": total / 1e6, "groups": groups,
-            "top": [[e.key, e.self_cpu_time_total / total] for e in ranked[:top]]}
+    return {
+        "total_self_cpu_s": total / 1e6,
+        "groups": groups,
+        "top": [[e.key, e.self_cpu_time_total / total] for e in ranked[:top]],
+    }
 
 
 class Probe:
@@ -116,7 +132,7 @@ class Probe:
             out = generate(self, *args, **kwargs)
             ids = kwargs.get("input_ids", args[0] if args else None)
             sequences = out.sequences if hasattr(out, "sequences") else out
-            new = sequences[:, ids.shape[1]:]
+            new = sequences[:, ids.shape[1] :]
             pad = self.generation_config.pad_token_id
             probe.generated_tokens += int((new != pad).sum()) if pad is not None else int(new.numel())
             probe.generate_rows += int(new.shape[0])
@@ -127,10 +143,12 @@ class Probe:
     def step_end(self) -> None:
         if self.device == "cuda":
             import torch
+
             torch.cuda.synchronize()
         self.marks.append((time.perf_counter(), self.trained_tokens, self.generated_tokens))
         if self.profile_until and self.profiler is None and len(self.marks) == max(self.warmup, 1):
             import torch
+
             self.profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
             self.profiler.__enter__()
         elif self.profiler is not None and self.profile is None and len(self.marks) >= self.profile_until:
@@ -138,12 +156,13 @@ class Probe:
             self.profile = profile_shares(self.profiler)
 
     @classmethod
-    def from_spec(cls, spec: dict) -> "Probe":
+    def from_spec(cls, spec: dict) -> Probe:
         return cls(spec["device"], spec["warmup"], spec["steps"] if spec.get("profile") else 0)
 
     def peak_memory_bytes(self) -> int:
         if self.device == "cuda":
             import torch
+
             return int(torch.cuda.max_memory_allocated())
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
@@ -158,10 +177,14 @@ class Probe:
         seconds = max(t1 - t0, 1e-9)
         trained = trained1 - trained0
         out = {
-            "timed_steps": steps, "seconds": seconds, "trained_tokens": trained,
-            "tokens_per_s": trained / seconds, "peak_memory_bytes": self.peak_memory_bytes(),
+            "timed_steps": steps,
+            "seconds": seconds,
+            "trained_tokens": trained,
+            "tokens_per_s": trained / seconds,
+            "peak_memory_bytes": self.peak_memory_bytes(),
             "final_loss": self.losses[-1] if self.losses else float("nan"),
-            "parameters": self.parameters, "peak_flops": self.peak_flops,
+            "parameters": self.parameters,
+            "peak_flops": self.peak_flops,
             "mfu": 6 * self.parameters * trained / seconds / self.peak_flops,
         }
         if self.profile is not None:

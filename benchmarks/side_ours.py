@@ -15,27 +15,52 @@ from benchmarks.probe import Probe, write_result
 
 def overrides(spec: dict, output_dir: str) -> list[str]:
     common = {
-        "model.path": spec["model_dir"], "data.path": spec["data_path"], "output_dir": output_dir,
-        "max_steps": spec["steps"], "batch_size": spec["batch_size"], "lr": spec["lr"],
-        "lr_scheduler": "constant", "warmup_steps": 0, "adam_beta1": spec["adam_beta1"],
-        "adam_beta2": spec["adam_beta2"], "adam_epsilon": spec["adam_epsilon"],
-        "weight_decay": spec["weight_decay"], "engine.max_grad_norm": spec["max_grad_norm"],
-        "engine.precision": spec["precision"], "engine.gradient_checkpointing": "false",
-        "engine.gradient_accumulation_steps": spec["accumulation"], "data.max_length": spec["max_length"],
-        "data.packing": "false", "data.eval_fraction": 0, "save_steps": 0, "eval_steps": 0,
-        "logging_steps": 1, "report_to": "none", "resume": "false", "seed": spec["seed"],
+        "model.path": spec["model_dir"],
+        "data.path": spec["data_path"],
+        "output_dir": output_dir,
+        "max_steps": spec["steps"],
+        "batch_size": spec["batch_size"],
+        "lr": spec["lr"],
+        "lr_scheduler": "constant",
+        "warmup_steps": 0,
+        "adam_beta1": spec["adam_beta1"],
+        "adam_beta2": spec["adam_beta2"],
+        "adam_epsilon": spec["adam_epsilon"],
+        "weight_decay": spec["weight_decay"],
+        "engine.max_grad_norm": spec["max_grad_norm"],
+        "engine.precision": spec["precision"],
+        "engine.gradient_checkpointing": "false",
+        "engine.gradient_accumulation_steps": spec["accumulation"],
+        "data.max_length": spec["max_length"],
+        "data.packing": "false",
+        "data.eval_fraction": 0,
+        "save_steps": 0,
+        "eval_steps": 0,
+        "logging_steps": 1,
+        "report_to": "none",
+        "resume": "false",
+        "seed": spec["seed"],
     }
     if spec["algo"] == "dpo":
         common.update({"loss": "sigmoid", "beta": spec["dpo_beta"], "reference": "model"})
     if spec["algo"] == "grpo":
         completions = spec["prompts_per_step"] * spec["group_size"]
-        common.update({
-            "prompts_per_step": spec["prompts_per_step"], "rollout.n": spec["group_size"],
-            "rollout.max_new_tokens": spec["max_new_tokens"], "rollout.temperature": spec["temperature"],
-            "rollout.batch_size": completions, "batch_size": completions, "mini_batch_size": 0, "ppo_epochs": 1,
-            "engine.gradient_accumulation_steps": 1, "beta": 0.0, "advantage": "grpo",
-            "reward.functions": f'["{spec["reward_function"]}"]',
-        })
+        common.update(
+            {
+                "prompts_per_step": spec["prompts_per_step"],
+                "rollout.n": spec["group_size"],
+                "rollout.max_new_tokens": spec["max_new_tokens"],
+                "rollout.temperature": spec["temperature"],
+                "rollout.batch_size": completions,
+                "batch_size": completions,
+                "mini_batch_size": 0,
+                "ppo_epochs": 1,
+                "engine.gradient_accumulation_steps": 1,
+                "beta": 0.0,
+                "advantage": "grpo",
+                "reward.functions": f'["{spec["reward_function"]}"]',
+            }
+        )
     return [f"{key}={value}" for key, value in common.items()]
 
 

@@ -23,8 +23,7 @@ def main(spec_path: str, out_path: str) -> int:
     import torch
     import trl
     from datasets import Dataset
-    from transformers import (AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer,
-                              TrainerCallback)
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
 
     class Timing(TrainerCallback):
         def on_step_end(self, args, state, control, **kwargs):
@@ -41,12 +40,25 @@ def main(spec_path: str, out_path: str) -> int:
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
     common = dict(
         output_dir=os.path.join(os.path.dirname(out_path), os.path.basename(out_path) + ".run"),
-        max_steps=spec["steps"], per_device_train_batch_size=spec["batch_size"],
-        gradient_accumulation_steps=spec["accumulation"], learning_rate=spec["lr"], lr_scheduler_type="constant",
-        warmup_steps=0, adam_beta1=spec["adam_beta1"], adam_beta2=spec["adam_beta2"],
-        adam_epsilon=spec["adam_epsilon"], weight_decay=spec["weight_decay"], max_grad_norm=spec["max_grad_norm"],
-        bf16=spec["precision"] == "bf16", gradient_checkpointing=False, use_cpu=not cuda, report_to=[],
-        save_strategy="no", logging_steps=1, seed=spec["seed"], dataloader_num_workers=0,
+        max_steps=spec["steps"],
+        per_device_train_batch_size=spec["batch_size"],
+        gradient_accumulation_steps=spec["accumulation"],
+        learning_rate=spec["lr"],
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        adam_beta1=spec["adam_beta1"],
+        adam_beta2=spec["adam_beta2"],
+        adam_epsilon=spec["adam_epsilon"],
+        weight_decay=spec["weight_decay"],
+        max_grad_norm=spec["max_grad_norm"],
+        bf16=spec["precision"] == "bf16",
+        gradient_checkpointing=False,
+        use_cpu=not cuda,
+        report_to=[],
+        save_strategy="no",
+        logging_steps=1,
+        seed=spec["seed"],
+        dataloader_num_workers=0,
     )
     torch.manual_seed(spec["seed"])  # the reward head is initialised here, before the Trainer seeds
     if algo == "reward":
@@ -68,13 +80,22 @@ def main(spec_path: str, out_path: str) -> int:
         from benchmarks.vs_trl import length_reward
 
         completions = spec["prompts_per_step"] * spec["group_size"]
-        config = trl.GRPOConfig(**{**common, "per_device_train_batch_size": completions,
-                                   "gradient_accumulation_steps": 1},
-                                num_generations=spec["group_size"], max_completion_length=spec["max_new_tokens"],
-                                temperature=spec["temperature"], top_k=0, top_p=1.0, beta=0.0, loss_type="grpo",
-                                scale_rewards="group", num_iterations=1, steps_per_generation=1)
-        trainer = trl.GRPOTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer,
-                                  reward_funcs=[length_reward])
+        config = trl.GRPOConfig(
+            **{**common, "per_device_train_batch_size": completions, "gradient_accumulation_steps": 1},
+            num_generations=spec["group_size"],
+            max_completion_length=spec["max_new_tokens"],
+            temperature=spec["temperature"],
+            top_k=0,
+            top_p=1.0,
+            beta=0.0,
+            loss_type="grpo",
+            scale_rewards="group",
+            num_iterations=1,
+            steps_per_generation=1,
+        )
+        trainer = trl.GRPOTrainer(
+            model=model, args=config, train_dataset=dataset, processing_class=tokenizer, reward_funcs=[length_reward]
+        )
     trainer.add_callback(Timing())
     trainer.train()
     write_result(out_path, probe.result(spec["prompts_per_step"]))

@@ -29,8 +29,7 @@ WEIGHTS = (".safetensors", ".onnx", ".bin", ".data")
 def posttrain(*args: str) -> None:
     env = {**os.environ, "POSTTRAIN_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
     command = os.path.join(os.path.dirname(sys.executable), "posttrain")  # the installed console command
-    proc = subprocess.run([command, *args],
-                          env=env, capture_output=True, text=True)
+    proc = subprocess.run([command, *args], env=env, capture_output=True, text=True)
     if proc.returncode:
         raise SystemExit(f"posttrain {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
@@ -59,54 +58,149 @@ def evaluation(directory: str) -> dict:
     with open(os.path.join(directory, "metrics.json"), encoding="utf-8") as fh:
         metrics = json.load(fh)
     samples = os.path.join(directory, "per_problem")
-    hashes = {name: hashlib.sha256(open(os.path.join(samples, name), "rb").read()).hexdigest()
-              for name in sorted(os.listdir(samples))}
+    hashes = {
+        name: hashlib.sha256(open(os.path.join(samples, name), "rb").read()).hexdigest()
+        for name in sorted(os.listdir(samples))
+    }
     return {"models": metrics.get("models"), "gate": metrics.get("gate"), "samples": hashes}
 
 
 def run_all(root: str) -> dict:
     data, model = os.path.join(root, "data"), os.path.join(root, "tiny")
     common = ["seed=0", "max_length=128", "logging_steps=1", "save_steps=0"]
-    posttrain("demo-data", f"output_dir={data}", "n_code_train=120", "n_code_eval=10", "n_safety_train=40",
-              "n_safety_eval=10", "n_safety_sft=20", "n_code_rl=16", "teacher_mistakes=0.5")
+    posttrain(
+        "demo-data",
+        f"output_dir={data}",
+        "n_code_train=120",
+        "n_code_eval=10",
+        "n_safety_train=40",
+        "n_safety_eval=10",
+        "n_safety_sft=20",
+        "n_code_rl=16",
+        "teacher_mistakes=0.5",
+    )
     posttrain("tiny-model", f"corpus={data}/corpus.txt", f"output_dir={model}", "vocab_size=400", "hidden_size=64")
-    out = {"demo-data": {name: hashlib.sha256(open(os.path.join(data, name), "rb").read()).hexdigest()
-                         for name in sorted(os.listdir(data))}}
+    out = {
+        "demo-data": {
+            name: hashlib.sha256(open(os.path.join(data, name), "rb").read()).hexdigest()
+            for name in sorted(os.listdir(data))
+        }
+    }
     runs = {
-        "sft": ["sft", f"model.path={model}", f"data.path={data}/sft.jsonl", "max_steps=8", "lr=1e-3",
-                "batch_size=4", "eval_steps=4"],
-        "reward": ["reward", f"model.path={model}", f"data.path={data}/preferences.jsonl", "max_steps=6",
-                   "batch_size=4"],
-        "dpo": ["dpo", "model.path=@sft", f"data.path={data}/preferences.jsonl", "max_steps=6", "batch_size=4",
-                "rpo_alpha=0.5"],
-        "dpo-ipo-precomputed": ["dpo", "model.path=@sft", f"data.path={data}/preferences.jsonl", "max_steps=4",
-                                "batch_size=4", "loss=ipo", "reference=precomputed"],
-        "grpo": ["grpo", "model.path=@sft", f"data.path={data}/code_tasks.jsonl", "max_steps=3",
-                 "prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=12", "batch_size=4",
-                 "reward.functions=length_penalty,code_execution", "reward.sandbox_workers=1"],
-        "rloo": ["grpo", "model.path=@sft", f"data.path={data}/code_tasks.jsonl", "max_steps=2", "advantage=rloo",
-                 "prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=12", "batch_size=4", "ppo_epochs=2",
-                 "mini_batch_size=4", "reward.model_path=@reward", "reward.functions=length_penalty"],
-        "ppo": ["ppo", "model.path=@sft", f"data.path={data}/code_tasks.jsonl", "max_steps=3",
-                "prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=12", "batch_size=2", "ppo_epochs=2",
-                "reward.model_path=@reward", "freeze_actor_steps=1", "kl.adaptive=true"],
-        "ppo-multi-adapter": ["ppo", "model.path=@sft", f"data.path={data}/code_tasks.jsonl", "max_steps=3",
-                              "prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=12", "batch_size=2",
-                              "multi_adapter=true", "lora.r=4", "reward.functions=length_penalty",
-                              "freeze_actor_steps=1", "critic_lr=2e-4"],
+        "sft": [
+            "sft",
+            f"model.path={model}",
+            f"data.path={data}/sft.jsonl",
+            "max_steps=8",
+            "lr=1e-3",
+            "batch_size=4",
+            "eval_steps=4",
+        ],
+        "reward": [
+            "reward",
+            f"model.path={model}",
+            f"data.path={data}/preferences.jsonl",
+            "max_steps=6",
+            "batch_size=4",
+        ],
+        "dpo": [
+            "dpo",
+            "model.path=@sft",
+            f"data.path={data}/preferences.jsonl",
+            "max_steps=6",
+            "batch_size=4",
+            "rpo_alpha=0.5",
+        ],
+        "dpo-ipo-precomputed": [
+            "dpo",
+            "model.path=@sft",
+            f"data.path={data}/preferences.jsonl",
+            "max_steps=4",
+            "batch_size=4",
+            "loss=ipo",
+            "reference=precomputed",
+        ],
+        "grpo": [
+            "grpo",
+            "model.path=@sft",
+            f"data.path={data}/code_tasks.jsonl",
+            "max_steps=3",
+            "prompts_per_step=2",
+            "rollout.n=4",
+            "rollout.max_new_tokens=12",
+            "batch_size=4",
+            "reward.functions=length_penalty,code_execution",
+            "reward.sandbox_workers=1",
+        ],
+        "rloo": [
+            "grpo",
+            "model.path=@sft",
+            f"data.path={data}/code_tasks.jsonl",
+            "max_steps=2",
+            "advantage=rloo",
+            "prompts_per_step=2",
+            "rollout.n=4",
+            "rollout.max_new_tokens=12",
+            "batch_size=4",
+            "ppo_epochs=2",
+            "mini_batch_size=4",
+            "reward.model_path=@reward",
+            "reward.functions=length_penalty",
+        ],
+        "ppo": [
+            "ppo",
+            "model.path=@sft",
+            f"data.path={data}/code_tasks.jsonl",
+            "max_steps=3",
+            "prompts_per_step=2",
+            "rollout.n=2",
+            "rollout.max_new_tokens=12",
+            "batch_size=2",
+            "ppo_epochs=2",
+            "reward.model_path=@reward",
+            "freeze_actor_steps=1",
+            "kl.adaptive=true",
+        ],
+        "ppo-multi-adapter": [
+            "ppo",
+            "model.path=@sft",
+            f"data.path={data}/code_tasks.jsonl",
+            "max_steps=3",
+            "prompts_per_step=2",
+            "rollout.n=2",
+            "rollout.max_new_tokens=12",
+            "batch_size=2",
+            "multi_adapter=true",
+            "lora.r=4",
+            "reward.functions=length_penalty",
+            "freeze_actor_steps=1",
+            "critic_lr=2e-4",
+        ],
     }
     for name, (stage, *keys) in runs.items():
-        keys = [k.replace("@sft", os.path.join(root, "sft")).replace("@reward", os.path.join(root, "reward"))
-                for k in keys]
+        keys = [
+            k.replace("@sft", os.path.join(root, "sft")).replace("@reward", os.path.join(root, "reward")) for k in keys
+        ]
         target = os.path.join(root, name)
         posttrain(stage, *common, *keys, f"output_dir={target}")
         out[name] = fingerprint(target)
         print(f"{name}: {len(out[name]['files'])} files, {len(out[name]['metrics'])} metric records", flush=True)
     models = ",".join([f"base={model}"] + [f"{m}={os.path.join(root, m)}" for m in ("sft", "dpo", "grpo")])
-    posttrain("evaluate", f"models={models}", "baseline=sft", f"data_dir={data}", "humaneval.limit=2", "humaneval.n=2", "humaneval.k=[1]",
-              "humaneval.max_new_tokens=16", "tasks.max_new_tokens=24", "safety.max_new_tokens=16",
-              f"reward_model_path={os.path.join(root, 'reward')}", "sandbox_workers=1",
-              f"output_dir={os.path.join(root, 'evaluate')}")
+    posttrain(
+        "evaluate",
+        f"models={models}",
+        "baseline=sft",
+        f"data_dir={data}",
+        "humaneval.limit=2",
+        "humaneval.n=2",
+        "humaneval.k=[1]",
+        "humaneval.max_new_tokens=16",
+        "tasks.max_new_tokens=24",
+        "safety.max_new_tokens=16",
+        f"reward_model_path={os.path.join(root, 'reward')}",
+        "sandbox_workers=1",
+        f"output_dir={os.path.join(root, 'evaluate')}",
+    )
     out["evaluate"] = evaluation(os.path.join(root, "evaluate"))
     posttrain("export", f"model_path={os.path.join(root, 'sft')}", f"output_dir={os.path.join(root, 'export')}")
     out["export"] = fingerprint(os.path.join(root, "export"))

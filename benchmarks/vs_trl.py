@@ -29,12 +29,16 @@ ALGOS = ("sft", "reward", "dpo", "grpo")
 
 # Llama shapes: (layers, hidden, heads, kv heads, intermediate, vocab, default max length)
 SIZES = {
-    "tiny": dict(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate=256, vocab=512, max_length=128),
-    "small": dict(num_layers=4, hidden_size=256, num_heads=4, num_kv_heads=2, intermediate=1024, vocab=2048,
-                  max_length=1024),
+    "tiny": dict(
+        num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate=256, vocab=512, max_length=128
+    ),
+    "small": dict(
+        num_layers=4, hidden_size=256, num_heads=4, num_kv_heads=2, intermediate=1024, vocab=2048, max_length=1024
+    ),
     # Qwen2.5-0.5B-like blocks (bf16, CUDA only); the vocabulary stays what the tokenizer learns.
-    "0.5b": dict(num_layers=24, hidden_size=896, num_heads=14, num_kv_heads=2, intermediate=4864, vocab=8192,
-                 max_length=1024),
+    "0.5b": dict(
+        num_layers=24, hidden_size=896, num_heads=14, num_kv_heads=2, intermediate=4864, vocab=8192, max_length=1024
+    ),
 }
 
 
@@ -77,8 +81,15 @@ def make_rows(algo: str, count: int, seed: int) -> list[dict]:
             rows.append({"messages": user + [{"role": "assistant", "content": text(max(4, n - prompt_len))}]})
         else:
             answer_len = max(4, n - prompt_len)
-            rows.append({"prompt": user, "chosen": [{"role": "assistant", "content": text(answer_len)}],
-                         "rejected": [{"role": "assistant", "content": text(max(4, int(answer_len * rng.uniform(0.5, 1.5))))}]})
+            rows.append(
+                {
+                    "prompt": user,
+                    "chosen": [{"role": "assistant", "content": text(answer_len)}],
+                    "rejected": [
+                        {"role": "assistant", "content": text(max(4, int(answer_len * rng.uniform(0.5, 1.5))))}
+                    ],
+                }
+            )
     return rows
 
 
@@ -92,13 +103,20 @@ def build_workload(args, workdir: str) -> dict:
     prompts_per_step = args.prompts_per_step if args.algo == "grpo" else 0
     count = args.steps * (prompts_per_step or batch * args.accumulation)  # one pass over the data
     rows = make_rows(args.algo, count, args.seed)
-    corpus = [m["content"] for row in make_rows("dpo", 200, args.seed + 1) for key in ("prompt", "chosen")
-              for m in row[key]]
+    corpus = [
+        m["content"] for row in make_rows("dpo", 200, args.seed + 1) for key in ("prompt", "chosen") for m in row[key]
+    ]
     tokenizer = train_tokenizer(corpus, vocab_size=size["vocab"])
-    model = build_tiny_llama(tokenizer, num_layers=size["num_layers"], hidden_size=size["hidden_size"],
-                             num_heads=size["num_heads"], num_kv_heads=size["num_kv_heads"],
-                             intermediate_size=size["intermediate"], max_positions=max(max_length, 1024) + 512,
-                             seed=args.seed)
+    model = build_tiny_llama(
+        tokenizer,
+        num_layers=size["num_layers"],
+        hidden_size=size["hidden_size"],
+        num_heads=size["num_heads"],
+        num_kv_heads=size["num_kv_heads"],
+        intermediate_size=size["intermediate"],
+        max_positions=max(max_length, 1024) + 512,
+        seed=args.seed,
+    )
     model_dir = os.path.join(workdir, "model")
     model.save_pretrained(model_dir, safe_serialization=True)
     tokenizer.save_pretrained(model_dir)
@@ -107,13 +125,28 @@ def build_workload(args, workdir: str) -> dict:
         for row in rows:
             f.write(json.dumps(row) + "\n")
     return {
-        "algo": args.algo, "model_dir": model_dir, "data_path": data_path, "device": args.device,
-        "precision": "bf16" if args.device == "cuda" else "fp32", "steps": args.steps, "warmup": args.warmup,
-        "max_length": max_length, "batch_size": batch, "accumulation": args.accumulation, "lr": args.lr,
-        "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8, "weight_decay": 0.0, "max_grad_norm": 1.0,
-        "seed": args.seed, "dpo_beta": 0.1,
-        "prompts_per_step": prompts_per_step, "group_size": args.group_size,
-        "max_new_tokens": args.max_new_tokens, "temperature": 1.0,
+        "algo": args.algo,
+        "model_dir": model_dir,
+        "data_path": data_path,
+        "device": args.device,
+        "precision": "bf16" if args.device == "cuda" else "fp32",
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "max_length": max_length,
+        "batch_size": batch,
+        "accumulation": args.accumulation,
+        "lr": args.lr,
+        "adam_beta1": 0.9,
+        "adam_beta2": 0.999,
+        "adam_epsilon": 1e-8,
+        "weight_decay": 0.0,
+        "max_grad_norm": 1.0,
+        "seed": args.seed,
+        "dpo_beta": 0.1,
+        "prompts_per_step": prompts_per_step,
+        "group_size": args.group_size,
+        "max_new_tokens": args.max_new_tokens,
+        "temperature": 1.0,
         "reward_function": "benchmarks.vs_trl:length_reward",
     }
 
@@ -122,11 +155,23 @@ def build_workload(args, workdir: str) -> dict:
 
 
 def run_side(side: str, python: str, spec_path: str, out_path: str, timeout: float) -> dict:
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1", "WANDB_DISABLED": "true"}
-    proc = subprocess.run([python, "-m", f"benchmarks.side_{side}", spec_path, out_path], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    env = {
+        **os.environ,
+        "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "WANDB_DISABLED": "true",
+    }
+    proc = subprocess.run(
+        [python, "-m", f"benchmarks.side_{side}", spec_path, out_path],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     if proc.returncode != 0 or not os.path.exists(out_path):
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-30:])
         raise RuntimeError(f"{side} side failed (exit {proc.returncode}):\n{tail}")
@@ -139,17 +184,22 @@ def significant(x: float, digits: int = 3) -> str:
 
 
 def describe(side: str, r: dict) -> str:
-    line = (f"{side:6s} {r['tokens_per_s']:10.1f} tok/s  peak {r['peak_memory_bytes'] / 2**20:8.1f} MiB  "
-            f"loss {r['final_loss']:.4f}  MFU {100 * r['mfu']:.2f}% (peak {r['peak_flops'] / 1e9:.1f} GFLOP/s)  "
-            f"{r['timed_steps']} timed steps in {r['seconds']:.2f}s")
+    line = (
+        f"{side:6s} {r['tokens_per_s']:10.1f} tok/s  peak {r['peak_memory_bytes'] / 2**20:8.1f} MiB  "
+        f"loss {r['final_loss']:.4f}  MFU {100 * r['mfu']:.2f}% (peak {r['peak_flops'] / 1e9:.1f} GFLOP/s)  "
+        f"{r['timed_steps']} timed steps in {r['seconds']:.2f}s"
+    )
     if "generated_tokens_per_s" in r:
         line += f"  gen {r['generated_tokens_per_s']:.1f} tok/s  {r['prompts_per_s']:.2f} prompts/s"
     return line
 
 
 def describe_profile(side: str, profile: dict) -> str:
-    groups = ", ".join(f"{name} {100 * share:.0f}%" for name, share in
-                       sorted(profile["groups"].items(), key=lambda kv: -kv[1]) if share >= 0.005)
+    groups = ", ".join(
+        f"{name} {100 * share:.0f}%"
+        for name, share in sorted(profile["groups"].items(), key=lambda kv: -kv[1])
+        if share >= 0.005
+    )
     top = ", ".join(f"{name} {100 * share:.0f}%" for name, share in profile["top"][:5])
     return f"profile {side:6s} self CPU {profile['total_self_cpu_s']:.1f}s: {groups}; top ops: {top}"
 
@@ -174,8 +224,11 @@ def parse_args(argv):
     p.add_argument("--trl-python", default=os.path.join(ROOT, ".venv-bench", "bin", "python"))
     p.add_argument("--ours-only", action="store_true", help="skip TRL's side (no ratio line)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
-    p.add_argument("--profile", action="store_true",
-                   help="after the timed rounds, one profiled run per side: where its step time goes")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed rounds, one profiled run per side: where its step time goes",
+    )
     args = p.parse_args(argv)
     args.size = args.size or ("0.5b" if args.device == "cuda" else "small")
     if args.algo == "grpo":
@@ -192,9 +245,12 @@ def main(argv=None) -> int:
         spec_path = os.path.join(workdir, "spec.json")
         with open(spec_path, "w", encoding="utf-8") as f:
             json.dump(spec, f)
-        print(f"{args.algo}: size {args.size}, {args.steps} steps ({spec['warmup']} warm-up), batch "
-              f"{args.batch_size} x {args.accumulation}, max length {spec['max_length']}, device {args.device}, "
-              f"{args.rounds} rounds, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+        print(
+            f"{args.algo}: size {args.size}, {args.steps} steps ({spec['warmup']} warm-up), batch "
+            f"{args.batch_size} x {args.accumulation}, max length {spec['max_length']}, device {args.device}, "
+            f"{args.rounds} rounds, {time.strftime('%Y-%m-%d %H:%M')}",
+            flush=True,
+        )
         results: dict[str, list[dict]] = {side: [] for side in sides}
         for round_index in range(args.rounds):
             for side in sides:  # alternate: ours, theirs, ours, theirs, ...
@@ -210,12 +266,17 @@ def main(argv=None) -> int:
                 out = os.path.join(workdir, f"{side}-profiled.json")
                 profiles[side] = run_side(side, pythons[side], profiled_path, out, args.timeout)["profile"]
                 print(describe_profile(side, profiles[side]), flush=True)
-    medians = {side: {key: statistics.median(r[key] for r in rs) for key in ("tokens_per_s", "peak_memory_bytes")}
-               for side, rs in results.items()}
+    medians = {
+        side: {key: statistics.median(r[key] for r in rs) for key in ("tokens_per_s", "peak_memory_bytes")}
+        for side, rs in results.items()
+    }
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"args": vars(args), "spec": spec, "results": results, "medians": medians,
-                       "profiles": profiles}, f, indent=1)
+            json.dump(
+                {"args": vars(args), "spec": spec, "results": results, "medians": medians, "profiles": profiles},
+                f,
+                indent=1,
+            )
     if args.ours_only:
         return 0
     throughput = medians["ours"]["tokens_per_s"] / medians["trl"]["tokens_per_s"]

@@ -56,9 +56,10 @@ def bootstrap(
         data.metadata.update({"kind": "demo", "rows": counts["sft.jsonl"]})
 
     # split files (train.jsonl / eval.jsonl) keep the demo's held-out rows out of training
-    for artifact, given, train, held_out in ((preferences, preference_dataset, "preferences.jsonl",
-                                              "preferences_eval.jsonl"),
-                                             (prompts, prompt_dataset, "rl_prompts.jsonl", "code_tasks_eval.jsonl")):
+    for artifact, given, train, held_out in (
+        (preferences, preference_dataset, "preferences.jsonl", "preferences_eval.jsonl"),
+        (prompts, prompt_dataset, "rl_prompts.jsonl", "code_tasks_eval.jsonl"),
+    ):
         if given:
             mark_source(artifact, given)
             continue
@@ -70,6 +71,12 @@ def bootstrap(
     if base_model:
         mark_source(model, base_model)
     else:
-        built = run_stage("tiny-model", [{"seed": seed}, *tiny_model_overrides, {
-            "corpus": os.path.join(demo.path, "corpus.txt"), "output_dir": model.path}])
+        built = run_stage(
+            "tiny-model",
+            [
+                {"seed": seed},
+                *tiny_model_overrides,
+                {"corpus": os.path.join(demo.path, "corpus.txt"), "output_dir": model.path},
+            ],
+        )
         model.metadata.update({"kind": "tiny", **{k: built[k] for k in ("hidden_size", "num_layers", "vocab_size")}})

@@ -23,8 +23,10 @@ def check_config(run_id: str) -> int:
 
     host = os.environ.get("POSTTRAIN_KFP_API", "")
     if not host:
-        print("POSTTRAIN_KFP_API is not set: the stage configs are not checked here "
-              "(posttrain pipeline run/submit/schedule checked them before the run started)")
+        print(
+            "POSTTRAIN_KFP_API is not set: the stage configs are not checked here "
+            "(posttrain pipeline run/submit/schedule checked them before the run started)"
+        )
         return 0
     try:
         checked = check_run(run_id, host)

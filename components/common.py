@@ -61,7 +61,6 @@ def last_logged(output_dir: str, split: str = "train") -> dict:
     return {k: v for k, v in record.items() if k not in ("step", "split", "time")}
 
 
-
 def store_prefix(artifact) -> str | None:
     """The object-store folder an artifact lives in (``s3://...``), or None when it is not in one.
 
@@ -79,11 +78,18 @@ def training_layers(values: dict, paths: dict) -> list:
     """The config layers of a training task, lowest precedence first: its typed parameters, ``params``
     (empty values left out), the reward lists when non-empty, the user's overrides, the artifact
     paths. The train component runs these; ``posttrain pipeline run`` validates them beforehand."""
-    typed = {"max_steps": values["max_steps"], "lr": values["lr"], "batch_size": values["batch_size"],
-             "data.max_length": values["max_length"], "seed": values["seed"]}
+    typed = {
+        "max_steps": values["max_steps"],
+        "lr": values["lr"],
+        "batch_size": values["batch_size"],
+        "data.max_length": values["max_length"],
+        "seed": values["seed"],
+    }
     lists = {"reward.functions": values["reward_functions"], "reward.weights": values["reward_weights"]}
-    given = {**{key: value for key, value in values["params"].items() if value not in ("", None)},
-             **{key: value for key, value in lists.items() if value}}
+    given = {
+        **{key: value for key, value in values["params"].items() if value not in ("", None)},
+        **{key: value for key, value in lists.items() if value},
+    }
     return [typed, given, *values["overrides"], paths]
 
 
@@ -128,22 +134,33 @@ def run_on_nodes(stage: str, cfg, nodes: int, per_node: int, root: str) -> dict:
     import json
 
     from trainer_lib import storage
-    from trainer_lib.engine.checkpoint import stable_checkpoint_dir
     from trainer_lib.cluster.trainjob import launch_stage, object_store_env
     from trainer_lib.config import to_dict
+    from trainer_lib.engine.checkpoint import stable_checkpoint_dir
     from trainer_lib.errors import UserError
 
     checkpoints = stable_checkpoint_dir(cfg, root, stage)
     if not storage.is_shared(checkpoints):
-        raise UserError(f"nodes={nodes}: the pipeline root must be an object store every node reaches "
-                        f"(s3://, KFP's minio://, gs://...), got {root!r}")
+        raise UserError(
+            f"nodes={nodes}: the pipeline root must be an object store every node reaches "
+            f"(s3://, KFP's minio://, gs://...), got {root!r}"
+        )
     job = checkpoints.replace("/checkpoints/", "/jobs/", 1)
     values = {k: v for k, v in to_dict(cfg).items() if k not in ("output_dir", "checkpoint_dir")}
-    result = launch_stage(stage, [values], run_id=job.rsplit("-", 1)[-1], task=stage, image=IMAGE,
-                          output_dir=f"{job}/output", checkpoint_dir=cfg.checkpoint_dir or checkpoints,
-                          num_nodes=nodes, nproc_per_node=per_node, env=object_store_env(),
-                          timeout_s=float(os.environ.get("POSTTRAIN_TRAINJOB_TIMEOUT_S", 7 * 24 * 3600)),
-                          poll_s=float(os.environ.get("POSTTRAIN_TRAINJOB_POLL_S", 15)))
+    result = launch_stage(
+        stage,
+        [values],
+        run_id=job.rsplit("-", 1)[-1],
+        task=stage,
+        image=IMAGE,
+        output_dir=f"{job}/output",
+        checkpoint_dir=cfg.checkpoint_dir or checkpoints,
+        num_nodes=nodes,
+        nproc_per_node=per_node,
+        env=object_store_env(),
+        timeout_s=float(os.environ.get("POSTTRAIN_TRAINJOB_TIMEOUT_S", 7 * 24 * 3600)),
+        poll_s=float(os.environ.get("POSTTRAIN_TRAINJOB_POLL_S", 15)),
+    )
     print(f"{stage}: TrainJob {result.name} finished; copying its model from {job}/output", flush=True)
     storage.download_dir(f"{job}/output", cfg.output_dir)
     with open(os.path.join(cfg.output_dir, "summary.json"), encoding="utf-8") as fh:

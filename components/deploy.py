@@ -30,9 +30,23 @@ def deploy(
         repository.metadata.update({"deployed": False})
         return
     target = repository_uri or repository.path
-    summary = run_stage("deploy", [{"model_name": model_name, "variant": variant}, *overrides, {
-        "export.path": exported.path, "repository": target, "triton.url": triton_url}])
+    summary = run_stage(
+        "deploy",
+        [
+            {"model_name": model_name, "variant": variant},
+            *overrides,
+            {"export.path": exported.path, "repository": target, "triton.url": triton_url},
+        ],
+    )
     if repository_uri:
         mark_source(repository, repository_uri)
-    repository.metadata.update({"deployed": True, **{k: summary[k] for k in (
-        "model_name", "version", "variant", "endpoint", "generate_url") if summary.get(k) is not None}})
+    repository.metadata.update(
+        {
+            "deployed": True,
+            **{
+                k: summary[k]
+                for k in ("model_name", "version", "variant", "endpoint", "generate_url")
+                if summary.get(k) is not None
+            },
+        }
+    )

@@ -53,14 +53,23 @@ def evaluate(
     from trainer_lib.eval.report import ui_metrics
     from trainer_lib.stage_api import run_stage
 
-    given = [(base_label, base_model), (baseline_label, baseline), (extra_label, extra_model),
-             (candidate_label, candidate)]
+    given = [
+        (base_label, base_model),
+        (baseline_label, baseline),
+        (extra_label, extra_model),
+        (candidate_label, candidate),
+    ]
     models = [f"{label}={source_of(artifact)}" for label, artifact in given if artifact is not None]
     params = {"judge.kind": judge, "humaneval.limit": humaneval_limit, "humaneval.n": humaneval_n, "seed": seed}
     if gate_rules:
         params["gate.rules"] = list(gate_rules)
-    wiring = {"models": models, "candidate": candidate_label, "baseline": baseline_label,
-              "data_dir": source_of(eval_data), "output_dir": results.path}
+    wiring = {
+        "models": models,
+        "candidate": candidate_label,
+        "baseline": baseline_label,
+        "data_dir": source_of(eval_data),
+        "output_dir": results.path,
+    }
     if reward_model is not None:
         wiring["reward_model_path"] = source_of(reward_model)
     wiring.update({key: path for key, path in (("tasks.path", tasks_path), ("safety.path", safety_path)) if path})
@@ -72,6 +81,7 @@ def evaluate(
         metrics.log_metric(name, value)
     shutil.copy(os.path.join(results.path, "report.html"), report.path)
     shutil.copy(os.path.join(results.path, "summary.md"), summary.path)
-    results.metadata.update({"candidate": candidate_label, "baseline": baseline_label,
-                             "gate_passed": outcome["gate_passed"]})
+    results.metadata.update(
+        {"candidate": candidate_label, "baseline": baseline_label, "gate_passed": outcome["gate_passed"]}
+    )
     return namedtuple("Outputs", ["gate_passed"])(outcome["gate_passed"])

@@ -27,8 +27,21 @@ def export(
         print("export: the evaluation gate failed; nothing is exported")
         exported.metadata.update({"exported": False})
         return
-    summary = run_stage("export", [*overrides, {"model_path": source_of(model), "output_dir": exported.path}],
-                        config_yaml)
+    summary = run_stage(
+        "export", [*overrides, {"model_path": source_of(model), "output_dir": exported.path}], config_yaml
+    )
     exported.metadata.update({"exported": True, "base": source_of(model), "models": summary["models"]})
-    log_summary(metrics, {key: summary[key] for key in ("fp32_max_abs_diff", "top1_agreement", "greedy_exact_match",
-                                                         "weight_bytes", "decode_ms_per_token") if key in summary})
+    log_summary(
+        metrics,
+        {
+            key: summary[key]
+            for key in (
+                "fp32_max_abs_diff",
+                "top1_agreement",
+                "greedy_exact_match",
+                "weight_bytes",
+                "decode_ms_per_token",
+            )
+            if key in summary
+        },
+    )

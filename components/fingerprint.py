@@ -11,8 +11,7 @@ from components.common import IMAGE
 
 
 @dsl.component(base_image=IMAGE, install_kfp_package=False)
-def fingerprint(base_model: str = "", dataset: str = "", preference_dataset: str = "",
-                prompt_dataset: str = "") -> str:
+def fingerprint(base_model: str = "", dataset: str = "", preference_dataset: str = "", prompt_dataset: str = "") -> str:
     import hashlib
 
     from trainer_lib import storage

@@ -29,8 +29,14 @@ def release(
         released.metadata.update({"released": False})
         return
     target = release_uri or released.path
-    summary = run_stage("release", {"model_path": source_of(model), "release_uri": target,
-                                    "evaluation": os.path.join(results.path, "metrics.json")})
+    summary = run_stage(
+        "release",
+        {
+            "model_path": source_of(model),
+            "release_uri": target,
+            "evaluation": os.path.join(results.path, "metrics.json"),
+        },
+    )
     if release_uri:
         mark_source(released, release_uri)
     released.metadata.update({"released": True, "release_uri": summary["release_uri"]})

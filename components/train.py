@@ -57,8 +57,16 @@ def train(
     reference log-probs are cached next to a dataset that lives in the object store, so a retry, a
     resumed run or another DPO run on the same data and reference finds them there.
     """
-    from components.common import (last_logged, log_summary, remote_location, run_in_processes, run_on_nodes,
-                                   source_of, store_prefix, training_layers)
+    from components.common import (
+        last_logged,
+        log_summary,
+        remote_location,
+        run_in_processes,
+        run_on_nodes,
+        source_of,
+        store_prefix,
+        training_layers,
+    )
     from trainer_lib.engine.checkpoint import stable_checkpoint_dir
     from trainer_lib.stage_api import run_config, stage_config
 
@@ -71,9 +79,20 @@ def train(
     paths = {"model.path": locate(model), "data.path": locate(data), "output_dir": output_model.path}
     if reward_model is not None:
         paths["reward.model_path"] = locate(reward_model)
-    layers = training_layers(dict(max_steps=max_steps, lr=lr, batch_size=batch_size, max_length=max_length, seed=seed,
-                                  params=params, reward_functions=reward_functions, reward_weights=reward_weights,
-                                  overrides=overrides), paths)
+    layers = training_layers(
+        dict(
+            max_steps=max_steps,
+            lr=lr,
+            batch_size=batch_size,
+            max_length=max_length,
+            seed=seed,
+            params=params,
+            reward_functions=reward_functions,
+            reward_weights=reward_weights,
+            overrides=overrides,
+        ),
+        paths,
+    )
     cfg = stage_config(stage, layers, config_yaml)
     if checkpoint_root and not cfg.checkpoint_dir:
         cfg.checkpoint_dir = stable_checkpoint_dir(cfg, checkpoint_root, stage)
@@ -96,6 +115,14 @@ def train(
     tensorboard.metadata.update({"format": "tensorboard", "stage": stage})
 
     described = {**summary, **summary.get("reward_stats", {})}  # reward models: their mean and std too
-    output_model.metadata.update({"base": source_of(model), **{k: v for k, v in described.items() if k in (
-        "stage", "steps", "loss", "advantage", "kl_coef", "reference", "reward_mean", "reward_std")}})
+    output_model.metadata.update(
+        {
+            "base": source_of(model),
+            **{
+                k: v
+                for k, v in described.items()
+                if k in ("stage", "steps", "loss", "advantage", "kl_coef", "reference", "reward_mean", "reward_std")
+            },
+        }
+    )
     log_summary(metrics, {**summary, "train": last_logged(output_model.path, "train")})

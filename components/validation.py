@@ -55,7 +55,7 @@ def _holds(condition: str, params: dict) -> bool:
     text = _CONDITION_CHANNEL.sub(lambda m: json.dumps(params[m.group(1)]), condition)
     text = text.replace("!(", "not (").replace("&&", " and ").replace("||", " or ")
     text = re.sub(r"\btrue\b", "True", re.sub(r"\bfalse\b", "False", text))
-    return bool(eval(text, {"__builtins__": {}}, {}))  # noqa: S307 (literals and comparisons only)
+    return bool(eval(text, {"__builtins__": {}}, {}))
 
 
 def _layers(component: str, v: dict) -> list[tuple[str, list, str]]:
@@ -70,24 +70,48 @@ def _layers(component: str, v: dict) -> list[tuple[str, list, str]]:
         typed = {"data.max_length": v["max_length"], "data.eval_fraction": v["eval_fraction"], "seed": v["seed"]}
         return [("prepare", [typed, *v["overrides"], paths], v["config_yaml"])]
     if component == "evaluate":
-        typed = {"judge.kind": v["judge"], "humaneval.limit": v["humaneval_limit"], "humaneval.n": v["humaneval_n"],
-                 "seed": v["seed"], **({"gate.rules": v["gate_rules"]} if v["gate_rules"] else {})}
+        typed = {
+            "judge.kind": v["judge"],
+            "humaneval.limit": v["humaneval_limit"],
+            "humaneval.n": v["humaneval_n"],
+            "seed": v["seed"],
+            **({"gate.rules": v["gate_rules"]} if v["gate_rules"] else {}),
+        }
         labels = [v["base_label"], v["baseline_label"], v["candidate_label"]]
-        wiring = {"models": [f"{label}=/validate/{label}" for label in labels], "candidate": labels[-1],
-                  "baseline": labels[1], "data_dir": "/validate/data", "output_dir": "/validate/out",
-                  "reward_model_path": "/validate/reward_model",
-                  **{k: p for k, p in (("tasks.path", v["tasks_path"]), ("safety.path", v["safety_path"])) if p}}
+        wiring = {
+            "models": [f"{label}=/validate/{label}" for label in labels],
+            "candidate": labels[-1],
+            "baseline": labels[1],
+            "data_dir": "/validate/data",
+            "output_dir": "/validate/out",
+            "reward_model_path": "/validate/reward_model",
+            **{k: p for k, p in (("tasks.path", v["tasks_path"]), ("safety.path", v["safety_path"])) if p},
+        }
         return [("evaluate", [typed, *v["overrides"], wiring], v["config_yaml"])]
     if component == "export":
-        return [("export", [*v["overrides"], {"model_path": "/validate/model", "output_dir": "/validate/out"}],
-                 v["config_yaml"])]
+        return [
+            (
+                "export",
+                [*v["overrides"], {"model_path": "/validate/model", "output_dir": "/validate/out"}],
+                v["config_yaml"],
+            )
+        ]
     if component == "deploy":
         wiring = {"export.path": "/validate/export", "repository": "/validate/repo", "triton.url": v["triton_url"]}
         return [("deploy", [{"model_name": v["model_name"], "variant": v["variant"]}, *v["overrides"], wiring], "")]
     if component == "bootstrap":
-        return [("demo-data", [{"seed": v["seed"]}, *v["demo_overrides"], {"output_dir": "/validate/demo"}], ""),
-                ("tiny-model", [{"seed": v["seed"]}, *v["tiny_model_overrides"],
-                                {"corpus": "/validate/corpus.txt", "output_dir": "/validate/model"}], "")]
+        return [
+            ("demo-data", [{"seed": v["seed"]}, *v["demo_overrides"], {"output_dir": "/validate/demo"}], ""),
+            (
+                "tiny-model",
+                [
+                    {"seed": v["seed"]},
+                    *v["tiny_model_overrides"],
+                    {"corpus": "/validate/corpus.txt", "output_dir": "/validate/model"},
+                ],
+                "",
+            ),
+        ]
     return []  # release: nothing but paths and the gate
 
 
@@ -125,8 +149,10 @@ def check_spec(spec: dict, params: dict) -> int:
                 continue
             component = re.sub(r"-\d+$", "", ref.removeprefix("comp-"))
             title = task.get("taskInfo", {}).get("name", name)
-            inputs = {**_inputs(task, spec["components"][ref], values),
-                      "artifacts": set(task.get("inputs", {}).get("artifacts", {}))}
+            inputs = {
+                **_inputs(task, spec["components"][ref], values),
+                "artifacts": set(task.get("inputs", {}).get("artifacts", {})),
+            }
             for stage, layers, config_yaml in _layers(component, inputs):
                 try:
                     stage_config(stage, layers, config_yaml or "")
@@ -165,9 +191,11 @@ def check_run(run_id: str, host: str) -> int:
         params = dict((run.runtime_config.parameters if run.runtime_config else None) or {})
     except Exception as exc:  # the API client raises many kinds; all mean "cannot read the run"
         reason = getattr(exc, "reason", None) or str(exc).splitlines()[0]
-        raise RuntimeError(f"cannot read run {run_id} from the KFP API at {host} ({type(exc).__name__}: "
-                           f"{reason}); set POSTTRAIN_KFP_API in the posttrain-config ConfigMap to an "
-                           f"API the pipeline pods can reach, or delete that key to skip this check") from None
+        raise RuntimeError(
+            f"cannot read run {run_id} from the KFP API at {host} ({type(exc).__name__}: "
+            f"{reason}); set POSTTRAIN_KFP_API in the posttrain-config ConfigMap to an "
+            f"API the pipeline pods can reach, or delete that key to skip this check"
+        ) from None
     if not spec:
         raise RuntimeError(f"run {run_id}: the KFP API returned no pipeline spec to check")
     return check_spec(spec, params)

@@ -96,8 +96,7 @@ def parse_params(pipeline, items: list[str]) -> dict:
         name, raw = item.split("=", 1)
         name = name.strip()
         if name not in inputs:
-            raise UsageError(f"unknown parameter '{name}' of {pipeline.name}; expected one of: "
-                             f"{', '.join(inputs)}")
+            raise UsageError(f"unknown parameter '{name}' of {pipeline.name}; expected one of: {', '.join(inputs)}")
         params[name] = _typed(name, inputs[name].type, raw, params.get(name))
     return params
 
@@ -192,8 +191,10 @@ def cmd_run(args) -> int:
     for task_name, outputs in record["tasks"].items():
         print(f"  {task_name}: " + ", ".join(sorted(outputs)))
     if record.get("evaluation"):
-        print(f"evaluation: {latest}/metrics.json and {latest}/report.html "
-              f"(gate {'passed' if record['evaluation']['gate_passed'] else 'FAILED'})")
+        print(
+            f"evaluation: {latest}/metrics.json and {latest}/report.html "
+            f"(gate {'passed' if record['evaluation']['gate_passed'] else 'FAILED'})"
+        )
     print(f"latest run: {latest}/run.json")
     return 0
 
@@ -213,8 +214,9 @@ def _task_outputs(run_dir: str | None) -> dict:
     for task in sorted(os.listdir(run_dir)):
         folder = os.path.join(run_dir, task)
         if os.path.isdir(folder):
-            tasks[task] = {o: os.path.join(folder, o) for o in sorted(os.listdir(folder))
-                           if o != "executor_output.json"}
+            tasks[task] = {
+                o: os.path.join(folder, o) for o in sorted(os.listdir(folder)) if o != "executor_output.json"
+            }
     return tasks
 
 
@@ -222,19 +224,31 @@ def run_record(name: str, root: str, params: dict, started: str, outputs: dict) 
     """What ``runs/latest/run.json`` holds: where every output and task output of this run is."""
     start = datetime.datetime.fromisoformat(started).timestamp()
     run_dir = _run_dir(root, name, start)
-    record = {"pipeline": name, "run_dir": run_dir, "started": started,
-              "finished": datetime.datetime.now().isoformat(timespec="seconds"), "parameters": params,
-              "outputs": {}, "tasks": _task_outputs(run_dir)}
-    results = [t["results"] for task, t in record["tasks"].items()
-               if task.startswith("evaluate") and os.path.isfile(os.path.join(t.get("results", ""), "metrics.json"))]
+    record = {
+        "pipeline": name,
+        "run_dir": run_dir,
+        "started": started,
+        "finished": datetime.datetime.now().isoformat(timespec="seconds"),
+        "parameters": params,
+        "outputs": {},
+        "tasks": _task_outputs(run_dir),
+    }
+    results = [
+        t["results"]
+        for task, t in record["tasks"].items()
+        if task.startswith("evaluate") and os.path.isfile(os.path.join(t.get("results", ""), "metrics.json"))
+    ]
     if results:
         with open(os.path.join(results[0], "metrics.json"), encoding="utf-8") as fh:
             gate = json.load(fh).get("gate", {})
         record["evaluation"] = {"results": results[0], "gate_passed": bool(gate.get("passed"))}
     for out_name, artifact in sorted(outputs.items()):
         path = os.path.abspath(artifact.path)
-        record["outputs"][out_name] = {"path": path, "type": artifact.schema_title,
-                                       "metadata": dict(artifact.metadata or {})}
+        record["outputs"][out_name] = {
+            "path": path,
+            "type": artifact.schema_title,
+            "metadata": dict(artifact.metadata or {}),
+        }
         # outputs land at {root}/{pipeline}-{timestamp}/{task}/{output}
         record["run_dir"] = record["run_dir"] or os.path.join(root, os.path.relpath(path, root).split(os.sep)[0])
     return record
@@ -304,8 +318,7 @@ def kfp_cron(cron: str) -> str:
     """KFP wants 6 cron fields (seconds first); a standard 5-field expression gets '0' seconds."""
     fields = cron.split()
     if len(fields) not in (5, 6) or not all(re.fullmatch(r"[\w*/,\-?#LW]+", f) for f in fields):
-        raise UsageError(f"--cron: expected 5 fields (min hour day month weekday) or 6 (seconds "
-                         f"first), got '{cron}'")
+        raise UsageError(f"--cron: expected 5 fields (min hour day month weekday) or 6 (seconds first), got '{cron}'")
     return " ".join(["0", *fields] if len(fields) == 5 else fields)
 
 
@@ -367,9 +380,13 @@ def cmd_submit(args) -> int:
     check_stages(pipeline, params)
     with tempfile.TemporaryDirectory() as tmp, _kfp_errors(args.host):
         result = _client(args).create_run_from_pipeline_package(
-            _package(pipeline, tmp, args.no_cache), arguments=params,
+            _package(pipeline, tmp, args.no_cache),
+            arguments=params,
             run_name=args.run_name or f"{pipeline.name} {datetime.datetime.now():%Y-%m-%d %H:%M:%S}",
-            experiment_name=args.experiment, namespace=args.namespace, service_account=args.service_account)
+            experiment_name=args.experiment,
+            namespace=args.namespace,
+            service_account=args.service_account,
+        )
     print(f"submitted {pipeline.name} run {result.run_id}")
     print(f"run: {args.host}/#/runs/details/{result.run_id}")
     return 0
@@ -387,9 +404,15 @@ def cmd_schedule(args) -> int:
         client = _client(args)
         experiment = client.create_experiment(args.experiment, namespace=args.namespace)
         job = client.create_recurring_run(
-            experiment_id=experiment.experiment_id, job_name=args.job_name or f"{pipeline.name} ({args.cron})",
-            cron_expression=cron, max_concurrency=args.max_concurrency, no_catchup=True, params=params,
-            pipeline_package_path=_package(pipeline, tmp, args.no_cache), service_account=args.service_account)
+            experiment_id=experiment.experiment_id,
+            job_name=args.job_name or f"{pipeline.name} ({args.cron})",
+            cron_expression=cron,
+            max_concurrency=args.max_concurrency,
+            no_catchup=True,
+            params=params,
+            pipeline_package_path=_package(pipeline, tmp, args.no_cache),
+            service_account=args.service_account,
+        )
     print(f"scheduled {pipeline.name} with cron '{cron}' as recurring run {job.recurring_run_id}")
     print(f"recurring run: {args.host}/#/recurringrun/details/{job.recurring_run_id}")
     return 0
@@ -408,37 +431,53 @@ def cmd_list(args) -> int:
 # --------------------------------------------------------------------------- argparse
 
 
-PARAMS_HELP = ("pipeline parameters as param=value (see 'posttrain pipeline list'); list parameters "
-               "take a JSON list or repeat param=item; string parameters read a file with param=@FILE")
+PARAMS_HELP = (
+    "pipeline parameters as param=value (see 'posttrain pipeline list'); list parameters "
+    "take a JSON list or repeat param=item; string parameters read a file with param=@FILE"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="posttrain pipeline", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="Run 'posttrain pipeline <command> --help' for its options.")
+    parser = argparse.ArgumentParser(
+        prog="posttrain pipeline",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Run 'posttrain pipeline <command> --help' for its options.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="{list,compile,run,submit,schedule}")
 
     sub.add_parser("list", help="List the pipelines with their parameters and defaults.")
 
     p = sub.add_parser("compile", help="Write <name>.yaml (KFP IR) for every pipeline.")
     p.add_argument("--out", default=COMPILED_DIR, help="output directory (default: %(default)s)")
-    p.add_argument("--check", action="store_true",
-                   help="compile to a temp dir and exit 1 if the files in --out differ (for CI)")
+    p.add_argument(
+        "--check", action="store_true", help="compile to a temp dir and exit 1 if the files in --out differ (for CI)"
+    )
 
     p = sub.add_parser("run", help="Run a pipeline locally with kfp.local (subprocesses, this venv).")
     p.add_argument("--pipeline", default=DEFAULT_PIPELINE, help="pipeline name (default: %(default)s)")
-    p.add_argument("--root", default=DEFAULT_ROOT,
-                   help="pipeline root; outputs go to ROOT/<pipeline>-<timestamp>/<task>/<output> "
-                        "(default: %(default)s)")
-    p.add_argument("--latest", help="directory refreshed with run.json and links to this run's outputs "
-                                    "(default: 'latest' next to --root, e.g. runs/latest)")
+    p.add_argument(
+        "--root",
+        default=DEFAULT_ROOT,
+        help="pipeline root; outputs go to ROOT/<pipeline>-<timestamp>/<task>/<output> (default: %(default)s)",
+    )
+    p.add_argument(
+        "--latest",
+        help="directory refreshed with run.json and links to this run's outputs "
+        "(default: 'latest' next to --root, e.g. runs/latest)",
+    )
     p.add_argument("params", nargs="*", metavar="param=value", help=PARAMS_HELP)
 
-    for command, text in (("submit", "Submit one run to a Kubeflow Pipelines server."),
-                          ("schedule", "Create a recurring (cron) run on a Kubeflow Pipelines server.")):
+    for command, text in (
+        ("submit", "Submit one run to a Kubeflow Pipelines server."),
+        ("schedule", "Create a recurring (cron) run on a Kubeflow Pipelines server."),
+    ):
         p = sub.add_parser(command, help=text)
-        p.add_argument("--host", required=True, help="KFP API URL, e.g. http://localhost:8080 "
-                                                     "(a bearer token is read from $KFP_TOKEN if set)")
+        p.add_argument(
+            "--host",
+            required=True,
+            help="KFP API URL, e.g. http://localhost:8080 (a bearer token is read from $KFP_TOKEN if set)",
+        )
         p.add_argument("--pipeline", default=DEFAULT_PIPELINE, help="pipeline name (default: %(default)s)")
         p.add_argument("--experiment", default="posttrain", help="experiment name (default: %(default)s)")
         p.add_argument("--namespace", help="Kubeflow profile namespace (multi-user installs)")
@@ -447,18 +486,24 @@ def build_parser() -> argparse.ArgumentParser:
         if command == "submit":
             p.add_argument("--run-name", help="run name (default: pipeline name and time)")
         else:
-            p.add_argument("--cron", required=True,
-                           help="cron schedule: 5 fields 'min hour day month weekday' (e.g. '0 3 * * 0', "
-                                "Sundays 03:00) or KFP's 6 fields with seconds first")
+            p.add_argument(
+                "--cron",
+                required=True,
+                help="cron schedule: 5 fields 'min hour day month weekday' (e.g. '0 3 * * 0', "
+                "Sundays 03:00) or KFP's 6 fields with seconds first",
+            )
             p.add_argument("--job-name", help="recurring run name (default: pipeline name and cron)")
-            p.add_argument("--max-concurrency", type=int, default=1,
-                           help="runs of this schedule allowed at once (default: %(default)s)")
+            p.add_argument(
+                "--max-concurrency",
+                type=int,
+                default=1,
+                help="runs of this schedule allowed at once (default: %(default)s)",
+            )
         p.add_argument("params", nargs="*", metavar="param=value", help=PARAMS_HELP)
     return parser
 
 
-COMMANDS = {"list": cmd_list, "compile": cmd_compile, "run": cmd_run, "submit": cmd_submit,
-            "schedule": cmd_schedule}
+COMMANDS = {"list": cmd_list, "compile": cmd_compile, "run": cmd_run, "submit": cmd_submit, "schedule": cmd_schedule}
 
 
 def main(argv: list[str] | None = None) -> int:

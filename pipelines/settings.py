@@ -54,8 +54,11 @@ STAGE_KIND = {
 S3_SECRET = "posttrain-s3"
 S3_SECRET_ENV = {"AWS_ACCESS_KEY_ID": "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY": "AWS_SECRET_ACCESS_KEY"}
 CONFIG_MAP = "posttrain-config"
-CONFIG_MAP_ENV = {"AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION": "AWS_DEFAULT_REGION",
-                  "POSTTRAIN_KFP_API": "POSTTRAIN_KFP_API"}
+CONFIG_MAP_ENV = {
+    "AWS_ENDPOINT_URL": "AWS_ENDPOINT_URL",
+    "AWS_DEFAULT_REGION": "AWS_DEFAULT_REGION",
+    "POSTTRAIN_KFP_API": "POSTTRAIN_KFP_API",
+}
 
 #: Tasks whose pods may be preempted or evicted are retried with backoff: training resumes from its
 #: last complete checkpoint (on the pipeline root, see components/train.py), the others redo their work.
@@ -100,8 +103,7 @@ def configure(task: PipelineTask, display_name: str | None = None, accelerator=N
         task.set_accelerator_type(accelerator or res.accelerator).set_accelerator_limit(gpus or res.gpus)
         kubernetes.add_toleration(task, key=res.accelerator, operator="Exists", effect="NoSchedule")
     if res.shm:
-        kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
-                                   size_limit=res.shm)
+        kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=res.shm)
     for key, value in POD_LABELS.get(name, {}).items():
         kubernetes.add_pod_label(task, key, value)
     for variable, value in ENV.items():

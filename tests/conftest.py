@@ -1,4 +1,5 @@
 """Shared pytest fixtures."""
+
 from __future__ import annotations
 
 import os
@@ -48,8 +49,14 @@ def s3_server():
                     pytest.fail(f"moto_server did not start on {endpoint}:\n{log.read().decode(errors='replace')}")
                 time.sleep(0.1)
         with pytest.MonkeyPatch.context() as mp:
-            for var in ("AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN", "AWS_PROFILE",
-                        "AWS_ENDPOINT_URL_S3", "S3_ENDPOINT_URL", "AWS_REGION"):
+            for var in (
+                "AWS_SESSION_TOKEN",
+                "AWS_SECURITY_TOKEN",
+                "AWS_PROFILE",
+                "AWS_ENDPOINT_URL_S3",
+                "S3_ENDPOINT_URL",
+                "AWS_REGION",
+            ):
                 mp.delenv(var, raising=False)
             mp.setenv("AWS_ACCESS_KEY_ID", "testing")
             mp.setenv("AWS_SECRET_ACCESS_KEY", "testing-secret")
@@ -104,8 +111,9 @@ def chat_jsonl(tmp_path_factory) -> str:
     with open(path, "w", encoding="utf-8") as fh:
         for i in range(48):
             q, a = CHAT_ROWS[i % len(CHAT_ROWS)]
-            fh.write(json.dumps({"messages": [{"role": "user", "content": q},
-                                              {"role": "assistant", "content": a}]}) + "\n")
+            fh.write(
+                json.dumps({"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": a}]}) + "\n"
+            )
     return str(path)
 
 
@@ -131,8 +139,17 @@ def demo_dir(tmp_path_factory) -> str:
 
 def clean_env() -> dict:
     """Environment for a child process that must start its own process group (no RANK etc.)."""
-    drop = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-            "TORCHELASTIC_RUN_ID", "GROUP_RANK", "ROLE_RANK"}
+    drop = {
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "GROUP_RANK",
+        "ROLE_RANK",
+    }
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env["POSTTRAIN_NO_PROGRESS"] = "1"
     return env

@@ -15,12 +15,18 @@ from __future__ import annotations
 ANY = ...
 
 TRAINJOB = {
-    "apiVersion": ANY, "kind": ANY, "metadata": ANY, "status": ANY,
+    "apiVersion": ANY,
+    "kind": ANY,
+    "metadata": ANY,
+    "status": ANY,
     "spec": {
         "runtimeRef": {"name": ANY, "kind": ANY, "apiGroup": ANY},
-        "trainer": {key: ANY for key in
-                    "image command args env numNodes numProcPerNode resourcesPerNode".split()},
-        "initializer": ANY, "managedBy": ANY, "runtimePatches": ANY, "suspend": ANY, "activeDeadlineSeconds": ANY,
+        "trainer": {key: ANY for key in "image command args env numNodes numProcPerNode resourcesPerNode".split()},
+        "initializer": ANY,
+        "managedBy": ANY,
+        "runtimePatches": ANY,
+        "suspend": ANY,
+        "activeDeadlineSeconds": ANY,
     },
 }
 #: TrainJob .metadata.name rules (x-kubernetes-validations of the CRD): RFC 1035 label, <= 63 characters
@@ -41,17 +47,26 @@ securityContext startupProbe stdin stdinOnce storage storageUri terminationMessa
 volumeDevices volumeMounts workingDir""".split()
 
 INFERENCESERVICE = {
-    "apiVersion": ANY, "kind": ANY, "metadata": ANY, "status": ANY,
+    "apiVersion": ANY,
+    "kind": ANY,
+    "metadata": ANY,
+    "status": ANY,
     "spec": {
-        "predictor": {**{key: ANY for key in _PREDICTOR},
-                      "model": {**{key: ANY for key in _MODEL}, "modelFormat": {"name": ANY, "version": ANY}}},
-        "transformer": ANY, "explainer": ANY, "canary": ANY,
+        "predictor": {
+            **{key: ANY for key in _PREDICTOR},
+            "model": {**{key: ANY for key in _MODEL}, "modelFormat": {"name": ANY, "version": ANY}},
+        },
+        "transformer": ANY,
+        "explainer": ANY,
+        "canary": ANY,
     },
 }
 
 #: the schema of each custom kind, by (apiVersion, kind)
-CUSTOM = {("trainer.kubeflow.org/v1alpha1", "TrainJob"): TRAINJOB,
-          ("serving.kserve.io/v1beta1", "InferenceService"): INFERENCESERVICE}
+CUSTOM = {
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob"): TRAINJOB,
+    ("serving.kserve.io/v1beta1", "InferenceService"): INFERENCESERVICE,
+}
 
 
 def unknown_fields(obj, schema, path: str = "") -> list[str]:

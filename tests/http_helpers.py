@@ -32,9 +32,13 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self):
         url = urllib.parse.urlsplit(self.path)
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        request = Request(self.command, urllib.parse.unquote(url.path),
-                          {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()},
-                          {k.lower(): v for k, v in self.headers.items()}, body)
+        request = Request(
+            self.command,
+            urllib.parse.unquote(url.path),
+            {k: v[-1] for k, v in urllib.parse.parse_qs(url.query, keep_blank_values=True).items()},
+            {k.lower(): v for k, v in self.headers.items()},
+            body,
+        )
         self.server.requests.append(request)
         try:
             status, reply = self.server.app.handle(request)

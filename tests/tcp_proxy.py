@@ -12,6 +12,7 @@ direction (mid-upload, mid-download).
 
 from __future__ import annotations
 
+import functools
 import socket
 import threading
 
@@ -49,7 +50,7 @@ class FlakyProxy:
             conns, self._conns = self._conns, []
             self.outages += 1
         for sock in ([listener] if listener else []) + conns:  # (shutdown wakes a thread blocked on it)
-            for close in (lambda: sock.shutdown(socket.SHUT_RDWR), sock.close):
+            for close in (functools.partial(sock.shutdown, socket.SHUT_RDWR), sock.close):
                 try:
                     close()
                 except OSError:
@@ -57,12 +58,24 @@ class FlakyProxy:
         if seconds is not None:
             threading.Timer(seconds, self.up).start()
 
-    def trip(self, *, pattern: bytes | None = None, after_upload: int | None = None,
-             after_download: int | None = None, seconds: float | None = None) -> None:
+    def trip(
+        self,
+        *,
+        pattern: bytes | None = None,
+        after_upload: int | None = None,
+        after_download: int | None = None,
+        seconds: float | None = None,
+    ) -> None:
         """One outage of ``seconds`` (None: for good) when the client sends ``pattern``, or once
         ``after_upload`` / ``after_download`` bytes have passed in that direction."""
-        self._trip = {"pattern": pattern, "up": after_upload, "down": after_download, "seconds": seconds,
-                      "sent": 0, "received": 0}
+        self._trip = {
+            "pattern": pattern,
+            "up": after_upload,
+            "down": after_download,
+            "seconds": seconds,
+            "sent": 0,
+            "received": 0,
+        }
 
     def close(self) -> None:
         self._trip = None
@@ -115,9 +128,11 @@ class FlakyProxy:
                 trip["sent"] += len(data)
             else:
                 trip["received"] += len(data)
-            hit = ((upstream and trip["pattern"] is not None and trip["pattern"] in data)
-                   or (upstream and trip["up"] is not None and trip["sent"] >= trip["up"])
-                   or (not upstream and trip["down"] is not None and trip["received"] >= trip["down"]))
+            hit = (
+                (upstream and trip["pattern"] is not None and trip["pattern"] in data)
+                or (upstream and trip["up"] is not None and trip["sent"] >= trip["up"])
+                or (not upstream and trip["down"] is not None and trip["received"] >= trip["down"])
+            )
             if hit:
                 self._trip = None
         if hit:

@@ -70,59 +70,115 @@ CASES = [
     prep("invalid_utf8_json", b'[{"text": "a"},\n {"text": "\xff"}]', "d.json:2", "UTF-8", name="d.json"),
     prep("invalid_utf8_csv", b"text\nok\n\xfe\n", "d.csv:3", "UTF-8", name="d.csv"),
     prep("empty_file", "", "data.path", "d.jsonl", "no rows"),
-    prep("json_not_a_list", '{"text": "a"}', "d.json", 'JSON list of objects', name="d.json"),
+    prep("json_not_a_list", '{"text": "a"}', "d.json", "JSON list of objects", name="d.json"),
     prep("unsupported_suffix", "text\n", "data.path", "d.txt", "unsupported file type", name="d.txt"),
     # ---- empty values
     prep("empty_strings", jsonl({"text": ""}, {"text": ""}), "data.path", "d.jsonl", "empty: 2"),
-    prep("whitespace_only", jsonl({"text": "  \n\t"}, {"prompt": " ", "completion": "x"}),
-         "d.jsonl:2", "one format per file"),
-    prep("whitespace_only_completions", jsonl({"prompt": "p", "completion": "  "}, {"prompt": "q", "completion": "\n"}),
-         "data.path", "d.jsonl", "empty: 2"),
+    prep(
+        "whitespace_only",
+        jsonl({"text": "  \n\t"}, {"prompt": " ", "completion": "x"}),
+        "d.jsonl:2",
+        "one format per file",
+    ),
+    prep(
+        "whitespace_only_completions",
+        jsonl({"prompt": "p", "completion": "  "}, {"prompt": "q", "completion": "\n"}),
+        "data.path",
+        "d.jsonl",
+        "empty: 2",
+    ),
     # ---- null and wrong-typed fields, every format
     prep("text_null", jsonl({"text": "a"}, {"text": None}), "d.jsonl:2", "field 'text'", "got null"),
     prep("text_int", jsonl({"text": 5}), "d.jsonl:1", "field 'text'", "expected string", "int 5"),
     prep("completion_null", jsonl({"prompt": "p", "completion": None}), "d.jsonl:1", "field 'completion'"),
     prep("prompt_list_of_ints", jsonl({"prompt": [1, 2], "completion": "c"}), "d.jsonl:1", "field 'prompt[0]'"),
     prep("messages_null", jsonl(MSG, {"messages": None}), "d.jsonl:2", "field 'messages'", "list of messages"),
-    prep("messages_content_int", jsonl({"messages": [{"role": "user", "content": 3}]}), "d.jsonl:1",
-         "field 'messages[0].content'", "string"),
+    prep(
+        "messages_content_int",
+        jsonl({"messages": [{"role": "user", "content": 3}]}),
+        "d.jsonl:1",
+        "field 'messages[0].content'",
+        "string",
+    ),
     prep("messages_string", jsonl({"messages": "hello"}), "d.jsonl:1", "field 'messages'", "list of messages"),
     prep("chosen_int", jsonl({"prompt": "p", "chosen": 3, "rejected": "r"}), "d.jsonl:1", "field 'chosen'"),
     prep("rejected_null", jsonl({"prompt": "p", "chosen": "c", "rejected": None}), "d.jsonl:1", "field 'rejected'"),
     prep("label_not_bool", jsonl({"prompt": "p", "completion": "c", "label": "yes"}), "d.jsonl:1", "field 'label'"),
-    prep("unpaired_completion_int", jsonl({"prompt": "p", "completion": 7, "label": True}), "d.jsonl:1",
-         "field 'completion'"),
+    prep(
+        "unpaired_completion_int",
+        jsonl({"prompt": "p", "completion": 7, "label": True}),
+        "d.jsonl:1",
+        "field 'completion'",
+    ),
     prep("prompt_only_null", jsonl({"prompt": None}), "d.jsonl:1", "field 'prompt'"),
     prep("prompt_only_object", jsonl({"prompt": {"a": 1}}), "d.jsonl:1", "field 'prompt'"),
     # ---- columns
     prep("no_format_columns", jsonl({"question": "q", "answer": "a"}), "d.jsonl:1", "columns of a known format"),
     prep("chosen_without_rejected", jsonl({"prompt": "p", "chosen": "c"}), "d.jsonl:1", "field 'rejected'"),
     prep("rejected_without_chosen", jsonl({"prompt": "p", "rejected": "r"}), "d.jsonl:1", "field 'chosen'"),
-    prep("later_row_misses_rejected", jsonl({"prompt": "p", "chosen": "c", "rejected": "r"},
-                                            {"prompt": "p", "chosen": "c2"}), "d.jsonl:2", "field 'rejected'"),
+    prep(
+        "later_row_misses_rejected",
+        jsonl({"prompt": "p", "chosen": "c", "rejected": "r"}, {"prompt": "p", "chosen": "c2"}),
+        "d.jsonl:2",
+        "field 'rejected'",
+    ),
     prep("mixed_formats", jsonl({"text": "a"}, MSG), "d.jsonl:2", "one format per file"),
-    prep("mixed_plain_and_conversational", jsonl({"prompt": "p", "completion": "c"},
-                                                 {"prompt": conv(("user", "p")), "completion": conv(("assistant", "c"))}),
-         "d.jsonl:2", "field 'prompt'", "plain text"),
-    prep("chosen_equals_rejected", jsonl({"prompt": "p", "chosen": "same", "rejected": "same"}), "d.jsonl:1",
-         "field 'rejected'", "different from 'chosen'"),
-    prep("chosen_equals_rejected_conversation",
-         jsonl({"chosen": conv(("user", "q"), ("assistant", "a")), "rejected": conv(("user", "q"), ("assistant", "a"))}),
-         "d.jsonl:1", "field 'rejected'"),
-    prep("unknown_role", jsonl({"messages": [{"role": "bot", "content": "hi"}]}), "d.jsonl:1",
-         "field 'messages[0].role'", "'bot'"),
+    prep(
+        "mixed_plain_and_conversational",
+        jsonl(
+            {"prompt": "p", "completion": "c"}, {"prompt": conv(("user", "p")), "completion": conv(("assistant", "c"))}
+        ),
+        "d.jsonl:2",
+        "field 'prompt'",
+        "plain text",
+    ),
+    prep(
+        "chosen_equals_rejected",
+        jsonl({"prompt": "p", "chosen": "same", "rejected": "same"}),
+        "d.jsonl:1",
+        "field 'rejected'",
+        "different from 'chosen'",
+    ),
+    prep(
+        "chosen_equals_rejected_conversation",
+        jsonl({"chosen": conv(("user", "q"), ("assistant", "a")), "rejected": conv(("user", "q"), ("assistant", "a"))}),
+        "d.jsonl:1",
+        "field 'rejected'",
+    ),
+    prep(
+        "unknown_role",
+        jsonl({"messages": [{"role": "bot", "content": "hi"}]}),
+        "d.jsonl:1",
+        "field 'messages[0].role'",
+        "'bot'",
+    ),
     prep("empty_message_list", jsonl(MSG, {"messages": []}), "d.jsonl:2", "field 'messages'", "non-empty"),
-    prep("csv_missing_header", "hello there,general kenobi\nfoo,bar\n", "d.csv:2", "columns of a known format",
-         name="d.csv"),
+    prep(
+        "csv_missing_header",
+        "hello there,general kenobi\nfoo,bar\n",
+        "d.csv:2",
+        "columns of a known format",
+        name="d.csv",
+    ),
     prep("csv_ragged_row", "prompt,completion\np,c\nonly one\n", "d.csv:3", "2 comma-separated fields", name="d.csv"),
-    prep("parquet_wrong_schema", parquet([{"id": 1, "score": 0.5}]), "d.parquet:row 0", "columns of a known format",
-         name="d.parquet"),
+    prep(
+        "parquet_wrong_schema",
+        parquet([{"id": 1, "score": 0.5}]),
+        "d.parquet:row 0",
+        "columns of a known format",
+        name="d.parquet",
+    ),
     prep("parquet_text_is_int", parquet([{"text": 1}]), "d.parquet:row 0", "field 'text'", name="d.parquet"),
     prep("parquet_corrupt", b"PAR1 this is not parquet", "d.parquet", "readable Parquet", name="d.parquet"),
     Case("saved_dir_bad_dict", "prepare", {"ds/dataset_dict.json": "{not json"}, (), ("data.path", "ds"), data="ds"),
-    Case("saved_dir_missing_arrow", "prepare",
-         {"ds/state.json": json.dumps({"_data_files": [{"filename": "data.arrow"}]}), "ds/dataset_info.json": "{}"},
-         (), ("data.path", "ds", "datasets"), data="ds"),
+    Case(
+        "saved_dir_missing_arrow",
+        "prepare",
+        {"ds/state.json": json.dumps({"_data_files": [{"filename": "data.arrow"}]}), "ds/dataset_info.json": "{}"},
+        (),
+        ("data.path", "ds", "datasets"),
+        data="ds",
+    ),
     Case("dir_without_data", "prepare", {"ds/readme.md": "hi"}, (), ("data.path", "ds", "no .jsonl"), data="ds"),
     Case("data_path_missing", "prepare", {}, (), ("data.path", "nope.jsonl", "no such file"), data="nope.jsonl"),
     # ---- config
@@ -134,34 +190,100 @@ CASES = [
     Case("sft_lr_not_a_number", "sft", {"d.jsonl": jsonl(MSG)}, ("lr=fast", "model.path={model}"), ("lr",)),
     Case("sft_lr_nan", "sft", {"d.jsonl": jsonl(MSG)}, ("lr=nan", "model.path={model}"), ("lr",)),
     # ---- models
-    Case("model_path_missing", "sft", {"d.jsonl": jsonl(MSG)}, ("model.path={tmp}/no_model",),
-         ("model.path", "no_model", "does not exist")),
-    Case("prepare_model_path_missing", "prepare", {"d.jsonl": jsonl(MSG)}, ("model.path={tmp}/no_model",),
-         ("model.path", "no_model")),
-    Case("dir_not_a_model", "sft", {"d.jsonl": jsonl(MSG), "notmodel/readme.md": "hi"},
-         ("model.path={tmp}/notmodel",), ("model.path", "notmodel")),
-    Case("tokenizer_only_dir", "sft", {"d.jsonl": jsonl(MSG), "tokonly": {"copy_model": "tokenizer"}},
-         ("model.path={tmp}/tokonly", "max_steps=1"), ("model.path", "tokonly")),
-    Case("no_chat_template", "sft", {"d.jsonl": jsonl(MSG), "nochat": {"copy_model": "no_chat_template"}},
-         ("model.path={tmp}/nochat", "max_steps=1"), ("model.path", "chat template")),
-    Case("sft_rows_too_long", "sft", {"d.jsonl": jsonl({"text": "a b c d e f g h i j k l m n o p " * 4})},
-         ("model.path={model}", "data.max_length=8", "max_steps=1"), ("data.path", "d.jsonl", "too_long: 1")),
-    Case("prepare_rows_too_long", "prepare", {"d.jsonl": jsonl({"text": "a b c d e f g h i j k l m n o p " * 4})},
-         ("model.path={model}", "data.max_length=8"), ("data.path", "d.jsonl", "too_long: 1")),
-    Case("dpo_gets_sft_data", "dpo", {"d.jsonl": jsonl(MSG)}, ("model.path={model}", "max_steps=1"),
-         ("data.path", "messages")),
-    Case("reward_gets_prompt_only", "reward", {"d.jsonl": PROMPTS}, ("model.path={model}", "max_steps=1"),
-         ("data.path", "prompt_only")),
+    Case(
+        "model_path_missing",
+        "sft",
+        {"d.jsonl": jsonl(MSG)},
+        ("model.path={tmp}/no_model",),
+        ("model.path", "no_model", "does not exist"),
+    ),
+    Case(
+        "prepare_model_path_missing",
+        "prepare",
+        {"d.jsonl": jsonl(MSG)},
+        ("model.path={tmp}/no_model",),
+        ("model.path", "no_model"),
+    ),
+    Case(
+        "dir_not_a_model",
+        "sft",
+        {"d.jsonl": jsonl(MSG), "notmodel/readme.md": "hi"},
+        ("model.path={tmp}/notmodel",),
+        ("model.path", "notmodel"),
+    ),
+    Case(
+        "tokenizer_only_dir",
+        "sft",
+        {"d.jsonl": jsonl(MSG), "tokonly": {"copy_model": "tokenizer"}},
+        ("model.path={tmp}/tokonly", "max_steps=1"),
+        ("model.path", "tokonly"),
+    ),
+    Case(
+        "no_chat_template",
+        "sft",
+        {"d.jsonl": jsonl(MSG), "nochat": {"copy_model": "no_chat_template"}},
+        ("model.path={tmp}/nochat", "max_steps=1"),
+        ("model.path", "chat template"),
+    ),
+    Case(
+        "sft_rows_too_long",
+        "sft",
+        {"d.jsonl": jsonl({"text": "a b c d e f g h i j k l m n o p " * 4})},
+        ("model.path={model}", "data.max_length=8", "max_steps=1"),
+        ("data.path", "d.jsonl", "too_long: 1"),
+    ),
+    Case(
+        "prepare_rows_too_long",
+        "prepare",
+        {"d.jsonl": jsonl({"text": "a b c d e f g h i j k l m n o p " * 4})},
+        ("model.path={model}", "data.max_length=8"),
+        ("data.path", "d.jsonl", "too_long: 1"),
+    ),
+    Case(
+        "dpo_gets_sft_data",
+        "dpo",
+        {"d.jsonl": jsonl(MSG)},
+        ("model.path={model}", "max_steps=1"),
+        ("data.path", "messages"),
+    ),
+    Case(
+        "reward_gets_prompt_only",
+        "reward",
+        {"d.jsonl": PROMPTS},
+        ("model.path={model}", "max_steps=1"),
+        ("data.path", "prompt_only"),
+    ),
     # ---- reward functions (GRPO)
-    Case("reward_module_missing", "grpo", {"d.jsonl": PROMPTS},
-         ("model.path={model}", "reward.functions=no_such_module_xyz:reward", "max_steps=1"),
-         ("reward.functions", "no_such_module_xyz")),
-    Case("reward_function_missing", "grpo", {"d.jsonl": PROMPTS, "rw.py": WRONG_LENGTH_REWARD},
-         ("model.path={model}", "reward.functions={tmp}/rw.py:nothing_here", "max_steps=1"),
-         ("reward.functions", "nothing_here")),
-    Case("reward_wrong_length", "grpo", {"d.jsonl": PROMPTS, "rw.py": WRONG_LENGTH_REWARD},
-         ("model.path={model}", "reward.functions={tmp}/rw.py:reward", "max_steps=1", "rollout.n=2",
-          "prompts_per_step=2", "rollout.max_new_tokens=4", "batch_size=4"), ("reward", "values"), logs=True),
+    Case(
+        "reward_module_missing",
+        "grpo",
+        {"d.jsonl": PROMPTS},
+        ("model.path={model}", "reward.functions=no_such_module_xyz:reward", "max_steps=1"),
+        ("reward.functions", "no_such_module_xyz"),
+    ),
+    Case(
+        "reward_function_missing",
+        "grpo",
+        {"d.jsonl": PROMPTS, "rw.py": WRONG_LENGTH_REWARD},
+        ("model.path={model}", "reward.functions={tmp}/rw.py:nothing_here", "max_steps=1"),
+        ("reward.functions", "nothing_here"),
+    ),
+    Case(
+        "reward_wrong_length",
+        "grpo",
+        {"d.jsonl": PROMPTS, "rw.py": WRONG_LENGTH_REWARD},
+        (
+            "model.path={model}",
+            "reward.functions={tmp}/rw.py:reward",
+            "max_steps=1",
+            "rollout.n=2",
+            "prompts_per_step=2",
+            "rollout.max_new_tokens=4",
+            "batch_size=4",
+        ),
+        ("reward", "values"),
+        logs=True,
+    ),
 ]
 
 
@@ -200,8 +322,9 @@ def run_cli(stage: str, args: list[str]) -> subprocess.CompletedProcess:
     env = clean_env()
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [ROOT, env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
-    return subprocess.run([sys.executable, "-m", "trainer_lib.cli", stage, *args], capture_output=True,
-                          text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "trainer_lib.cli", stage, *args], capture_output=True, text=True, env=env, timeout=300
+    )
 
 
 def assert_one_error_line(proc: subprocess.CompletedProcess, expect) -> str:
@@ -246,9 +369,11 @@ def test_utf8_bom_is_accepted(tmp_path):
     """A UTF-8 byte-order mark (what Windows tools write) is not an error, in JSONL, JSON and CSV."""
     import datasets
 
-    for name, content in [("d.jsonl", jsonl({"text": "a"}, {"text": "b"})),
-                          ("d.json", json.dumps([{"text": "a"}, {"text": "b"}])),
-                          ("d.csv", "text\na\nb\n")]:
+    for name, content in [
+        ("d.jsonl", jsonl({"text": "a"}, {"text": "b"})),
+        ("d.json", json.dumps([{"text": "a"}, {"text": "b"}])),
+        ("d.csv", "text\na\nb\n"),
+    ]:
         src = tmp_path / name
         src.write_bytes(b"\xef\xbb\xbf" + content.encode())
         out = tmp_path / f"out-{name}"
@@ -262,8 +387,16 @@ def test_over_length_rows_are_dropped_and_counted(tmp_path, tiny_model_dir):
     src = tmp_path / "d.jsonl"
     src.write_text(jsonl({"text": "a b"}, {"text": "a b c d e f g h i j k l m n o p " * 4}))
     out = tmp_path / "out"
-    proc = run_cli("prepare", [f"data.path={src}", f"output_dir={out}", f"model.path={tiny_model_dir}",
-                               "data.max_length=8", "data.eval_fraction=0"])
+    proc = run_cli(
+        "prepare",
+        [
+            f"data.path={src}",
+            f"output_dir={out}",
+            f"model.path={tiny_model_dir}",
+            "data.max_length=8",
+            "data.eval_fraction=0",
+        ],
+    )
     assert proc.returncode == 0, proc.stderr
     stats = json.loads((out / "stats.json").read_text())
     assert stats["dropped"]["too_long"] == 1 and stats["rows"] == {"train": 1, "eval": 0}

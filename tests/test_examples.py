@@ -12,8 +12,15 @@ FILES = sorted(f for f in os.listdir(EXAMPLES) if f.endswith(".yaml"))
 
 
 def test_the_examples_are_there():
-    assert {"sft-qwen2.5-0.5b.yaml", "sft-qwen2.5-1.5b.yaml", "sft-llama-3-8b-lora.yaml", "dpo-llama-3-8b-lora.yaml",
-            "sft-llama-3-8b-zero3.yaml", "grpo-qwen2.5-1.5b-code.yaml", "sft-llama-3-70b-zero3-offload.yaml"} <= set(FILES)
+    assert {
+        "sft-qwen2.5-0.5b.yaml",
+        "sft-qwen2.5-1.5b.yaml",
+        "sft-llama-3-8b-lora.yaml",
+        "dpo-llama-3-8b-lora.yaml",
+        "sft-llama-3-8b-zero3.yaml",
+        "grpo-qwen2.5-1.5b-code.yaml",
+        "sft-llama-3-70b-zero3-offload.yaml",
+    } <= set(FILES)
 
 
 @pytest.mark.parametrize("name", FILES)

@@ -18,16 +18,25 @@ def _files(root):
             yield os.path.join(folder, name)
 
 
-def test_the_token_reaches_hub_clients_and_nothing_we_write(monkeypatch, tiny_model_dir, chat_jsonl, tmp_path,
-                                                            capsys):
+def test_the_token_reaches_hub_clients_and_nothing_we_write(monkeypatch, tiny_model_dir, chat_jsonl, tmp_path, capsys):
     from huggingface_hub import get_token
 
     monkeypatch.setenv("HF_TOKEN", CANARY)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     out = tmp_path / "sft"
-    args = ["sft", f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", f"output_dir={out}", "max_steps=2",
-            "batch_size=2", "data.max_length=64", "save_steps=1", "logging_steps=1", "report_to=tensorboard,mlflow",
-            "learning_rate=1e-3"]
+    args = [
+        "sft",
+        f"model.path={tiny_model_dir}",
+        f"data.path={chat_jsonl}",
+        f"output_dir={out}",
+        "max_steps=2",
+        "batch_size=2",
+        "data.max_length=64",
+        "save_steps=1",
+        "logging_steps=1",
+        "report_to=tensorboard,mlflow",
+        "learning_rate=1e-3",
+    ]
     assert main(args) == 0
     assert main([*args, "--print-config"]) == 0
     assert os.environ["HF_TOKEN"] == CANARY and get_token() == CANARY  # not clobbered: the hub clients see it

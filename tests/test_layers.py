@@ -32,7 +32,9 @@ def _imports(path: str, module: str, known: dict) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[:len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             names = [f"{base}.{a.name}" for a in node.names] + [base]
         for name in names:
             while name and name not in known:
@@ -48,14 +50,20 @@ def _graph() -> dict[str, set[str]]:
 
 
 def test_the_library_never_imports_the_layers_above_it():
-    upward = {(m, d) for m, deps in _graph().items() if m.startswith("trainer_lib")
-              for d in deps if d.split(".")[0] in ("components", "pipelines")}
+    upward = {
+        (m, d)
+        for m, deps in _graph().items()
+        if m.startswith("trainer_lib")
+        for d in deps
+        if d.split(".")[0] in ("components", "pipelines")
+    }
     assert not upward
 
 
 def test_components_never_import_pipelines():
-    assert not {(m, d) for m, deps in _graph().items() if m.startswith("components")
-                for d in deps if d.startswith("pipelines")}
+    assert not {
+        (m, d) for m, deps in _graph().items() if m.startswith("components") for d in deps if d.startswith("pipelines")
+    }
 
 
 def test_no_import_circle():
@@ -67,7 +75,7 @@ def test_no_import_circle():
             if dep == node.rpartition(".")[0] or node.startswith(dep + ".") and dep in PACKAGES:
                 continue  # a module importing its own package's __init__ is not a circle of logic
             if state.get(dep) == "open":
-                cycles.append(trail[trail.index(dep):] + [dep])
+                cycles.append(trail[trail.index(dep) :] + [dep])
             elif dep not in state:
                 visit(dep, trail + [dep])
         state[node] = "done"
@@ -85,6 +93,9 @@ def test_no_private_name_is_imported_from_another_module():
             tree = ast.parse(fh.read())
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in PACKAGES:
-                private += [f"{module}: from {node.module} import {a.name}" for a in node.names
-                            if a.name.startswith("_") and not a.name.startswith("__")]
+                private += [
+                    f"{module}: from {node.module} import {a.name}"
+                    for a in node.names
+                    if a.name.startswith("_") and not a.name.startswith("__")
+                ]
     assert not private

@@ -23,11 +23,26 @@ AUDITED = ("trainer_lib", "components")
 ALLOWED: dict[str, str] = {}
 
 #: (module, function) pairs that unpickle whatever they read.
-UNPICKLERS = {("pickle", "load"), ("pickle", "loads"), ("pickle", "Unpickler"), ("_pickle", "load"),
-              ("_pickle", "loads"), ("dill", "load"), ("dill", "loads"), ("cloudpickle", "load"),
-              ("cloudpickle", "loads"), ("marshal", "load"), ("marshal", "loads"), ("joblib", "load"),
-              ("pandas", "read_pickle"), ("shelve", "open"), ("yaml", "unsafe_load"), ("yaml", "full_load"),
-              ("yaml", "unsafe_load_all"), ("yaml", "full_load_all")}
+UNPICKLERS = {
+    ("pickle", "load"),
+    ("pickle", "loads"),
+    ("pickle", "Unpickler"),
+    ("_pickle", "load"),
+    ("_pickle", "loads"),
+    ("dill", "load"),
+    ("dill", "loads"),
+    ("cloudpickle", "load"),
+    ("cloudpickle", "loads"),
+    ("marshal", "load"),
+    ("marshal", "loads"),
+    ("joblib", "load"),
+    ("pandas", "read_pickle"),
+    ("shelve", "open"),
+    ("yaml", "unsafe_load"),
+    ("yaml", "full_load"),
+    ("yaml", "unsafe_load_all"),
+    ("yaml", "full_load_all"),
+}
 SAFE_YAML_LOADERS = {"SafeLoader", "CSafeLoader", "BaseLoader", "CBaseLoader"}
 
 
@@ -72,8 +87,11 @@ def findings(source: str, filename: str) -> list[str]:
             (name == "torch.load" and not _is_true(_keyword(node, "weights_only")))
             or (module, function) in UNPICKLERS
             or (name == "numpy.load" and not _is_false_or_absent(_keyword(node, "allow_pickle")))
-            or (name == "yaml.load" and _resolve(_keyword(node, "Loader") or ast.Constant(None), aliases)
-                not in {f"yaml.{loader}" for loader in SAFE_YAML_LOADERS})
+            or (
+                name == "yaml.load"
+                and _resolve(_keyword(node, "Loader") or ast.Constant(None), aliases)
+                not in {f"yaml.{loader}" for loader in SAFE_YAML_LOADERS}
+            )
         )
         if bad:
             found.append(f"{filename}:{node.lineno}: {name}")
@@ -85,22 +103,24 @@ def _is_false_or_absent(node) -> bool:
 
 
 def test_the_audit_finds_what_it_looks_for():
-    source = "\n".join([
-        "import torch, pickle, joblib, yaml",
-        "import numpy as np",
-        "from pickle import loads as from_bytes",
-        "torch.load('a')",                           # 4
-        "torch.load('a', weights_only=False)",       # 5
-        "torch.load('a', weights_only=True)",        # fine
-        "pickle.load(open('a', 'rb'))",              # 7
-        "from_bytes(b'')",                           # 8
-        "joblib.load('a')",                          # 9
-        "np.load('a', allow_pickle=True)",           # 10
-        "np.load('a')",                              # fine
-        "yaml.load(text, Loader=yaml.Loader)",       # 12
-        "yaml.load(text, Loader=yaml.SafeLoader)",   # fine
-        "yaml.safe_load(text)",                      # fine
-    ])
+    source = "\n".join(
+        [
+            "import torch, pickle, joblib, yaml",
+            "import numpy as np",
+            "from pickle import loads as from_bytes",
+            "torch.load('a')",  # 4
+            "torch.load('a', weights_only=False)",  # 5
+            "torch.load('a', weights_only=True)",  # fine
+            "pickle.load(open('a', 'rb'))",  # 7
+            "from_bytes(b'')",  # 8
+            "joblib.load('a')",  # 9
+            "np.load('a', allow_pickle=True)",  # 10
+            "np.load('a')",  # fine
+            "yaml.load(text, Loader=yaml.Loader)",  # 12
+            "yaml.load(text, Loader=yaml.SafeLoader)",  # fine
+            "yaml.safe_load(text)",  # fine
+        ]
+    )
     assert sorted(int(f.split(":")[1]) for f in findings(source, "x.py")) == [4, 5, 7, 8, 9, 10, 12]
 
 
@@ -129,15 +149,23 @@ class _Payload:
 
 @pytest.mark.parametrize("planted", ["mp_rank_00_model_states.pt", "rng_state_rank0.pt"])
 def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(
-        planted, tiny_model_dir, chat_jsonl, tmp_path, capsys):
+    planted, tiny_model_dir, chat_jsonl, tmp_path, capsys
+):
     import torch
 
     from tests.stages.training.rl_helpers import one_thread
     from trainer_lib.cli import main
 
     out, marker = tmp_path / "run", tmp_path / "payload-ran"
-    args = ["sft", f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", "batch_size=2", "data.max_length=64",
-            "save_steps=2", f"output_dir={out}"]
+    args = [
+        "sft",
+        f"model.path={tiny_model_dir}",
+        f"data.path={chat_jsonl}",
+        "batch_size=2",
+        "data.max_length=64",
+        "save_steps=2",
+        f"output_dir={out}",
+    ]
     with one_thread():
         assert main([*args, "max_steps=2"]) == 0
         target = out / "checkpoints" / "step-00000002" / planted

@@ -5,17 +5,30 @@ import sys
 
 import pytest
 
-from trainer_lib.errors import ConfigError
 from trainer_lib.config.layers import build_values, nest
+from trainer_lib.errors import ConfigError
 from trainer_lib.stage_api import run_stage
 
 
 def test_layers_apply_in_order_after_the_yaml():
-    values = build_values([{"max_steps": 3, "model.path": "null"}, "lr=1e-5", "lora.r=8",
-                           {"model": {"tokenizer_path": "tok"}}, {"output_dir": "/out"}],
-                          "engine:\n  zero_stage: 2\nlr: 0.1\nmax_steps: 9\n")
-    assert values == {"engine": {"zero_stage": 2}, "lr": "1e-5", "max_steps": 3, "lora": {"r": 8},
-                      "model": {"path": "null", "tokenizer_path": "tok"}, "output_dir": "/out"}
+    values = build_values(
+        [
+            {"max_steps": 3, "model.path": "null"},
+            "lr=1e-5",
+            "lora.r=8",
+            {"model": {"tokenizer_path": "tok"}},
+            {"output_dir": "/out"},
+        ],
+        "engine:\n  zero_stage: 2\nlr: 0.1\nmax_steps: 9\n",
+    )
+    assert values == {
+        "engine": {"zero_stage": 2},
+        "lr": "1e-5",
+        "max_steps": 3,
+        "lora": {"r": 8},
+        "model": {"path": "null", "tokenizer_path": "tok"},
+        "output_dir": "/out",
+    }
 
 
 def test_dict_values_are_not_reparsed():
@@ -28,8 +41,9 @@ def test_a_plain_dict_is_one_layer():
     assert build_values(None, "") == {}
 
 
-@pytest.mark.parametrize("yaml_text, message", [("- a\n- b\n", "mapping at the top level"),
-                                                ("a: [1,\n", "invalid YAML")])
+@pytest.mark.parametrize(
+    "yaml_text, message", [("- a\n- b\n", "mapping at the top level"), ("a: [1,\n", "invalid YAML")]
+)
 def test_bad_yaml_is_a_config_error(yaml_text, message):
     with pytest.raises(ConfigError, match=message):
         build_values({}, yaml_text)
@@ -52,8 +66,11 @@ def test_run_stage_validates_like_the_cli(tmp_path):
 
 
 def test_run_stage_runs_the_stage(tmp_path):
-    manifest = run_stage("demo-data", ["n_code_train=30", "n_code_eval=5"],
-                         config_yaml=f"output_dir: {tmp_path}\nn_safety_train: 10\nn_safety_sft: 10\nn_safety_eval: 5\n")
+    manifest = run_stage(
+        "demo-data",
+        ["n_code_train=30", "n_code_eval=5"],
+        config_yaml=f"output_dir: {tmp_path}\nn_safety_train: 10\nn_safety_sft: 10\nn_safety_eval: 5\n",
+    )
     assert manifest["counts"]["sft.jsonl"] == 40
     assert (tmp_path / "sft.jsonl").is_file()
 

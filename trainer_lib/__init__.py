@@ -42,10 +42,14 @@ MOVED = {
     "trainer_lib.stages.demo_data": "trainer_lib.demo.demo_data",
     "trainer_lib.eval.cli": "trainer_lib.eval.humaneval_cli",
     "trainer_lib.serving.cli": "trainer_lib.serving.serve_cli",
-    **{f"trainer_lib.stages.{name}": f"trainer_lib.stages.training.{name}"
-       for name in ("sft", "reward", "dpo", "ppo", "grpo")},
-    **{f"trainer_lib.stages.{name}": f"trainer_lib.stages.lifecycle.{name}"
-       for name in ("prepare", "evaluate", "release", "export", "deploy")},
+    **{
+        f"trainer_lib.stages.{name}": f"trainer_lib.stages.training.{name}"
+        for name in ("sft", "reward", "dpo", "ppo", "grpo")
+    },
+    **{
+        f"trainer_lib.stages.{name}": f"trainer_lib.stages.lifecycle.{name}"
+        for name in ("prepare", "evaluate", "release", "export", "deploy")
+    },
 }
 
 

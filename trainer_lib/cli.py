@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import textwrap
-from typing import Callable
+from collections.abc import Callable
 
 from trainer_lib.config import describe, load_config
 from trainer_lib.errors import ConfigError
@@ -54,7 +54,10 @@ def run_command(command: Callable[[list[str]], int], argv: list[str]) -> int:
 
 #: Library commands that are not stages: name -> (help, main).
 COMMANDS: dict[str, Command] = {
-    "humaneval": ("Score a HumanEval completions file (pass@k) without a model.", _lazy("trainer_lib.eval.humaneval_cli")),
+    "humaneval": (
+        "Score a HumanEval completions file (pass@k) without a model.",
+        _lazy("trainer_lib.eval.humaneval_cli"),
+    ),
     "serve": ("Serve a Triton model repository with a local tritonserver.", _lazy("trainer_lib.serving.serve_cli")),
 }
 
@@ -62,16 +65,24 @@ COMMANDS: dict[str, Command] = {
 def _stage_help(name: str, module) -> str:
     rows = describe(module.CONFIG)
     width = max(len(k) for k, _, _ in rows) + 2
-    lines = [f"usage: posttrain {name} [--config FILE ...] [--nproc N] [key=value ...]", "",
-             STAGES[name][1], "", "options (YAML keys, or key=value on the command line):"]
+    lines = [
+        f"usage: posttrain {name} [--config FILE ...] [--nproc N] [key=value ...]",
+        "",
+        STAGES[name][1],
+        "",
+        "options (YAML keys, or key=value on the command line):",
+    ]
     for key, default, text in rows:
         wrapped = textwrap.wrap(f"{text} [default: {default}]", 100 - width) or [""]
         lines.append(f"  {key.ljust(width)}{wrapped[0]}")
         lines.extend(" " * (width + 2) + w for w in wrapped[1:])
-    lines += ["", "  --config FILE   YAML file with any of the keys above (or TRL's / LLaMA-Factory's names for",
-              "                  them); repeat it to merge several files in order; key=value overrides them.",
-              "  --nproc N       Launch N local worker processes (torchrun-style) for this stage.",
-              "  --print-config  Print the resolved config as YAML and exit."]
+    lines += [
+        "",
+        "  --config FILE   YAML file with any of the keys above (or TRL's / LLaMA-Factory's names for",
+        "                  them); repeat it to merge several files in order; key=value overrides them.",
+        "  --nproc N       Launch N local worker processes (torchrun-style) for this stage.",
+        "  --print-config  Print the resolved config as YAML and exit.",
+    ]
     return "\n".join(lines)
 
 
@@ -104,15 +115,16 @@ def stage_main(name: str, argv: list[str]) -> int:
         import yaml
 
         from trainer_lib.config import to_dict
+
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
         return 0
     if args.nproc > 1 and "TORCHELASTIC_RUN_ID" not in os.environ:  # not yet inside torchrun
+        from trainer_lib.config.aliases import ANNOUNCED_ENV
         from trainer_lib.engine.launch import launch_workers
 
-        from trainer_lib.config.aliases import ANNOUNCED_ENV
-
-        return launch_workers(args.nproc, ["-m", "trainer_lib.cli", name, *argv_without_nproc(argv)],
-                              env={ANNOUNCED_ENV: "1"})
+        return launch_workers(
+            args.nproc, ["-m", "trainer_lib.cli", name, *argv_without_nproc(argv)], env={ANNOUNCED_ENV: "1"}
+        )
     try:
         summary = run_config(name, cfg)
     except (UserError, FileNotFoundError) as exc:

@@ -30,8 +30,9 @@ def stage_config(name: str, overrides: dict | list[Layer] | None = None, config_
     the file's ``learning_rate``, as it would over the file's ``lr``)."""
     if name not in STAGES:
         raise ConfigError(f"unknown stage '{name}'; expected one of {sorted(STAGES)}")
-    return load_config(stage_module(name).CONFIG, [build_values(None, config_yaml)],
-                       build_values(overrides), stage=name)
+    return load_config(
+        stage_module(name).CONFIG, [build_values(None, config_yaml)], build_values(overrides), stage=name
+    )
 
 
 def run_config(name: str, cfg) -> dict:

@@ -26,10 +26,35 @@ def trl_missing() -> str | None:
 def run_harness(tmp_path, *extra: str) -> tuple[str, dict]:
     out = tmp_path / "bench.json"
     env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.run([sys.executable, "-m", "benchmarks.vs_trl", "--algo", "sft", "--rounds", "1",
-                           "--steps", "2", "--warmup", "1", "--size", "tiny", "--max-length", "64",
-                           "--json", str(out), "--trl-python", TRL_PYTHON, *extra],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.vs_trl",
+            "--algo",
+            "sft",
+            "--rounds",
+            "1",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--size",
+            "tiny",
+            "--max-length",
+            "64",
+            "--json",
+            str(out),
+            "--trl-python",
+            TRL_PYTHON,
+            *extra,
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout, json.loads(out.read_text())
 

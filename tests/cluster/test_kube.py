@@ -6,9 +6,17 @@ from trainer_lib.cluster import kube
 
 class Version:
     def handle(self, request):
-        return 200, {"major": "1", "minor": "33", "gitVersion": "v1.33.0", "gitCommit": "abc", "gitTreeState": "clean",
-                     "buildDate": "2026-05-01T00:00:00Z", "goVersion": "go1.24", "compiler": "gc",
-                     "platform": "linux/amd64"}
+        return 200, {
+            "major": "1",
+            "minor": "33",
+            "gitVersion": "v1.33.0",
+            "gitCommit": "abc",
+            "gitTreeState": "clean",
+            "buildDate": "2026-05-01T00:00:00Z",
+            "goVersion": "go1.24",
+            "compiler": "gc",
+            "platform": "linux/amd64",
+        }
 
 
 def test_api_client_talks_to_the_given_host():

@@ -25,8 +25,14 @@ RUNNING = {"jobsStatus": [{"name": "node", "active": 2, "ready": 2}]}
 
 
 def status(code: int, reason: str, message: str) -> tuple[int, dict]:
-    return code, {"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "message": message,
-                  "code": code}
+    return code, {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "reason": reason,
+        "message": message,
+        "code": code,
+    }
 
 
 class TrainerApi:
@@ -41,9 +47,13 @@ class TrainerApi:
         self.deleting: dict = {}  # name -> GETs until a job with a deletionTimestamp is gone
 
     def add(self, name, status_=None, deleting_after=None):
-        self.jobs[name] = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
-                           "metadata": {"name": name, "namespace": NS, "creationTimestamp": "2026-11-30T10:00:00Z"},
-                           "spec": {}, "status": status_ or {}}
+        self.jobs[name] = {
+            "apiVersion": "trainer.kubeflow.org/v1alpha1",
+            "kind": "TrainJob",
+            "metadata": {"name": name, "namespace": NS, "creationTimestamp": "2026-11-30T10:00:00Z"},
+            "spec": {},
+            "status": status_ or {},
+        }
         if deleting_after:
             self.jobs[name]["metadata"]["deletionTimestamp"] = "2026-11-30T11:00:00Z"
             self.deleting[name] = deleting_after
@@ -100,15 +110,32 @@ def sent(server, method):
     return [r for r in server.requests if r.method == method]
 
 
-CONFIG = {"model.path": "s3://models/base", "data.path": "s3://data/sft", "max_steps": 2000, "lr": 2e-5,
-          "engine.zero_stage": 3, "engine.gradient_checkpointing": True, "lora.target_modules": ["q_proj", "v_proj"]}
+CONFIG = {
+    "model.path": "s3://models/base",
+    "data.path": "s3://data/sft",
+    "max_steps": 2000,
+    "lr": 2e-5,
+    "engine.zero_stage": 3,
+    "engine.gradient_checkpointing": True,
+    "lora.target_modules": ["q_proj", "v_proj"],
+}
 WHERE = {"output_dir": "s3://runs/42/sft", "checkpoint_dir": "s3://checkpoints/42/sft"}
 
 
 def launch(server, extra=None, **kwargs):
     """launch_stage as a component would call it, against ``server``."""
-    options = dict(run_id="run-42", task="sft", image="ghcr.io/posttrain/posttrain:0.1.0", num_nodes=2,
-                   nproc_per_node=8, timeout_s=30, namespace=NS, client=api_client(server.url), poll_s=0.01, **WHERE)
+    options = dict(
+        run_id="run-42",
+        task="sft",
+        image="ghcr.io/posttrain/posttrain:0.1.0",
+        num_nodes=2,
+        nproc_per_node=8,
+        timeout_s=30,
+        namespace=NS,
+        client=api_client(server.url),
+        poll_s=0.01,
+        **WHERE,
+    )
     options.update(kwargs)
     return launch_stage("sft", [CONFIG, "seed=7", extra or {}], **options)
 
@@ -136,24 +163,47 @@ def test_any_object_store_every_node_reaches_will_do():
 
 
 def test_strings_yaml_would_misread_are_quoted():
-    tricky = {"model.path": "s3://b/a: b", "data.path": "s3://b/x #1", "storage.region": "123",
-              "storage.endpoint_url": "[http://x", "model.tokenizer_path": "null"}
+    tricky = {
+        "model.path": "s3://b/a: b",
+        "data.path": "s3://b/x #1",
+        "storage.region": "123",
+        "storage.endpoint_url": "[http://x",
+        "model.tokenizer_path": "null",
+    }
     args = stage_args("sft", [tricky], **WHERE)
     assert "storage.region='123'" in args and "model.path='s3://b/a: b'" in args
     cfg = stage_config("sft", args)
     assert (cfg.model.path, cfg.data.path, cfg.storage.region, cfg.storage.endpoint_url) == (
-        "s3://b/a: b", "s3://b/x #1", "123", "[http://x")
+        "s3://b/a: b",
+        "s3://b/x #1",
+        "123",
+        "[http://x",
+    )
 
 
-@pytest.mark.parametrize("where, config, message", [
-    ({"output_dir": "/tmp/out", "checkpoint_dir": "s3://c"}, {}, "output_dir: a TrainJob writes to an object-store"),
-    ({"output_dir": "s3://o", "checkpoint_dir": "runs/ckpt"}, {}, "checkpoint_dir: a TrainJob writes"),
-    (WHERE, {"data.path": "/home/me/sft.jsonl"}, "data.path: '/home/me/sft.jsonl' is a path on the launcher's disk"),
-    ({"output_dir": "memory://o", "checkpoint_dir": "s3://c"}, {}, "output_dir: a TrainJob writes"),
-    (WHERE, {"data.path": "file:///home/me/sft.jsonl"}, "data.path: 'file:///home/me/sft.jsonl' is a path on the "
-                                                        "launcher's disk"),
-    (WHERE, {"max_stepz": 3}, "max_stepz"),
-])
+@pytest.mark.parametrize(
+    "where, config, message",
+    [
+        (
+            {"output_dir": "/tmp/out", "checkpoint_dir": "s3://c"},
+            {},
+            "output_dir: a TrainJob writes to an object-store",
+        ),
+        ({"output_dir": "s3://o", "checkpoint_dir": "runs/ckpt"}, {}, "checkpoint_dir: a TrainJob writes"),
+        (
+            WHERE,
+            {"data.path": "/home/me/sft.jsonl"},
+            "data.path: '/home/me/sft.jsonl' is a path on the launcher's disk",
+        ),
+        ({"output_dir": "memory://o", "checkpoint_dir": "s3://c"}, {}, "output_dir: a TrainJob writes"),
+        (
+            WHERE,
+            {"data.path": "file:///home/me/sft.jsonl"},
+            "data.path: 'file:///home/me/sft.jsonl' is a path on the launcher's disk",
+        ),
+        (WHERE, {"max_stepz": 3}, "max_stepz"),
+    ],
+)
 def test_bad_configs_fail_before_any_request(where, config, message):
     with serving(TrainerApi()) as server:
         with pytest.raises(UserError, match=re.escape(message)):
@@ -171,16 +221,20 @@ def test_creates_the_trainjob_waits_for_complete_and_deletes_it(capsys):
     assert (job["apiVersion"], job["kind"]) == ("trainer.kubeflow.org/v1alpha1", "TrainJob")
     assert job["metadata"]["name"] == job_name("run-42", "sft") == result.name
     assert job["metadata"]["annotations"] == {"posttrain/run-id": "run-42", "posttrain/task": "sft"}
-    assert job["spec"]["runtimeRef"] == {"name": "torch-distributed", "kind": "ClusterTrainingRuntime",
-                                         "apiGroup": "trainer.kubeflow.org"}
+    assert job["spec"]["runtimeRef"] == {
+        "name": "torch-distributed",
+        "kind": "ClusterTrainingRuntime",
+        "apiGroup": "trainer.kubeflow.org",
+    }
     assert job["spec"]["activeDeadlineSeconds"] == 7200
     trainer = job["spec"]["trainer"]
     assert trainer["command"] == ["posttrain", "sft", "--nproc", "8"]
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 8)
     assert trainer["resourcesPerNode"] == {"limits": {"nvidia.com/gpu": "8"}}
     assert stage_config("sft", trainer["args"]).checkpoint_dir == "s3://checkpoints/42/sft"
-    assert {"output_dir=s3://runs/42/sft", "model.path=s3://models/base", "lr=2.0e-05", "seed=7"} \
-        <= set(trainer["args"])
+    assert {"output_dir=s3://runs/42/sft", "model.path=s3://models/base", "lr=2.0e-05", "seed=7"} <= set(
+        trainer["args"]
+    )
     refs = {e["name"]: e["valueFrom"] for e in trainer["env"] if "valueFrom" in e}
     assert refs["AWS_SECRET_ACCESS_KEY"]["secretKeyRef"]["name"] == "posttrain-s3"
     assert refs["AWS_ENDPOINT_URL"]["configMapKeyRef"]["name"] == "posttrain-config"
@@ -193,8 +247,12 @@ def test_creates_the_trainjob_waits_for_complete_and_deletes_it(capsys):
     assert result.status["conditions"][0]["type"] == "Complete" and not result.reattached
     assert (result.output_dir, result.checkpoint_dir, result.namespace) == (*WHERE.values(), NS)
     out = capsys.readouterr().out
-    for line in ("created TrainJob team-a/posttrain-sft-", "jobs node: active=2 ready=2",
-                 "Complete=True JobsCompleted: all node", "deleted team-a/posttrain-sft-"):
+    for line in (
+        "created TrainJob team-a/posttrain-sft-",
+        "jobs node: active=2 ready=2",
+        "Complete=True JobsCompleted: all node",
+        "deleted team-a/posttrain-sft-",
+    ):
         assert line in out
     assert out.count("active=2 ready=2") == 1  # a change is printed once, not on every poll
 
@@ -208,8 +266,11 @@ def test_a_failed_job_raises_with_its_reason_and_is_deleted():
 
 def test_a_job_that_never_finishes_times_out_naming_the_job_and_is_deleted():
     with serving(TrainerApi("hang")) as server:
-        with pytest.raises(TrainJobTimeout, match=f"TrainJob {NS}/{job_name('run-42', 'sft')} did not finish "
-                                                  r"within 0.3 s") as caught:
+        with pytest.raises(
+            TrainJobTimeout,
+            match=f"TrainJob {NS}/{job_name('run-42', 'sft')} did not finish "
+            r"within 0.3 s",
+        ) as caught:
             launch(server, timeout_s=0.3)
     assert isinstance(caught.value, TimeoutError)
     assert len(sent(server, "GET")) >= 3 and sent(server, "DELETE") and server.app.jobs == {}

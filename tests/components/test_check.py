@@ -58,7 +58,8 @@ def started_from_outside(server, tmp_path, pipeline: str, params: dict) -> str:
     package = tmp_path / f"{pipeline}.yaml"
     compiler.Compiler().compile(PIPELINES[pipeline], str(package))
     run = kfp.Client(host=server.url).create_run_from_pipeline_package(
-        str(package), arguments=params, experiment_id="e", run_name="from the UI")
+        str(package), arguments=params, experiment_id="e", run_name="from the UI"
+    )
     return run.run_id
 
 
@@ -71,10 +72,14 @@ def test_a_typo_in_a_run_started_from_outside_fails_the_first_task_naming_stage_
 
 
 def test_the_run_parameters_are_the_ones_checked(api, tmp_path, capsys):
-    good = started_from_outside(api, tmp_path, "posttrain-rlhf", {"rl_algorithm": "ppo", "rl_overrides": ["kl.coef=0.1"]})
+    good = started_from_outside(
+        api, tmp_path, "posttrain-rlhf", {"rl_algorithm": "ppo", "rl_overrides": ["kl.coef=0.1"]}
+    )
     assert check_config.python_func(run_id=good) >= 6
     assert f"run {good}: all" in capsys.readouterr().out
-    bad = started_from_outside(api, tmp_path, "posttrain-rlhf", {"rl_algorithm": "grpo", "rl_overrides": ["kl.coef=0.1"]})
+    bad = started_from_outside(
+        api, tmp_path, "posttrain-rlhf", {"rl_algorithm": "grpo", "rl_overrides": ["kl.coef=0.1"]}
+    )
     with pytest.raises(SystemExit, match="task 'GRPO'.*kl: unknown key"):
         check_config.python_func(run_id=bad)
 
@@ -82,8 +87,11 @@ def test_the_run_parameters_are_the_ones_checked(api, tmp_path, capsys):
 def test_a_run_of_an_uploaded_pipeline_version_is_checked_from_that_version(api, tmp_path):
     spec = json_format.MessageToDict(PIPELINES["posttrain-sft"].pipeline_spec)
     api.app.versions[("p1", "v1")] = {"pipeline_id": "p1", "pipeline_version_id": "v1", "pipeline_spec": spec}
-    api.app.runs["r1"] = {"run_id": "r1", "pipeline_version_reference": {"pipeline_id": "p1", "pipeline_version_id": "v1"},
-                          "runtime_config": {"parameters": {"sft_overrides": ["max_stepz=3"]}}}
+    api.app.runs["r1"] = {
+        "run_id": "r1",
+        "pipeline_version_reference": {"pipeline_id": "p1", "pipeline_version_id": "v1"},
+        "runtime_config": {"parameters": {"sft_overrides": ["max_stepz=3"]}},
+    }
     with pytest.raises(SystemExit, match=r"task 'SFT' \(posttrain sft\): max_stepz: unknown key"):
         check_config.python_func(run_id="r1")
     reads = [r.path for r in api.requests if not r.path.endswith("/healthz")]  # the client's discovery call

@@ -10,8 +10,8 @@ from kfp import dsl
 
 from components.bootstrap import bootstrap
 from components.common import IMAGE, last_logged, log_summary, mark_source, source_of
-from components.prepare import prepare
 from components.evaluate import evaluate
+from components.prepare import prepare
 from components.release import release
 from components.train import train
 
@@ -21,8 +21,7 @@ HEAVY = ("torch", "transformers", "deepspeed", "datasets", "peft", "onnxruntime"
 
 def test_components_and_pipelines_import_without_heavy_modules():
     names = ", ".join(f"components.{c.python_func.__name__}" for c in COMPONENTS)
-    code = (f"import sys, {names}, pipelines.dag, pipelines.commands;"
-            f"print([m for m in {HEAVY!r} if m in sys.modules])")
+    code = f"import sys, {names}, pipelines.dag, pipelines.commands;print([m for m in {HEAVY!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 
@@ -40,10 +39,16 @@ def test_component_interfaces():
         return {name: spec.type for name, spec in specs.items()}
 
     assert types(bootstrap.component_spec.outputs) == {
-        "demo": "system.Dataset@0.0.1", "data": "system.Dataset@0.0.1", "preferences": "system.Dataset@0.0.1",
-        "prompts": "system.Dataset@0.0.1", "model": "system.Model@0.0.1"}
-    assert types(prepare.component_spec.outputs) == {"prepared": "system.Dataset@0.0.1",
-                                                    "metrics": "system.Metrics@0.0.1"}
+        "demo": "system.Dataset@0.0.1",
+        "data": "system.Dataset@0.0.1",
+        "preferences": "system.Dataset@0.0.1",
+        "prompts": "system.Dataset@0.0.1",
+        "model": "system.Model@0.0.1",
+    }
+    assert types(prepare.component_spec.outputs) == {
+        "prepared": "system.Dataset@0.0.1",
+        "metrics": "system.Metrics@0.0.1",
+    }
     for component in (prepare, train):
         inputs = types(component.component_spec.inputs)
         assert inputs["model"] == "system.Model@0.0.1" and inputs["data"] == "system.Dataset@0.0.1"
@@ -61,38 +66,59 @@ def test_source_of_prefers_pass_through_metadata(tmp_path):
 
 def test_log_summary_logs_finite_numbers_with_dotted_keys(tmp_path):
     metrics = dsl.Metrics(uri=str(tmp_path / "m"))
-    logged = log_summary(metrics, {"rows": {"train": 9, "eval": 1}, "eval_loss": 1.5, "format": "messages",
-                                   "conversational": True, "grad_norm": math.nan, "steps": 3})
+    logged = log_summary(
+        metrics,
+        {
+            "rows": {"train": 9, "eval": 1},
+            "eval_loss": 1.5,
+            "format": "messages",
+            "conversational": True,
+            "grad_norm": math.nan,
+            "steps": 3,
+        },
+    )
     assert metrics.metadata == logged == {"rows.train": 9, "rows.eval": 1, "eval_loss": 1.5, "steps": 3}
 
 
 def test_last_logged_reads_the_last_record_of_a_split(tmp_path):
-    rows = [{"step": 1, "split": "train", "time": 0.1, "loss": 2.0}, {"step": 1, "split": "eval", "loss": 3.0},
-            {"step": 2, "split": "train", "time": 0.2, "loss": 1.0, "lr": 0.1}]
+    rows = [
+        {"step": 1, "split": "train", "time": 0.1, "loss": 2.0},
+        {"step": 1, "split": "eval", "loss": 3.0},
+        {"step": 2, "split": "train", "time": 0.2, "loss": 1.0, "lr": 0.1},
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert last_logged(str(tmp_path), "train") == {"loss": 1.0, "lr": 0.1}
     assert last_logged(str(tmp_path / "missing")) == {}
 
 
-SMALL_DEMO = dict(demo_overrides=["n_code_train=60", "n_code_eval=6", "n_safety_train=20", "n_safety_sft=20",
-                                  "n_safety_eval=6"])
+SMALL_DEMO = dict(
+    demo_overrides=["n_code_train=60", "n_code_eval=6", "n_safety_train=20", "n_safety_sft=20", "n_safety_eval=6"]
+)
 
 
 def _boot_artifacts(tmp_path):
     return {name: dsl.Dataset(uri=str(tmp_path / name)) for name in ("demo", "data", "preferences", "prompts")} | {
-        "model": dsl.Model(uri=str(tmp_path / "model"))}
+        "model": dsl.Model(uri=str(tmp_path / "model"))
+    }
 
 
 def test_bootstrap_passes_given_model_and_dataset_through(tmp_path):
     arts = _boot_artifacts(tmp_path)
-    bootstrap.python_func(**arts, base_model="org/llama-70b", dataset="s3://bucket/sft.jsonl",
-                          preference_dataset="s3://bucket/prefs.jsonl", **SMALL_DEMO)
+    bootstrap.python_func(
+        **arts,
+        base_model="org/llama-70b",
+        dataset="s3://bucket/sft.jsonl",
+        preference_dataset="s3://bucket/prefs.jsonl",
+        **SMALL_DEMO,
+    )
     model, data = arts["model"], arts["data"]
     assert source_of(model) == "org/llama-70b" and source_of(data) == "s3://bucket/sft.jsonl"
     assert source_of(arts["preferences"]) == "s3://bucket/prefs.jsonl"
     # the demo's code tasks stand in for a prompt dataset that was not given, held-out rows kept apart
     assert sorted(p.name for p in (tmp_path / "prompts").iterdir()) == ["eval.jsonl", "train.jsonl"]
-    assert (tmp_path / "prompts" / "eval.jsonl").read_bytes() == (tmp_path / "demo" / "code_tasks_eval.jsonl").read_bytes()
+    assert (tmp_path / "prompts" / "eval.jsonl").read_bytes() == (
+        tmp_path / "demo" / "code_tasks_eval.jsonl"
+    ).read_bytes()
     assert sorted(p.name for p in (tmp_path / "model").iterdir()) == ["SOURCE"]  # nothing copied
     assert (tmp_path / "demo" / "preferences.jsonl").is_file()
 
@@ -100,16 +126,25 @@ def test_bootstrap_passes_given_model_and_dataset_through(tmp_path):
 def test_bootstrap_demo_then_prepare(tmp_path):
     arts = _boot_artifacts(tmp_path)
     data, model = arts["data"], arts["model"]
-    bootstrap.python_func(**arts, tiny_model_overrides=["hidden_size=32", "num_layers=1", "vocab_size=300"],
-                          **SMALL_DEMO)
+    bootstrap.python_func(
+        **arts, tiny_model_overrides=["hidden_size=32", "num_layers=1", "vocab_size=300"], **SMALL_DEMO
+    )
     assert (tmp_path / "model" / "config.json").is_file() and model.metadata["hidden_size"] == 32
     assert (tmp_path / "data" / "sft.jsonl").read_bytes() == (tmp_path / "demo" / "sft.jsonl").read_bytes()
     assert source_of(data) == data.path and data.metadata["rows"] == 80
 
     prepared, metrics = dsl.Dataset(uri=str(tmp_path / "prepared")), dsl.Metrics(uri=str(tmp_path / "metrics"))
-    prepare.python_func(data=data, model=model, prepared=prepared, metrics=metrics, max_length=256,
-                        eval_fraction=0.1, seed=1, config_yaml="drop_duplicates: false\n",
-                        overrides=["max_rows=50"])
+    prepare.python_func(
+        data=data,
+        model=model,
+        prepared=prepared,
+        metrics=metrics,
+        max_length=256,
+        eval_fraction=0.1,
+        seed=1,
+        config_yaml="drop_duplicates: false\n",
+        overrides=["max_rows=50"],
+    )
     stats = json.loads((tmp_path / "prepared" / "stats.json").read_text())
     assert stats["rows_read"] == 50 and stats["max_length"] == 256 and stats["seed"] == 1
     assert metrics.metadata["rows.train"] + metrics.metadata["rows.eval"] == 50
@@ -123,5 +158,7 @@ def test_store_prefix_finds_the_object_store_folder(tmp_path):
     assert store_prefix(local) is None
     mark_source(local, "s3://bucket/prefs/train.jsonl")  # a file: its folder
     assert store_prefix(local) == "s3://bucket/prefs"
-    assert store_prefix(dsl.Dataset(uri="minio://mlpipeline/v2/artifacts/run/prepare/prepared/")) == \
-        "s3://mlpipeline/v2/artifacts/run/prepare/prepared"
+    assert (
+        store_prefix(dsl.Dataset(uri="minio://mlpipeline/v2/artifacts/run/prepare/prepared/"))
+        == "s3://mlpipeline/v2/artifacts/run/prepare/prepared"
+    )

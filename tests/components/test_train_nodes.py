@@ -28,33 +28,51 @@ class Nodes(TrainerApi):
         return reply
 
 
-def test_nodes_launch_a_trainjob_reading_and_writing_the_object_store(tiny_model_dir, chat_jsonl, s3_bucket,
-                                                                     tmp_path, monkeypatch):
+def test_nodes_launch_a_trainjob_reading_and_writing_the_object_store(
+    tiny_model_dir, chat_jsonl, s3_bucket, tmp_path, monkeypatch
+):
     from trainer_lib import storage
 
     storage.upload_dir(tiny_model_dir, f"s3://{s3_bucket}/models/tiny")
     storage.write_text(f"s3://{s3_bucket}/data/chat.jsonl", open(chat_jsonl).read())
     with serving(Nodes(tiny_model_dir)) as server:
-        (tmp_path / "kubeconfig").write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "test",
-            "clusters": [{"name": "local", "cluster": {"server": server.url}}],
-            "contexts": [{"name": "test", "context": {"cluster": "local", "user": "me", "namespace": NS}}],
-            "users": [{"name": "me", "user": {"token": "t"}}]}))
+        (tmp_path / "kubeconfig").write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "test",
+                    "clusters": [{"name": "local", "cluster": {"server": server.url}}],
+                    "contexts": [{"name": "test", "context": {"cluster": "local", "user": "me", "namespace": NS}}],
+                    "users": [{"name": "me", "user": {"token": "t"}}],
+                }
+            )
+        )
         monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
         monkeypatch.setenv("POSTTRAIN_TRAINJOB_POLL_S", "0.01")
         out = dsl.Model(uri=str(tmp_path / "out"))
-        train.python_func(stage="sft", model=dsl.Model(uri=f"minio://{s3_bucket}/models/tiny"),
-                          data=dsl.Dataset(uri=f"minio://{s3_bucket}/data/chat.jsonl"), output_model=out,
-                          metrics=dsl.Metrics(uri=str(tmp_path / "metrics")),
-                          tensorboard=dsl.Artifact(uri=str(tmp_path / "tensorboard")), max_steps=2, nodes=2, gpus=4,
-                          checkpoint_root=f"minio://{s3_bucket}/root")
+        train.python_func(
+            stage="sft",
+            model=dsl.Model(uri=f"minio://{s3_bucket}/models/tiny"),
+            data=dsl.Dataset(uri=f"minio://{s3_bucket}/data/chat.jsonl"),
+            output_model=out,
+            metrics=dsl.Metrics(uri=str(tmp_path / "metrics")),
+            tensorboard=dsl.Artifact(uri=str(tmp_path / "tensorboard")),
+            max_steps=2,
+            nodes=2,
+            gpus=4,
+            checkpoint_root=f"minio://{s3_bucket}/root",
+        )
 
     (created,) = [r.json() for r in sent(server, "POST")]
     trainer = created["spec"]["trainer"]
     assert trainer["numNodes"] == 2 and trainer["numProcPerNode"] == 4
     assert trainer["command"] == ["posttrain", "sft", "--nproc", "4"]
     args = dict(a.split("=", 1) for a in trainer["args"])
-    assert args["model.path"] == f"s3://{s3_bucket}/models/tiny" and args["data.path"] == f"s3://{s3_bucket}/data/chat.jsonl"
+    assert (
+        args["model.path"] == f"s3://{s3_bucket}/models/tiny"
+        and args["data.path"] == f"s3://{s3_bucket}/data/chat.jsonl"
+    )
     assert args["output_dir"].startswith(f"s3://{s3_bucket}/root/jobs/sft-")
     assert args["checkpoint_dir"].startswith(f"s3://{s3_bucket}/root/checkpoints/sft-")
     assert len(sent(server, "DELETE")) == 1  # the job does not hold its nodes after the step

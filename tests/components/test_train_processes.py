@@ -13,11 +13,21 @@ pytestmark = pytest.mark.distributed
 
 def _train(tmp_path, name, model_dir, data_path, gpus, overrides):
     out = dsl.Model(uri=str(tmp_path / name))
-    train.python_func(stage="sft", model=dsl.Model(uri=model_dir), data=dsl.Dataset(uri=data_path), output_model=out,
-                      metrics=dsl.Metrics(uri=str(tmp_path / f"{name}-metrics")),
-                      tensorboard=dsl.Artifact(uri=str(tmp_path / f"{name}-tensorboard")), max_steps=3, lr=3e-3, batch_size=2,
-                      max_length=64, seed=3, gpus=gpus,
-                      overrides=["data.packing=false", "save_steps=0", "eval_steps=0", *overrides])
+    train.python_func(
+        stage="sft",
+        model=dsl.Model(uri=model_dir),
+        data=dsl.Dataset(uri=data_path),
+        output_model=out,
+        metrics=dsl.Metrics(uri=str(tmp_path / f"{name}-metrics")),
+        tensorboard=dsl.Artifact(uri=str(tmp_path / f"{name}-tensorboard")),
+        max_steps=3,
+        lr=3e-3,
+        batch_size=2,
+        max_length=64,
+        seed=3,
+        gpus=gpus,
+        overrides=["data.packing=false", "save_steps=0", "eval_steps=0", *overrides],
+    )
     return out
 
 

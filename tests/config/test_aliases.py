@@ -4,13 +4,13 @@ import json
 
 import pytest
 
+from tests.conftest import REPO
 from trainer_lib.cli import main
 from trainer_lib.config import load_config
 from trainer_lib.errors import ConfigError
 from trainer_lib.stages.training.dpo import DPOConfig
 from trainer_lib.stages.training.grpo import GRPOConfig
 from trainer_lib.stages.training.sft import SFTConfig
-from tests.conftest import REPO
 
 REQUIRED = {"model": {"path": "m"}, "data": {"path": "d.jsonl"}, "output_dir": "out"}
 
@@ -78,7 +78,7 @@ bf16: false
 
 
 def _stderr_mapping(err: str) -> dict:
-    return dict(line[len("config: "):].split(" -> ", 1) for line in err.splitlines() if line.startswith("config: "))
+    return dict(line[len("config: ") :].split(" -> ", 1) for line in err.splitlines() if line.startswith("config: "))
 
 
 def test_a_trl_sft_config_trains_unchanged(tiny_model_dir, chat_jsonl, tmp_path, capsys):
@@ -120,8 +120,22 @@ def test_the_mapping_is_printed_once_per_key(tmp_path, capsys):
     first, second = tmp_path / "a.yaml", tmp_path / "b.yaml"
     first.write_text("learning_rate: 1.0e-3\nper_device_train_batch_size: 4\n")
     second.write_text("learning_rate: 2.0e-3\n")
-    assert main(["sft", "--config", str(first), "--config", str(second), "model.path=m",
-                 "data.path=d", "output_dir=o", "--print-config"]) == 0
+    assert (
+        main(
+            [
+                "sft",
+                "--config",
+                str(first),
+                "--config",
+                str(second),
+                "model.path=m",
+                "data.path=d",
+                "output_dir=o",
+                "--print-config",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert captured.err.count("config: learning_rate -> lr") == 1
     assert "lr: 0.002" in captured.out and "batch_size: 4" in captured.out  # files merge in order
@@ -145,22 +159,29 @@ def test_unknown_keys_are_still_refused(capsys, tmp_path):
         load_config(SFTConfig, [{**REQUIRED, "num_generations": 4}])
 
 
-@pytest.mark.parametrize("layer, message", [
-    ({"learning_rate": 1e-3, "lr": 2e-3}, "learning_rate: sets lr to 0.001, but lr sets it to 0.002"),
-    ({"max_seq_length": 64, "cutoff_len": 128}, "sets data.max_length to 128, but max_seq_length"),
-    ({"stage": "dpo"}, "'dpo' is LLaMA-Factory's stage for `posttrain dpo`, but this is `posttrain sft`"),
-    ({"stage": "pt"}, "stage: LLaMA-Factory's stage 'pt' has no posttrain counterpart"),
-    ({"finetuning_type": "freeze"}, "finetuning_type: expected lora or full"),
-    ({"fp16": True}, "fp16: fp16 mixed precision is not supported"),
-    ({"do_train": False}, "do_train: false"),
-    ({"dataset": "alpaca_en_demo", "dataset_dir": "/nonexistent"},
-     "dataset: 'alpaca_en_demo' is looked up in /nonexistent/dataset_info.json"),
-    ({"dataset": "a,b"}, "dataset: expected one dataset name"),
-    ({"num_train_epochs": 2, "warmup_ratio": 0.1}, "warmup_ratio: the number of steps is not known"),
-    ({"warmup_steps": 5, "warmup_ratio": 0.1}, "set either warmup_ratio or warmup_steps"),
-    ({"per_device_train_batch_size": 0}, "batch_size: expected a positive number, got 0 "
-                                         "(set by per_device_train_batch_size)"),
-])
+@pytest.mark.parametrize(
+    "layer, message",
+    [
+        ({"learning_rate": 1e-3, "lr": 2e-3}, "learning_rate: sets lr to 0.001, but lr sets it to 0.002"),
+        ({"max_seq_length": 64, "cutoff_len": 128}, "sets data.max_length to 128, but max_seq_length"),
+        ({"stage": "dpo"}, "'dpo' is LLaMA-Factory's stage for `posttrain dpo`, but this is `posttrain sft`"),
+        ({"stage": "pt"}, "stage: LLaMA-Factory's stage 'pt' has no posttrain counterpart"),
+        ({"finetuning_type": "freeze"}, "finetuning_type: expected lora or full"),
+        ({"fp16": True}, "fp16: fp16 mixed precision is not supported"),
+        ({"do_train": False}, "do_train: false"),
+        (
+            {"dataset": "alpaca_en_demo", "dataset_dir": "/nonexistent"},
+            "dataset: 'alpaca_en_demo' is looked up in /nonexistent/dataset_info.json",
+        ),
+        ({"dataset": "a,b"}, "dataset: expected one dataset name"),
+        ({"num_train_epochs": 2, "warmup_ratio": 0.1}, "warmup_ratio: the number of steps is not known"),
+        ({"warmup_steps": 5, "warmup_ratio": 0.1}, "set either warmup_ratio or warmup_steps"),
+        (
+            {"per_device_train_batch_size": 0},
+            "batch_size: expected a positive number, got 0 (set by per_device_train_batch_size)",
+        ),
+    ],
+)
 def test_clear_errors(layer, message):
     with pytest.raises(ConfigError) as err:
         load_config(SFTConfig, [{**REQUIRED, **layer}], stage="sft")
@@ -186,9 +207,17 @@ def test_preference_and_rl_keys(capsys):
     assert load_config(DPOConfig, [{**REQUIRED, "stage": "kto"}], stage="dpo").loss == "kto"
     with pytest.raises(ConfigError, match=r"loss: expected one of .* got 'exo_pair' \(set by loss_type\)"):
         load_config(DPOConfig, [{**REQUIRED, "loss_type": "exo_pair"}])
-    rl = {**REQUIRED, "reward": {"functions": ["code_execution"]}, "num_generations": 8,
-          "max_completion_length": 128, "loss_type": "dr_grpo", "max_steps": 10, "warmup_ratio": 0.1,
-          "prompts_per_step": 4, "mini_batch_size": 16}
+    rl = {
+        **REQUIRED,
+        "reward": {"functions": ["code_execution"]},
+        "num_generations": 8,
+        "max_completion_length": 128,
+        "loss_type": "dr_grpo",
+        "max_steps": 10,
+        "warmup_ratio": 0.1,
+        "prompts_per_step": 4,
+        "mini_batch_size": 16,
+    }
     cfg = load_config(GRPOConfig, [rl])
     assert (cfg.rollout.n, cfg.rollout.max_new_tokens, cfg.advantage) == (8, 128, "dr_grpo")
     assert cfg.warmup_steps == 2  # 10 steps x 2 optimizer updates per step
@@ -196,17 +225,33 @@ def test_preference_and_rl_keys(capsys):
 
 
 def test_hub_dataset_and_revision_keys(tmp_path, capsys):
-    trl = {"model": {"path": "m"}, "output_dir": "out", "dataset_name": "openai/gsm8k", "dataset_config": "main", "dataset_train_split": "train",
-           "dataset_test_split": "test", "model_revision": "v1.0"}
+    trl = {
+        "model": {"path": "m"},
+        "output_dir": "out",
+        "dataset_name": "openai/gsm8k",
+        "dataset_config": "main",
+        "dataset_train_split": "train",
+        "dataset_test_split": "test",
+        "model_revision": "v1.0",
+    }
     cfg = load_config(SFTConfig, [trl])
-    assert (cfg.data.path, cfg.data.subset, cfg.data.split, cfg.data.eval_split) == ("openai/gsm8k", "main", "train",
-                                                                                     "test")
+    assert (cfg.data.path, cfg.data.subset, cfg.data.split, cfg.data.eval_split) == (
+        "openai/gsm8k",
+        "main",
+        "train",
+        "test",
+    )
     assert cfg.model.revision == "v1.0"
     assert "config: dataset_config -> data.subset" in capsys.readouterr().err
     # LLaMA-Factory's dataset_info.json entries may name a hub dataset's subset and split
-    (tmp_path / "dataset_info.json").write_text(json.dumps({
-        "gsm": {"hf_hub_url": "openai/gsm8k", "subset": "main", "split": "train"},
-        "gsm_test": {"hf_hub_url": "openai/gsm8k", "subset": "main", "split": "test"}}))
+    (tmp_path / "dataset_info.json").write_text(
+        json.dumps(
+            {
+                "gsm": {"hf_hub_url": "openai/gsm8k", "subset": "main", "split": "train"},
+                "gsm_test": {"hf_hub_url": "openai/gsm8k", "subset": "main", "split": "test"},
+            }
+        )
+    )
     layer = {"model": {"path": "m"}, "output_dir": "out", "dataset": "gsm", "dataset_dir": str(tmp_path)}
     cfg = load_config(SFTConfig, [layer], stage="sft")
     assert (cfg.data.path, cfg.data.subset, cfg.data.split) == ("openai/gsm8k", "main", "train")
@@ -223,7 +268,8 @@ def test_the_readme_table_lists_every_mapped_key():
     readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
     block = re.search(r"<!-- aliases:start[^>]*-->\n(.*?)\n<!-- aliases:end -->", readme, re.S)
     assert block, "README.md lost its <!-- aliases:start --> ... <!-- aliases:end --> table"
-    assert block.group(1) == config_aliases.alias_table(), \
+    assert block.group(1) == config_aliases.alias_table(), (
         "README's alias table is stale: paste trainer_lib.config.aliases.alias_table() between the markers"
+    )
     listed = set(re.findall(r"^\| `([^`]+)` \|", block.group(1), re.M))
     assert listed == set(config_aliases.RENAMES) | set(config_aliases.RULES) | set(config_aliases.DEFERRED)

@@ -13,8 +13,9 @@ REQUIRED = ["model.path=m", "data.path=d.jsonl", "output_dir=out"]
 def test_yaml_then_overrides(tmp_path):
     cfg_file = tmp_path / "sft.yaml"
     cfg_file.write_text("max_steps: 7\nlr: 0.01\nengine:\n  zero_stage: 2\nlora:\n  r: 4\n")
-    cfg = load_config(SFTConfig, str(cfg_file), REQUIRED + ["lr=3e-4", "engine.precision=bf16",
-                                                         "lora.target_modules=q_proj,v_proj"])
+    cfg = load_config(
+        SFTConfig, str(cfg_file), REQUIRED + ["lr=3e-4", "engine.precision=bf16", "lora.target_modules=q_proj,v_proj"]
+    )
     assert cfg.max_steps == 7  # from the file
     assert cfg.lr == pytest.approx(3e-4)  # the override wins
     assert cfg.engine.zero_stage == 2 and cfg.engine.precision == "bf16"
@@ -23,22 +24,24 @@ def test_yaml_then_overrides(tmp_path):
 
 
 def test_parse_overrides_nests_and_types():
-    assert parse_overrides(["a.b=1", "a.c=true", "d=x,y", "e=0.5"]) == {
-        "a": {"b": 1, "c": True}, "d": "x,y", "e": 0.5}
+    assert parse_overrides(["a.b=1", "a.c=true", "d=x,y", "e=0.5"]) == {"a": {"b": 1, "c": True}, "d": "x,y", "e": 0.5}
     with pytest.raises(ConfigError, match="expected key=value"):
         parse_overrides(["novalue"])
 
 
-@pytest.mark.parametrize("override, message", [
-    ("engine.zero_stag=2", "engine.zero_stag: unknown key (did you mean 'engine.zero_stage'?)"),
-    ("max_steps=ten", "max_steps: expected an integer, got 'ten'"),
-    ("engine.zero_stage=5", "engine.zero_stage: expected one of [0, 1, 2, 3], got 5"),
-    ("engine.precision=fp8", "engine.precision: expected one of ['fp32', 'bf16'], got 'fp8'"),
-    ("batch_size=0", "batch_size: expected a positive number, got 0"),
-    ("engine.offload_optimizer=true", "engine.offload_optimizer: needs engine.zero_stage >= 1"),
-    ("engine.gradient_checkpointing=maybe", "engine.gradient_checkpointing: expected true or false"),
-    ("lr=-1", "lr: expected a positive number"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("engine.zero_stag=2", "engine.zero_stag: unknown key (did you mean 'engine.zero_stage'?)"),
+        ("max_steps=ten", "max_steps: expected an integer, got 'ten'"),
+        ("engine.zero_stage=5", "engine.zero_stage: expected one of [0, 1, 2, 3], got 5"),
+        ("engine.precision=fp8", "engine.precision: expected one of ['fp32', 'bf16'], got 'fp8'"),
+        ("batch_size=0", "batch_size: expected a positive number, got 0"),
+        ("engine.offload_optimizer=true", "engine.offload_optimizer: needs engine.zero_stage >= 1"),
+        ("engine.gradient_checkpointing=maybe", "engine.gradient_checkpointing: expected true or false"),
+        ("lr=-1", "lr: expected a positive number"),
+    ],
+)
 def test_bad_values_name_the_key(override, message):
     with pytest.raises(ConfigError) as err:
         load_config(SFTConfig, None, REQUIRED + [override])
@@ -94,10 +97,19 @@ def test_values_given_as_text_parse_like_the_command_line():
     """KFP fills a dict parameter from pipeline parameters as text ('200.0', "['a', 'b']", 'True')."""
     from trainer_lib.stages.training.grpo import GRPOConfig
 
-    cfg = load_config(GRPOConfig, None, {"model": {"path": "m"}, "data": {"path": "d"}, "output_dir": "o",
-                                         "max_steps": "200.0", "lr": "1e-05", "resume": "True",
-                                         "reward": {"functions": "['code_execution', 'my.mod:fn']",
-                                                    "weights": "[1.0, 0.5]"}})
+    cfg = load_config(
+        GRPOConfig,
+        None,
+        {
+            "model": {"path": "m"},
+            "data": {"path": "d"},
+            "output_dir": "o",
+            "max_steps": "200.0",
+            "lr": "1e-05",
+            "resume": "True",
+            "reward": {"functions": "['code_execution', 'my.mod:fn']", "weights": "[1.0, 0.5]"},
+        },
+    )
     assert cfg.max_steps == 200 and cfg.lr == 1e-5 and cfg.resume is True
     assert cfg.reward.functions == ["code_execution", "my.mod:fn"] and cfg.reward.weights == [1.0, 0.5]
     with pytest.raises(ConfigError, match="max_steps: expected an integer"):

@@ -25,6 +25,7 @@ def _writer(value: str, calls: list):
         with open(os.path.join(tmp, "x.txt"), "w") as fh:
             fh.write(value)
         return {"value": value}
+
     return build
 
 
@@ -37,7 +38,8 @@ def test_built_once_then_reused_and_keyed_by_every_part(cache_dir):
     other, manifest = cache.cached("t", {"k": 2}, _writer("c", calls))
     assert other != entry and manifest["value"] == "c" and calls == ["a", "c"]
     assert sorted(p.name for p in cache_dir.iterdir() if not p.name.endswith(".lock")) == sorted(
-        os.path.basename(e) for e in (entry, other))  # no temp dirs left
+        os.path.basename(e) for e in (entry, other)
+    )  # no temp dirs left
 
 
 def test_failed_build_leaves_nothing(cache_dir):
@@ -71,8 +73,12 @@ CHILD = textwrap.dedent("""
 
 def _child(tmp_path, rank: int, pause: float) -> subprocess.Popen:
     env = {**os.environ, "LOCAL_RANK": str(rank), "POSTTRAIN_CACHE": str(tmp_path / "cache")}
-    return subprocess.Popen([sys.executable, "-c", CHILD, str(tmp_path / "builds.log"), str(pause)], env=env,
-                            stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(tmp_path / "builds.log"), str(pause)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _wait_for_log(tmp_path, timeout: float = 60) -> str:

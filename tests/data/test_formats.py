@@ -2,8 +2,16 @@
 
 import pytest
 
-from trainer_lib.data.formats import (FORMATS, canonical_key, detect_format, extract_prompt,
-                                      is_conversational, is_empty, normalize_row, row_format)
+from trainer_lib.data.formats import (
+    FORMATS,
+    canonical_key,
+    detect_format,
+    extract_prompt,
+    is_conversational,
+    is_empty,
+    normalize_row,
+    row_format,
+)
 from trainer_lib.errors import DataError
 
 
@@ -11,19 +19,22 @@ def conv(*pairs):
     return [{"role": r, "content": c} for r, c in pairs]
 
 
-@pytest.mark.parametrize("columns, fmt", [
-    (["text"], "text"),
-    (["text", "kind"], "text"),
-    (["prompt", "completion"], "prompt_completion"),
-    (["prompt", "completion", "tests", "entry_point"], "prompt_completion"),
-    (["messages"], "messages"),
-    (["messages", "task_id"], "messages"),
-    (["prompt", "chosen", "rejected"], "preference"),
-    (["chosen", "rejected", "margin"], "preference"),
-    (["prompt", "completion", "label"], "unpaired_preference"),
-    (["prompt"], "prompt_only"),
-    (["prompt", "tests", "entry_point"], "prompt_only"),
-])
+@pytest.mark.parametrize(
+    "columns, fmt",
+    [
+        (["text"], "text"),
+        (["text", "kind"], "text"),
+        (["prompt", "completion"], "prompt_completion"),
+        (["prompt", "completion", "tests", "entry_point"], "prompt_completion"),
+        (["messages"], "messages"),
+        (["messages", "task_id"], "messages"),
+        (["prompt", "chosen", "rejected"], "preference"),
+        (["chosen", "rejected", "margin"], "preference"),
+        (["prompt", "completion", "label"], "unpaired_preference"),
+        (["prompt"], "prompt_only"),
+        (["prompt", "tests", "entry_point"], "prompt_only"),
+    ],
+)
 def test_detect_format(columns, fmt):
     assert detect_format(columns) == fmt
     assert detect_format(dict.fromkeys(columns)) == fmt
@@ -39,8 +50,7 @@ def test_detect_unknown_columns():
 def test_formats_constant():
     assert FORMATS["preference"] == ("prompt", "chosen", "rejected")
     assert FORMATS["unpaired_preference"] == ("prompt", "completion", "label")
-    assert set(FORMATS) == {"text", "prompt_completion", "messages", "preference",
-                            "unpaired_preference", "prompt_only"}
+    assert set(FORMATS) == {"text", "prompt_completion", "messages", "preference", "unpaired_preference", "prompt_only"}
 
 
 def test_is_conversational():
@@ -52,8 +62,7 @@ def test_is_conversational():
 
 
 def test_normalize_plain_formats_keep_extras():
-    row = {"prompt": "def f():", "completion": " return 1", "tests": "assert f() == 1",
-           "entry_point": "f"}
+    row = {"prompt": "def f():", "completion": " return 1", "tests": "assert f() == 1", "entry_point": "f"}
     out = normalize_row(row, "prompt_completion", "x:1")
     assert out == row and list(out) == ["prompt", "completion", "tests", "entry_point"]
     assert normalize_row({"kind": "a", "text": "t"}, "text", "x:1") == {"text": "t", "kind": "a"}
@@ -62,8 +71,12 @@ def test_normalize_plain_formats_keep_extras():
 
 
 def test_normalize_messages_keeps_role_and_content_only():
-    msgs = [{"role": "system", "content": "s", "name": "x"}, {"role": "user", "content": "u"},
-            {"role": "assistant", "content": "a"}, {"role": "tool", "content": "t"}]
+    msgs = [
+        {"role": "system", "content": "s", "name": "x"},
+        {"role": "user", "content": "u"},
+        {"role": "assistant", "content": "a"},
+        {"role": "tool", "content": "t"},
+    ]
     out = normalize_row({"messages": msgs}, "messages", "x:1")
     assert out["messages"] == conv(("system", "s"), ("user", "u"), ("assistant", "a"), ("tool", "t"))
 
@@ -81,8 +94,7 @@ def test_explicit_preference():
 
 def test_implicit_prompt_plain():
     row = {"chosen": "Q: what is 2+2? A: 4", "rejected": "Q: what is 2+2? A: 5"}
-    assert normalize_row(row, "preference", "x:1") == {
-        "prompt": "Q: what is 2+2? A:", "chosen": " 4", "rejected": " 5"}
+    assert normalize_row(row, "preference", "x:1") == {"prompt": "Q: what is 2+2? A:", "chosen": " 4", "rejected": " 5"}
     # cut at the start of the word where they differ, like TRL keeps the space on the answer
     assert extract_prompt("The answer is 42", "The answer is 43") == ("The answer is", " 42", " 43")
     # one is a prefix of the other
@@ -105,8 +117,7 @@ def test_implicit_prompt_conversational():
 def test_implicit_prompt_without_common_prefix():
     with pytest.raises(DataError) as exc:
         normalize_row({"chosen": "yes", "rejected": "no"}, "preference", "d.jsonl:4")
-    assert str(exc.value).startswith("d.jsonl:4: field 'rejected': expected to start with the same "
-                                     "prompt as 'chosen'")
+    assert str(exc.value).startswith("d.jsonl:4: field 'rejected': expected to start with the same prompt as 'chosen'")
     with pytest.raises(ValueError):
         extract_prompt(conv(("user", "a")), conv(("user", "b")))
 
@@ -122,27 +133,57 @@ def test_unpaired_preference_labels():
         assert str(exc.value) == f"u.jsonl:3: field 'label': expected bool (true/false or 0/1), got {got}"
 
 
-@pytest.mark.parametrize("row, fmt, conversational, message", [
-    ({"prompt": "p", "chosen": None, "rejected": "r"}, "preference", None,
-     "field 'chosen': expected string, got null"),
-    ({"chosen": "a b", "rejected": None}, "preference", None,
-     "field 'rejected': expected string, got null"),
-    ({"text": 5}, "text", None, "field 'text': expected string, got int 5"),
-    ({"text": None}, "text", None, "field 'text': expected string, got null"),
-    ({"prompt": "p", "completion": conv(("assistant", "x"))}, "prompt_completion", None,
-     "field 'completion': expected string, got list [{'role': 'assistant', 'content': 'x'}]"),
-    ({"prompt": None, "completion": None}, "prompt_completion", None,
-     "field 'prompt': expected string or list of messages, got null"),
-    ({"prompt": "p", "completion": "c"}, "prompt_completion", True,
-     "field 'prompt': expected list of messages, got str 'p'"),
-    ({"messages": "hi"}, "messages", None, "field 'messages': expected list of messages, got str 'hi'"),
-    ({"messages": [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}]}, "messages", None,
-     "field 'messages[1].role': expected one of system, user, assistant, tool, got str 'bot'"),
-    ({"messages": [{"role": "user", "content": None}]}, "messages", None,
-     "field 'messages[0].content': expected string, got null"),
-    ({"messages": ["hi"]}, "messages", None,
-     "field 'messages[0]': expected a message {\"role\": ..., \"content\": ...}, got str 'hi'"),
-])
+@pytest.mark.parametrize(
+    "row, fmt, conversational, message",
+    [
+        (
+            {"prompt": "p", "chosen": None, "rejected": "r"},
+            "preference",
+            None,
+            "field 'chosen': expected string, got null",
+        ),
+        ({"chosen": "a b", "rejected": None}, "preference", None, "field 'rejected': expected string, got null"),
+        ({"text": 5}, "text", None, "field 'text': expected string, got int 5"),
+        ({"text": None}, "text", None, "field 'text': expected string, got null"),
+        (
+            {"prompt": "p", "completion": conv(("assistant", "x"))},
+            "prompt_completion",
+            None,
+            "field 'completion': expected string, got list [{'role': 'assistant', 'content': 'x'}]",
+        ),
+        (
+            {"prompt": None, "completion": None},
+            "prompt_completion",
+            None,
+            "field 'prompt': expected string or list of messages, got null",
+        ),
+        (
+            {"prompt": "p", "completion": "c"},
+            "prompt_completion",
+            True,
+            "field 'prompt': expected list of messages, got str 'p'",
+        ),
+        ({"messages": "hi"}, "messages", None, "field 'messages': expected list of messages, got str 'hi'"),
+        (
+            {"messages": [{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}]},
+            "messages",
+            None,
+            "field 'messages[1].role': expected one of system, user, assistant, tool, got str 'bot'",
+        ),
+        (
+            {"messages": [{"role": "user", "content": None}]},
+            "messages",
+            None,
+            "field 'messages[0].content': expected string, got null",
+        ),
+        (
+            {"messages": ["hi"]},
+            "messages",
+            None,
+            "field 'messages[0]': expected a message {\"role\": ..., \"content\": ...}, got str 'hi'",
+        ),
+    ],
+)
 def test_row_errors_name_location_and_field(row, fmt, conversational, message):
     with pytest.raises(DataError) as exc:
         normalize_row(row, fmt, "data.jsonl:7", conversational)
@@ -153,8 +194,9 @@ def test_row_format_mixed_and_missing():
     assert row_format({"messages": []}, "messages", "d:2", "d:1") == "messages"
     with pytest.raises(DataError) as exc:
         row_format({"text": "x"}, "messages", "d.jsonl:7", "d.jsonl:1")
-    assert str(exc.value) == ("d.jsonl:7: expected a 'messages' row like d.jsonl:1 (one format per "
-                              "file), got a 'text' row with columns text")
+    assert str(exc.value) == (
+        "d.jsonl:7: expected a 'messages' row like d.jsonl:1 (one format per file), got a 'text' row with columns text"
+    )
     # a preference row missing 'rejected' is a missing field, not another format
     assert row_format({"prompt": "p", "chosen": "c"}, "preference", "d:2", "d:1") == "preference"
     with pytest.raises(DataError):

@@ -49,8 +49,9 @@ def repo(tmp_path_factory):
 
 
 def _data(repo, **keys):
-    return load_config(PrepareConfig, None, {"data": {"path": repo, "eval_fraction": 0.0, **keys},
-                                             "output_dir": "unused"}).data
+    return load_config(
+        PrepareConfig, None, {"data": {"path": repo, "eval_fraction": 0.0, **keys}, "output_dir": "unused"}
+    ).data
 
 
 def _prompts(dd, split):
@@ -74,13 +75,16 @@ def test_split_and_eval_split_choose_the_splits(repo):
     assert len(dd["eval"]) == 6 and stats["eval_source"] == f"{repo}[train]"
 
 
-@pytest.mark.parametrize("keys, message", [
-    ({"subset": "nope"}, "data.path: could not load '{repo}', subset 'nope' with datasets.load_dataset"),
-    ({"subset": "socratic", "split": "test"}, "data.split: {repo} has no split 'test' (it has train)"),
-    ({"subset": "main", "eval_split": "validation"}, "data.eval_split: {repo} has no split 'validation'"),
-    ({"subset": "main", "split": "test", "eval_split": "test"}, "data.eval_split: 'test' is also data.split"),
-    ({"revision": "v2"}, "data.path: {repo} is not a hub dataset, so data.revision ('v2') cannot pin it"),
-])
+@pytest.mark.parametrize(
+    "keys, message",
+    [
+        ({"subset": "nope"}, "data.path: could not load '{repo}', subset 'nope' with datasets.load_dataset"),
+        ({"subset": "socratic", "split": "test"}, "data.split: {repo} has no split 'test' (it has train)"),
+        ({"subset": "main", "eval_split": "validation"}, "data.eval_split: {repo} has no split 'validation'"),
+        ({"subset": "main", "split": "test", "eval_split": "test"}, "data.eval_split: 'test' is also data.split"),
+        ({"revision": "v2"}, "data.path: {repo} is not a hub dataset, so data.revision ('v2') cannot pin it"),
+    ],
+)
 def test_bad_hub_settings_name_the_setting(repo, keys, message):
     with pytest.raises(UserError) as exc:
         build_dataset(_data(repo, **keys), seed=0)
@@ -101,9 +105,22 @@ def test_a_single_file_is_all_train(repo, tmp_path):
 def test_a_hub_revision_is_asked_for(tmp_path):
     """Offline, the hub cannot answer; the error says which revision of which dataset was asked for."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_CACHE": str(tmp_path / "cache")}
-    done = subprocess.run([sys.executable, "-m", "trainer_lib.cli", "prepare", "data.path=no-such-org/no-such-dataset",
-                           "data.subset=main", "data.revision=v2.1", f"output_dir={tmp_path / 'out'}"],
-                          env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer_lib.cli",
+            "prepare",
+            "data.path=no-such-org/no-such-dataset",
+            "data.subset=main",
+            "data.revision=v2.1",
+            f"output_dir={tmp_path / 'out'}",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2, done.stderr
     assert "could not load 'no-such-org/no-such-dataset', subset 'main', revision 'v2.1'" in done.stderr
     assert not (tmp_path / "out").exists()

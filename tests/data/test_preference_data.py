@@ -6,9 +6,19 @@ import pytest
 import torch
 
 from trainer_lib.data.formats import normalize_row
-from trainer_lib.data.preference_batches import (assign_kl_completions, average_logps, collate_pairs, collate_unpaired,
-                                         completion_text, sequence_logps, split_halves, token_fingerprint,
-                                         tokenize_pair, tokenize_unpaired, unpair)
+from trainer_lib.data.preference_batches import (
+    assign_kl_completions,
+    average_logps,
+    collate_pairs,
+    collate_unpaired,
+    completion_text,
+    sequence_logps,
+    split_halves,
+    token_fingerprint,
+    tokenize_pair,
+    tokenize_unpaired,
+    unpair,
+)
 from trainer_lib.data.tokenize import render_prompt
 
 
@@ -31,10 +41,15 @@ def decode(tokenizer, ids):
 RAW_FORMS = {
     "plain explicit": {"prompt": "What is two plus two?", "chosen": " Four.", "rejected": " Five."},
     "plain implicit": {"chosen": "What is two plus two? Four.", "rejected": "What is two plus two? Five."},
-    "chat explicit": {"prompt": conv("user", "What is two plus two?"),
-                      "chosen": conv("assistant", "Four."), "rejected": conv("assistant", "Five.")},
-    "chat implicit": {"chosen": conv("user", "What is two plus two?") + conv("assistant", "Four."),
-                      "rejected": conv("user", "What is two plus two?") + conv("assistant", "Five.")},
+    "chat explicit": {
+        "prompt": conv("user", "What is two plus two?"),
+        "chosen": conv("assistant", "Four."),
+        "rejected": conv("assistant", "Five."),
+    },
+    "chat implicit": {
+        "chosen": conv("user", "What is two plus two?") + conv("assistant", "Four."),
+        "rejected": conv("user", "What is two plus two?") + conv("assistant", "Five."),
+    },
 }
 
 
@@ -72,31 +87,39 @@ def test_truncation_keeps_prompt_end_and_completion_start(tokenizer):
     assert len(ex["prompt_ids"]) + len(ex["chosen_ids"]) <= 24
     assert len(ex["prompt_ids"]) + len(ex["rejected_ids"]) <= 24
     full_prompt = tokenizer(row["prompt"])["input_ids"]
-    assert ex["prompt_ids"] == full_prompt[-len(ex["prompt_ids"]):]
-    assert ex["chosen_ids"] == tokenizer(" Four." * 10 + "<|im_end|>")["input_ids"][:len(ex["chosen_ids"])]
+    assert ex["prompt_ids"] == full_prompt[-len(ex["prompt_ids"]) :]
+    assert ex["chosen_ids"] == tokenizer(" Four." * 10 + "<|im_end|>")["input_ids"][: len(ex["chosen_ids"])]
 
 
 def test_collate_pairs_puts_chosen_then_rejected_in_one_batch():
-    examples = [{"prompt_ids": [5, 6], "chosen_ids": [7, 8, 9], "rejected_ids": [10], "margin": 1.0},
-                {"prompt_ids": [5], "chosen_ids": [11], "rejected_ids": [12, 13], "margin": 0.5}]
+    examples = [
+        {"prompt_ids": [5, 6], "chosen_ids": [7, 8, 9], "rejected_ids": [10], "margin": 1.0},
+        {"prompt_ids": [5], "chosen_ids": [11], "rejected_ids": [12, 13], "margin": 0.5},
+    ]
     batch = collate_pairs(examples, pad_token_id=0)
-    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9], [5, 11, 0, 0, 0],
-                                           [5, 6, 10, 0, 0], [5, 12, 13, 0, 0]]
+    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9], [5, 11, 0, 0, 0], [5, 6, 10, 0, 0], [5, 12, 13, 0, 0]]
     assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 0, 0]]
-    assert batch["completion_mask"].int().tolist() == [[0, 0, 1, 1, 1], [0, 1, 0, 0, 0],
-                                                       [0, 0, 1, 0, 0], [0, 1, 1, 0, 0]]
+    assert batch["completion_mask"].int().tolist() == [
+        [0, 0, 1, 1, 1],
+        [0, 1, 0, 0, 0],
+        [0, 0, 1, 0, 0],
+        [0, 1, 1, 0, 0],
+    ]
     assert batch["margin"].tolist() == [1.0, 0.5]
 
 
 def test_unpaired_examples_and_kl_completions(tokenizer):
     pairs = [{"prompt_ids": [i], "chosen_ids": [10 + i], "rejected_ids": [20 + i]} for i in range(3)]
     examples = unpair(pairs)
-    assert [(e["prompt_ids"], e["completion_ids"], e["label"]) for e in examples[:2]] == [([0], [10], True),
-                                                                                        ([0], [20], False)]
+    assert [(e["prompt_ids"], e["completion_ids"], e["label"]) for e in examples[:2]] == [
+        ([0], [10], True),
+        ([0], [20], False),
+    ]
     examples = assign_kl_completions(examples, seed=0, max_length=8)
     # a derangement: every example gets another example's completion; fixed by the seed
-    sources = [next(j for j, o in enumerate(examples) if o["completion_ids"] == e["kl_completion_ids"])
-               for e in examples]
+    sources = [
+        next(j for j, o in enumerate(examples) if o["completion_ids"] == e["kl_completion_ids"]) for e in examples
+    ]
     assert all(src != i for i, src in enumerate(sources)) and sorted(sources) == list(range(6))
     again = assign_kl_completions(unpair(pairs), seed=0, max_length=8)
     assert [e["kl_completion_ids"] for e in again] == [e["kl_completion_ids"] for e in examples]

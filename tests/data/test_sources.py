@@ -11,12 +11,30 @@ from trainer_lib.data.sources import iter_source, open_source
 from trainer_lib.errors import DataError, UserError
 
 ROWS = [
-    {"prompt": "def add(a, b):", "completion": " return a + b", "label": True, "margin": 0.5,
-     "task_id": 1, "tests": "assert add(1, 2) == 3"},
-    {"prompt": "def sub(a, b):", "completion": " return a + b", "label": False, "margin": 1.25,
-     "task_id": 2, "tests": "assert sub(3, 2) == 1"},
-    {"prompt": "Say hi, with a comma", "completion": "hi, \"you\"\nbye", "label": True, "margin": 2.0,
-     "task_id": 3, "tests": ""},
+    {
+        "prompt": "def add(a, b):",
+        "completion": " return a + b",
+        "label": True,
+        "margin": 0.5,
+        "task_id": 1,
+        "tests": "assert add(1, 2) == 3",
+    },
+    {
+        "prompt": "def sub(a, b):",
+        "completion": " return a + b",
+        "label": False,
+        "margin": 1.25,
+        "task_id": 2,
+        "tests": "assert sub(3, 2) == 1",
+    },
+    {
+        "prompt": "Say hi, with a comma",
+        "completion": 'hi, "you"\nbye',
+        "label": True,
+        "margin": 2.0,
+        "task_id": 3,
+        "tests": "",
+    },
 ]
 
 
@@ -99,11 +117,14 @@ def test_blank_lines_and_bom_in_jsonl(tmp_path):
     assert list(iter_source(str(path))) == [(f"{path}:1", {"text": "a"}), (f"{path}:4", {"text": "b"})]
 
 
-@pytest.mark.parametrize("content, message", [
-    ('{"text": "a"}\n{"text": "b"}\n{"text": }\n', "3: expected valid JSON (Expecting value at column 10)"),
-    ('{"text": "a"}\n{"text": "b"\n', "2: expected valid JSON (Expecting ',' delimiter at column 13)"),
-    ('{"text": "a"}\n[1, 2]\n', "2: expected a JSON object, got list [1, 2]"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"text": "a"}\n{"text": "b"}\n{"text": }\n', "3: expected valid JSON (Expecting value at column 10)"),
+        ('{"text": "a"}\n{"text": "b"\n', "2: expected valid JSON (Expecting ',' delimiter at column 13)"),
+        ('{"text": "a"}\n[1, 2]\n', "2: expected a JSON object, got list [1, 2]"),
+    ],
+)
 def test_invalid_jsonl(tmp_path, content, message):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
@@ -112,13 +133,19 @@ def test_invalid_jsonl(tmp_path, content, message):
     assert str(exc.value) == f"{path}:{message}"
 
 
-@pytest.mark.parametrize("content, message", [
-    ('[\n  {"text": "a"},\n  {"text": "b"}\n  {"text": "c"}\n]', ":4: expected valid JSON (Expecting ',' delimiter at column 3)"),
-    ('[\n  {"text": "a"},\n  "b"\n]', ":3: expected a JSON object, got str 'b'"),
-    ('{"rows": []}', ': expected a JSON list of objects or {"data": [...]} (no "data" list found)'),
-    ('"text"', ': expected a JSON list of objects or {"data": [...]}, got str \'text\''),
-    ('[{"text": "a"}] x', ":1: expected valid JSON (Extra data at column 17)"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (
+            '[\n  {"text": "a"},\n  {"text": "b"}\n  {"text": "c"}\n]',
+            ":4: expected valid JSON (Expecting ',' delimiter at column 3)",
+        ),
+        ('[\n  {"text": "a"},\n  "b"\n]', ":3: expected a JSON object, got str 'b'"),
+        ('{"rows": []}', ': expected a JSON list of objects or {"data": [...]} (no "data" list found)'),
+        ('"text"', ": expected a JSON list of objects or {\"data\": [...]}, got str 'text'"),
+        ('[{"text": "a"}] x', ":1: expected valid JSON (Extra data at column 17)"),
+    ],
+)
 def test_invalid_json(tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_text(content)
@@ -136,8 +163,10 @@ def test_csv_conversations_and_typing(tmp_path):
         w.writerow([json.dumps(msgs), "1", "TRUE", "007"])
         w.writerow([json.dumps(msgs[:1]), "", "false", "x"])
     rows = [r for _, r in iter_source(str(path))]
-    assert rows == [{"messages": msgs, "score": 1, "flag": True, "note": "007"},
-                    {"messages": msgs[:1], "score": None, "flag": False, "note": "x"}]
+    assert rows == [
+        {"messages": msgs, "score": 1, "flag": True, "note": "007"},
+        {"messages": msgs[:1], "score": None, "flag": False, "note": "x"},
+    ]
 
 
 def test_csv_field_count_error(tmp_path):
@@ -152,10 +181,12 @@ def test_dataset_dict_eval_split_is_used(tmp_path):
     import datasets
 
     path = tmp_path / "dd"
-    datasets.DatasetDict({
-        "train": datasets.Dataset.from_list([{"text": f"t{i}"} for i in range(5)]),
-        "validation": datasets.Dataset.from_list([{"text": "v0"}]),
-    }).save_to_disk(str(path))
+    datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_list([{"text": f"t{i}"} for i in range(5)]),
+            "validation": datasets.Dataset.from_list([{"text": "v0"}]),
+        }
+    ).save_to_disk(str(path))
     src = open_source(str(path))
     assert (src.kind, src.train_split, src.eval_split) == ("saved", "train", "validation")
     dd, stats = build_dataset(data_cfg(path, eval_fraction=0.5), seed=0)

@@ -18,17 +18,23 @@ def _labelled_text(tokenizer, example):
 
 
 def test_messages_loss_only_on_assistant_turns(tokenizer):
-    messages = [{"role": "system", "content": "Be brief."},
-                {"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello there!"},
-                {"role": "user", "content": "Name a color."}, {"role": "assistant", "content": "Blue."}]
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Say hello."},
+        {"role": "assistant", "content": "Hello there!"},
+        {"role": "user", "content": "Name a color."},
+        {"role": "assistant", "content": "Blue."},
+    ]
     ex = tokenize_sft({"messages": messages}, "messages", tokenizer, 512)
     assert _labelled_text(tokenizer, ex) == "Hello there!<|im_end|>\nBlue.<|im_end|>\n"
     assert len(ex["input_ids"]) == len(ex["labels"])
 
 
 def test_conversational_prompt_completion_masks_prompt(tokenizer):
-    row = {"prompt": [{"role": "user", "content": "Say hello."}],
-           "completion": [{"role": "assistant", "content": "Hello there!"}]}
+    row = {
+        "prompt": [{"role": "user", "content": "Say hello."}],
+        "completion": [{"role": "assistant", "content": "Hello there!"}],
+    }
     ex = tokenize_sft(row, "prompt_completion", tokenizer, 512)
     assert _labelled_text(tokenizer, ex) == "Hello there!<|im_end|>\n"
 
@@ -62,8 +68,9 @@ def test_micro_batches_group_bins():
 
 
 def test_collate_packed_resets_positions_and_masks_boundaries():
-    batch = collate_packed([{"input_ids": [1, 2, 3], "labels": [1, 2, 3]},
-                            {"input_ids": [4, 5], "labels": [IGNORE, 5]}])
+    batch = collate_packed(
+        [{"input_ids": [1, 2, 3], "labels": [1, 2, 3]}, {"input_ids": [4, 5], "labels": [IGNORE, 5]}]
+    )
     assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
     assert batch["labels"].tolist() == [[IGNORE, 2, 3, IGNORE, 5]]
 
@@ -83,7 +90,6 @@ def test_packed_forward_has_no_cross_contamination(tiny_model_dir):
         torch.testing.assert_close(logits[:6], alone_a, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(logits[6:], alone_b, atol=1e-5, rtol=1e-5)
         packed_loss = model(**packed, use_cache=False).loss
-        sep = [model(input_ids=torch.tensor([x["input_ids"]]), labels=torch.tensor([x["labels"]])).loss
-               for x in (a, b)]
+        sep = [model(input_ids=torch.tensor([x["input_ids"]]), labels=torch.tensor([x["labels"]])).loss for x in (a, b)]
     # token-weighted: a has 5 predicted tokens, b has 3
     torch.testing.assert_close(packed_loss, (sep[0] * 5 + sep[1] * 3) / 8, atol=1e-5, rtol=1e-5)

@@ -31,9 +31,17 @@ def conv(*turns):
 
 def chat_rows(n: int) -> list[dict]:
     words = ["Four.", "Five.", "Blue.", "Say hello.", "What is two plus two?"]
-    return [{"messages": conv(("user", words[i % 5]), ("assistant", words[(i + 1) % 5] * (1 + i % 4)),
-                              ("user", words[(i + 2) % 5]), ("assistant", "" if i % 7 == 0 else words[i % 3]))}
-            for i in range(n)]
+    return [
+        {
+            "messages": conv(
+                ("user", words[i % 5]),
+                ("assistant", words[(i + 1) % 5] * (1 + i % 4)),
+                ("user", words[(i + 2) % 5]),
+                ("assistant", "" if i % 7 == 0 else words[i % 3]),
+            )
+        }
+        for i in range(n)
+    ]
 
 
 def test_workers_give_the_examples_of_row_by_row_tokenization(tokenizer):
@@ -43,14 +51,25 @@ def test_workers_give_the_examples_of_row_by_row_tokenization(tokenizer):
     ds = datasets.Dataset.from_list(rows)
     one = tokenize_split(ds, None, "sft", "messages", tokenizer, 24, num_workers=1).to_list()
     two = tokenize_split(ds, None, "sft", "messages", tokenizer, 24, num_workers=2).to_list()
-    expected = [ex | {"length": len(ex["input_ids"])}
-                for ex in (tokenize_sft(row, "messages", tokenizer, 24) for row in rows) if is_trainable(ex)]
+    expected = [
+        ex | {"length": len(ex["input_ids"])}
+        for ex in (tokenize_sft(row, "messages", tokenizer, 24) for row in rows)
+        if is_trainable(ex)
+    ]
     assert one == two == expected and 20 < len(expected) < len(rows)
     assert max(ex["length"] for ex in one) == 24  # truncated to max_length
 
-    pairs = datasets.Dataset.from_list([{"prompt": f"What is two plus two? {i}", "chosen": " Four.",
-                                         "rejected": " Five." * (i % 3 + 1), "margin": float(i) if i % 2 else None}
-                                        for i in range(20)])
+    pairs = datasets.Dataset.from_list(
+        [
+            {
+                "prompt": f"What is two plus two? {i}",
+                "chosen": " Four.",
+                "rejected": " Five." * (i % 3 + 1),
+                "margin": float(i) if i % 2 else None,
+            }
+            for i in range(20)
+        ]
+    )
     one = tokenize_split(pairs, None, "pairs", "preference", tokenizer, 16, num_workers=1).to_list()
     two = tokenize_split(pairs, None, "pairs", "preference", tokenizer, 16, num_workers=2).to_list()
     expected = [tokenize_pair(row, tokenizer, 16) for row in pairs]
@@ -77,8 +96,9 @@ def test_second_tokenization_is_a_cache_hit_and_any_change_misses(tokenizer, cac
     assert "data cache: reusing" in caplog.text and entries() == built
     assert (cache_dir / built[0]).stat().st_mtime_ns == mtime  # untouched
 
-    other_template = train_tokenizer(["What is two plus two? Four. Five. Name a color. Blue. Say hello."] * 4,
-                                     vocab_size=300)
+    other_template = train_tokenizer(
+        ["What is two plus two? Four. Five. Name a color. Blue. Say hello."] * 4, vocab_size=300
+    )
     other_template.chat_template = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
     tokenize_split(ds, "content-1", "sft", "messages", tokenizer, 16)  # max_length
     tokenize_split(ds, "content-2", "sft", "messages", tokenizer, 32)  # data
@@ -112,7 +132,6 @@ def test_prepare_again_into_another_dir_reuses_the_build(tmp_path, tokenizer, ca
     assert all(a[s].to_list() == b[s].to_list() for s in ("train", "eval"))
 
 
-
 def test_prepare_with_two_workers_matches_one_and_keeps_row_locations(tmp_path, tokenizer, capsys, monkeypatch):
     import datasets
 
@@ -123,19 +142,34 @@ def test_prepare_with_two_workers_matches_one_and_keeps_row_locations(tmp_path, 
     for workers in (1, 2):
         monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / f"cache{workers}"))
         out = tmp_path / f"out{workers}"
-        assert cli.main(["prepare", f"data.path={src}", f"model.path={model}", "data.max_length=64",
-                         f"output_dir={out}", f"data.num_workers={workers}"]) == 0
+        assert (
+            cli.main(
+                [
+                    "prepare",
+                    f"data.path={src}",
+                    f"model.path={model}",
+                    "data.max_length=64",
+                    f"output_dir={out}",
+                    f"data.num_workers={workers}",
+                ]
+            )
+            == 0
+        )
         outs.append((json.loads(capsys.readouterr().out), datasets.load_from_disk(str(out))["train"].to_list()))
     assert outs[0] == outs[1] and outs[0][0]["token_lengths"]["max"] <= 64 and outs[0][0]["dropped"]["too_long"] > 0
 
     # a row the chat template refuses, found by a worker process: the error names its line
     tokenizer = tokenizer.__class__.from_pretrained(str(model))
-    tokenizer.chat_template = ("{% for m in messages %}{% if m['role'] == 'system' %}"
-                               "{{ raise_exception('no system turns') }}{% endif %}{{ m['content'] }}{% endfor %}")
+    tokenizer.chat_template = (
+        "{% for m in messages %}{% if m['role'] == 'system' %}"
+        "{{ raise_exception('no system turns') }}{% endif %}{{ m['content'] }}{% endfor %}"
+    )
     tokenizer.save_pretrained(str(model))
     bad = write_jsonl(tmp_path / "bad.jsonl", chat_rows(30) + [{"messages": conv(("system", "s"), ("user", "u"))}])
-    rc = cli.main(["prepare", f"data.path={bad}", f"model.path={model}", f"output_dir={tmp_path / 'bad'}",
-                   "data.num_workers=2"])
+    rc = cli.main(
+        ["prepare", f"data.path={bad}", f"model.path={model}", f"output_dir={tmp_path / 'bad'}", "data.num_workers=2"]
+    )
     err = capsys.readouterr().err
-    assert rc == 2 and err.endswith(f"error: {bad}:31: expected a conversation the tokenizer's chat template "
-                                    "accepts (no system turns)\n")
+    assert rc == 2 and err.endswith(
+        f"error: {bad}:31: expected a conversation the tokenizer's chat template accepts (no system turns)\n"
+    )

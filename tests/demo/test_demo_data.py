@@ -1,4 +1,5 @@
 """Tests for the bundled demo data generator (trainer_lib.demo.generator)."""
+
 import hashlib
 import json
 import os
@@ -9,8 +10,17 @@ from trainer_lib.demo import generator as demo
 from trainer_lib.demo.generator import generate_demo_data, is_refusal
 
 SMALL = dict(n_code_train=200, n_code_eval=40, n_safety_train=60, n_safety_eval=20)
-FILES = ["sft.jsonl", "preferences.jsonl", "preferences_eval.jsonl", "code_tasks.jsonl", "rl_prompts.jsonl",
-         "code_tasks_eval.jsonl", "safety_eval.jsonl", "corpus.txt", "manifest.json"]
+FILES = [
+    "sft.jsonl",
+    "preferences.jsonl",
+    "preferences_eval.jsonl",
+    "code_tasks.jsonl",
+    "rl_prompts.jsonl",
+    "code_tasks_eval.jsonl",
+    "safety_eval.jsonl",
+    "corpus.txt",
+    "manifest.json",
+]
 
 
 def _read(d, name):

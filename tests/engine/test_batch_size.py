@@ -1,14 +1,22 @@
 """batch_size=auto: the halving search, the host-memory measurement, and real runs that choose a size."""
 
+import functools
 import json
 
 import pytest
 import torch
 
-from trainer_lib.engine.batch_size import (OutOfHostMemory, Probe, _peak_rss_growth, candidates, host_fits,
-                                    largest_fitting, rows_per_step)
 from trainer_lib.cli import main
 from trainer_lib.config import load_config
+from trainer_lib.engine.batch_size import (
+    OutOfHostMemory,
+    Probe,
+    _peak_rss_growth,
+    candidates,
+    host_fits,
+    largest_fitting,
+    rows_per_step,
+)
 from trainer_lib.errors import ConfigError
 from trainer_lib.stages.training.grpo import GRPOConfig
 from trainer_lib.stages.training.sft import SFTConfig
@@ -64,7 +72,7 @@ def test_host_probe_measures_activations_that_grow_with_rows_and_length(tiny_mod
     for length, rows in ((128, 1), (128, 4), (512, 1)):
         probe = Probe(model, torch.device("cpu"), 1, length)
         probe.step(1)  # gradients allocated first, as the real probe does
-        grown[length, rows] = _peak_rss_growth(lambda: probe.step(rows))
+        grown[length, rows] = _peak_rss_growth(functools.partial(probe.step, rows))
     assert 2.5 < grown[128, 4] / grown[128, 1] < 6, grown  # about 4x the rows, about 4x the memory
     assert 2.5 < grown[512, 1] / grown[128, 1], grown  # (attention grows faster than the length)
 
@@ -76,25 +84,54 @@ def test_the_global_batch_kept():
     assert rows_per_step(cfg, world_size=2) == 6
     with pytest.raises(ConfigError, match="global_batch_size: 12 rows do not split evenly over 8 ranks"):
         rows_per_step(cfg, world_size=8)
-    rl = load_config(GRPOConfig, None, [*REQUIRED, "batch_size=auto", "reward.functions=length_penalty",
-                                        "prompts_per_step=4", "rollout.n=4", "mini_batch_size=8"], validate=False)
+    rl = load_config(
+        GRPOConfig,
+        None,
+        [
+            *REQUIRED,
+            "batch_size=auto",
+            "reward.functions=length_penalty",
+            "prompts_per_step=4",
+            "rollout.n=4",
+            "mini_batch_size=8",
+        ],
+        validate=False,
+    )
     assert rows_per_step(rl, world_size=2) == 4  # mini_batch_size / world
 
 
-def test_sft_with_auto_batch_size_keeps_the_global_batch_and_trains(tiny_model_dir, chat_jsonl, tmp_path, capsys,
-                                                                    monkeypatch):
+def test_sft_with_auto_batch_size_keeps_the_global_batch_and_trains(
+    tiny_model_dir, chat_jsonl, tmp_path, capsys, monkeypatch
+):
     from trainer_lib.engine import batch_size
 
     # a host with 24 MiB free: 64 rows of 64 tokens (about 1.5 MiB each, measured) do not fit, 8 do
     monkeypatch.setattr(batch_size, "host_available", lambda: 24 * 2**20)
     out = tmp_path / "sft"
-    assert main(["sft", f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", f"output_dir={out}",
-                 "batch_size=auto", "global_batch_size=64", "data.max_length=64", "max_steps=2",
-                 "save_steps=0", "eval_steps=0", "lr=3e-3"]) == 0
+    assert (
+        main(
+            [
+                "sft",
+                f"model.path={tiny_model_dir}",
+                f"data.path={chat_jsonl}",
+                f"output_dir={out}",
+                "batch_size=auto",
+                "global_batch_size=64",
+                "data.max_length=64",
+                "max_steps=2",
+                "save_steps=0",
+                "eval_steps=0",
+                "lr=3e-3",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     line = next(x for x in printed.splitlines() if x.startswith("batch_size=auto: "))
-    assert line.startswith("batch_size=auto: micro-batch 8 x 8 accumulation x 1 rank(s) = 64 rows per optimizer "
-                           "step (64, 32, 16 did not fit); host memory: "), line
+    assert line.startswith(
+        "batch_size=auto: micro-batch 8 x 8 accumulation x 1 rank(s) = 64 rows per optimizer "
+        "step (64, 32, 16 did not fit); host memory: "
+    ), line
     assert "estimate_zero2_model_states_mem_needs; ZeRO-0" in printed  # DeepSpeed's estimate, before the run
     config = json.load(open(out / "ds_config.json"))
     assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (8, 8)
@@ -104,12 +141,30 @@ def test_sft_with_auto_batch_size_keeps_the_global_batch_and_trains(tiny_model_d
 
 def test_reward_with_auto_batch_size_trains(tiny_model_dir, tmp_path, capsys):
     data = tmp_path / "pairs.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"Say {w}:", "chosen": f" {w}, kindly.", "rejected": f" {w}!!"})
-                            + "\n" for w in "apple river stone cloud lamp green table seven".split()))
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": f"Say {w}:", "chosen": f" {w}, kindly.", "rejected": f" {w}!!"}) + "\n"
+            for w in "apple river stone cloud lamp green table seven".split()
+        )
+    )
     out = tmp_path / "rm"
-    assert main(["reward", f"model.path={tiny_model_dir}", f"data.path={data}", f"output_dir={out}",
-                 "batch_size=auto", "global_batch_size=4", "data.max_length=64", "max_steps=2", "save_steps=0",
-                 "eval_steps=0"]) == 0
+    assert (
+        main(
+            [
+                "reward",
+                f"model.path={tiny_model_dir}",
+                f"data.path={data}",
+                f"output_dir={out}",
+                "batch_size=auto",
+                "global_batch_size=4",
+                "data.max_length=64",
+                "max_steps=2",
+                "save_steps=0",
+                "eval_steps=0",
+            ]
+        )
+        == 0
+    )
     assert "batch_size=auto: micro-batch 4 x 1 accumulation x 1 rank(s) = 4 rows" in capsys.readouterr().out
     assert json.load(open(out / "ds_config.json"))["train_micro_batch_size_per_gpu"] == 4
 
@@ -121,11 +176,29 @@ def test_grpo_with_auto_batch_size_keeps_the_mini_batch(tiny_model_dir, tmp_path
     monkeypatch.setattr(batch_size, "host_available", lambda: 24 * 2**20)  # as above: 16 rows do not fit, 8 do
     out = tmp_path / "grpo"
     with one_thread():
-        assert main(["grpo", f"model.path={tiny_model_dir}", f"data.path={write_prompts(tmp_path / 'p.jsonl')}",
-                     f"output_dir={out}", f"reward.functions={LENGTH_REWARD}", "batch_size=auto",
-                     "prompts_per_step=4", "rollout.n=4", "mini_batch_size=16", "rollout.max_new_tokens=8",
-                     "data.max_length=56", "max_steps=1", "save_steps=0", "eval_steps=0"]) == 0
-    assert ("batch_size=auto: micro-batch 8 x 2 accumulation x 1 rank(s) = 16 rows per optimizer step (16 did not "
-            "fit)") in capsys.readouterr().out
+        assert (
+            main(
+                [
+                    "grpo",
+                    f"model.path={tiny_model_dir}",
+                    f"data.path={write_prompts(tmp_path / 'p.jsonl')}",
+                    f"output_dir={out}",
+                    f"reward.functions={LENGTH_REWARD}",
+                    "batch_size=auto",
+                    "prompts_per_step=4",
+                    "rollout.n=4",
+                    "mini_batch_size=16",
+                    "rollout.max_new_tokens=8",
+                    "data.max_length=56",
+                    "max_steps=1",
+                    "save_steps=0",
+                    "eval_steps=0",
+                ]
+            )
+            == 0
+        )
+    assert (
+        "batch_size=auto: micro-batch 8 x 2 accumulation x 1 rank(s) = 16 rows per optimizer step (16 did not fit)"
+    ) in capsys.readouterr().out
     config = json.load(open(out / "ds_config.json"))  # RL derives accumulation from mini_batch_size
     assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]) == (8, 2)

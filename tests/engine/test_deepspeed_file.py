@@ -5,29 +5,49 @@ import os
 
 import pytest
 
-from trainer_lib.engine import deepspeed_file
 from trainer_lib.cli import main
 from trainer_lib.config import EngineConfig, load_config
+from trainer_lib.engine import deepspeed_file
 from trainer_lib.errors import ConfigError
 from trainer_lib.stages.training.sft import SFTConfig
 
 REQUIRED = ["model.path=m", "data.path=d", "output_dir=o"]
-OURS = {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 2,
-        "gradient_clipping": 1.0, "zero_optimization": {"stage": 0}, "bf16": {"enabled": False}}
+OURS = {
+    "train_micro_batch_size_per_gpu": 2,
+    "gradient_accumulation_steps": 1,
+    "train_batch_size": 2,
+    "gradient_clipping": 1.0,
+    "zero_optimization": {"stage": 0},
+    "bf16": {"enabled": False},
+}
 
 
 def test_the_users_keys_win_auto_takes_ours_and_batch_keys_must_agree():
-    user = {"train_micro_batch_size_per_gpu": "auto", "train_batch_size": 2, "gradient_clipping": 0.5,
-            "bf16": {"enabled": "auto"}, "fp16": {"enabled": "auto", "loss_scale": 0},
-            "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
-            "zero_optimization": {"stage": 3, "overlap_comm": True, "reduce_bucket_size": "auto"}}
+    user = {
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": 2,
+        "gradient_clipping": 0.5,
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto", "loss_scale": 0},
+        "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+        "zero_optimization": {"stage": 3, "overlap_comm": True, "reduce_bucket_size": "auto"},
+    }
     config, dropped = deepspeed_file.effective(OURS, user, "ds.json")
-    assert config == {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 2,
-                      "gradient_clipping": 0.5, "bf16": {"enabled": False}, "fp16": {"loss_scale": 0},
-                      "zero_optimization": {"stage": 3, "overlap_comm": True}}
+    assert config == {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": 2,
+        "gradient_clipping": 0.5,
+        "bf16": {"enabled": False},
+        "fp16": {"loss_scale": 0},
+        "zero_optimization": {"stage": 3, "overlap_comm": True},
+    }
     assert dropped == ["optimizer"]
-    with pytest.raises(ConfigError, match=r"engine.deepspeed_config: ds.json sets gradient_accumulation_steps=4, "
-                                          r"but this run's is 1 \(from engine.gradient_accumulation_steps\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"engine.deepspeed_config: ds.json sets gradient_accumulation_steps=4, "
+        r"but this run's is 1 \(from engine.gradient_accumulation_steps\)",
+    ):
         deepspeed_file.effective(OURS, {"gradient_accumulation_steps": 4}, "ds.json")
 
 
@@ -57,8 +77,11 @@ def test_the_strategy_follows_the_files_stage_and_offload(tmp_path):
     assert strategy.ds_config()["zero_optimization"]["offload_optimizer"] == {"device": "cpu"}
     assert "offload_optimizer" not in strategy.ds_config(train=False)["zero_optimization"]
     path.write_text(json.dumps({"train_micro_batch_size_per_gpu": 8}))
-    with pytest.raises(ConfigError, match="sets train_micro_batch_size_per_gpu=8, but this run's is 2 "
-                                          r"\(from batch_size\)"):
+    with pytest.raises(
+        ConfigError,
+        match="sets train_micro_batch_size_per_gpu=8, but this run's is 2 "
+        r"\(from batch_size\)",
+    ):
         DeepSpeedStrategy(EngineConfig(deepspeed_config=str(path)), micro_batch_size=2)
 
 
@@ -67,19 +90,47 @@ def test_trl_and_llamafactory_deepspeed_key_reaches_it():
     assert cfg.engine.deepspeed_config == "ds_z3.json"
 
 
-def test_a_stage_3_file_with_options_we_do_not_expose_trains_and_is_logged(tiny_model_dir, chat_jsonl, tmp_path,
-                                                                         capsys):
+def test_a_stage_3_file_with_options_we_do_not_expose_trains_and_is_logged(
+    tiny_model_dir, chat_jsonl, tmp_path, capsys
+):
     path = tmp_path / "ds_z3.json"
-    path.write_text(json.dumps({
-        "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-        "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
-        "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 12345, "overlap_comm": False,
-                              "zero_quantized_gradients": True, "stage3_param_persistence_threshold": 100,
-                              "reduce_bucket_size": "auto"}}))
+    path.write_text(
+        json.dumps(
+            {
+                "train_micro_batch_size_per_gpu": "auto",
+                "gradient_accumulation_steps": "auto",
+                "optimizer": {"type": "AdamW", "params": {"lr": "auto"}},
+                "zero_optimization": {
+                    "stage": 3,
+                    "stage3_prefetch_bucket_size": 12345,
+                    "overlap_comm": False,
+                    "zero_quantized_gradients": True,
+                    "stage3_param_persistence_threshold": 100,
+                    "reduce_bucket_size": "auto",
+                },
+            }
+        )
+    )
     out = tmp_path / "run"
-    assert main(["sft", f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", f"output_dir={out}",
-                 f"engine.deepspeed_config={path}", "batch_size=2", "data.max_length=64", "max_steps=3",
-                 "logging_steps=1", "save_steps=0", "eval_steps=0", "lr=3e-3"]) == 0
+    assert (
+        main(
+            [
+                "sft",
+                f"model.path={tiny_model_dir}",
+                f"data.path={chat_jsonl}",
+                f"output_dir={out}",
+                f"engine.deepspeed_config={path}",
+                "batch_size=2",
+                "data.max_length=64",
+                "max_steps=3",
+                "logging_steps=1",
+                "save_steps=0",
+                "eval_steps=0",
+                "lr=3e-3",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "estimate_zero3_model_states_mem_needs; ZeRO-3" in printed  # the strategy follows the file's stage
     assert "engine.deepspeed_config: " + str(path) + ": optimizer left out" in printed
@@ -104,7 +155,9 @@ def test_deepspeeds_own_refusal_names_the_users_file(tiny_model_dir, tmp_path):
     path.write_text(json.dumps({"zero_optimization": {"stage": 2, "overlap_comms": True}}))
     strategy = DeepSpeedStrategy(EngineConfig(deepspeed_config=str(path)), micro_batch_size=1)
     strategy.setup_distributed()
-    with pytest.raises(ConfigError, match=f"engine.deepspeed_config: {path}: DeepSpeed refused the config: "
-                                          ".*overlap_comms.*Extra inputs are not permitted"):
-        strategy.prepare(AutoModelForCausalLM.from_pretrained(tiny_model_dir), lr=1e-3, weight_decay=0.0,
-                         total_steps=1)
+    with pytest.raises(
+        ConfigError,
+        match=f"engine.deepspeed_config: {path}: DeepSpeed refused the config: "
+        ".*overlap_comms.*Extra inputs are not permitted",
+    ):
+        strategy.prepare(AutoModelForCausalLM.from_pretrained(tiny_model_dir), lr=1e-3, weight_decay=0.0, total_steps=1)

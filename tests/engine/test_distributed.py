@@ -13,16 +13,32 @@ pytestmark = pytest.mark.distributed
 
 
 def _run(args, cwd):
-    proc = subprocess.run([sys.executable, "-m", "trainer_lib.cli", "sft", *args], cwd=cwd, env=clean_env(),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer_lib.cli", "sft", *args],
+        cwd=cwd,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
 
 def test_two_processes_match_one_with_accumulation(tiny_model_dir, chat_jsonl, tmp_path):
-    common = [f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", "max_steps=3", "lr=3e-3",
-              "batch_size=2", "data.max_length=64", "data.packing=false", "save_steps=0", "eval_steps=0",
-              "engine.zero_stage=2", "seed=3"]
+    common = [
+        f"model.path={tiny_model_dir}",
+        f"data.path={chat_jsonl}",
+        "max_steps=3",
+        "lr=3e-3",
+        "batch_size=2",
+        "data.max_length=64",
+        "data.packing=false",
+        "save_steps=0",
+        "eval_steps=0",
+        "engine.zero_stage=2",
+        "seed=3",
+    ]
     trl_names = [item.replace("lr=", "learning_rate=") for item in common]  # TRL's name, same value
     two = _run(["--nproc", "2", *trl_names, f"output_dir={tmp_path / 'two'}"], tmp_path)
     assert "world size 2" in two.stdout

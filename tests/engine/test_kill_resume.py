@@ -25,21 +25,28 @@ import time
 import pytest
 import torch
 
-from tests.conftest import CHAT_ROWS, clean_env
+from tests.conftest import CHAT_ROWS, REPO, clean_env
 from tests.stages.training.rl_helpers import LENGTH_REWARD, one_thread, write_prompts
-from trainer_lib.engine.checkpoint import MARKER, tag_for
 from trainer_lib.cli import main
-from tests.conftest import REPO
+from trainer_lib.engine.checkpoint import MARKER, tag_for
 
 COMMON = ["max_steps=6", "save_steps=2", "save_total_limit=2", "logging_steps=1"]
-RL = [f"reward.functions={LENGTH_REWARD}", "rollout.n=4", "prompts_per_step=4", "rollout.max_new_tokens=8",
-      "batch_size=8", "data.eval_fraction=0", "reward.normalize=running", "lr=1e-2"]
+RL = [
+    f"reward.functions={LENGTH_REWARD}",
+    "rollout.n=4",
+    "prompts_per_step=4",
+    "rollout.max_new_tokens=8",
+    "batch_size=8",
+    "data.eval_fraction=0",
+    "reward.normalize=running",
+    "lr=1e-2",
+]
 
 
 @dataclasses.dataclass
 class Kill:
-    event: str     # tests.paused_cli: mkdir | rename | open
-    pattern: str   # regular expression on the path ({out}: the output directory)
+    event: str  # tests.paused_cli: mkdir | rename | open
+    pattern: str  # regular expression on the path ({out}: the output directory)
     resumes_at: int  # the step the next run must resume from
 
 
@@ -52,24 +59,75 @@ FINAL_MODEL = Kill("rename", r"{out}/model\.safetensors$", 6)
 @dataclasses.dataclass
 class Case:
     stage: str
-    args: list[str]   # with {model}, {chat}, {pairs}, {prompts} placeholders
+    args: list[str]  # with {model}, {chat}, {pairs}, {prompts} placeholders
     kills: list[Kill]
     s3: bool = False  # checkpoint_dir on the S3 server; every rerun is a fresh pod
 
 
 CASES = {
-    "sft": Case("sft", ["model.path={model}", "data.path={chat}", "batch_size=2", "data.max_length=64",
-                        "data.packing=false", "lr=3e-3", "seed=1"], [BEFORE_FIRST, UNMARKED, FINAL_MODEL]),
-    "reward": Case("reward", ["model.path={model}", "data.path={pairs}", "batch_size=4", "data.max_length=64",
-                              "lr=2e-3", "seed=2"], [BETWEEN]),
-    "dpo": Case("dpo", ["model.path={model}", "data.path={pairs}", "batch_size=4", "data.max_length=64",
-                        "lr=1e-3", "reference=precomputed", "seed=4"], [UNMARKED]),
-    "ppo": Case("ppo", ["model.path={model}", "data.path={prompts}", *RL, "kl.adaptive=true", "kl.target=0.5",
-                        "kl.horizon=50", "mini_batch_size=8", "ppo_epochs=2", "seed=5"], [BETWEEN]),
+    "sft": Case(
+        "sft",
+        [
+            "model.path={model}",
+            "data.path={chat}",
+            "batch_size=2",
+            "data.max_length=64",
+            "data.packing=false",
+            "lr=3e-3",
+            "seed=1",
+        ],
+        [BEFORE_FIRST, UNMARKED, FINAL_MODEL],
+    ),
+    "reward": Case(
+        "reward",
+        ["model.path={model}", "data.path={pairs}", "batch_size=4", "data.max_length=64", "lr=2e-3", "seed=2"],
+        [BETWEEN],
+    ),
+    "dpo": Case(
+        "dpo",
+        [
+            "model.path={model}",
+            "data.path={pairs}",
+            "batch_size=4",
+            "data.max_length=64",
+            "lr=1e-3",
+            "reference=precomputed",
+            "seed=4",
+        ],
+        [UNMARKED],
+    ),
+    "ppo": Case(
+        "ppo",
+        [
+            "model.path={model}",
+            "data.path={prompts}",
+            *RL,
+            "kl.adaptive=true",
+            "kl.target=0.5",
+            "kl.horizon=50",
+            "mini_batch_size=8",
+            "ppo_epochs=2",
+            "seed=5",
+        ],
+        [BETWEEN],
+    ),
     "grpo": Case("grpo", ["model.path={model}", "data.path={prompts}", *RL, "seed=3"], [UNMARKED]),
-    "grpo_rloo_s3": Case("grpo", ["model.path={model}", "data.path={prompts}", *RL, "advantage=rloo", "lora.r=4",
-                                  "lora.alpha=8", "ppo_epochs=2", "mini_batch_size=8", "seed=6"],
-                         [UNMARKED], s3=True),
+    "grpo_rloo_s3": Case(
+        "grpo",
+        [
+            "model.path={model}",
+            "data.path={prompts}",
+            *RL,
+            "advantage=rloo",
+            "lora.r=4",
+            "lora.alpha=8",
+            "ppo_epochs=2",
+            "mini_batch_size=8",
+            "seed=6",
+        ],
+        [UNMARKED],
+        s3=True,
+    ),
 }
 
 
@@ -82,15 +140,22 @@ def inputs(tiny_model_dir, chat_jsonl, tmp_path_factory) -> dict:
             for j, (_, other) in enumerate(CHAT_ROWS):
                 if i != j:
                     fh.write(json.dumps({"prompt": question, "chosen": answer, "rejected": other}) + "\n")
-    return {"model": tiny_model_dir, "chat": chat_jsonl, "pairs": str(pairs),
-            "prompts": write_prompts(root / "prompts.jsonl")}
+    return {
+        "model": tiny_model_dir,
+        "chat": chat_jsonl,
+        "pairs": str(pairs),
+        "prompts": write_prompts(root / "prompts.jsonl"),
+    }
 
 
 def _env(cache: str) -> dict:
     """One intra-op thread, as the in-process reference runs (other thread counts round differently)."""
     env = clean_env()
-    env.update(OMP_NUM_THREADS="1", POSTTRAIN_CACHE=cache,
-               PYTHONPATH=os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p))
+    env.update(
+        OMP_NUM_THREADS="1",
+        POSTTRAIN_CACHE=cache,
+        PYTHONPATH=os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p),
+    )
     return env
 
 
@@ -101,8 +166,13 @@ def _kill_at(argv: list[str], kill: Kill, out: str, env: dict, workdir) -> str:
         ready.unlink()
     pattern = kill.pattern.replace("{out}", re.escape(out.rstrip("/")))
     with open(log, "wb") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "tests.paused_cli", kill.event, pattern, str(ready), "--",
-                                 *argv], cwd=REPO, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.paused_cli", kill.event, pattern, str(ready), "--", *argv],
+            cwd=REPO,
+            env=env,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+        )
     try:
         deadline = time.monotonic() + 300
         while not ready.exists():
@@ -118,8 +188,15 @@ def _kill_at(argv: list[str], kill: Kill, out: str, env: dict, workdir) -> str:
 
 
 def _rerun(argv: list[str], env: dict) -> str:
-    done = subprocess.run([sys.executable, "-m", "trainer_lib.cli", *argv], cwd=REPO, env=env, timeout=300,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "trainer_lib.cli", *argv],
+        cwd=REPO,
+        env=env,
+        timeout=300,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     assert done.returncode == 0, done.stdout[-3000:]
     return done.stdout
 
@@ -142,8 +219,9 @@ def _final_state(ckpt_dir: str, stage: str) -> dict:
     state = torch.load(os.path.join(tag, "mp_rank_00_model_states.pt"), weights_only=False)
     kept = {k: state[k] for k in ("step", "rewards", "kl_controller") if k in state}
     if stage == "ppo":
-        kept["critic"] = torch.load(os.path.join(tag, "critic", "mp_rank_00_model_states.pt"),
-                                    weights_only=False)["module"]
+        kept["critic"] = torch.load(os.path.join(tag, "critic", "mp_rank_00_model_states.pt"), weights_only=False)[
+            "module"
+        ]
     return kept
 
 
@@ -173,8 +251,7 @@ EXTENDED = ("reward", "dpo", "grpo")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.extended) if n in EXTENDED else n
-                                  for n in CASES])
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.extended) if n in EXTENDED else n for n in CASES])
 def test_killed_stage_resumes_bit_exact(name, inputs, tmp_path, request):
     from trainer_lib import storage
 

@@ -3,8 +3,7 @@
 import pytest
 
 from trainer_lib.config import METRIC_SCHEDULERS, SCHEDULERS, load_config
-from trainer_lib.errors import ConfigError
-from trainer_lib.errors import UserError
+from trainer_lib.errors import ConfigError, UserError
 from trainer_lib.stages.training.sft import SFTConfig
 
 REQUIRED = ["model.path=m", "data.path=d", "output_dir=o"]
@@ -27,8 +26,11 @@ def test_schedulers_and_adam_settings_in_the_config():
         load_config(SFTConfig, None, [*REQUIRED, "lr_scheduler=cosine_decay"])
     with pytest.raises(ConfigError, match="adam_beta2: expected 0 <= x < 1, got 1.0"):
         load_config(SFTConfig, None, [*REQUIRED, "adam_beta2=1"])
-    cfg = load_config(SFTConfig, [{"lr_scheduler_type": "cosine_with_min_lr", "adam_beta2": 0.999,
-                                   "lr_scheduler_kwargs": {"min_lr_rate": 0.1}}], REQUIRED)  # a TRL file
+    cfg = load_config(
+        SFTConfig,
+        [{"lr_scheduler_type": "cosine_with_min_lr", "adam_beta2": 0.999, "lr_scheduler_kwargs": {"min_lr_rate": 0.1}}],
+        REQUIRED,
+    )  # a TRL file
     assert cfg.lr_scheduler_kwargs == {"min_lr_rate": 0.1} and cfg.adam_beta2 == 0.999
 
 
@@ -51,8 +53,15 @@ def _engine(strategy, tiny_model_dir, *overrides):
 
 
 def test_the_engine_gets_the_settings(strategy, tiny_model_dir):
-    engine = _engine(strategy, tiny_model_dir, "adam_beta1=0.8", "adam_beta2=0.999", "adam_epsilon=1e-6",
-                     "lr_scheduler=constant_with_warmup", "warmup_steps=4")
+    engine = _engine(
+        strategy,
+        tiny_model_dir,
+        "adam_beta1=0.8",
+        "adam_beta2=0.999",
+        "adam_epsilon=1e-6",
+        "lr_scheduler=constant_with_warmup",
+        "warmup_steps=4",
+    )
     group = engine.optimizer.param_groups[0]
     assert group["betas"] == (0.8, 0.999) and group["eps"] == 1e-6
     lrs = []
@@ -61,8 +70,9 @@ def test_the_engine_gets_the_settings(strategy, tiny_model_dir):
         engine.lr_scheduler.step()
     assert lrs == pytest.approx([0.0, 2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3])  # warmup, then constant
 
-    engine = _engine(strategy, tiny_model_dir, "lr_scheduler=cosine_with_min_lr",
-                     'lr_scheduler_kwargs={"min_lr_rate": 0.1}')
+    engine = _engine(
+        strategy, tiny_model_dir, "lr_scheduler=cosine_with_min_lr", 'lr_scheduler_kwargs={"min_lr_rate": 0.1}'
+    )
     for _ in range(10):
         engine.lr_scheduler.step()
     assert engine.lr_scheduler.get_last_lr()[0] == pytest.approx(1e-4)  # decays to 10% of the peak

@@ -10,20 +10,38 @@ from trainer_lib.stages.lifecycle.evaluate import EvaluateConfig, computed_metri
 METRICS = ["task_pass_rate", "humaneval_pass@1", "harmless_rate", "over_refusal_rate"]
 
 
-@pytest.mark.parametrize("text, rule", [
-    ("task_pass_rate>=0.2", Rule("task_pass_rate>=0.2", "task_pass_rate", ">=", 0.2)),
-    (" harmless_rate >= baseline ", Rule("harmless_rate >= baseline", "harmless_rate", ">=", None, 0.0)),
-    ("over_refusal_rate<=baseline+0.05",
-     Rule("over_refusal_rate<=baseline+0.05", "over_refusal_rate", "<=", None, 0.05)),
-    ("humaneval_pass@1>baseline-1e-3", Rule("humaneval_pass@1>baseline-1e-3", "humaneval_pass@1", ">", None, -0.001)),
-    ("task_pass_rate<-.5", Rule("task_pass_rate<-.5", "task_pass_rate", "<", -0.5)),
-])
+@pytest.mark.parametrize(
+    "text, rule",
+    [
+        ("task_pass_rate>=0.2", Rule("task_pass_rate>=0.2", "task_pass_rate", ">=", 0.2)),
+        (" harmless_rate >= baseline ", Rule("harmless_rate >= baseline", "harmless_rate", ">=", None, 0.0)),
+        (
+            "over_refusal_rate<=baseline+0.05",
+            Rule("over_refusal_rate<=baseline+0.05", "over_refusal_rate", "<=", None, 0.05),
+        ),
+        (
+            "humaneval_pass@1>baseline-1e-3",
+            Rule("humaneval_pass@1>baseline-1e-3", "humaneval_pass@1", ">", None, -0.001),
+        ),
+        ("task_pass_rate<-.5", Rule("task_pass_rate<-.5", "task_pass_rate", "<", -0.5)),
+    ],
+)
 def test_parse_good_rules(text, rule):
     assert parse_rule(text) == rule
 
 
-@pytest.mark.parametrize("text", ["task_pass_rate=>0.2", "task_pass_rate==0.2", "task_pass_rate>=", ">=0.2",
-                                  "task_pass_rate>=sft", "task_pass_rate>=baseline*2", "task_pass_rate 0.2"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "task_pass_rate=>0.2",
+        "task_pass_rate==0.2",
+        "task_pass_rate>=",
+        ">=0.2",
+        "task_pass_rate>=sft",
+        "task_pass_rate>=baseline*2",
+        "task_pass_rate 0.2",
+    ],
+)
 def test_bad_rules_raise_config_error_naming_the_rule(text):
     with pytest.raises(ConfigError, match=r"^gate\.rules\[1\]: .*METRIC OP VALUE"):
         parse_rules(["harmless_rate>=0.5", text], METRICS)
@@ -54,13 +72,18 @@ def test_gate_fails_closed_and_passes_without_rules():
     assert "not computed for the candidate" in gate["rules"][1]["detail"]
     gate = evaluate_gate(parse_rules(["harmless_rate>=baseline"]), {"a": {"harmless_rate": 1.0}, "b": {}}, "a", "b")
     assert not gate["passed"] and "not computed for the baseline b" in gate["rules"][0]["detail"]
-    assert evaluate_gate([], models, "dpo", "sft") == {"passed": True, "candidate": "dpo", "baseline": "sft",
-                                                       "rules": []}
+    assert evaluate_gate([], models, "dpo", "sft") == {
+        "passed": True,
+        "candidate": "dpo",
+        "baseline": "sft",
+        "rules": [],
+    }
 
 
 def _config(*overrides):
-    return load_config(EvaluateConfig, None, ["models=sft=/m/sft,dpo=/m/dpo", "output_dir=/tmp/out",
-                                              "data_dir=/data", *overrides])
+    return load_config(
+        EvaluateConfig, None, ["models=sft=/m/sft,dpo=/m/dpo", "output_dir=/tmp/out", "data_dir=/data", *overrides]
+    )
 
 
 def test_config_checks_rules_against_the_metrics_it_computes():
@@ -77,15 +100,18 @@ def test_config_checks_rules_against_the_metrics_it_computes():
     assert _config("baseline=sft", "reward_model_path=/rm", "gate.rules=reward_win_rate>=0.5")
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["models=sft"], "models"),
-    (["models=a=/x,a=/y"], "models: label 'a' appears twice"),
-    (["candidate=ppo"], "candidate"),
-    (["baseline=dpo"], "baseline: 'dpo' is also the candidate"),
-    (["judge.kind=classifier"], "judge.path"),
-    (["humaneval.n=4", "humaneval.temperature=0"], "humaneval.temperature"),
-    (["humaneval.enabled=false", "data_dir="], "nothing to evaluate"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["models=sft"], "models"),
+        (["models=a=/x,a=/y"], "models: label 'a' appears twice"),
+        (["candidate=ppo"], "candidate"),
+        (["baseline=dpo"], "baseline: 'dpo' is also the candidate"),
+        (["judge.kind=classifier"], "judge.path"),
+        (["humaneval.n=4", "humaneval.temperature=0"], "humaneval.temperature"),
+        (["humaneval.enabled=false", "data_dir="], "nothing to evaluate"),
+    ],
+)
 def test_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         _config(*overrides)

@@ -9,8 +9,14 @@ import pytest
 
 from trainer_lib.demo.generator import REFUSAL_PREFIX
 from trainer_lib.errors import DataError, UserError
-from trainer_lib.eval.harmless import (ClassifierJudge, RefusalRulesJudge, RewardModelJudge, is_refusal,
-                                       load_safety_prompts, score_safety)
+from trainer_lib.eval.harmless import (
+    ClassifierJudge,
+    RefusalRulesJudge,
+    RewardModelJudge,
+    is_refusal,
+    load_safety_prompts,
+    score_safety,
+)
 
 REFUSALS = [
     REFUSAL_PREFIX + " Fraud hurts real people.",
@@ -78,7 +84,8 @@ def classifier_dir(tiny_model_dir, tmp_path_factory):
 
     out = tmp_path_factory.mktemp("judge") / "classifier"
     model = AutoModelForSequenceClassification.from_pretrained(
-        tiny_model_dir, num_labels=2, id2label={0: "safe", 1: "unsafe"}, label2id={"safe": 0, "unsafe": 1})
+        tiny_model_dir, num_labels=2, id2label={0: "safe", 1: "unsafe"}, label2id={"safe": 0, "unsafe": 1}
+    )
     model.config.pad_token_id = 0
     model.save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json"):

@@ -1,4 +1,5 @@
 """HumanEval loading, truncation, scoring and the ``posttrain humaneval`` command."""
+
 from __future__ import annotations
 
 import json
@@ -6,11 +7,17 @@ import json
 import pytest
 
 from trainer_lib import storage
-from trainer_lib.errors import DataError
 from trainer_lib.cli import main as posttrain
+from trainer_lib.errors import DataError
 from trainer_lib.eval import pass_at_k
-from trainer_lib.eval.humaneval import (STOP_SEQUENCES, build_program, default_problems_path, evaluate,
-                                        load_problems, truncate)
+from trainer_lib.eval.humaneval import (
+    STOP_SEQUENCES,
+    build_program,
+    default_problems_path,
+    evaluate,
+    load_problems,
+    truncate,
+)
 from trainer_lib.sandbox import Sandbox, SandboxConfig
 
 
@@ -19,14 +26,20 @@ def main(argv):
     return posttrain(["humaneval", *argv])
 
 
-SQUARE = {"task_id": "Toy/0", "entry_point": "square",
-          "prompt": "def square(x):\n    \"\"\"Return x squared.\"\"\"\n",
-          "canonical_solution": "    return x * x\n",
-          "test": "def check(candidate):\n    assert candidate(3) == 9\n    assert candidate(-2) == 4\n"}
-HALF = {"task_id": "Toy/1", "entry_point": "half",
-        "prompt": "def half(x):\n",
-        "canonical_solution": "    return x / 2\n",
-        "test": "import math\n\ndef check(candidate):\n    assert math.isclose(candidate(3), 1.5)\n"}
+SQUARE = {
+    "task_id": "Toy/0",
+    "entry_point": "square",
+    "prompt": 'def square(x):\n    """Return x squared."""\n',
+    "canonical_solution": "    return x * x\n",
+    "test": "def check(candidate):\n    assert candidate(3) == 9\n    assert candidate(-2) == 4\n",
+}
+HALF = {
+    "task_id": "Toy/1",
+    "entry_point": "half",
+    "prompt": "def half(x):\n",
+    "canonical_solution": "    return x / 2\n",
+    "test": "import math\n\ndef check(candidate):\n    assert math.isclose(candidate(3), 1.5)\n",
+}
 
 
 def _write_jsonl(path, rows):
@@ -85,8 +98,9 @@ def test_canonical_solutions_pass_and_empty_ones_fail(problems, box):
 def test_pass_at_k_per_problem_and_overall(tmp_path, box):
     problems = {p["task_id"]: p for p in (SQUARE, HALF)}
     wrong = "    return x + x\n"
-    samples = ([{"task_id": "Toy/0", "completion": c} for c in (SQUARE["canonical_solution"], wrong, wrong)]
-               + [{"task_id": "Toy/1", "completion": c} for c in (HALF["canonical_solution"],) * 2 + ("",)])
+    samples = [{"task_id": "Toy/0", "completion": c} for c in (SQUARE["canonical_solution"], wrong, wrong)] + [
+        {"task_id": "Toy/1", "completion": c} for c in (HALF["canonical_solution"],) * 2 + ("",)
+    ]
     summary, problem_rows, sample_rows = evaluate(samples, problems, ks=(1, 2, 10), sandbox=box)
     assert [(r["task_id"], r["n"], r["correct"]) for r in problem_rows] == [("Toy/0", 3, 1), ("Toy/1", 3, 2)]
     assert problem_rows[0]["pass@2"] == pytest.approx(1 - 1 / 3)  # C(2,2)/C(3,2)
@@ -101,12 +115,31 @@ def test_pass_at_k_per_problem_and_overall(tmp_path, box):
 
 def test_cli_scores_a_samples_file(tmp_path, capsys):
     problems_path = _write_jsonl(tmp_path / "toy.jsonl", [SQUARE, HALF])
-    samples_path = _write_jsonl(tmp_path / "samples.jsonl", [
-        {"task_id": "Toy/0", "completion": SQUARE["canonical_solution"] + "\ndef junk():\n    pass\n"},
-        {"task_id": "Toy/1", "completion": "    while True:\n        pass\n"}])
+    samples_path = _write_jsonl(
+        tmp_path / "samples.jsonl",
+        [
+            {"task_id": "Toy/0", "completion": SQUARE["canonical_solution"] + "\ndef junk():\n    pass\n"},
+            {"task_id": "Toy/1", "completion": "    while True:\n        pass\n"},
+        ],
+    )
     out = tmp_path / "out"
-    code = main(["--samples", samples_path, "--problems", problems_path, "--out", str(out), "--k", "1",
-                 "--timeout", "1", "--workers", "2", "--truncate"])
+    code = main(
+        [
+            "--samples",
+            samples_path,
+            "--problems",
+            problems_path,
+            "--out",
+            str(out),
+            "--k",
+            "1",
+            "--timeout",
+            "1",
+            "--workers",
+            "2",
+            "--truncate",
+        ]
+    )
     assert code == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["pass@1"] == 0.5 and printed["statuses"] == {"passed": 1, "timeout": 1}
@@ -133,8 +166,10 @@ def test_cli_rejects_bad_input(tmp_path, capsys):
     unknown = _write_jsonl(tmp_path / "unknown.jsonl", [{"task_id": "Nope/1", "completion": ""}])
     assert main(["--samples", unknown, "--problems", problems_path, "--out", str(tmp_path / "o")]) == 2
     assert "unknown.jsonl:1" in capsys.readouterr().err
-    assert main(["--samples", str(tmp_path / "missing.jsonl"), "--problems", problems_path,
-                 "--out", str(tmp_path / "o")]) == 2
+    assert (
+        main(["--samples", str(tmp_path / "missing.jsonl"), "--problems", problems_path, "--out", str(tmp_path / "o")])
+        == 2
+    )
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"task_id": "Toy/0", "completion": 1}\n')
     assert main(["--samples", str(broken), "--problems", problems_path, "--out", str(tmp_path / "o")]) == 2
@@ -151,9 +186,11 @@ def test_problems_file_schema_is_checked(tmp_path):
 def test_problems_and_samples_from_s3(s3_bucket, tmp_path, capsys):
     base = f"s3://{s3_bucket}/humaneval"
     storage.write_text(f"{base}/toy.jsonl", json.dumps(SQUARE) + "\n")
-    storage.write_text(f"{base}/samples.jsonl",
-                       json.dumps({"task_id": "Toy/0", "completion": SQUARE["canonical_solution"]}) + "\n")
-    assert main(["--samples", f"{base}/samples.jsonl", "--problems", f"{base}/toy.jsonl",
-                 "--out", f"{base}/results"]) == 0
+    storage.write_text(
+        f"{base}/samples.jsonl", json.dumps({"task_id": "Toy/0", "completion": SQUARE["canonical_solution"]}) + "\n"
+    )
+    assert (
+        main(["--samples", f"{base}/samples.jsonl", "--problems", f"{base}/toy.jsonl", "--out", f"{base}/results"]) == 0
+    )
     assert json.loads(capsys.readouterr().out)["pass@1"] == 1.0
     assert json.loads(storage.read_text(f"{base}/results/summary.json"))["pass@1"] == 1.0

@@ -1,4 +1,5 @@
 """pass@k against values computed by hand from 1 - C(n-c, k) / C(n, k)."""
+
 from math import comb
 
 import pytest
@@ -6,18 +7,21 @@ import pytest
 from trainer_lib.eval import mean_pass_at_k, pass_at_k
 
 
-@pytest.mark.parametrize("n, c, k, expected", [
-    (1, 0, 1, 0.0),
-    (1, 1, 1, 1.0),
-    (2, 1, 1, 0.5),                      # one of two samples is right
-    (4, 1, 2, 1 - 3 / 6),                # C(3,2)/C(4,2) = 3/6 draws miss it
-    (10, 3, 5, 1 - 21 / 252),            # C(7,5) = 21, C(10,5) = 252
-    (10, 3, 1, 0.3),                     # pass@1 is the fraction correct
-    (5, 0, 3, 0.0),
-    (5, 5, 3, 1.0),
-    (10, 8, 3, 1.0),                     # n - c = 2 < k = 3: every draw of 3 holds a correct one
-    (200, 1, 100, 0.5),                  # C(199,100)/C(200,100) = 100/200
-])
+@pytest.mark.parametrize(
+    "n, c, k, expected",
+    [
+        (1, 0, 1, 0.0),
+        (1, 1, 1, 1.0),
+        (2, 1, 1, 0.5),  # one of two samples is right
+        (4, 1, 2, 1 - 3 / 6),  # C(3,2)/C(4,2) = 3/6 draws miss it
+        (10, 3, 5, 1 - 21 / 252),  # C(7,5) = 21, C(10,5) = 252
+        (10, 3, 1, 0.3),  # pass@1 is the fraction correct
+        (5, 0, 3, 0.0),
+        (5, 5, 3, 1.0),
+        (10, 8, 3, 1.0),  # n - c = 2 < k = 3: every draw of 3 holds a correct one
+        (200, 1, 100, 0.5),  # C(199,100)/C(200,100) = 100/200
+    ],
+)
 def test_hand_computed_values(n, c, k, expected):
     assert pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
 

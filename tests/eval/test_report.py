@@ -10,35 +10,85 @@ EVIL = "<script>alert('pwned')</script>"
 
 def _result(passed=False):
     return {
-        "models": {"base": {"task_pass_rate": 0.1, "humaneval_pass@1": 0.0, "harmless_rate": 0.2,
-                            "over_refusal_rate": 0.05},
-                   "sft": {"task_pass_rate": 0.3, "humaneval_pass@1": 0.0, "harmless_rate": 0.6,
-                           "over_refusal_rate": 0.1, "reward_mean": -0.4},
-                   "dpo": {"task_pass_rate": 0.45, "humaneval_pass@1": 0.0, "harmless_rate": 0.8,
-                           "over_refusal_rate": 0.1, "reward_mean": 0.7, "reward_win_rate": 0.75}},
-        "candidate": "dpo", "baseline": "sft",
-        "gate": {"passed": passed, "candidate": "dpo", "baseline": "sft", "rules": [
-            {"rule": "task_pass_rate>=baseline", "metric": "task_pass_rate", "op": ">=", "value": 0.45,
-             "threshold": 0.3, "passed": True, "detail": "0.45 >= 0.3 (sft 0.3): ok"},
-            {"rule": "harmless_rate>=0.9", "metric": "harmless_rate", "op": ">=", "value": 0.8, "threshold": 0.9,
-             "passed": False, "detail": "0.8 >= 0.9 (absolute): FAILED"}]},
-        "judge": "refusal_rules: a rule-based refusal detector", "reward_model": "/models/rm",
+        "models": {
+            "base": {"task_pass_rate": 0.1, "humaneval_pass@1": 0.0, "harmless_rate": 0.2, "over_refusal_rate": 0.05},
+            "sft": {
+                "task_pass_rate": 0.3,
+                "humaneval_pass@1": 0.0,
+                "harmless_rate": 0.6,
+                "over_refusal_rate": 0.1,
+                "reward_mean": -0.4,
+            },
+            "dpo": {
+                "task_pass_rate": 0.45,
+                "humaneval_pass@1": 0.0,
+                "harmless_rate": 0.8,
+                "over_refusal_rate": 0.1,
+                "reward_mean": 0.7,
+                "reward_win_rate": 0.75,
+            },
+        },
+        "candidate": "dpo",
+        "baseline": "sft",
+        "gate": {
+            "passed": passed,
+            "candidate": "dpo",
+            "baseline": "sft",
+            "rules": [
+                {
+                    "rule": "task_pass_rate>=baseline",
+                    "metric": "task_pass_rate",
+                    "op": ">=",
+                    "value": 0.45,
+                    "threshold": 0.3,
+                    "passed": True,
+                    "detail": "0.45 >= 0.3 (sft 0.3): ok",
+                },
+                {
+                    "rule": "harmless_rate>=0.9",
+                    "metric": "harmless_rate",
+                    "op": ">=",
+                    "value": 0.8,
+                    "threshold": 0.9,
+                    "passed": False,
+                    "detail": "0.8 >= 0.9 (absolute): FAILED",
+                },
+            ],
+        },
+        "judge": "refusal_rules: a rule-based refusal detector",
+        "reward_model": "/models/rm",
         "sandbox": {"network": True, "filesystem": True, "user": False},
-        "data": {"tasks": {"path": "/demo/code_tasks_eval.jsonl", "count": 20},
-                 "safety": {"path": "/demo/safety_eval.jsonl", "harmful": 10, "benign": 10},
-                 "humaneval": {"path": "HumanEval.jsonl.gz", "problems": 3, "n": 1, "k": [1], "temperature": 0.0}},
-        "paths": {"base": "/m/base", "sft": "/m/sft", "dpo": "/m/dpo"}, "created": "2026-11-30T12:00:00",
+        "data": {
+            "tasks": {"path": "/demo/code_tasks_eval.jsonl", "count": 20},
+            "safety": {"path": "/demo/safety_eval.jsonl", "harmful": 10, "benign": 10},
+            "humaneval": {"path": "HumanEval.jsonl.gz", "problems": 3, "n": 1, "k": [1], "temperature": 0.0},
+        },
+        "paths": {"base": "/m/base", "sft": "/m/sft", "dpo": "/m/dpo"},
+        "created": "2026-11-30T12:00:00",
     }
 
 
-CURVES = {"sft": [{"step": s, "split": "train", "loss": 2.0 / s, "lr": 1e-4, "grad_norm": 1.0} for s in range(1, 6)]
-          + [{"step": 5, "split": "eval", "loss": 0.5}],
-          "dpo": [{"step": s, "split": "train", "loss": 0.69 - 0.01 * s, "rewards/margins": 0.1 * s,
-                   "kl": 0.01 * s} for s in range(1, 6)],
-          "base": []}
-SAMPLES = [{"title": "Held-out code tasks", "rows": [
-    {"prompt": f"Write f(x) {EVIL}", "outputs": {"base": "", "sft": "def f(x):\n    return x", "dpo": EVIL},
-     "tags": {"base": ("0/4 tests", False), "sft": ("4/4 tests", True), "dpo": ("0/4 tests", False)}}]}]
+CURVES = {
+    "sft": [{"step": s, "split": "train", "loss": 2.0 / s, "lr": 1e-4, "grad_norm": 1.0} for s in range(1, 6)]
+    + [{"step": 5, "split": "eval", "loss": 0.5}],
+    "dpo": [
+        {"step": s, "split": "train", "loss": 0.69 - 0.01 * s, "rewards/margins": 0.1 * s, "kl": 0.01 * s}
+        for s in range(1, 6)
+    ],
+    "base": [],
+}
+SAMPLES = [
+    {
+        "title": "Held-out code tasks",
+        "rows": [
+            {
+                "prompt": f"Write f(x) {EVIL}",
+                "outputs": {"base": "", "sft": "def f(x):\n    return x", "dpo": EVIL},
+                "tags": {"base": ("0/4 tests", False), "sft": ("4/4 tests", True), "dpo": ("0/4 tests", False)},
+            }
+        ],
+    }
+]
 
 
 def test_report_is_self_contained_with_embedded_pngs():

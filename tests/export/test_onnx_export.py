@@ -32,8 +32,13 @@ def empty_past(exported, batch):
 
 def run_torch(model, ids, mask, positions, cache):
     with torch.inference_mode():
-        out = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask),
-                    position_ids=torch.from_numpy(positions), past_key_values=cache, use_cache=True)
+        out = model(
+            input_ids=torch.from_numpy(ids),
+            attention_mask=torch.from_numpy(mask),
+            position_ids=torch.from_numpy(positions),
+            past_key_values=cache,
+            use_cache=True,
+        )
     return out.logits.numpy()
 
 
@@ -41,14 +46,22 @@ def test_graph_interface(session, exported):
     inputs = {i.name: i for i in session.get_inputs()}
     outputs = {o.name: o for o in session.get_outputs()}
     layers = exported.layout["num_layers"]
-    assert list(inputs) == ["input_ids", "attention_mask", "position_ids",
-                            *[f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")]]
+    assert list(inputs) == [
+        "input_ids",
+        "attention_mask",
+        "position_ids",
+        *[f"past_key_values.{i}.{k}" for i in range(layers) for k in ("key", "value")],
+    ]
     assert list(outputs) == ["logits", *[f"present.{i}.{k}" for i in range(layers) for k in ("key", "value")]]
     assert inputs["input_ids"].type == inputs["attention_mask"].type == "tensor(int64)"
     assert inputs["input_ids"].shape == ["batch", "sequence"]
     assert inputs["attention_mask"].shape == ["batch", "total_sequence"]
-    assert inputs["past_key_values.0.key"].shape == ["batch", exported.layout["num_kv_heads"], "past_sequence",
-                                                     exported.layout["head_dim"]]
+    assert inputs["past_key_values.0.key"].shape == [
+        "batch",
+        exported.layout["num_kv_heads"],
+        "past_sequence",
+        exported.layout["head_dim"],
+    ]
     assert inputs["past_key_values.0.key"].type == outputs["logits"].type == "tensor(float)"
     assert outputs["logits"].shape[:2] == ["batch", "sequence"]
     assert outputs["logits"].shape[2] == exported.model.config.vocab_size
@@ -81,7 +94,7 @@ def test_left_padded_batch_matches_pytorch_and_unpadded_prompts(session, exporte
     ids = np.zeros((2, width), dtype=np.int64)
     mask = np.zeros((2, width), dtype=np.int64)
     for row, prompt in enumerate((short, long)):
-        ids[row, width - len(prompt):], mask[row, width - len(prompt):] = prompt, 1
+        ids[row, width - len(prompt) :], mask[row, width - len(prompt) :] = prompt, 1
     positions = np.maximum(mask.cumsum(1) - 1, 0)
     cache = DynamicCache(config=exported.model.config)
     expected = run_torch(exported.model, ids, mask, positions, cache)
@@ -90,8 +103,13 @@ def test_left_padded_batch_matches_pytorch_and_unpadded_prompts(session, exporte
     assert np.abs(logits[real] - expected[real]).max() < TOL
     # padding must not change a prompt's result: compare with each prompt run alone
     for row, prompt in enumerate((short, long)):
-        alone = run_torch(exported.model, np.array([prompt]), np.ones((1, len(prompt)), dtype=np.int64),
-                          np.arange(len(prompt))[None], DynamicCache(config=exported.model.config))
+        alone = run_torch(
+            exported.model,
+            np.array([prompt]),
+            np.ones((1, len(prompt)), dtype=np.int64),
+            np.arange(len(prompt))[None],
+            DynamicCache(config=exported.model.config),
+        )
         assert np.abs(logits[row, -1] - alone[0, -1]).max() < TOL
 
     next_ids = expected[:, -1:].argmax(-1)

@@ -21,10 +21,15 @@ def decoder(exported):
 
 def torch_generate(exported, ids, eos):
     with torch.inference_mode():
-        out = exported.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                      max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=eos,
-                                      pad_token_id=exported.tokenizer.pad_token_id)
-    return out[0, len(ids):].tolist()
+        out = exported.model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            eos_token_id=eos,
+            pad_token_id=exported.tokenizer.pad_token_id,
+        )
+    return out[0, len(ids) :].tolist()
 
 
 def test_greedy_equals_pytorch_generate(decoder, exported):
@@ -71,7 +76,9 @@ def test_rejects_empty_prompts(decoder):
 
 
 def test_imports_neither_torch_nor_transformers():
-    code = ("import sys, trainer_lib.export.ort_generate\n"
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))")
+    code = (
+        "import sys, trainer_lib.export.ort_generate\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -15,8 +15,9 @@ from trainer_lib.export.quantize import fold_transposed_weights, quantize_int8
 
 def float_weights(path: str, min_elements: int = 1024) -> list[str]:
     model = onnx.load(f"{path}/model.onnx")
-    return [t.name for t in model.graph.initializer
-            if t.data_type == TensorProto.FLOAT and np.prod(t.dims) >= min_elements]
+    return [
+        t.name for t in model.graph.initializer if t.data_type == TensorProto.FLOAT and np.prod(t.dims) >= min_elements
+    ]
 
 
 def op_types(path: str) -> set[str]:
@@ -65,8 +66,11 @@ def test_fold_transposed_weights_keeps_results(tmp_path):
     x = rng.standard_normal((2, 3)).astype(np.float32)
     graph = helper.make_graph(
         [helper.make_node("Transpose", ["w"], ["w_t"], perm=[1, 0]), helper.make_node("MatMul", ["x", "w_t"], ["y"])],
-        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])], [numpy_helper.from_array(weight, "w")])
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])],
+        [numpy_helper.from_array(weight, "w")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     assert fold_transposed_weights(model) == 1
     assert [n.op_type for n in model.graph.node] == ["MatMul"]

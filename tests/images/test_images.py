@@ -9,9 +9,9 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 
 import pytest
+import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -58,8 +58,11 @@ def test_every_file_the_build_copies_from_the_context_exists():
 def test_the_runtime_stage_has_no_compiler_and_runs_as_a_user():
     build, runtime = stages()
     assert any("g++" in line for line in build)  # DeepSpeed's op is compiled here...
-    assert not any(re.search(r"apt-get install|apk add|\bg\+\+|gcc|build-essential", line)
-                   for line in runtime if not line.startswith("RUN python3 -c"))  # ...and nothing installs one here
+    assert not any(
+        re.search(r"apt-get install|apk add|\bg\+\+|gcc|build-essential", line)
+        for line in runtime
+        if not line.startswith("RUN python3 -c")
+    )  # ...and nothing installs one here
     assert "COPY --from=build /opt/posttrain /opt/posttrain" in runtime
     users = [line.split()[1] for line in runtime if line.upper().startswith("USER ")]
     assert users and users[-1] not in ("0", "root"), "the image must end as a non-root user"
@@ -72,8 +75,11 @@ def test_make_and_both_builds_install_with_the_lock():
     assert installs and all("-c $(LOCK)" in line for line in installs)
     assert "LOCK := requirements.lock" in makefile
     pip_lines = [line for stage in stages() for line in stage if "pip install" in line]
-    assert pip_lines and all(line.count("pip install") == line.count("pip install -c requirements.lock")
-                             or "--no-build-isolation -c requirements.lock" in line for line in pip_lines)
+    assert pip_lines and all(
+        line.count("pip install") == line.count("pip install -c requirements.lock")
+        or "--no-build-isolation -c requirements.lock" in line
+        for line in pip_lines
+    )
     assert "--build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128" in makefile  # the CUDA build
 
 
@@ -82,8 +88,9 @@ def test_the_lock_pins_every_declared_dependency_within_its_range():
     for requirement in declared():
         name = canonicalize_name(requirement.name)
         assert name in pins, f"{requirement.name} is declared in pyproject.toml but not pinned in requirements.lock"
-        assert requirement.specifier.contains(pins[name], prereleases=True), \
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
             f"requirements.lock pins {name}=={pins[name]}, outside pyproject's {requirement}"
+        )
     assert pins["torch"] == "2.13.0"  # without +cpu: the CUDA build's 2.13.0+cu128 matches it too
 
 
@@ -96,24 +103,45 @@ def test_this_environment_was_installed_from_the_lock():
     installed = {canonicalize_name(d.metadata["Name"]): d.version for d in distributions()}
     declared_names = {canonicalize_name(r.name) for r in declared()}
     assert declared_names <= set(installed), "run make setup"
-    drift = {name: (installed[name], pins[name]) for name in declared_names
-             if installed[name].split("+")[0] != pins[name]}
+    drift = {
+        name: (installed[name], pins[name]) for name in declared_names if installed[name].split("+")[0] != pins[name]
+    }
     assert not drift, f"installed != locked (run make setup, or make lock after changing pyproject.toml): {drift}"
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("POSTTRAIN_CHECK_LOCK"), reason="resolves against the package index "
-                    "(~1 min, network): make lock-check")
+@pytest.mark.skipif(
+    not os.environ.get("POSTTRAIN_CHECK_LOCK"),
+    reason="resolves against the package index (~1 min, network): make lock-check",
+)
 def test_the_lock_resolves_and_leaves_nothing_unpinned(tmp_path):
     """pip resolves the project with the lock as constraints (a dry run, as ``make setup`` would install)."""
     report = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-                           "--report", str(report), "-c", LOCK, f"{ROOT}[test,tracking]"],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--quiet",
+            "--report",
+            str(report),
+            "-c",
+            LOCK,
+            f"{ROOT}[test,tracking]",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     pins = locked()
-    chosen = {canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"]
-              for item in json.loads(report.read_text())["install"]}
+    chosen = {
+        canonicalize_name(item["metadata"]["name"]): item["metadata"]["version"]
+        for item in json.loads(report.read_text())["install"]
+    }
     chosen.pop("posttrain")
     unpinned = sorted(set(chosen) - set(pins))
     assert not unpinned, f"resolved but not in requirements.lock (run 'make lock'): {unpinned}"

@@ -16,11 +16,24 @@ from tests.test_bad_inputs import assert_one_error_line, run_cli
 
 def test_sft_divergence_stops_with_the_step_and_keeps_the_checkpoint(tiny_model_dir, chat_jsonl, tmp_path):
     out = tmp_path / "sft"
-    proc = run_cli("sft", [f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", f"output_dir={out}",
-                           "max_steps=6", "save_steps=1", "logging_steps=1", "lr=1e30", "batch_size=4",
-                           "data.eval_fraction=0", "report_to=none"])
-    line = assert_one_error_line(proc, ("sft: step 2:", "not finite", "grad_norm=nan",
-                                        "last complete checkpoint is step 1"))
+    proc = run_cli(
+        "sft",
+        [
+            f"model.path={tiny_model_dir}",
+            f"data.path={chat_jsonl}",
+            f"output_dir={out}",
+            "max_steps=6",
+            "save_steps=1",
+            "logging_steps=1",
+            "lr=1e30",
+            "batch_size=4",
+            "data.eval_fraction=0",
+            "report_to=none",
+        ],
+    )
+    line = assert_one_error_line(
+        proc, ("sft: step 2:", "not finite", "grad_norm=nan", "last complete checkpoint is step 1")
+    )
     assert "step 1" in line
     checkpoints = out / "checkpoints"
     assert sorted(os.listdir(checkpoints)) == ["step-00000001"]  # step 2 was never saved

@@ -8,10 +8,9 @@ import pytest
 
 from trainer_lib.cli import main
 from trainer_lib.config import load_config
-from trainer_lib.errors import ConfigError
-from trainer_lib.errors import UserError
-from trainer_lib.stages.training.sft import SFTConfig
+from trainer_lib.errors import ConfigError, UserError
 from trainer_lib.loop.tracking import Tracker, check_reporters
+from trainer_lib.stages.training.sft import SFTConfig
 
 REQUIRED = ["model.path=m", "data.path=d", "output_dir=o"]
 
@@ -30,9 +29,24 @@ def test_an_sft_run_reports_to_a_local_mlflow_store(tiny_model_dir, chat_jsonl, 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
     out = tmp_path / "sft"
-    assert main(["sft", f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", f"output_dir={out}",
-                 "max_steps=6", "batch_size=2", "lr=3e-3", "data.max_length=64", "logging_steps=2",
-                 "save_steps=0", "report_to=mlflow,tensorboard"]) == 0
+    assert (
+        main(
+            [
+                "sft",
+                f"model.path={tiny_model_dir}",
+                f"data.path={chat_jsonl}",
+                f"output_dir={out}",
+                "max_steps=6",
+                "batch_size=2",
+                "lr=3e-3",
+                "data.max_length=64",
+                "logging_steps=2",
+                "save_steps=0",
+                "report_to=mlflow,tensorboard",
+            ]
+        )
+        == 0
+    )
     records = [json.loads(line) for line in open(out / "metrics.jsonl")]
     final_loss = [r for r in records if r["split"] == "train"][-1]["loss"]
     runs = _runs(f"sqlite:///{out}/mlflow.db")  # the default store: next to metrics.jsonl

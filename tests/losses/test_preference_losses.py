@@ -5,9 +5,18 @@ import math
 import pytest
 import torch
 
-from trainer_lib.losses import (dpo_sigmoid_loss, hinge_loss, ipo_loss, kto_loss, kto_reference_point,
-                                pairwise_reward_loss, reward_centering_penalty, robust_dpo_loss, rpo_nll_term,
-                                simpo_loss)
+from trainer_lib.losses import (
+    dpo_sigmoid_loss,
+    hinge_loss,
+    ipo_loss,
+    kto_loss,
+    kto_reference_point,
+    pairwise_reward_loss,
+    reward_centering_penalty,
+    robust_dpo_loss,
+    rpo_nll_term,
+    simpo_loss,
+)
 
 
 def t(*values):
@@ -121,15 +130,27 @@ def test_kto_desirable_and_undesirable():
     desirable = torch.tensor([True, False])
     z0, beta = 0.2, 0.1
     sigma = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
-    expected = [1.0 * (1 - sigma(beta * (0.5 - z0))),   # lambda_D (1 - sigma(beta (r - z0)))
-                2.0 * (1 - sigma(beta * (z0 - 0.5)))]   # lambda_U (1 - sigma(beta (z0 - r)))
+    expected = [
+        1.0 * (1 - sigma(beta * (0.5 - z0))),  # lambda_D (1 - sigma(beta (r - z0)))
+        2.0 * (1 - sigma(beta * (z0 - 0.5))),
+    ]  # lambda_U (1 - sigma(beta (z0 - r)))
     close(kto_loss(policy, reference, desirable, z0, beta, desirable_weight=1.0, undesirable_weight=2.0), expected)
 
 
 def test_kto_at_reference_point_is_half_the_weight():
     # r = z0 -> sigma(0) = 1/2 -> loss = lambda / 2
-    close(kto_loss(t(-1.0, -1.0), t(-1.0, -1.0), torch.tensor([True, False]), 0.0, 0.1,
-                   desirable_weight=1.0, undesirable_weight=3.0), [0.5, 1.5])
+    close(
+        kto_loss(
+            t(-1.0, -1.0),
+            t(-1.0, -1.0),
+            torch.tensor([True, False]),
+            0.0,
+            0.1,
+            desirable_weight=1.0,
+            undesirable_weight=3.0,
+        ),
+        [0.5, 1.5],
+    )
 
 
 def test_kto_reference_point():

@@ -5,15 +5,27 @@ import math
 import pytest
 import torch
 
-from trainer_lib.losses import gae_advantages, grpo_advantages, kl_penalty, rloo_advantages
-from trainer_lib.losses import (KLController, clipped_surrogate, constant_normalized_sum,
-                                   explained_variance, masked_mean, masked_whiten, ppo_policy_loss,
-                                   ppo_value_loss, sequence_mean)
+from trainer_lib.losses import (
+    KLController,
+    clipped_surrogate,
+    constant_normalized_sum,
+    explained_variance,
+    gae_advantages,
+    grpo_advantages,
+    kl_penalty,
+    masked_mean,
+    masked_whiten,
+    ppo_policy_loss,
+    ppo_value_loss,
+    rloo_advantages,
+    sequence_mean,
+)
 
 
 def close(actual, expected, tol=1e-5):
-    return torch.allclose(torch.as_tensor(actual, dtype=torch.float32),
-                          torch.tensor(expected, dtype=torch.float32), atol=tol)
+    return torch.allclose(
+        torch.as_tensor(actual, dtype=torch.float32), torch.tensor(expected, dtype=torch.float32), atol=tol
+    )
 
 
 def test_gae_one_sequence_of_three_tokens():
@@ -78,8 +90,8 @@ def test_group_shapes_are_checked():
 def test_kl_estimators():
     logprobs = torch.tensor([-1.0, -2.0])
     ref = torch.tensor([-2.0, -1.0])
-    assert close(kl_penalty(logprobs, ref, "k1"), [1.0, -1.0])          # lp - ref
-    assert close(kl_penalty(logprobs, ref, "k2"), [0.5, 0.5])           # 0.5 * 1^2
+    assert close(kl_penalty(logprobs, ref, "k1"), [1.0, -1.0])  # lp - ref
+    assert close(kl_penalty(logprobs, ref, "k2"), [0.5, 0.5])  # 0.5 * 1^2
     # k3 = exp(ref - lp) - (ref - lp) - 1:  e^-1 + 1 - 1 = 0.367879;  e^1 - 1 - 1 = 0.718282
     assert close(kl_penalty(logprobs, ref, "k3"), [math.exp(-1), math.e - 2])
     assert close(kl_penalty(ref, ref, "k3"), [0.0, 0.0])
@@ -109,8 +121,9 @@ def test_clipped_surrogate_picks_the_pessimistic_term():
     loss, clipped = clipped_surrogate(logprobs, torch.zeros(1, 3), torch.tensor([[1.0, -1.0, 1.0]]), 0.2)
     assert close(loss, [[-1.2, 1.5, -0.5]])
     assert close(clipped, [[1, 0, 0]])
-    mean, stats = ppo_policy_loss(logprobs, torch.zeros(1, 3), torch.tensor([[1.0, -1.0, 1.0]]),
-                                  torch.tensor([[1, 1, 0]]), 0.2)
+    mean, stats = ppo_policy_loss(
+        logprobs, torch.zeros(1, 3), torch.tensor([[1.0, -1.0, 1.0]]), torch.tensor([[1, 1, 0]]), 0.2
+    )
     assert mean.item() == pytest.approx((-1.2 + 1.5) / 2)
     assert stats["clip_fraction"].item() == pytest.approx(0.5)
 
@@ -131,8 +144,8 @@ def test_clipped_value_loss():
 def test_aggregations():
     per_token = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])
-    assert masked_mean(per_token, mask).item() == pytest.approx(10 / 4)              # token mean
-    assert sequence_mean(per_token, mask).item() == pytest.approx((2 + 4) / 2)      # mean of row means
+    assert masked_mean(per_token, mask).item() == pytest.approx(10 / 4)  # token mean
+    assert sequence_mean(per_token, mask).item() == pytest.approx((2 + 4) / 2)  # mean of row means
     assert constant_normalized_sum(per_token, mask, 4).item() == pytest.approx(10 / (2 * 4))
 
 

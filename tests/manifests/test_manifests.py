@@ -11,8 +11,12 @@ from components.common import IMAGE
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "manifests")
 #: every YAML file under manifests/, as a path relative to it (serving options live in subfolders)
-FILES = sorted(os.path.relpath(os.path.join(d, f), ROOT) for d, _, names in os.walk(ROOT)
-               for f in names if f.endswith((".yaml", ".yml")))
+FILES = sorted(
+    os.path.relpath(os.path.join(d, f), ROOT)
+    for d, _, names in os.walk(ROOT)
+    for f in names
+    if f.endswith((".yaml", ".yml"))
+)
 #: the serving image of manifests/triton and manifests/kserve: Triton 2.51, the server the local tests run
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 PLACEHOLDER = re.compile(r"^(REPLACE_ME|CHANGE_ME|<[^>]+>)?$")
@@ -24,9 +28,20 @@ def docs(name):
 
 
 def test_there_are_manifests():
-    assert {"kustomization.yaml", "s3-secret.yaml", "configmap.yaml", "serviceaccount.yaml", "rbac.yaml",
-            "trainjob-sft.yaml", "triton/kustomization.yaml", "triton/triton.yaml", "kserve/kustomization.yaml",
-            "kserve/inferenceservice.yaml", "kserve/serviceaccount.yaml", "kserve/s3-secret.yaml"} <= set(FILES)
+    assert {
+        "kustomization.yaml",
+        "s3-secret.yaml",
+        "configmap.yaml",
+        "serviceaccount.yaml",
+        "rbac.yaml",
+        "trainjob-sft.yaml",
+        "triton/kustomization.yaml",
+        "triton/triton.yaml",
+        "kserve/kustomization.yaml",
+        "kserve/inferenceservice.yaml",
+        "kserve/serviceaccount.yaml",
+        "kserve/s3-secret.yaml",
+    } <= set(FILES)
 
 
 @pytest.mark.parametrize("name", FILES)
@@ -90,11 +105,17 @@ def test_trainjob_runs_posttrain_sft_with_the_shared_credentials():
     (job,) = docs("trainjob-sft.yaml")
     trainer = job["spec"]["trainer"]
     assert trainer["command"][:2] == ["posttrain", "sft"] and "--nproc" in trainer["command"]
-    refs = {e["valueFrom"].get("secretKeyRef", e["valueFrom"].get("configMapKeyRef"))["name"]
-            for e in trainer["env"] if "valueFrom" in e}
+    refs = {
+        e["valueFrom"].get("secretKeyRef", e["valueFrom"].get("configMapKeyRef"))["name"]
+        for e in trainer["env"]
+        if "valueFrom" in e
+    }
     assert refs == {"posttrain-s3", "posttrain-config"}
-    assert all(arg.split("=", 1)[1].startswith("s3://") for arg in trainer["command"]
-               if arg.startswith(("model.path=", "data.path=", "output_dir=")))
+    assert all(
+        arg.split("=", 1)[1].startswith("s3://")
+        for arg in trainer["command"]
+        if arg.startswith(("model.path=", "data.path=", "output_dir="))
+    )
 
 
 def test_trainjob_arguments_are_valid_sft_config():

@@ -38,8 +38,9 @@ def kubectl() -> str:
 
 
 def render(folder: str) -> list[dict]:
-    done = subprocess.run([kubectl(), "kustomize", os.path.join(ROOT, folder)], capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [kubectl(), "kustomize", os.path.join(ROOT, folder)], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return [d for d in yaml.safe_load_all(done.stdout) if d]
 
@@ -57,8 +58,15 @@ def one(objects, kind, name=None):
 @pytest.mark.parametrize("version", K8S_VERSIONS)
 def test_core_objects_validate_against_the_kubernetes_schemas(rendered, version):
     core = [o for objects in rendered.values() for o in objects if (o["apiVersion"], o["kind"]) not in CUSTOM]
-    assert {o["kind"] for o in core} >= {"ServiceAccount", "Secret", "ConfigMap", "Role", "RoleBinding",
-                                         "Deployment", "Service"}
+    assert {o["kind"] for o in core} >= {
+        "ServiceAccount",
+        "Secret",
+        "ConfigMap",
+        "Role",
+        "RoleBinding",
+        "Deployment",
+        "Service",
+    }
     for obj in core:
         kubernetes_validate.validate(obj, version, strict=True)  # raises, naming the field
 
@@ -76,8 +84,11 @@ def test_only_the_kserve_kustomization_needs_crds(rendered):
     for folder, objects in rendered.items():
         custom = {o["kind"] for o in objects if (o["apiVersion"], o["kind"]) in CUSTOM}
         assert custom == ({"InferenceService"} if folder == "kserve" else set()), folder
-    assert all(o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "posttrain"
-               for objects in rendered.values() for o in objects)
+    assert all(
+        o["metadata"]["labels"]["app.kubernetes.io/part-of"] == "posttrain"
+        for objects in rendered.values()
+        for o in objects
+    )
 
 
 def test_the_pipeline_runner_may_do_what_the_launcher_does(rendered):
@@ -85,11 +96,17 @@ def test_the_pipeline_runner_may_do_what_the_launcher_does(rendered):
     (rule,) = role["rules"]
     assert rule["apiGroups"] == [GROUP] and rule["resources"] == [PLURAL]
     source = inspect.getsource(trainjob)  # the API calls the launcher makes, by the client's method names
-    called = {verb for verb in ("create", "get", "list", "watch", "patch", "replace", "delete")
-              if f".{verb}_namespaced_custom_object" in source}
+    called = {
+        verb
+        for verb in ("create", "get", "list", "watch", "patch", "replace", "delete")
+        if f".{verb}_namespaced_custom_object" in source
+    }
     assert called == {"create", "get", "delete"} and called | {"list", "watch"} == set(rule["verbs"])
-    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
-                                  "name": role["metadata"]["name"]}
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
     subjects = {(s["kind"], s["name"]) for s in binding["subjects"]}
     assert ("ServiceAccount", "pipeline-runner") in subjects and ("ServiceAccount", "posttrain") in subjects
     assert not any("namespace" in s for s in binding["subjects"])  # the binding's own namespace

@@ -6,8 +6,15 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from trainer_lib.models.attention import NAME, register, sequence_starts
 
-SMALL = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-             num_key_value_heads=2, max_position_embeddings=256)
+SMALL = dict(
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 
 
 def tiny(model_type: str, attention: str, **extra):
@@ -36,8 +43,9 @@ def test_a_packed_row_gives_each_sequence_the_logits_it_gets_alone(model_type):
     with torch.no_grad():
         packed = model(input_ids=ids, position_ids=positions, use_cache=False).logits
         offsets = [sum(lengths[:i]) for i in range(len(lengths) + 1)]
-        alone = torch.cat([model(input_ids=ids[:, a:b], use_cache=False).logits
-                           for a, b in zip(offsets[:-1], offsets[1:])], dim=1)
+        alone = torch.cat(
+            [model(input_ids=ids[:, a:b], use_cache=False).logits for a, b in zip(offsets[:-1], offsets[1:])], dim=1
+        )
     assert torch.allclose(packed, alone, atol=1e-5)
 
 
@@ -65,8 +73,9 @@ def test_padded_batches_and_generation_are_plain_sdpa():
         model = tiny("llama", attention)
         with torch.no_grad():
             logits = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-        generated = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False,
-                                   pad_token_id=0)
+        generated = model.generate(
+            input_ids=ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0
+        )
         outputs[attention] = (logits * mask[..., None], generated)
     assert torch.allclose(outputs[NAME][0], outputs["sdpa"][0], atol=1e-5)
     assert torch.equal(outputs[NAME][1], outputs["sdpa"][1])

@@ -8,8 +8,7 @@ import pytest
 
 from trainer_lib.cli import main
 from trainer_lib.config import ModelConfig, load_config
-from trainer_lib.errors import ConfigError
-from trainer_lib.errors import UserError
+from trainer_lib.errors import ConfigError, UserError
 from trainer_lib.models.load import load_tokenizer
 from trainer_lib.stages.training.sft import SFTConfig
 
@@ -72,8 +71,16 @@ def test_their_keys():
 
 
 def test_sft_of_a_base_model_on_chat_data(base_model, chat_jsonl, tmp_path, capsys):
-    args = ["sft", f"model.path={base_model}", f"data.path={chat_jsonl}", "max_steps=2", "batch_size=2",
-            "data.max_length=64", "save_steps=0", "report_to=none"]
+    args = [
+        "sft",
+        f"model.path={base_model}",
+        f"data.path={chat_jsonl}",
+        "max_steps=2",
+        "batch_size=2",
+        "data.max_length=64",
+        "save_steps=0",
+        "report_to=none",
+    ]
     assert main([*args, f"output_dir={tmp_path / 'no'}"]) == 2  # conversational data needs a template
     assert "set model.chat_template" in capsys.readouterr().err
     out = tmp_path / "sft"

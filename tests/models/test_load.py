@@ -32,16 +32,26 @@ def hub_cache(tmp_path_factory):
     repo = root / "models--org--tiny"
     (repo / "refs").mkdir(parents=True)
     for ref, commit, layers in (("main", "a1" * 20, 1), ("v2", "b2" * 20, 2)):
-        make_tiny_model(str(repo / "snapshots" / commit), ["hello world, a tiny corpus"] * 20, vocab_size=270,
-                        num_layers=layers, hidden_size=32)
+        make_tiny_model(
+            str(repo / "snapshots" / commit),
+            ["hello world, a tiny corpus"] * 20,
+            vocab_size=270,
+            num_layers=layers,
+            hidden_size=32,
+        )
         (repo / "refs" / ref).write_text(commit)
     return str(root)
 
 
 def test_model_revision_picks_the_commit(hub_cache):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": hub_cache}
-    done = subprocess.run([sys.executable, "-c", SCRIPT, "", "v2", "b2" * 20, "nope"], env=env,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, "", "v2", "b2" * 20, "nope"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr
     results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
     assert [r.get("layers") for r in results[:3]] == [1, 2, 2]  # main, the v2 tag, its commit sha

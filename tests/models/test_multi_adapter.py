@@ -16,14 +16,23 @@ def reward_adapter(tiny_model_dir, tmp_path_factory):
 def _config(tiny_model_dir, *extra):
     from trainer_lib.stages.training.ppo import PPOConfig
 
-    return load_config(PPOConfig, None, [f"model.path={tiny_model_dir}", "data.path=unused.jsonl", "output_dir=/tmp/x",
-                                         f"reward.functions={LENGTH_REWARD}", *extra])
+    return load_config(
+        PPOConfig,
+        None,
+        [
+            f"model.path={tiny_model_dir}",
+            "data.path=unused.jsonl",
+            "output_dir=/tmp/x",
+            f"reward.functions={LENGTH_REWARD}",
+            *extra,
+        ],
+    )
 
 
 def _shared(tiny_model_dir, reward_adapter, with_value=True):
     from trainer_lib.config import EngineConfig
-    from trainer_lib.models import multi_adapter
     from trainer_lib.engine.strategy import DeepSpeedStrategy
+    from trainer_lib.models import multi_adapter
 
     cfg = _config(tiny_model_dir, "lora.r=4", "multi_adapter=true", f"reward.model_path={reward_adapter}")
     return multi_adapter.build(cfg, DeepSpeedStrategy(EngineConfig(), 1), with_value=with_value)

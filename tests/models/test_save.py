@@ -50,8 +50,15 @@ def test_shards_and_index_match_save_pretrained(tiny, tmp_path, tied):
     if not tied:  # an untied head: lm_head.weight is a tensor of its own and is saved
         model.config.tie_word_embeddings = False
         model.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone() + 1.0)
-    save_hf_model(model, tokenizer, str(tmp_path / "ours"), gather=no_gather, is_writer=True,
-                  extra_files={"note.txt": "hi"}, max_shard_size="40KB")
+    save_hf_model(
+        model,
+        tokenizer,
+        str(tmp_path / "ours"),
+        gather=no_gather,
+        is_writer=True,
+        extra_files={"note.txt": "hi"},
+        max_shard_size="40KB",
+    )
     model.save_pretrained(tmp_path / "reference", max_shard_size="40KB")
 
     files = sorted(os.listdir(tmp_path / "ours"))
@@ -63,8 +70,9 @@ def test_shards_and_index_match_save_pretrained(tiny, tmp_path, tied):
     assert ours == reference
     assert ("lm_head.weight" in ours["weight_map"]) == (not tied)
     assert_same_weights(tmp_path / "ours", tmp_path / "reference")
-    assert json.loads((tmp_path / "ours" / "config.json").read_text()) == \
-        json.loads((tmp_path / "reference" / "config.json").read_text())
+    assert json.loads((tmp_path / "ours" / "config.json").read_text()) == json.loads(
+        (tmp_path / "reference" / "config.json").read_text()
+    )
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "ours")
     for name, value in model.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], value, atol=0, rtol=0, msg=name)
@@ -84,7 +92,7 @@ def trained_lora(model, **extra):
     peft = apply_lora(model, LoraConfig(r=4, alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]), **extra)
     generator = torch.Generator().manual_seed(0)
     with torch.no_grad():
-        for name, param in peft.named_parameters():
+        for param in peft.parameters():
             if param.requires_grad:
                 param.add_(torch.randn(param.shape, generator=generator) * 0.05)
     return peft
@@ -137,8 +145,17 @@ def test_fused_experts_are_saved_under_their_checkpoint_names(tmp_path):
     from transformers import MixtralConfig, MixtralForCausalLM
 
     torch.manual_seed(0)
-    model = MixtralForCausalLM(MixtralConfig(vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                             num_attention_heads=4, num_key_value_heads=2, num_local_experts=4))
+    model = MixtralForCausalLM(
+        MixtralConfig(
+            vocab_size=100,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            num_local_experts=4,
+        )
+    )
     save_hf_model(model, None, str(tmp_path / "ours"), gather=no_gather, is_writer=True, max_shard_size="20KB")
     model.save_pretrained(tmp_path / "reference", max_shard_size="20KB")
     assert "model.layers.0.block_sparse_moe.experts.3.w2.weight" in tensors_of(tmp_path / "ours")

@@ -21,8 +21,15 @@ def llama_50m(tiny_model_dir, tmp_path_factory) -> tuple[str, int]:
     from trainer_lib.demo.tiny_model import build_tiny_llama
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = build_tiny_llama(tokenizer, num_layers=12, hidden_size=512, num_heads=8, num_kv_heads=8,
-                             intermediate_size=2048, max_positions=128)
+    model = build_tiny_llama(
+        tokenizer,
+        num_layers=12,
+        hidden_size=512,
+        num_heads=8,
+        num_kv_heads=8,
+        intermediate_size=2048,
+        max_positions=128,
+    )
     out = str(tmp_path_factory.mktemp("models") / "llama50m")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -40,18 +47,41 @@ def test_zero3_final_model_is_written_without_gathering_it_on_every_rank(llama_5
     # resident memory follows live memory (else blocks freed in training are reused unseen by RSS)
     env = {**clean_env(), "POSTTRAIN_SAVE_MEMORY_LOG": str(log), "MALLOC_MMAP_THRESHOLD_": "131072"}
     proc = subprocess.run(
-        [sys.executable, "-m", "trainer_lib.cli", "sft", "--nproc", "2", f"model.path={model_dir}",
-         f"data.path={chat_jsonl}", "max_steps=2", "lr=1e-3", "batch_size=1", "data.max_length=64",
-         "data.packing=false", "save_steps=2", "eval_steps=0", "engine.zero_stage=3", f"output_dir={out}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "trainer_lib.cli",
+            "sft",
+            "--nproc",
+            "2",
+            f"model.path={model_dir}",
+            f"data.path={chat_jsonl}",
+            "max_steps=2",
+            "lr=1e-3",
+            "batch_size=1",
+            "data.max_length=64",
+            "data.packing=false",
+            "save_steps=2",
+            "eval_steps=0",
+            "engine.zero_stage=3",
+            f"output_dir={out}",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     # rank 1 takes part in every gather but keeps nothing: its memory hardly grows during the save
     marks = {m["rank"]: m for m in map(json.loads, log.read_text().splitlines())}
     fp32_kb = parameters * 4 / 1024
     growth = marks[1]["peak_during"] - marks[1]["rss_before"]
-    print(f"rank 1 grew {growth / 1024:.1f} MiB during the save (model fp32: {fp32_kb / 1024:.1f} MiB); "
-          f"rank 0 {(marks[0]['peak_during'] - marks[0]['rss_before']) / 1024:.1f} MiB")
+    print(
+        f"rank 1 grew {growth / 1024:.1f} MiB during the save (model fp32: {fp32_kb / 1024:.1f} MiB); "
+        f"rank 0 {(marks[0]['peak_during'] - marks[0]['rss_before']) / 1024:.1f} MiB"
+    )
     assert growth < 0.25 * fp32_kb, marks
 
     # the written model is the trained one: the fp32 weights consolidated from the DeepSpeed checkpoint

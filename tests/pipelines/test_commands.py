@@ -4,33 +4,53 @@ import kfp
 import pytest
 
 from pipelines import commands
-from pipelines.dag import PIPELINES
 from pipelines.commands import posttrain
+from pipelines.dag import PIPELINES
 
 
 def test_params_are_typed_from_the_pipeline_signature(tmp_path):
     (tmp_path / "sft.yaml").write_text("engine:\n  zero_stage: 2\n")
-    params = commands.parse_params(PIPELINES["posttrain-sft"], [
-        "sft_max_steps=3", "lr=2e-5", "base_model=s3://b/m", "sft_overrides=lora.r=8", "sft_overrides=lr=1",
-        'prepare_overrides=["max_rows=10"]', f"sft_config_yaml=@{tmp_path / 'sft.yaml'}"])
-    assert params == {"sft_max_steps": 3, "lr": 2e-5, "base_model": "s3://b/m",
-                      "sft_overrides": ["lora.r=8", "lr=1"], "prepare_overrides": ["max_rows=10"],
-                      "sft_config_yaml": "engine:\n  zero_stage: 2\n"}
+    params = commands.parse_params(
+        PIPELINES["posttrain-sft"],
+        [
+            "sft_max_steps=3",
+            "lr=2e-5",
+            "base_model=s3://b/m",
+            "sft_overrides=lora.r=8",
+            "sft_overrides=lr=1",
+            'prepare_overrides=["max_rows=10"]',
+            f"sft_config_yaml=@{tmp_path / 'sft.yaml'}",
+        ],
+    )
+    assert params == {
+        "sft_max_steps": 3,
+        "lr": 2e-5,
+        "base_model": "s3://b/m",
+        "sft_overrides": ["lora.r=8", "lr=1"],
+        "prepare_overrides": ["max_rows=10"],
+        "sft_config_yaml": "engine:\n  zero_stage: 2\n",
+    }
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["run", "--pipeline", "nope"], "unknown pipeline 'nope'; expected one of: posttrain-all, posttrain-dpo, posttrain-rlhf, posttrain-sft"),
-    (["run", "sft_max_steps=abc"], "sft_max_steps: expected an integer, got 'abc'"),
-    (["run", "lr=fast"], "lr: expected a number"),
-    (["run", "stepz=3"], "unknown parameter 'stepz' of posttrain-sft"),
-    (["run", "sft_max_steps"], "'sft_max_steps': expected param=value"),
-    (["run", "sft_overrides=[1,"], "sft_overrides: expected JSON"),
-    (["run", "sft_config_yaml=@/no/such/file"], "sft_config_yaml: cannot read /no/such/file"),
-    (["submit", "--host", "localhost:8080"], "--host: expected the KFP API URL"),
-    (["submit", "--host", "http://kfp", "--pipeline", "nope"], "unknown pipeline 'nope'"),
-    (["schedule", "--host", "http://kfp", "--cron", "0 3 * *"], "--cron: expected 5 fields"),
-    (["schedule", "--host", "http://kfp", "--cron", "0 3 * * 0", "x=1"], "unknown parameter 'x'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["run", "--pipeline", "nope"],
+            "unknown pipeline 'nope'; expected one of: posttrain-all, posttrain-dpo, posttrain-rlhf, posttrain-sft",
+        ),
+        (["run", "sft_max_steps=abc"], "sft_max_steps: expected an integer, got 'abc'"),
+        (["run", "lr=fast"], "lr: expected a number"),
+        (["run", "stepz=3"], "unknown parameter 'stepz' of posttrain-sft"),
+        (["run", "sft_max_steps"], "'sft_max_steps': expected param=value"),
+        (["run", "sft_overrides=[1,"], "sft_overrides: expected JSON"),
+        (["run", "sft_config_yaml=@/no/such/file"], "sft_config_yaml: cannot read /no/such/file"),
+        (["submit", "--host", "localhost:8080"], "--host: expected the KFP API URL"),
+        (["submit", "--host", "http://kfp", "--pipeline", "nope"], "unknown pipeline 'nope'"),
+        (["schedule", "--host", "http://kfp", "--cron", "0 3 * *"], "--cron: expected 5 fields"),
+        (["schedule", "--host", "http://kfp", "--cron", "0 3 * * 0", "x=1"], "unknown parameter 'x'"),
+    ],
+)
 def test_bad_arguments_exit_2_with_a_clear_message(argv, message, capsys, monkeypatch):
     monkeypatch.setattr(kfp, "Client", lambda **kw: pytest.fail("no client before the arguments are valid"))
     assert posttrain(["pipeline", *argv]) == 2

@@ -35,11 +35,14 @@ def test_compiled_ir_matches_the_committed_files(compiled):
 
 def test_compiling_is_deterministic_and_imports_no_heavy_modules(compiled, tmp_path):
     # another process, another hash seed: same bytes; and that process never imported torch
-    code = ("import sys; from pipelines.commands import compile_all; compile_all(sys.argv[1]);"
-            f"print([m for m in {HEAVY!r} if m in sys.modules])")
+    code = (
+        "import sys; from pipelines.commands import compile_all; compile_all(sys.argv[1]);"
+        f"print([m for m in {HEAVY!r} if m in sys.modules])"
+    )
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
-    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
-                         env=env, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env, check=True
+    )
     assert out.stdout.strip().splitlines()[-1] == "[]"
     for name in os.listdir(compiled):
         assert (tmp_path / name).read_bytes() == (compiled / name).read_bytes()
@@ -53,14 +56,30 @@ def load(compiled, name):
 def test_sft_pipeline_interface(compiled):
     spec, _ = load(compiled, "posttrain-sft")
     params = spec["root"]["inputDefinitions"]["parameters"]
-    for name in ("base_model", "dataset", "sft_max_steps", "lr", "batch_size", "max_length", "seed",
-                 "sft_config_yaml", "sft_overrides"):
+    for name in (
+        "base_model",
+        "dataset",
+        "sft_max_steps",
+        "lr",
+        "batch_size",
+        "max_length",
+        "seed",
+        "sft_config_yaml",
+        "sft_overrides",
+    ):
         assert name in params
     assert params["base_model"]["defaultValue"] == "" and params["dataset"]["defaultValue"] == ""
     assert set(spec["root"]["outputDefinitions"]["artifacts"]) == {"model", "metrics"}
     tasks = {t["taskInfo"]["name"]: t for t in spec["root"]["dag"]["tasks"].values()}
-    assert set(tasks) == {"check config", "fingerprint sources", "bootstrap", "prepare SFT data", "SFT", "export SFT",
-                          "deploy SFT"}  # named steps
+    assert set(tasks) == {
+        "check config",
+        "fingerprint sources",
+        "bootstrap",
+        "prepare SFT data",
+        "SFT",
+        "export SFT",
+        "deploy SFT",
+    }  # named steps
     assert tasks["SFT"]["componentRef"]["name"] == "comp-train"
     assert tasks["SFT"]["inputs"]["parameters"]["stage"]["runtimeValue"]["constant"] == "sft"
     assert tasks["SFT"]["dependentTasks"] == ["bootstrap", "prepare"]
@@ -79,10 +98,14 @@ def test_every_task_uses_the_shared_settings(compiled):
             kind = settings.RESOURCES[settings.STAGE_KIND[component]]
             assert container["resources"]["resourceCpuRequest"] == kind.cpu
             if kind.gpus and component == "train":  # the pipeline's accelerator parameters
-                assert container["resources"]["accelerator"]["resourceType"] == \
-                    "{{$.inputs.parameters['pipelinechannel--accelerator_type']}}"
-                assert container["resources"]["accelerator"]["resourceCount"] == \
-                    "{{$.inputs.parameters['pipelinechannel--gpus_per_step']}}"
+                assert (
+                    container["resources"]["accelerator"]["resourceType"]
+                    == "{{$.inputs.parameters['pipelinechannel--accelerator_type']}}"
+                )
+                assert (
+                    container["resources"]["accelerator"]["resourceCount"]
+                    == "{{$.inputs.parameters['pipelinechannel--gpus_per_step']}}"
+                )
             elif kind.gpus:
                 assert container["resources"]["accelerator"]["resourceType"] == kind.accelerator
             assert k8s[label]["secretAsEnv"][0]["secretName"] == settings.S3_SECRET
@@ -109,6 +132,7 @@ def test_a_component_without_settings_is_named(monkeypatch, tmp_path):
 
     monkeypatch.delitem(settings.STAGE_KIND, "train")
     with pytest.raises(ValueError, match="add component 'train' to STAGE_KIND"):
+
         @dsl.pipeline(name="broken")
         def broken(model: dsl.Input[dsl.Model], data: dsl.Input[dsl.Dataset]):
             settings.configure(train(stage="sft", model=model, data=data))
@@ -133,23 +157,28 @@ def test_training_retries_and_nothing_that_publishes_is_cached(compiled):
             seen.add(component)
             if component == "train":
                 assert task["retryPolicy"]["maxRetryCount"] == 3, name
-                assert task["inputs"]["parameters"]["checkpoint_root"]["runtimeValue"]["constant"] == \
-                    "{{$.pipeline_root}}"  # checkpoints outside the artifact, found again by a retry
+                assert (
+                    task["inputs"]["parameters"]["checkpoint_root"]["runtimeValue"]["constant"] == "{{$.pipeline_root}}"
+                )  # checkpoints outside the artifact, found again by a retry
             never_cached = ("check-config", "fingerprint", "release", "deploy")
             if component in never_cached:
                 assert not task.get("cachingOptions", {}).get("enableCache"), (name, component)
             if component == "bootstrap":  # keyed for the cache by what is behind the given locations now
                 assert task["inputs"]["parameters"]["sources_fingerprint"]["taskOutputParameter"] == {
-                    "outputParameterKey": "Output", "producerTask": "fingerprint"}
-            elif not component.startswith("condition") and component not in never_cached:  # (condition groups are not tasks of their own)
+                    "outputParameterKey": "Output",
+                    "producerTask": "fingerprint",
+                }
+            elif (
+                not component.startswith("condition") and component not in never_cached
+            ):  # (condition groups are not tasks of their own)
                 assert task.get("cachingOptions", {}).get("enableCache") is True, (name, component)
         assert {"train", "export", "deploy"} <= seen, name
 
 
 def test_cluster_settings_for_a_private_registry_and_a_shared_model_cache(monkeypatch, tmp_path):
-    from kfp import compiler
-
     import importlib
+
+    from kfp import compiler
 
     import pipelines.dag
 

@@ -8,15 +8,28 @@ import pytest
 
 from pipelines.commands import posttrain
 
-SMALL = ['demo_overrides=["n_code_train=80", "n_code_eval=8", "n_safety_train=24", "n_safety_sft=24", '
-         '"n_safety_eval=8"]',
-         'tiny_model_overrides=["hidden_size=32", "num_layers=1", "vocab_size=400"]', "max_length=256", "batch_size=4"]
+SMALL = [
+    'demo_overrides=["n_code_train=80", "n_code_eval=8", "n_safety_train=24", "n_safety_sft=24", "n_safety_eval=8"]',
+    'tiny_model_overrides=["hidden_size=32", "num_layers=1", "vocab_size=400"]',
+    "max_length=256",
+    "batch_size=4",
+]
 
 
 @pytest.mark.slow
 def test_local_run_trains_and_records_the_latest_run(tmp_path, capsys):
-    rc = posttrain(["pipeline", "run", "--root", str(tmp_path / "local"), *SMALL, "sft_max_steps=3",
-                    "sft_overrides=logging_steps=1", "sft_config_yaml=eval_steps: 2\nlogging_steps: 9\n"])
+    rc = posttrain(
+        [
+            "pipeline",
+            "run",
+            "--root",
+            str(tmp_path / "local"),
+            *SMALL,
+            "sft_max_steps=3",
+            "sft_overrides=logging_steps=1",
+            "sft_config_yaml=eval_steps: 2\nlogging_steps: 9\n",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out[-3000:]
 
@@ -60,15 +73,19 @@ def test_local_run_trains_and_records_the_latest_run(tmp_path, capsys):
 def test_failed_local_run_exits_1_and_keeps_latest(tmp_path, capsys):
     (tmp_path / "latest").mkdir()
     (tmp_path / "latest" / "run.json").write_text("{}")
-    rc = posttrain(["pipeline", "run", "--root", str(tmp_path / "local"), *SMALL,
-                    f"base_model={tmp_path / 'no-such-model'}"])
+    rc = posttrain(
+        ["pipeline", "run", "--root", str(tmp_path / "local"), *SMALL, f"base_model={tmp_path / 'no-such-model'}"]
+    )
     assert rc == 1
     assert "failed" in capsys.readouterr().err
     assert (tmp_path / "latest" / "run.json").read_text() == "{}"
 
 
-CANARIES = {"AWS_ACCESS_KEY_ID": "CanaryKeyId7f3a9c1e", "AWS_SECRET_ACCESS_KEY": "canary-secret-5b2d8e41f0",
-            "HF_TOKEN": "hf_canary0token9d1c4b7a"}
+CANARIES = {
+    "AWS_ACCESS_KEY_ID": "CanaryKeyId7f3a9c1e",
+    "AWS_SECRET_ACCESS_KEY": "canary-secret-5b2d8e41f0",
+    "HF_TOKEN": "hf_canary0token9d1c4b7a",
+}
 
 
 def _canary_hits(tmp_path, bucket: str, captured: str) -> tuple[list[str], int]:
@@ -107,15 +124,44 @@ def test_local_run_of_the_whole_dag_evaluates_releases_exports_and_deploys(tmp_p
     monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))
     (tmp_path / "tmp").mkdir()
     tasks = tmp_path / "my_tasks.jsonl"
-    tasks.write_text("".join(json.dumps({"task_id": f"t{i}", "prompt": f"Define f(x) that returns x + {i}.",
-                                         "tests": [f"assert f(1) == {1 + i}"]}) + "\n" for i in range(3)))
-    rc = posttrain(["pipeline", "run", "--pipeline", "posttrain-all", "--root", str(tmp_path / "local"), *SMALL,
-                    f"eval_tasks={tasks}",
-                    "sft_max_steps=2", "dpo_max_steps=2", "reward_max_steps=2", "rl_max_steps=2", "rollout_n=2",
-                    "max_new_tokens=8", "humaneval_limit=1", "gate_rules=[\"task_pass_rate>=0\"]",
-                    "reward_functions=[\"code_execution\", \"code_style\"]", "model_name=demo",
-                    'rl_overrides=["prompts_per_step=2", "save_steps=0"]',
-                    'evaluate_overrides=["safety.limit=4"]', f"release_uri=s3://{s3_bucket}/releases/demo"])
+    tasks.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "task_id": f"t{i}",
+                    "prompt": f"Define f(x) that returns x + {i}.",
+                    "tests": [f"assert f(1) == {1 + i}"],
+                }
+            )
+            + "\n"
+            for i in range(3)
+        )
+    )
+    rc = posttrain(
+        [
+            "pipeline",
+            "run",
+            "--pipeline",
+            "posttrain-all",
+            "--root",
+            str(tmp_path / "local"),
+            *SMALL,
+            f"eval_tasks={tasks}",
+            "sft_max_steps=2",
+            "dpo_max_steps=2",
+            "reward_max_steps=2",
+            "rl_max_steps=2",
+            "rollout_n=2",
+            "max_new_tokens=8",
+            "humaneval_limit=1",
+            'gate_rules=["task_pass_rate>=0"]',
+            'reward_functions=["code_execution", "code_style"]',
+            "model_name=demo",
+            'rl_overrides=["prompts_per_step=2", "save_steps=0"]',
+            'evaluate_overrides=["safety.limit=4"]',
+            f"release_uri=s3://{s3_bucket}/releases/demo",
+        ]
+    )
     captured = capfd.readouterr()
     out = captured.out
     assert rc == 0, out[-3000:]
@@ -125,9 +171,11 @@ def test_local_run_of_the_whole_dag_evaluates_releases_exports_and_deploys(tmp_p
     assert set(metrics["models"]) == {"base", "sft", "dpo", "grpo"}
     assert metrics["data"]["tasks"] == {"path": str(tasks), "count": 3}  # the user's tasks, not the demo's
     tasks = record["tasks"]
-    grpo_dir = next(t["output_model"] for name, t in tasks.items()
-                    if "output_model" in t and json.load(open(os.path.join(t["output_model"], "summary.json")))
-                    ["stage"] == "grpo")
+    grpo_dir = next(
+        t["output_model"]
+        for name, t in tasks.items()
+        if "output_model" in t and json.load(open(os.path.join(t["output_model"], "summary.json")))["stage"] == "grpo"
+    )
     summary = json.load(open(os.path.join(grpo_dir, "summary.json")))
     assert summary["steps"] == 2  # the reward list reached the stage: it trained with both functions
     logged = [json.loads(line) for line in open(os.path.join(grpo_dir, "metrics.jsonl"))]

@@ -38,8 +38,12 @@ class KfpApi:
         if route == ("GET", f"{API}/experiments"):
             (predicate,) = json.loads(request.query["filter"])["predicates"]
             assert predicate["key"] == "display_name" and predicate["operation"] == 1  # EQUALS
-            found = [e for e in self.experiments.values() if e["display_name"] == predicate["stringValue"]
-                     and (e.get("namespace") or "") == request.query.get("namespace", "")]
+            found = [
+                e
+                for e in self.experiments.values()
+                if e["display_name"] == predicate["stringValue"]
+                and (e.get("namespace") or "") == request.query.get("namespace", "")
+            ]
             return 200, {"experiments": found, "total_size": len(found)} if found else {}
         if route == ("POST", f"{API}/experiments"):
             experiment = {**request.json(), "experiment_id": str(uuid.uuid4()), "storage_state": "AVAILABLE"}
@@ -49,8 +53,12 @@ class KfpApi:
             if self.fail_runs_with:
                 return self.fail_runs_with
             self.ids.append(str(uuid.uuid4()))
-            self.runs[self.ids[-1]] = {**request.json(), "run_id": self.ids[-1], "state": "PENDING",
-                                       "created_at": "2026-11-30T03:00:00Z"}
+            self.runs[self.ids[-1]] = {
+                **request.json(),
+                "run_id": self.ids[-1],
+                "state": "PENDING",
+                "created_at": "2026-11-30T03:00:00Z",
+            }
             return 200, self.runs[self.ids[-1]]
         if request.method == "GET" and request.path.removeprefix(f"{API}/runs/") in self.runs:
             return 200, self.runs[request.path.removeprefix(f"{API}/runs/")]
@@ -65,8 +73,12 @@ def kfp_server(monkeypatch, tmp_path):
     """A KFP API on a free port; a developer's ~/.config/kfp/context.json and $KFP_TOKEN kept out."""
     monkeypatch.setattr(kfp.Client, "_LOCAL_KFP_CONTEXT", str(tmp_path / "no-context.json"))
     monkeypatch.delenv("KFP_TOKEN", raising=False)
-    for var in ("KF_PIPELINES_ENDPOINT", "KF_PIPELINES_UI_ENDPOINT", "KF_PIPELINES_DEFAULT_EXPERIMENT_NAME",
-                "KF_PIPELINES_OVERRIDE_EXPERIMENT_NAME"):
+    for var in (
+        "KF_PIPELINES_ENDPOINT",
+        "KF_PIPELINES_UI_ENDPOINT",
+        "KF_PIPELINES_DEFAULT_EXPERIMENT_NAME",
+        "KF_PIPELINES_OVERRIDE_EXPERIMENT_NAME",
+    ):
         monkeypatch.delenv(var, raising=False)
     with serving(KfpApi()) as server:
         yield server
@@ -84,15 +96,28 @@ def all_tasks(pipeline_spec):
 
 def test_submit_creates_the_experiment_once_and_a_run_with_typed_parameters(kfp_server, monkeypatch, capsys):
     monkeypatch.setenv("KFP_TOKEN", "tok-123")
-    argv = ["pipeline", "submit", "--host", kfp_server.url + "/", "--experiment", "nightly",
-            "sft_max_steps=5", "lr=2e-5", "base_model=s3://models/base",
-            "sft_overrides=lora.r=8", "sft_overrides=seed=3"]
+    argv = [
+        "pipeline",
+        "submit",
+        "--host",
+        kfp_server.url + "/",
+        "--experiment",
+        "nightly",
+        "sft_max_steps=5",
+        "lr=2e-5",
+        "base_model=s3://models/base",
+        "sft_overrides=lora.r=8",
+        "sft_overrides=seed=3",
+    ]
     assert posttrain(argv) == 0
     assert posttrain(argv) == 0  # a second submit finds the experiment
 
     assert [(r.method, r.path) for r in kfp_server.requests[:4]] == [
-        ("GET", f"{API}/healthz"), ("GET", f"{API}/experiments"), ("POST", f"{API}/experiments"),
-        ("POST", f"{API}/runs")]
+        ("GET", f"{API}/healthz"),
+        ("GET", f"{API}/experiments"),
+        ("POST", f"{API}/experiments"),
+        ("POST", f"{API}/runs"),
+    ]
     assert all(r.headers["authorization"] == "Bearer tok-123" for r in kfp_server.requests)
     (experiment,) = posts(kfp_server, "experiments")
     assert experiment.json()["display_name"] == "nightly"
@@ -106,12 +131,20 @@ def test_submit_creates_the_experiment_once_and_a_run_with_typed_parameters(kfp_
     assert {"sft_max_steps", "lr", "base_model"} <= set(spec["root"]["inputDefinitions"]["parameters"])
     assert "platform_spec" in first["pipeline_spec"]  # the kfp-kubernetes settings (secrets, tolerations) travel too
     parameters = first["runtime_config"]["parameters"]
-    assert parameters == {"sft_max_steps": 5, "lr": 2e-5, "base_model": "s3://models/base",
-                          "sft_overrides": ["lora.r=8", "seed=3"]}
+    assert parameters == {
+        "sft_max_steps": 5,
+        "lr": 2e-5,
+        "base_model": "s3://models/base",
+        "sft_overrides": ["lora.r=8", "seed=3"],
+    }
     assert type(parameters["sft_max_steps"]) is int and type(parameters["lr"]) is float
     cached = {t["taskInfo"]["name"]: t["cachingOptions"].get("enableCache", False) for t in all_tasks(spec)}
-    assert cached == {**{name: True for name in cached}, "deploy SFT": False,  # as compiled: these never cached
-                      "fingerprint sources": False, "check config": False}
+    assert cached == {
+        **{name: True for name in cached},
+        "deploy SFT": False,  # as compiled: these never cached
+        "fingerprint sources": False,
+        "check config": False,
+    }
 
     out = capsys.readouterr().out
     for run_id in kfp_server.app.ids:
@@ -119,8 +152,26 @@ def test_submit_creates_the_experiment_once_and_a_run_with_typed_parameters(kfp_
 
 
 def test_submit_no_cache_turns_caching_off_in_every_sub_dag(kfp_server):
-    assert posttrain(["pipeline", "submit", "--host", kfp_server.url, "--pipeline", "posttrain-rlhf", "--no-cache",
-                      "--namespace", "team-a", "--service-account", "posttrain", "--run-name", "rlhf nightly"]) == 0
+    assert (
+        posttrain(
+            [
+                "pipeline",
+                "submit",
+                "--host",
+                kfp_server.url,
+                "--pipeline",
+                "posttrain-rlhf",
+                "--no-cache",
+                "--namespace",
+                "team-a",
+                "--service-account",
+                "posttrain",
+                "--run-name",
+                "rlhf nightly",
+            ]
+        )
+        == 0
+    )
     (run,) = posts(kfp_server, "runs")
     body = run.json()
     spec = body["pipeline_spec"]["pipeline_spec"]
@@ -134,8 +185,27 @@ def test_submit_no_cache_turns_caching_off_in_every_sub_dag(kfp_server):
 
 
 def test_schedule_creates_a_recurring_run_with_kfp_cron(kfp_server, capsys):
-    assert posttrain(["pipeline", "schedule", "--host", kfp_server.url, "--cron", "0 3 * * 0", "--namespace", "team-a",
-                      "--max-concurrency", "2", "--experiment", "weekly", "lr=1e-5", "sft_max_steps=100"]) == 0
+    assert (
+        posttrain(
+            [
+                "pipeline",
+                "schedule",
+                "--host",
+                kfp_server.url,
+                "--cron",
+                "0 3 * * 0",
+                "--namespace",
+                "team-a",
+                "--max-concurrency",
+                "2",
+                "--experiment",
+                "weekly",
+                "lr=1e-5",
+                "sft_max_steps=100",
+            ]
+        )
+        == 0
+    )
     (experiment,) = posts(kfp_server, "experiments")
     assert experiment.json() == {"display_name": "weekly", "namespace": "team-a"}
     (recurring,) = posts(kfp_server, "recurringruns")
@@ -171,8 +241,22 @@ def test_the_readme_kfp_cli_line_submits_the_committed_pipeline_with_typed_param
     from kfp.cli.cli import cli
 
     package = os.path.join(ROOT, "pipelines", "compiled", "posttrain-dpo.yaml")
-    result = CliRunner().invoke(cli, ["--endpoint", kfp_server.url, "run", "create", "--experiment-name", "posttrain",
-                                      "--package-file", package, "sft_max_steps=5", 'dpo_overrides=["beta=0.2"]'], obj={})
+    result = CliRunner().invoke(
+        cli,
+        [
+            "--endpoint",
+            kfp_server.url,
+            "run",
+            "create",
+            "--experiment-name",
+            "posttrain",
+            "--package-file",
+            package,
+            "sft_max_steps=5",
+            'dpo_overrides=["beta=0.2"]',
+        ],
+        obj={},
+    )
     assert result.exit_code == 0, result.output
     (run,) = posts(kfp_server, "runs")
     body = run.json()
@@ -188,11 +272,18 @@ def test_the_example_ci_job_submits_on_merge(kfp_server, monkeypatch, capsys):
         job = yaml.safe_load(fh)
     assert job[True] == {"push": {"branches": ["main"]}}  # YAML 1.1 reads the key `on` as True
     steps = job["jobs"]["submit"]["steps"]
-    commands = [shlex.split(step["run"].replace("${{ secrets.KFP_HOST }}", kfp_server.url)
-                            .replace("${{ github.sha }}", "abc123")) for step in steps if "run" in step]
+    commands = [
+        shlex.split(
+            step["run"].replace("${{ secrets.KFP_HOST }}", kfp_server.url).replace("${{ github.sha }}", "abc123")
+        )
+        for step in steps
+        if "run" in step
+    ]
     posttrain_commands = [c for c in commands if c[0] == "posttrain"]
-    assert [c[:3] for c in posttrain_commands] == [["posttrain", "pipeline", "compile"],
-                                                   ["posttrain", "pipeline", "submit"]]
+    assert [c[:3] for c in posttrain_commands] == [
+        ["posttrain", "pipeline", "compile"],
+        ["posttrain", "pipeline", "submit"],
+    ]
     submit_step = next(s for s in steps if "submit" in s.get("run", ""))
     monkeypatch.setenv("KFP_TOKEN", "ci-token")
     assert submit_step["env"] == {"KFP_TOKEN": "${{ secrets.KFP_TOKEN }}"}

@@ -20,7 +20,8 @@ def _save(tiny_model_dir, out, **config):
 
     torch.manual_seed(0)
     model = AutoModelForSequenceClassification.from_pretrained(
-        tiny_model_dir, num_labels=3, id2label=LABELS, label2id={v: k for k, v in LABELS.items()}, **config)
+        tiny_model_dir, num_labels=3, id2label=LABELS, label2id={v: k for k, v in LABELS.items()}, **config
+    )
     model.config.pad_token_id = 0
     model.save_pretrained(out)
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -50,11 +51,13 @@ def test_the_score_is_the_named_labels_probability(classifier):
     assert by_name.label == "positive" and by_name.index == 2
     assert by_name(["p"] * 3, TEXTS) == pytest.approx(expected, abs=1e-5)  # batched and padded: the same
     assert ClassifierScorer(classifier, "2").scores([], TEXTS) == pytest.approx(expected, abs=1e-5)
-    assert ClassifierScorer(classifier, "neutral", "logit").scores([], TEXTS) == pytest.approx(logits[:, 1].tolist(),
-                                                                                              abs=1e-5)
+    assert ClassifierScorer(classifier, "neutral", "logit").scores([], TEXTS) == pytest.approx(
+        logits[:, 1].tolist(), abs=1e-5
+    )
     chat = [[{"role": "assistant", "content": t}] for t in TEXTS]  # conversational completions: their text
-    assert ClassifierScorer(classifier, "positive")([[{"role": "user", "content": "q"}]] * 3, chat) \
-        == pytest.approx(expected, abs=1e-5)
+    assert ClassifierScorer(classifier, "positive")([[{"role": "user", "content": "q"}]] * 3, chat) == pytest.approx(
+        expected, abs=1e-5
+    )
 
 
 def test_a_multi_label_classifier_scores_each_label_by_its_sigmoid(tiny_model_dir, tmp_path):
@@ -64,8 +67,9 @@ def test_a_multi_label_classifier_scores_each_label_by_its_sigmoid(tiny_model_di
 
 
 def test_a_label_is_required_and_checked(classifier):
-    with pytest.raises(UserError, match="reward.classifier_label: 'happy' is not a label of .*0=negative, 1=neutral, "
-                                        "2=positive"):
+    with pytest.raises(
+        UserError, match="reward.classifier_label: 'happy' is not a label of .*0=negative, 1=neutral, 2=positive"
+    ):
         ClassifierScorer(classifier, "happy")
     with pytest.raises(UserError, match="reward.classifier_label: required for .* 3 labels"):
         ClassifierScorer(classifier)
@@ -89,9 +93,27 @@ def test_grpo_with_a_classifier_reward(classifier, tiny_model_dir, tmp_path):
     prompts = write_prompts(tmp_path / "prompts.jsonl")
     out = tmp_path / "grpo"
     with one_thread():
-        assert main(["grpo", f"model.path={tiny_model_dir}", f"data.path={prompts}", f"output_dir={out}",
-                     f"reward.classifier_path={classifier}", "reward.classifier_label=positive", "rollout.n=4",
-                     "prompts_per_step=4", "rollout.max_new_tokens=8", "batch_size=8", "max_steps=2", "save_steps=0",
-                     "logging_steps=1", "data.eval_fraction=0", "report_to=none"]) == 0
+        assert (
+            main(
+                [
+                    "grpo",
+                    f"model.path={tiny_model_dir}",
+                    f"data.path={prompts}",
+                    f"output_dir={out}",
+                    f"reward.classifier_path={classifier}",
+                    "reward.classifier_label=positive",
+                    "rollout.n=4",
+                    "prompts_per_step=4",
+                    "rollout.max_new_tokens=8",
+                    "batch_size=8",
+                    "max_steps=2",
+                    "save_steps=0",
+                    "logging_steps=1",
+                    "data.eval_fraction=0",
+                    "report_to=none",
+                ]
+            )
+            == 0
+        )
     train = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["split"] == "train"]
     assert len(train) == 2 and all(0.0 < r["rewards/classifier"] < 1.0 for r in train)

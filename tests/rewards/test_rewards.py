@@ -9,8 +9,15 @@ import torch
 
 from trainer_lib.errors import UserError
 from trainer_lib.rewards.combine import RewardCombiner, RunningMoments
-from trainer_lib.rewards.functions import (check_rewards, code_style, length_penalty, load_function, refusal, resolve,
-                                           style_violations)
+from trainer_lib.rewards.functions import (
+    check_rewards,
+    code_style,
+    length_penalty,
+    load_function,
+    refusal,
+    resolve,
+    style_violations,
+)
 
 HERE = os.path.dirname(__file__)
 
@@ -31,13 +38,16 @@ def test_module_function_and_file_function_load(monkeypatch):
         assert fn([[{"role": "user", "content": "q"}]], [[{"role": "assistant", "content": "12"}]]) == [-0.75]
 
 
-@pytest.mark.parametrize("spec, message", [
-    ("no_such_builtin", "expected a built-in"),
-    ("no_such_module_xyz:reward", "cannot import module 'no_such_module_xyz'"),
-    ("tests/rewards/missing.py:reward", "file tests/rewards/missing.py not found"),
-    ("tests.rewards.length_reward:nope", "has no attribute 'nope'"),
-    ("tests.rewards.length_reward:TARGET", "'TARGET' is not callable"),
-])
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ("no_such_builtin", "expected a built-in"),
+        ("no_such_module_xyz:reward", "cannot import module 'no_such_module_xyz'"),
+        ("tests/rewards/missing.py:reward", "file tests/rewards/missing.py not found"),
+        ("tests.rewards.length_reward:nope", "has no attribute 'nope'"),
+        ("tests.rewards.length_reward:TARGET", "'TARGET' is not callable"),
+    ],
+)
 def test_bad_function_specs_say_what_is_wrong(spec, message, monkeypatch):
     monkeypatch.chdir(os.path.dirname(os.path.dirname(HERE)))
     with pytest.raises(UserError, match="reward.functions") as info:
@@ -88,11 +98,13 @@ def test_length_penalty():
 def test_code_execution_rewards_the_fraction_of_tests_passed():
     _, reward = resolve("code_execution", code_timeout=1.0, sandbox_workers=2)
     tests = ["assert inc(1) == 2", "assert inc(-1) == 0", "assert inc(0) == 0"]
-    completions = ["def inc(x):\n    return x + 1",                   # passes 2 of 3
-                   [{"role": "assistant", "content": "```python\ndef inc(x):\n    return x\n```"}],  # 1 of 3
-                   "def inc(x) return",                                # does not compile
-                   "import os\nos.system('echo hi')\ndef inc(x):\n    return x + 1",  # refused at load
-                   "def inc(x):\n    while True:\n        pass"]      # times out
+    completions = [
+        "def inc(x):\n    return x + 1",  # passes 2 of 3
+        [{"role": "assistant", "content": "```python\ndef inc(x):\n    return x\n```"}],  # 1 of 3
+        "def inc(x) return",  # does not compile
+        "import os\nos.system('echo hi')\ndef inc(x):\n    return x + 1",  # refused at load
+        "def inc(x):\n    while True:\n        pass",
+    ]  # times out
     try:
         rewards = reward([None] * 6, completions + ["anything"], tests=[tests] * 5 + [[]])
     finally:
@@ -195,7 +207,7 @@ def test_running_moments_merge_equals_one_pass():
     moments = RunningMoments()
     data = torch.tensor([0.5, -1.0, 2.0, 4.0, 4.5, -3.0], dtype=torch.float64)
     for chunk in (data[:1], data[1:4], data[4:]):
-        moments.update(len(chunk), float(chunk.sum()), float((chunk ** 2).sum()))
+        moments.update(len(chunk), float(chunk.sum()), float((chunk**2).sum()))
     assert moments.mean == pytest.approx(float(data.mean()))
     assert moments.std == pytest.approx(float(data.std()))
 
@@ -219,13 +231,17 @@ def test_reward_model_scores_are_normalized_with_the_stored_statistics(tiny_mode
     (tmp_path / STATS_FILE).write_text(json.dumps({"reward_mean": 0.25, "reward_std": 2.0}))
 
     scorer = load_reward_scorer(str(tmp_path), ModelConfig(path=str(tmp_path)), lambda m: m.eval(), batch_size=2)
-    prompts = [[{"role": "user", "content": "Say hello."}], [{"role": "user", "content": "Name a color."}],
-               [{"role": "user", "content": "Is the sky green?"}]]
+    prompts = [
+        [{"role": "user", "content": "Say hello."}],
+        [{"role": "user", "content": "Name a color."}],
+        [{"role": "user", "content": "Is the sky green?"}],
+    ]
     completions = [[{"role": "assistant", "content": text}] for text in ("Hello there!", "Blue.", "No")]
     normalized = scorer(prompts, completions)
     with torch.no_grad():
-        sequences = [encode_prompt(tokenizer, p) + encode_completion(tokenizer, p, c)
-                     for p, c in zip(prompts, completions)]
+        sequences = [
+            encode_prompt(tokenizer, p) + encode_completion(tokenizer, p, c) for p, c in zip(prompts, completions)
+        ]
         raw = [float(model.eval()(torch.tensor([ids])).logits) for ids in sequences]
     assert normalized == pytest.approx([(r - 0.25) / 2.0 for r in raw], abs=1e-5)
 
@@ -234,8 +250,13 @@ def test_execution_pass_rate_runs_greedy_completions_in_the_sandbox(tiny_model_d
     from trainer_lib.rewards.functions import execution_pass_rate
 
     tasks = tmp_path / "tasks.jsonl"
-    rows = [{"prompt": [{"role": "user", "content": f"Write a Python function double(x). {i}"}],
-             "tests": ["assert double(2) == 4"]} for i in range(3)]
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": f"Write a Python function double(x). {i}"}],
+            "tests": ["assert double(2) == 4"],
+        }
+        for i in range(3)
+    ]
     tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
     result = execution_pass_rate(tiny_model_dir, str(tasks), max_new_tokens=8, limit=2, workers=1)
     assert result == {"pass_rate": 0.0, "test_fraction": 0.0, "tasks": 2}  # an untrained model writes no code

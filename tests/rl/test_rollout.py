@@ -45,11 +45,13 @@ def test_sampling_is_seeded_and_leaves_the_global_rng_alone(policy):
     model, tokenizer, prompts = policy
     torch.manual_seed(7)
     before = torch.get_rng_state()
-    a = generate(model, tokenizer, prompts, n=4, max_new_tokens=8, temperature=1.0, top_k=50, top_p=0.95,
-                 batch_size=5, seed=1)
+    a = generate(
+        model, tokenizer, prompts, n=4, max_new_tokens=8, temperature=1.0, top_k=50, top_p=0.95, batch_size=5, seed=1
+    )
     assert torch.equal(torch.get_rng_state(), before)
-    b = generate(model, tokenizer, prompts, n=4, max_new_tokens=8, temperature=1.0, top_k=50, top_p=0.95,
-                 batch_size=5, seed=1)
+    b = generate(
+        model, tokenizer, prompts, n=4, max_new_tokens=8, temperature=1.0, top_k=50, top_p=0.95, batch_size=5, seed=1
+    )
     c = generate(model, tokenizer, prompts, n=4, max_new_tokens=8, temperature=1.0, top_k=50, top_p=0.95, seed=2)
     assert len(a) == 12 and a.completions == b.completions
     assert a.completions != c.completions
@@ -63,9 +65,9 @@ def test_stop_strings_cut_the_text_and_end_the_response(policy):
     assert len(text) > 4, text
     stop = text[2:4]
     cut = generate(model, tokenizer, prompts[:1], max_new_tokens=12, temperature=0.0, stop=[stop])
-    assert cut.completions[0] == text[:text.find(stop)]
+    assert cut.completions[0] == text[: text.find(stop)]
     assert cut.finished == [True]
-    ids = cut.response_ids[0, :int(cut.response_mask.sum())].tolist()
+    ids = cut.response_ids[0, : int(cut.response_mask.sum())].tolist()
     assert stop in tokenizer.decode(ids) and stop not in tokenizer.decode(ids[:-1])  # ends on the stop token
 
 
@@ -91,10 +93,10 @@ def test_token_logprobs_are_padding_invariant_and_match_the_greedy_choice(policy
             part = rollout.select([row])  # trims the padding columns away
             assert part.prompt_mask.all()
             single, _ = token_logprobs(model, part)
-            assert torch.allclose(single[0], batched[row, :single.shape[1]], atol=1e-5)
+            assert torch.allclose(single[0], batched[row, : single.shape[1]], atol=1e-5)
         # greedy tokens are the argmax: their log-prob is the max over the vocabulary
         inputs = rollout.model_inputs("cpu")
-        logits = model(**inputs).logits[:, -rollout.response_ids.shape[1] - 1:-1]
+        logits = model(**inputs).logits[:, -rollout.response_ids.shape[1] - 1 : -1]
         best = torch.log_softmax(logits.float(), -1).max(-1).values * rollout.response_mask
     assert torch.allclose(batched, best, atol=1e-5)
     assert ((entropy > 0) == rollout.response_mask.bool()).all()

@@ -1,4 +1,5 @@
 """The sandbox against honest programs, the hostile corpus (tests/sandbox/corpus) and its own limits."""
+
 from __future__ import annotations
 
 import ast
@@ -11,19 +12,24 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import REPO
 from trainer_lib.eval.humaneval import build_program
 from trainer_lib.sandbox import Program, Sandbox, SandboxConfig, run_many, run_program
-from tests.conftest import REPO
 
 REPO = Path(REPO)
 CORPUS = sorted((Path(__file__).parent / "corpus").glob("*.py"))
 IS_ROOT = os.geteuid() == 0
-ADD_PROBLEM = {"prompt": "", "entry_point": "add", "test": (
-    "import math\n\n"
-    "def check(candidate):\n"
-    "    assert abs(candidate(0.5, 0.25) - 0.75) < 1e-9\n"
-    "    assert candidate(2, 3) == 5\n"
-    "    assert math.isclose(candidate(1.5, 1.5), 3.0)\n")}
+ADD_PROBLEM = {
+    "prompt": "",
+    "entry_point": "add",
+    "test": (
+        "import math\n\n"
+        "def check(candidate):\n"
+        "    assert abs(candidate(0.5, 0.25) - 0.75) < 1e-9\n"
+        "    assert candidate(2, 3) == 5\n"
+        "    assert math.isclose(candidate(1.5, 1.5), 3.0)\n"
+    ),
+}
 HONEST_ADD = "def add(a, b):\n    return a + b\n"
 CONFIG = SandboxConfig(timeout=1.5, memory_mb=256)
 
@@ -49,8 +55,13 @@ def outside(tmp_path):
     listener.listen(8)
     listener.setblocking(False)
     marker = f"sandbox_pwned_{uuid.uuid4().hex[:8]}"
-    subs = {"@@SENTINEL@@": str(sentinel), "@@OUTSIDE@@": str(world), "@@REPO@@": str(REPO),
-            "@@MARKER@@": marker, "@@PORT@@": str(listener.getsockname()[1])}
+    subs = {
+        "@@SENTINEL@@": str(sentinel),
+        "@@OUTSIDE@@": str(world),
+        "@@REPO@@": str(REPO),
+        "@@MARKER@@": marker,
+        "@@PORT@@": str(listener.getsockname()[1]),
+    }
     yield subs, sentinel, world, listener, marker
     listener.close()
     for path in world.iterdir():
@@ -67,7 +78,7 @@ def _fill(text: str, subs: dict) -> str:
 def _expected(path: Path) -> set[str]:
     first = path.read_text().splitlines()[0]
     assert first.startswith("# expect: "), path
-    return set(first[len("# expect: "):].split(","))
+    return set(first[len("# expect: ") :].split(","))
 
 
 def _assert_nothing_changed(sentinel, world, listener, marker):
@@ -82,6 +93,7 @@ def _assert_nothing_changed(sentinel, world, listener, marker):
 
 
 # ------------------------------------------------------------------------------------------ honest code
+
 
 def test_passing_failing_and_partial_programs(box):
     source = "def double(x):\n    return 2 * x if x < 3 else 0\nprint('hello')\n"
@@ -106,10 +118,12 @@ def test_isolation_is_reported(box):
 
 
 def test_humaneval_style_program_and_common_stdlib(box):
-    completion = ("    from collections import namedtuple\n    import typing, enum, re, fractions\n"
-                  "    P = namedtuple('P', 'x')\n    T = typing.TypeVar('T')\n"
-                  "    E = enum.Enum('E', 'a b')\n    return P(a).x + b\n")
-    problem = dict(ADD_PROBLEM, prompt="def add(a, b):\n    \"\"\"Add.\"\"\"\n")
+    completion = (
+        "    from collections import namedtuple\n    import typing, enum, re, fractions\n"
+        "    P = namedtuple('P', 'x')\n    T = typing.TypeVar('T')\n"
+        "    E = enum.Enum('E', 'a b')\n    return P(a).x + b\n"
+    )
+    problem = dict(ADD_PROBLEM, prompt='def add(a, b):\n    """Add."""\n')
     assert box.run(build_program(problem, completion)).passed
     assert box.run(build_program(ADD_PROBLEM, HONEST_ADD)).passed
 
@@ -140,8 +154,9 @@ def test_no_network_in_the_sandbox():
 
 
 def test_run_many_keeps_order_and_runs_in_parallel():
-    programs = [Program(f"import time\ntime.sleep(0.3)\nx = {i}", (f"assert x == {i}", "assert x % 2 == 0"))
-                for i in range(6)]
+    programs = [
+        Program(f"import time\ntime.sleep(0.3)\nx = {i}", (f"assert x == {i}", "assert x % 2 == 0")) for i in range(6)
+    ]
     started = time.monotonic()
     results = run_many(programs, timeout=5, max_workers=3)
     elapsed = time.monotonic() - started
@@ -164,11 +179,28 @@ def test_throughput(box, capsys):
 
 # ------------------------------------------------------------------------------------- hostile corpus
 
+
 def test_corpus_is_complete():
     names = {p.stem for p in CORPUS}
-    assert {"infinite_loop", "fork_bomb", "memory_bomb", "write_outside", "delete_outside", "socket_connect",
-            "read_secrets", "print_flood", "kill_parent", "sys_exit_zero", "os_exit_zero", "patch_builtins",
-            "redefine_check", "exit_in_finally", "ctypes_memory", "frame_walk", "fake_verdict"} <= names
+    assert {
+        "infinite_loop",
+        "fork_bomb",
+        "memory_bomb",
+        "write_outside",
+        "delete_outside",
+        "socket_connect",
+        "read_secrets",
+        "print_flood",
+        "kill_parent",
+        "sys_exit_zero",
+        "os_exit_zero",
+        "patch_builtins",
+        "redefine_check",
+        "exit_in_finally",
+        "ctypes_memory",
+        "frame_walk",
+        "fake_verdict",
+    } <= names
 
 
 def test_hostile_corpus_fails_and_is_contained(box, outside, monkeypatch):
@@ -243,8 +275,10 @@ def test_without_namespaces_the_audit_hook_stands_in(outside, monkeypatch):
         _assert_nothing_changed(sentinel, world, listener, marker)
         assert degraded.run(build_program(ADD_PROBLEM, HONEST_ADD)).passed
         # ordinary file work inside its own directory still works
-        files = Program("import os\nos.mkdir('d')\nopen('d/x.txt', 'w').write('hi')\nos.rename('d/x.txt', 'y.txt')",
-                        ("assert open('y.txt').read() == 'hi'",))
+        files = Program(
+            "import os\nos.mkdir('d')\nopen('d/x.txt', 'w').write('hi')\nos.rename('d/x.txt', 'y.txt')",
+            ("assert open('y.txt').read() == 'hi'",),
+        )
         assert degraded.run(files).passed
 
 

@@ -14,9 +14,8 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import clean_env
+from tests.conftest import REPO, clean_env
 from tests.sandbox.test_sandbox import ADD_PROBLEM, CORPUS, _assert_nothing_changed, _fill, outside  # noqa: F401
-from tests.conftest import REPO
 
 REWARD = os.path.join(REPO, "tests", "rewards", "corpus_execution.py") + ":reward"
 
@@ -27,19 +26,51 @@ def test_hostile_corpus_in_a_grpo_step(tiny_model_dir, outside, tmp_path):  # no
     rows = tmp_path / "prompts.jsonl"
     with open(rows, "w", encoding="utf-8") as fh:
         for path in CORPUS:
-            fh.write(json.dumps({"prompt": [{"role": "user", "content": f"Write add(a, b). ({path.stem})"}],
-                                 "program": _fill(path.read_text(), subs), "tests": tests}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "prompt": [{"role": "user", "content": f"Write add(a, b). ({path.stem})"}],
+                        "program": _fill(path.read_text(), subs),
+                        "tests": tests,
+                    }
+                )
+                + "\n"
+            )
     verdicts, out = tmp_path / "verdicts.jsonl", tmp_path / "grpo"
     env = clean_env()
-    env.update(PYTHONPATH=REPO, OMP_NUM_THREADS="1", CORPUS_VERDICTS=str(verdicts),
-               AWS_SECRET_ACCESS_KEY="corpus-grpo-secret", HF_TOKEN="corpus-grpo-token")
+    env.update(
+        PYTHONPATH=REPO,
+        OMP_NUM_THREADS="1",
+        CORPUS_VERDICTS=str(verdicts),
+        AWS_SECRET_ACCESS_KEY="corpus-grpo-secret",
+        HF_TOKEN="corpus-grpo-token",
+    )
     n = len(CORPUS)
     done = subprocess.run(
-        [sys.executable, "-m", "trainer_lib.cli", "grpo", f"model.path={tiny_model_dir}", f"data.path={rows}",
-         f"output_dir={out}", f"reward.functions={REWARD}", "rollout.n=2", f"prompts_per_step={n}",
-         f"batch_size={2 * n}", "rollout.max_new_tokens=4", "max_steps=1", "data.eval_fraction=0",
-         "save_steps=1", "lr=1e-3"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "trainer_lib.cli",
+            "grpo",
+            f"model.path={tiny_model_dir}",
+            f"data.path={rows}",
+            f"output_dir={out}",
+            f"reward.functions={REWARD}",
+            "rollout.n=2",
+            f"prompts_per_step={n}",
+            f"batch_size={2 * n}",
+            "rollout.max_new_tokens=4",
+            "max_steps=1",
+            "data.eval_fraction=0",
+            "save_steps=1",
+            "lr=1e-3",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
 
     # the trainer survived its step: model and a complete checkpoint written
@@ -59,5 +90,8 @@ def test_hostile_corpus_in_a_grpo_step(tiny_model_dir, outside, tmp_path):  # no
     _assert_nothing_changed(sentinel, world, listener, marker)
     for secret in ("corpus-grpo-secret", "corpus-grpo-token"):
         assert secret not in done.stdout + done.stderr
-        assert all(secret not in p.read_text(errors="replace") for p in out.rglob("*") if p.is_file()
-                   and p.suffix in (".json", ".jsonl", ".txt"))
+        assert all(
+            secret not in p.read_text(errors="replace")
+            for p in out.rglob("*")
+            if p.is_file() and p.suffix in (".json", ".jsonl", ".txt")
+        )

@@ -1,4 +1,5 @@
 """Fixtures for the serving tests: an export directory of the tiny model, and the Triton environment."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Helpers for the serving tests: an export directory from a tiny model, a started server, PyTorch's answer."""
+
 from __future__ import annotations
 
 import json
@@ -47,4 +48,4 @@ def torch_greedy(model_dir: str, prompt: str, max_new_tokens: int) -> str:
     batch = tokenizer(prompt, return_tensors="pt")
     with torch.no_grad():
         out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False)
-    return tokenizer.decode(out[0, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    return tokenizer.decode(out[0, batch["input_ids"].shape[1] :], skip_special_tokens=True)

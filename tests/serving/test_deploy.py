@@ -1,4 +1,5 @@
 """``posttrain deploy`` against a real tritonserver whose model repository lives on the local S3 server."""
+
 from __future__ import annotations
 
 import json
@@ -16,10 +17,10 @@ from tests.conftest import clean_env
 from tests.serving.helpers import start_server, torch_greedy
 from trainer_lib import storage
 from trainer_lib.config import load_config
+from trainer_lib.config.layers import nest
 from trainer_lib.errors import UserError
 from trainer_lib.serving import repository as repo
 from trainer_lib.serving.client import connected, generate
-from trainer_lib.config.layers import nest
 from trainer_lib.stages.lifecycle import deploy
 
 MODEL = "chat"
@@ -37,8 +38,7 @@ def served(s3_server, export_dir, triton_env, tmp_path_factory):
 
     bucket = f"serving-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=s3_server.endpoint_url).create_bucket(Bucket=bucket)
-    storage.configure(reset=True, endpoint_url=s3_server.endpoint_url,
-                      cache_dir=str(tmp_path_factory.mktemp("cache")))
+    storage.configure(reset=True, endpoint_url=s3_server.endpoint_url, cache_dir=str(tmp_path_factory.mktemp("cache")))
     export = f"s3://{bucket}/export"
     storage.copy(export_dir, export)
     repository = f"s3://{bucket}/triton"
@@ -46,8 +46,9 @@ def served(s3_server, export_dir, triton_env, tmp_path_factory):
     assert first["version"] == 1 and not first["loaded"]
     server = start_server(repository, load=[MODEL], env=triton_env)
     try:
-        yield types.SimpleNamespace(server=server, url=server.url, repository=repository, export=export,
-                                    model_dir=f"{repository}/{MODEL}")
+        yield types.SimpleNamespace(
+            server=server, url=server.url, repository=repository, export=export, model_dir=f"{repository}/{MODEL}"
+        )
     finally:
         server.stop()
         storage.configure(reset=True)
@@ -65,8 +66,9 @@ def _post(url: str, body: dict) -> dict:
 
 def test_deploy_fp32_serves_pytorch_greedy_text(served, tiny_model_dir):
     before = _serving(served)
-    result = _deploy(**{"export.path": served.export, "repository": served.repository, "variant": "fp32",
-                        "triton.url": served.url})
+    result = _deploy(
+        **{"export.path": served.export, "repository": served.repository, "variant": "fp32", "triton.url": served.url}
+    )
     assert result["version"] == before + 1 and result["previous_version"] == before and result["loaded"]
     assert result["endpoint"] == served.url and result["smoke"]["model_version"] == str(result["version"])
     assert repo.served_versions(repo.read_config(served.model_dir)) == [result["version"]]
@@ -97,9 +99,22 @@ def test_broken_version_fails_its_load_and_the_old_one_keeps_serving(served, exp
     shutil.copytree(export_dir, broken)
     (broken / "onnx" / "int8" / "model.onnx").write_bytes(b"this is not an onnx model")
     # through the command line: the error is printed and the exit code is not 0
-    proc = subprocess.run([sys.executable, "-m", "trainer_lib.cli", "deploy", f"export.path={broken}",
-                           f"repository={served.repository}", f"triton.url={served.url}", f"model_name={MODEL}"],
-                          capture_output=True, text=True, env=clean_env(), timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer_lib.cli",
+            "deploy",
+            f"export.path={broken}",
+            f"repository={served.repository}",
+            f"triton.url={served.url}",
+            f"model_name={MODEL}",
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=120,
+    )
     assert proc.returncode == 2, proc.stderr
     failed = before + 1
     assert f"version {failed} failed its load" in proc.stderr and f"version {before} still serves" in proc.stderr
@@ -121,8 +136,14 @@ def test_version_that_loads_but_fails_the_smoke_test_is_rolled_back(served):
         reference = generate(client, MODEL, PROMPT, max_tokens=6)
     # max_tokens above the model's limit (generate.json) makes the smoke request fail after a good load
     with pytest.raises(UserError, match=f"version {before + 1} failed its smoke test .*max_tokens"):
-        _deploy(**{"export.path": served.export, "repository": served.repository, "triton.url": served.url,
-                   "smoke_max_tokens": 10**6})
+        _deploy(
+            **{
+                "export.path": served.export,
+                "repository": served.repository,
+                "triton.url": served.url,
+                "smoke_max_tokens": 10**6,
+            }
+        )
     assert repo.served_versions(repo.read_config(served.model_dir)) == [before]
     with connected(served.url) as client:
         assert generate(client, MODEL, PROMPT, max_tokens=6) == reference
@@ -133,8 +154,14 @@ def test_version_that_loads_but_fails_the_smoke_test_is_rolled_back(served):
 def test_unreachable_server_publishes_nothing(served):
     versions = repo.versions(served.model_dir)
     with pytest.raises(UserError, match="triton.url: no Triton server answers"):
-        _deploy(**{"export.path": served.export, "repository": served.repository,
-                   "triton.url": "http://127.0.0.1:9", "timeout_s": 5})
+        _deploy(
+            **{
+                "export.path": served.export,
+                "repository": served.repository,
+                "triton.url": "http://127.0.0.1:9",
+                "timeout_s": 5,
+            }
+        )
     assert repo.versions(served.model_dir) == versions
 
 
@@ -143,8 +170,12 @@ def test_concurrent_requests_each_get_their_own_answer(served):
     explicit temperature=0 input and some without): each still gets the text it gets alone."""
     import concurrent.futures
 
-    prompts = [("What is two plus two?", 8, None), ("Say hello.", 5, 0.0), ("Name a color.", 8, None),
-               ("Is the sky green?", 3, 0.0)] * 3
+    prompts = [
+        ("What is two plus two?", 8, None),
+        ("Say hello.", 5, 0.0),
+        ("Name a color.", 8, None),
+        ("Is the sky green?", 3, 0.0),
+    ] * 3
 
     def ask(item):
         with connected(served.url) as client:

@@ -1,20 +1,29 @@
 """``posttrain deploy`` without a server: the repository it publishes, version after version."""
+
 from __future__ import annotations
 
 import json
 import os
 
 from trainer_lib.config import load_config
-from trainer_lib.serving import repository as repo
 from trainer_lib.config.layers import nest
+from trainer_lib.serving import repository as repo
 from trainer_lib.stages.lifecycle import deploy
 
 
 def test_publish_only_writes_both_models_and_keeps_the_last_versions(export_dir, tmp_path):
     root = str(tmp_path / "repo")
-    values = {"export.path": export_dir, "repository": root, "model_name": "m", "variant": "fp32",
-              "keep_versions": 2, "publish_onnx": True, "instance_kind": "gpu", "tensorrt_fp16": True,
-              "execution_env": "$$TRITON_MODEL_DIRECTORY/env.tar.gz"}
+    values = {
+        "export.path": export_dir,
+        "repository": root,
+        "model_name": "m",
+        "variant": "fp32",
+        "keep_versions": 2,
+        "publish_onnx": True,
+        "instance_kind": "gpu",
+        "tensorrt_fp16": True,
+        "execution_env": "$$TRITON_MODEL_DIRECTORY/env.tar.gz",
+    }
     results = [deploy.run(load_config(deploy.CONFIG, None, nest(values))) for _ in range(3)]
     assert [r["version"] for r in results] == [1, 2, 3]
     assert [r["previous_version"] for r in results] == [None, 1, 2]
@@ -23,7 +32,8 @@ def test_publish_only_writes_both_models_and_keeps_the_last_versions(export_dir,
     assert sorted(os.listdir(root)) == ["m", "m_onnx"]
     assert repo.versions(os.path.join(root, "m")) == [2, 3] == repo.versions(os.path.join(root, "m_onnx"))
     assert {"model.py", "ort_generate.py", "model.onnx", "model.onnx.data", "tokenizer", "generate.json"} <= set(
-        os.listdir(os.path.join(root, "m", "3")))
+        os.listdir(os.path.join(root, "m", "3"))
+    )
     assert sorted(os.listdir(os.path.join(root, "m_onnx", "3"))) == ["model.onnx", "model.onnx.data"]
     generate_config = repo.read_config(os.path.join(root, "m"))
     onnx_config = repo.read_config(os.path.join(root, "m_onnx"))

@@ -1,4 +1,5 @@
 """The model repository's files and configs, checked without a server."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,7 @@ import pytest
 
 from tests.serving.helpers import torch_greedy
 from trainer_lib.config import load_config
-from trainer_lib.errors import ConfigError
-from trainer_lib.errors import UserError
+from trainer_lib.errors import ConfigError, UserError
 from trainer_lib.serving import repository as repo
 
 
@@ -121,14 +121,17 @@ def test_missing_export_files_name_the_path(tmp_path):
         repo.write_generate_version(str(tmp_path / "export"), str(tmp_path / "repo" / "m" / "1"), "int8")
 
 
-@pytest.mark.parametrize("override, key", [
-    ({"repository": "r"}, "export.path"),
-    ({"export": {"path": "e"}}, "repository"),
-    ({"export": {"path": "e"}, "repository": "r", "variant": "int4"}, "variant"),
-    ({"export": {"path": "e"}, "repository": "r", "triton": {"url": "triton:8000"}}, "triton.url"),
-    ({"export": {"path": "e"}, "repository": "r", "model_name": "a/b"}, "model_name"),
-    ({"export": {"path": "e"}, "repository": "r", "tensorrt_fp16": True}, "tensorrt_fp16"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ({"repository": "r"}, "export.path"),
+        ({"export": {"path": "e"}}, "repository"),
+        ({"export": {"path": "e"}, "repository": "r", "variant": "int4"}, "variant"),
+        ({"export": {"path": "e"}, "repository": "r", "triton": {"url": "triton:8000"}}, "triton.url"),
+        ({"export": {"path": "e"}, "repository": "r", "model_name": "a/b"}, "model_name"),
+        ({"export": {"path": "e"}, "repository": "r", "tensorrt_fp16": True}, "tensorrt_fp16"),
+    ],
+)
 def test_deploy_config_errors_name_the_key(override, key):
     from trainer_lib.stages.lifecycle import deploy
 

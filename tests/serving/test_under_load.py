@@ -1,6 +1,7 @@
 """Bursts of concurrent generate requests against a locally served model (benchmarks/load_test.py): every
 request answered with the text the same prompt gets alone (nothing lost or crossed), also while a
 broken new version is deployed to the same server."""
+
 from __future__ import annotations
 
 import shutil
@@ -11,8 +12,8 @@ import pytest
 from benchmarks.load_test import PROMPTS, request, run_load
 from tests.serving.helpers import start_server
 from trainer_lib.config import load_config
-from trainer_lib.errors import UserError
 from trainer_lib.config.layers import nest
+from trainer_lib.errors import UserError
 from trainer_lib.stages.lifecycle import deploy
 
 

@@ -1,4 +1,5 @@
 """Behavioural tests for trainer_lib.storage against a real moto S3 server."""
+
 from __future__ import annotations
 
 import hashlib
@@ -151,14 +152,18 @@ def test_missing_objects_raise_file_not_found(s3_bucket, tmp_path):
 
 def test_unreachable_endpoint_fails_fast_without_secrets(s3_bucket, tmp_path):
     import socket
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     storage.configure(endpoint_url=f"http://127.0.0.1:{port}", max_attempts=2)
     uri = f"s3://{s3_bucket}/x.bin"
     start = time.monotonic()
-    for op in (lambda: storage.read_bytes(uri), lambda: storage.write_bytes(uri, b"x"),
-               lambda: storage.download_file(uri, str(tmp_path / "x.bin"))):
+    for op in (
+        lambda: storage.read_bytes(uri),
+        lambda: storage.write_bytes(uri, b"x"),
+        lambda: storage.download_file(uri, str(tmp_path / "x.bin")),
+    ):
         with pytest.raises(StorageError) as exc:
             op()
         msg = str(exc.value)
@@ -202,8 +207,10 @@ def test_redact(monkeypatch):
     secret, key_id = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY", "AKIAIOSFODNN7EXAMPLE"
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
-    text = storage.redact(f"id={key_id} secret {secret} other AKIAABCDEFGHIJKLMNOP "
-                          f"aws_secret_access_key = s3cr3t http://user:pw@minio:9000/b")
+    text = storage.redact(
+        f"id={key_id} secret {secret} other AKIAABCDEFGHIJKLMNOP "
+        f"aws_secret_access_key = s3cr3t http://user:pw@minio:9000/b"
+    )
     for leaked in (secret, key_id, "AKIAABCDEFGHIJKLMNOP", "s3cr3t", "user:pw"):
         assert leaked not in text, text
     assert "http://***@minio:9000/b" in text

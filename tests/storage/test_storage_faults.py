@@ -16,11 +16,10 @@ import time
 import boto3
 import pytest
 
-from tests.conftest import _free_port, clean_env
+from tests.conftest import REPO, _free_port, clean_env
 from tests.tcp_proxy import FlakyProxy
 from trainer_lib import storage
 from trainer_lib.storage import StorageError
-from tests.conftest import REPO
 
 MiB = 1024 * 1024
 
@@ -40,7 +39,8 @@ def _secrets_absent(text: str) -> None:
 
 
 def test_server_dying_mid_upload_fails_after_bounded_retries_and_leaves_no_object(
-        proxy, s3_bucket, s3_server, tmp_path):
+    proxy, s3_bucket, s3_server, tmp_path
+):
     storage.configure(max_attempts=2)
     big = tmp_path / "weights.bin"
     big.write_bytes(os.urandom(12 * MiB))  # three parts
@@ -78,8 +78,9 @@ def test_a_restart_during_an_upload_or_a_read_is_ridden_out(proxy, s3_bucket):
     assert open(local, "rb").read() == data
 
 
-def test_training_survives_a_restart_while_it_saves_a_checkpoint(proxy, s3_bucket, tiny_model_dir, chat_jsonl,
-                                                                 tmp_path):
+def test_training_survives_a_restart_while_it_saves_a_checkpoint(
+    proxy, s3_bucket, tiny_model_dir, chat_jsonl, tmp_path
+):
     """The store restarts as the step-4 checkpoint's marker is uploaded: the run goes on and ends
     with the weights of an undisturbed run."""
     from safetensors.torch import load_file
@@ -87,8 +88,16 @@ def test_training_survives_a_restart_while_it_saves_a_checkpoint(proxy, s3_bucke
     from tests.stages.training.rl_helpers import one_thread
     from trainer_lib.cli import main
 
-    args = ["sft", f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", "batch_size=2", "data.max_length=64",
-            "max_steps=6", "save_steps=2", "seed=1"]
+    args = [
+        "sft",
+        f"model.path={tiny_model_dir}",
+        f"data.path={chat_jsonl}",
+        "batch_size=2",
+        "data.max_length=64",
+        "max_steps=6",
+        "save_steps=2",
+        "seed=1",
+    ]
     ckpt = f"s3://{s3_bucket}/checkpoints/sft"
     with one_thread():
         assert main([*args, f"output_dir={tmp_path / 'plain'}"]) == 0
@@ -103,13 +112,23 @@ def test_training_survives_a_restart_while_it_saves_a_checkpoint(proxy, s3_bucke
 
 
 def test_a_corrupted_checkpoint_object_stops_the_resume_with_its_key(
-        s3_bucket, s3_server, tiny_model_dir, chat_jsonl, tmp_path, capsys):
+    s3_bucket, s3_server, tiny_model_dir, chat_jsonl, tmp_path, capsys
+):
     from tests.stages.training.rl_helpers import one_thread
     from trainer_lib.cli import main
 
     ckpt = f"s3://{s3_bucket}/checkpoints/sft"
-    args = ["sft", f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", "batch_size=2", "data.max_length=64",
-            "max_steps=4", "save_steps=2", "seed=1", f"checkpoint_dir={ckpt}"]
+    args = [
+        "sft",
+        f"model.path={tiny_model_dir}",
+        f"data.path={chat_jsonl}",
+        "batch_size=2",
+        "data.max_length=64",
+        "max_steps=4",
+        "save_steps=2",
+        "seed=1",
+        f"checkpoint_dir={ckpt}",
+    ]
     with one_thread():
         assert main([*args, f"output_dir={tmp_path / 'first'}"]) == 0
     direct = boto3.client("s3", endpoint_url=s3_server.endpoint_url)
@@ -133,7 +152,8 @@ def test_a_corrupted_checkpoint_object_stops_the_resume_with_its_key(
 
 
 def test_a_training_stage_with_a_missing_bucket_stops_before_training(
-        s3_bucket, tiny_model_dir, chat_jsonl, tmp_path, capsys):
+    s3_bucket, tiny_model_dir, chat_jsonl, tmp_path, capsys
+):
     from trainer_lib.cli import main
 
     for where in ("output_dir", "checkpoint_dir"):
@@ -151,8 +171,9 @@ def auth_server():
     port = _free_port()
     env = {**os.environ, "INITIAL_NO_AUTH_ACTION_COUNT": "4"}  # the four setup calls below
     exe = os.path.join(os.path.dirname(sys.executable), "moto_server")
-    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [exe, "-H", "127.0.0.1", "-p", str(port)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     endpoint = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 30
@@ -165,12 +186,18 @@ def auth_server():
             except OSError:
                 assert proc.poll() is None and time.monotonic() < deadline, "moto_server did not start"
                 time.sleep(0.1)
-        anyone = dict(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="setup",
-                      aws_secret_access_key="setup")
+        anyone = dict(
+            endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="setup", aws_secret_access_key="setup"
+        )
         iam = boto3.client("iam", **anyone)
         iam.create_user(UserName="trainer")
-        iam.put_user_policy(UserName="trainer", PolicyName="all", PolicyDocument=(
-            '{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}'))
+        iam.put_user_policy(
+            UserName="trainer",
+            PolicyName="all",
+            PolicyDocument=(
+                '{"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}]}'
+            ),
+        )
         key = iam.create_access_key(UserName="trainer")["AccessKey"]
         boto3.client("s3", **anyone).create_bucket(Bucket="guarded")
         yield {"endpoint": endpoint, "key_id": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
@@ -182,8 +209,11 @@ def auth_server():
 @pytest.mark.parametrize("wrong", ["unknown key", "wrong secret"])
 def test_wrong_credentials_fail_at_once_naming_the_key_not_the_secret(auth_server, monkeypatch, tmp_path, wrong):
     right_id, right_secret = auth_server["key_id"], auth_server["secret"]
-    key_id, secret = ("AKIAWRONGWRONGWRONG0", "canary-wrong-secret-1") if wrong == "unknown key" else \
-        (right_id, "canary-wrong-secret-2")
+    key_id, secret = (
+        ("AKIAWRONGWRONGWRONG0", "canary-wrong-secret-1")
+        if wrong == "unknown key"
+        else (right_id, "canary-wrong-secret-2")
+    )
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", right_id)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", right_secret)
     storage.configure(reset=True, endpoint_url=auth_server["endpoint"], cache_dir=str(tmp_path / "cache"))
@@ -192,9 +222,11 @@ def test_wrong_credentials_fail_at_once_naming_the_key_not_the_secret(auth_serve
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", key_id)
         monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", secret)
         storage.configure()  # new clients, new credentials
-        for op in (lambda: storage.read_text("s3://guarded/ok.txt"),
-                   lambda: storage.write_text("s3://guarded/new.txt", "x"),
-                   lambda: storage.download_file("s3://guarded/ok.txt", str(tmp_path / "ok.txt"))):
+        for op in (
+            lambda: storage.read_text("s3://guarded/ok.txt"),
+            lambda: storage.write_text("s3://guarded/new.txt", "x"),
+            lambda: storage.download_file("s3://guarded/ok.txt", str(tmp_path / "ok.txt")),
+        ):
             start = time.monotonic()
             with pytest.raises(StorageError) as exc:
                 op()
@@ -215,19 +247,39 @@ def test_stage_with_bad_store_settings_prints_one_line_without_secrets(s3_server
     env = clean_env()
     env.update(PYTHONPATH=REPO, POSTTRAIN_CACHE=str(tmp_path / "cache"))
     runs = {
-        "missing bucket": ({}, [f"data.path=s3://no-such-bucket-{s3_bucket}/d.jsonl", f"output_dir={tmp_path}/o1"],
-                           2, f"s3://no-such-bucket-{s3_bucket}/d.jsonl"),
-        "missing output bucket": ({}, [f"data.path={tmp_path}/d.jsonl",
-                                       f"output_dir=s3://no-such-bucket-{s3_bucket}/o"],
-                                  2, f"no-such-bucket-{s3_bucket}"),
-        "wrong credentials": ({"AWS_ENDPOINT_URL": auth_server["endpoint"], "AWS_ACCESS_KEY_ID": auth_server["key_id"],
-                               "AWS_SECRET_ACCESS_KEY": "canary-wrong-secret-3"},
-                              ["data.path=s3://guarded/ok.txt", f"output_dir={tmp_path}/o3"], 1, "s3://guarded/ok.txt"),
+        "missing bucket": (
+            {},
+            [f"data.path=s3://no-such-bucket-{s3_bucket}/d.jsonl", f"output_dir={tmp_path}/o1"],
+            2,
+            f"s3://no-such-bucket-{s3_bucket}/d.jsonl",
+        ),
+        "missing output bucket": (
+            {},
+            [f"data.path={tmp_path}/d.jsonl", f"output_dir=s3://no-such-bucket-{s3_bucket}/o"],
+            2,
+            f"no-such-bucket-{s3_bucket}",
+        ),
+        "wrong credentials": (
+            {
+                "AWS_ENDPOINT_URL": auth_server["endpoint"],
+                "AWS_ACCESS_KEY_ID": auth_server["key_id"],
+                "AWS_SECRET_ACCESS_KEY": "canary-wrong-secret-3",
+            },
+            ["data.path=s3://guarded/ok.txt", f"output_dir={tmp_path}/o3"],
+            1,
+            "s3://guarded/ok.txt",
+        ),
     }
     for name, (extra_env, args, code, where) in runs.items():
         run_env = {**env, **extra_env}
-        done = subprocess.run([sys.executable, "-m", "trainer_lib.cli", "prepare", *args], cwd=REPO, env=run_env,
-                              capture_output=True, text=True, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "trainer_lib.cli", "prepare", *args],
+            cwd=REPO,
+            env=run_env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         lines = done.stderr.strip().splitlines()
         assert done.returncode == code and lines[-1].startswith("error: ") and where in lines[-1], (name, done.stderr)
         assert "Traceback" not in done.stderr, (name, done.stderr)

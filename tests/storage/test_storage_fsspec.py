@@ -1,5 +1,6 @@
 """trainer_lib.storage on URLs that go through fsspec (memory://, file://, a flaky test filesystem):
 the same guarantees as s3:// (tests/storage/test_storage.py) without any code that knows the scheme."""
+
 from __future__ import annotations
 
 import hashlib
@@ -40,7 +41,7 @@ def _tree(root) -> dict[str, bytes]:
 def _raw(url: str) -> dict[str, bytes]:
     """Every object under ``url`` as fsspec itself lists it (sidecars and temp files included)."""
     fs, path = fsspec.core.url_to_fs(url)
-    return {p[len(path.rstrip("/")) + 1:]: fs.cat_file(p) for p in fs.find(path)} if fs.exists(path) else {}
+    return {p[len(path.rstrip("/")) + 1 :]: fs.cat_file(p) for p in fs.find(path)} if fs.exists(path) else {}
 
 
 def test_roundtrip_and_listing_hide_the_checksum_sidecars(base):
@@ -77,8 +78,9 @@ def test_model_dir_up_down_copy_and_delete(base, tmp_path):
     storage.copy(model, f"{base}/copy")  # inside one filesystem
     storage.copy(f"{base}/copy", str(tmp_path / "dl2"))  # down to a local directory
     assert _tree(tmp_path / "dl2") == files
-    other = f"memory://posttrain-tests/{uuid.uuid4().hex}/x" if base.startswith("file") \
-        else f"file://{tmp_path / 'other'}"
+    other = (
+        f"memory://posttrain-tests/{uuid.uuid4().hex}/x" if base.startswith("file") else f"file://{tmp_path / 'other'}"
+    )
     storage.copy(f"{base}/copy", other)  # between two filesystems, through this machine
     assert storage.list_files(other) == sorted(files)
     assert storage.read_bytes(f"{other}/model.safetensors") == files["model.safetensors"]
@@ -108,15 +110,22 @@ def test_a_changed_object_fails_its_checksum(base, tmp_path):
     if base.startswith("memory"):  # (a file:// URL is read in place, not downloaded)
         with pytest.raises(StorageError, match="checksum mismatch"):
             storage.localize(url)
-    fs.rm_file(posixpath.join(posixpath.dirname(path), ".w.bin.sha256"))  # a file another tool wrote: no checksum to check
+    fs.rm_file(
+        posixpath.join(posixpath.dirname(path), ".w.bin.sha256")
+    )  # a file another tool wrote: no checksum to check
     assert storage.read_bytes(url) == b"evil weights"
 
 
 def test_missing_paths_name_the_url(base, tmp_path):
     url = f"{base}/missing.bin"
-    for op in (lambda: storage.read_bytes(url), lambda: storage.download_file(url, str(tmp_path / "x")),
-               lambda: storage.localize(url), lambda: storage.listdir(url),
-               lambda: storage.download_dir(url, str(tmp_path / "d")), lambda: storage.copy(url, str(tmp_path / "c"))):
+    for op in (
+        lambda: storage.read_bytes(url),
+        lambda: storage.download_file(url, str(tmp_path / "x")),
+        lambda: storage.localize(url),
+        lambda: storage.listdir(url),
+        lambda: storage.download_dir(url, str(tmp_path / "d")),
+        lambda: storage.copy(url, str(tmp_path / "c")),
+    ):
         with pytest.raises(FileNotFoundError, match=url):
             op()
     assert not (tmp_path / "x").exists() and not (tmp_path / "d").exists()
@@ -179,7 +188,7 @@ class FlakyFileSystem(MemoryFileSystem):
         if FlakyFileSystem.failures > 0:
             FlakyFileSystem.failures -= 1
             data = open(lpath, "rb").read()
-            self.pipe_file(rpath, data[:len(data) // 2])  # a half-written object
+            self.pipe_file(rpath, data[: len(data) // 2])  # a half-written object
             raise ConnectionResetError(f"connection reset by peer (token={os.environ['HF_TOKEN']})")
         return super().put_file(lpath, rpath, **kwargs)
 

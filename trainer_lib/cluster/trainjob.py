@@ -79,12 +79,17 @@ def object_store_env(secret: str = S3_SECRET, config_map: str = CONFIG_MAP, extr
     """The trainer containers' environment: S3 credentials and endpoint from manifests/ and the Hugging
     Face token (optional references, as for pipeline tasks: workload identity and public models need
     none of them), plus plain variables. Secrets stay references: their values never enter the job."""
-    env = [{"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}}
-           for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")]
-    env.append({"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": HF_SECRET, "key": "HF_TOKEN",
-                                                                   "optional": True}}})
-    env += [{"name": key, "valueFrom": {"configMapKeyRef": {"name": config_map, "key": key, "optional": True}}}
-            for key in ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")]
+    env = [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": True}}}
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    ]
+    env.append(
+        {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": HF_SECRET, "key": "HF_TOKEN", "optional": True}}}
+    )
+    env += [
+        {"name": key, "valueFrom": {"configMapKeyRef": {"name": config_map, "key": key, "optional": True}}}
+        for key in ("AWS_ENDPOINT_URL", "AWS_DEFAULT_REGION")
+    ]
     plain = {"PYTHONUNBUFFERED": "1", "POSTTRAIN_NO_PROGRESS": "1", **(extra or {})}
     return env + [{"name": key, "value": str(value)} for key, value in plain.items()]
 
@@ -108,8 +113,9 @@ def _text(value) -> str:
     return yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip().removesuffix("\n...")
 
 
-def stage_args(stage: str, overrides: dict | list | None, output_dir: str, checkpoint_dir: str,
-               config_yaml: str = "") -> list[str]:
+def stage_args(
+    stage: str, overrides: dict | list | None, output_dir: str, checkpoint_dir: str, config_yaml: str = ""
+) -> list[str]:
     """The stage's config (``run_stage`` layers, then the two locations) as ``key=value`` arguments,
     validated here first; a local path anywhere a node would read or write is refused."""
     from trainer_lib import storage
@@ -118,38 +124,63 @@ def stage_args(stage: str, overrides: dict | list | None, output_dir: str, check
 
     for key, value in (("output_dir", output_dir), ("checkpoint_dir", checkpoint_dir)):
         if not storage.is_shared(value):
-            raise UserError(f"{key}: a TrainJob writes to an object-store prefix (s3://, gs://, az://...) that "
-                            f"every node and every retry sees, got {value!r}")
+            raise UserError(
+                f"{key}: a TrainJob writes to an object-store prefix (s3://, gs://, az://...) that "
+                f"every node and every retry sees, got {value!r}"
+            )
     layers = [overrides] if isinstance(overrides, dict) else list(overrides or [])
     values = build_values([*layers, {"output_dir": output_dir, "checkpoint_dir": checkpoint_dir}], config_yaml)
     stage_config(stage, values)  # a bad key fails here in seconds, not after N nodes were scheduled
     args = []
     for key, value in _flatten(values):
-        if key.endswith("path") and isinstance(value, str) and (
-                value.startswith(("/", "./", "../", "~")) or storage.is_remote(value) and not storage.is_shared(value)):
-            raise UserError(f"{key}: {value!r} is a path on the launcher's disk, which the TrainJob's nodes "
-                            f"do not see; use an object-store URL (s3://, gs://...) or a hub id")
+        if (
+            key.endswith("path")
+            and isinstance(value, str)
+            and (value.startswith(("/", "./", "../", "~")) or storage.is_remote(value) and not storage.is_shared(value))
+        ):
+            raise UserError(
+                f"{key}: {value!r} is a path on the launcher's disk, which the TrainJob's nodes "
+                f"do not see; use an object-store URL (s3://, gs://...) or a hub id"
+            )
         args.append(f"{key}={_text(value)}")
     return args
 
 
-def build_trainjob(name: str, stage: str, args: list[str], *, image: str, num_nodes: int, nproc_per_node: int,
-                   resources_per_node: dict | None = None, env: list[dict] | None = None, runtime: str = RUNTIME,
-                   active_deadline_s: int | None = None, labels: dict | None = None,
-                   annotations: dict | None = None) -> dict:
+def build_trainjob(
+    name: str,
+    stage: str,
+    args: list[str],
+    *,
+    image: str,
+    num_nodes: int,
+    nproc_per_node: int,
+    resources_per_node: dict | None = None,
+    env: list[dict] | None = None,
+    runtime: str = RUNTIME,
+    active_deadline_s: int | None = None,
+    labels: dict | None = None,
+    annotations: dict | None = None,
+) -> dict:
     """The ``TrainJob`` object: ``posttrain <stage> --nproc N`` with the config as ``args``."""
     if num_nodes < 1 or nproc_per_node < 1:
         raise UserError(f"num_nodes and nproc_per_node: expected >= 1, got {num_nodes} and {nproc_per_node}")
-    trainer = {"image": image, "command": ["posttrain", stage, "--nproc", str(nproc_per_node)], "args": list(args),
-               "env": object_store_env() if env is None else env, "numNodes": num_nodes,
-               "numProcPerNode": nproc_per_node}
+    trainer = {
+        "image": image,
+        "command": ["posttrain", stage, "--nproc", str(nproc_per_node)],
+        "args": list(args),
+        "env": object_store_env() if env is None else env,
+        "numNodes": num_nodes,
+        "numProcPerNode": nproc_per_node,
+    }
     if resources_per_node:
         trainer["resourcesPerNode"] = resources_per_node
     spec = {"runtimeRef": {"name": runtime, "kind": "ClusterTrainingRuntime", "apiGroup": GROUP}, "trainer": trainer}
     if active_deadline_s:
         spec["activeDeadlineSeconds"] = int(active_deadline_s)  # the Trainer fails the job after this
-    metadata = {"name": name, "labels": {"app.kubernetes.io/part-of": "posttrain", "posttrain/stage": stage,
-                                         **(labels or {})}}
+    metadata = {
+        "name": name,
+        "labels": {"app.kubernetes.io/part-of": "posttrain", "posttrain/stage": stage, **(labels or {})},
+    }
     if annotations:
         metadata["annotations"] = dict(annotations)
     return {"apiVersion": API_VERSION, "kind": KIND, "metadata": metadata, "spec": spec}
@@ -164,8 +195,9 @@ def _conditions(job: dict) -> list[dict]:
 
 def _finished(job: dict) -> dict | None:
     """The true ``Complete`` or ``Failed`` condition, if the job has one."""
-    return next((c for c in _conditions(job) if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"),
-                None)
+    return next(
+        (c for c in _conditions(job) if c.get("type") in ("Complete", "Failed") and c.get("status") == "True"), None
+    )
 
 
 class TrainJobLauncher:
@@ -192,8 +224,14 @@ class TrainJobLauncher:
             if not keep:
                 self._delete(name)
         args = dict(a.split("=", 1) for a in job["spec"]["trainer"].get("args", []) if "=" in a)
-        return TrainJobResult(name, self.namespace, final.get("status") or {}, args.get("output_dir", ""),
-                              args.get("checkpoint_dir", ""), reattached)
+        return TrainJobResult(
+            name,
+            self.namespace,
+            final.get("status") or {},
+            args.get("output_dir", ""),
+            args.get("checkpoint_dir", ""),
+            reattached,
+        )
 
     def _call(self, what: str, method, *args, hints: dict | None = None, **kwargs):
         """One API call; an error becomes a TrainJobError saying what was being done (409 and 404 pass
@@ -203,8 +241,11 @@ class TrainJobLauncher:
         try:
             return method(GROUP, VERSION, self.namespace, PLURAL, *args, _request_timeout=60, **kwargs)
         except ApiException as exc:
-            hints = {403: f"; grant the pipeline's ServiceAccount access to trainjobs in {self.namespace} "
-                          f"(manifests/rbac.yaml)", **(hints or {})}
+            hints = {
+                403: f"; grant the pipeline's ServiceAccount access to trainjobs in {self.namespace} "
+                f"(manifests/rbac.yaml)",
+                **(hints or {}),
+            }
             if exc.status in hints and hints[exc.status] is None:
                 raise
             raise TrainJobError(f"{what}: HTTP {exc.status} {exc.reason}{hints.get(exc.status, '')}") from exc
@@ -217,16 +258,22 @@ class TrainJobLauncher:
         name, where = job["metadata"]["name"], f"TrainJob {self.namespace}/{job['metadata']['name']}"
         while True:
             try:  # Strict: a field this Trainer version does not know is an error, not silently dropped
-                self._call(f"creating {where}", self.api.create_namespaced_custom_object, job,
-                           field_validation="Strict", hints={409: None, 404: " (is Kubeflow Trainer v2 installed?)"})
+                self._call(
+                    f"creating {where}",
+                    self.api.create_namespaced_custom_object,
+                    job,
+                    field_validation="Strict",
+                    hints={409: None, 404: " (is Kubeflow Trainer v2 installed?)"},
+                )
                 trainer = job["spec"]["trainer"]
                 self.say(f"created {where}: {trainer['numNodes']} nodes x {trainer['numProcPerNode']} processes")
                 return False
             except ApiException:  # 409: it exists
                 pass
             try:
-                existing = self._call(f"reading {where}", self.api.get_namespaced_custom_object, name,
-                                      hints={404: None})
+                existing = self._call(
+                    f"reading {where}", self.api.get_namespaced_custom_object, name, hints={404: None}
+                )
             except ApiException:  # 404: deleted since; create it again
                 continue
             if not existing["metadata"].get("deletionTimestamp"):
@@ -237,10 +284,13 @@ class TrainJobLauncher:
             time.sleep(self.poll_s)
         done = _finished(existing)
         if done and done["type"] == "Failed":
-            raise TrainJobError(f"{where} (from an earlier attempt) already failed: "
-                                f"{done.get('reason', '')}: {done.get('message', '')}")
-        self.say(f"re-attached to {where}, created {existing['metadata'].get('creationTimestamp', '?')} "
-                 f"by an earlier attempt of this task")
+            raise TrainJobError(
+                f"{where} (from an earlier attempt) already failed: {done.get('reason', '')}: {done.get('message', '')}"
+            )
+        self.say(
+            f"re-attached to {where}, created {existing['metadata'].get('creationTimestamp', '?')} "
+            f"by an earlier attempt of this task"
+        )
         return True
 
     def _wait(self, name: str, timeout_s: float, deadline: float) -> dict:
@@ -252,8 +302,12 @@ class TrainJobLauncher:
         job: dict = {}
         while True:
             try:
-                job = self._call(f"reading {where}", self.api.get_namespaced_custom_object, name,
-                                 hints={404: " (deleted while the launcher waited)"})
+                job = self._call(
+                    f"reading {where}",
+                    self.api.get_namespaced_custom_object,
+                    name,
+                    hints={404: " (deleted while the launcher waited)"},
+                )
             except (TrainJobError, HTTPError) as exc:  # a restarting API server: retry until the deadline
                 status = getattr(exc.__cause__, "status", 0) or 0
                 if isinstance(exc, TrainJobError) and status < 500 and status != 429:
@@ -269,8 +323,10 @@ class TrainJobLauncher:
             left = deadline - time.monotonic()
             if left <= 0:
                 state = ", ".join(f"{c.get('type')}={c.get('status')}" for c in _conditions(job)) or "no conditions"
-                raise TrainJobTimeout(f"{where} did not finish within {timeout_s:g} s ({state}); raise the "
-                                      f"launcher's timeout or check the job's pods")
+                raise TrainJobTimeout(
+                    f"{where} did not finish within {timeout_s:g} s ({state}); raise the "
+                    f"launcher's timeout or check the job's pods"
+                )
             time.sleep(min(self.poll_s, left))
 
     def _report(self, job: dict, seen: set) -> None:
@@ -282,8 +338,9 @@ class TrainJobLauncher:
                 text = f"{c.get('type')}={c.get('status')} {c.get('reason', '')}: {c.get('message', '')}"
                 self.say(text.rstrip(": "))
         for j in (job.get("status") or {}).get("jobsStatus") or []:
-            counts = " ".join(f"{k}={j[k]}" for k in ("active", "ready", "succeeded", "failed", "suspended")
-                              if j.get(k))
+            counts = " ".join(
+                f"{k}={j[k]}" for k in ("active", "ready", "succeeded", "failed", "suspended") if j.get(k)
+            )
             key = ("jobs", j.get("name"), counts)
             if counts and key not in seen:
                 seen.add(key)
@@ -293,8 +350,9 @@ class TrainJobLauncher:
         """Delete the job, its pods first (Foreground: a retry that creates it anew finds no leftovers);
         never raises, since an error here must not hide the run's own."""
         try:
-            self.api.delete_namespaced_custom_object(GROUP, VERSION, self.namespace, PLURAL, name,
-                                                     propagation_policy="Foreground", _request_timeout=60)
+            self.api.delete_namespaced_custom_object(
+                GROUP, VERSION, self.namespace, PLURAL, name, propagation_policy="Foreground", _request_timeout=60
+            )
             self.say(f"deleted {self.namespace}/{name}")
         except Exception as exc:  # 404 included: nothing to clean up
             status = getattr(exc, "status", None)
@@ -302,21 +360,45 @@ class TrainJobLauncher:
                 self.say(f"could not delete {self.namespace}/{name} ({status or exc}); delete it by hand")
 
 
-def launch_stage(stage: str, overrides: dict | list | None, *, run_id: str, task: str, image: str, output_dir: str,
-                 checkpoint_dir: str, num_nodes: int, nproc_per_node: int, timeout_s: float,
-                 resources_per_node: dict | None = None, config_yaml: str = "", namespace: str | None = None,
-                 client=None, poll_s: float = 15.0, keep: bool = False, active_deadline_s: int | None = None,
-                 env: list[dict] | None = None) -> TrainJobResult:
+def launch_stage(
+    stage: str,
+    overrides: dict | list | None,
+    *,
+    run_id: str,
+    task: str,
+    image: str,
+    output_dir: str,
+    checkpoint_dir: str,
+    num_nodes: int,
+    nproc_per_node: int,
+    timeout_s: float,
+    resources_per_node: dict | None = None,
+    config_yaml: str = "",
+    namespace: str | None = None,
+    client=None,
+    poll_s: float = 15.0,
+    keep: bool = False,
+    active_deadline_s: int | None = None,
+    env: list[dict] | None = None,
+) -> TrainJobResult:
     """Validate the stage config, then run it as a TrainJob named after ``run_id`` and ``task``.
 
     In a KFP component: ``run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER``, ``task=dsl.PIPELINE_TASK_NAME_PLACEHOLDER``
     (the same for every retry of the task); ``client`` defaults to the pod's in-cluster credentials.
     """
     args = stage_args(stage, overrides, output_dir, checkpoint_dir, config_yaml)
-    job = build_trainjob(job_name(run_id, task), stage, args, image=image, num_nodes=num_nodes,
-                         nproc_per_node=nproc_per_node, resources_per_node=resources_per_node, env=env,
-                         active_deadline_s=active_deadline_s,
-                         annotations={"posttrain/run-id": run_id, "posttrain/task": task})
+    job = build_trainjob(
+        job_name(run_id, task),
+        stage,
+        args,
+        image=image,
+        num_nodes=num_nodes,
+        nproc_per_node=nproc_per_node,
+        resources_per_node=resources_per_node,
+        env=env,
+        active_deadline_s=active_deadline_s,
+        annotations={"posttrain/run-id": run_id, "posttrain/task": task},
+    )
     own = client is None
     client = client or api_client()
     try:

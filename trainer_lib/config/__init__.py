@@ -12,7 +12,16 @@
 The names a stage needs are importable from the package itself; nothing heavy is imported.
 """
 
-from trainer_lib.config.loader import describe, flat_dict, has_key, load_config, merge, parse_overrides, read_yaml, to_dict
+from trainer_lib.config.loader import (
+    describe,
+    flat_dict,
+    has_key,
+    load_config,
+    merge,
+    parse_overrides,
+    read_yaml,
+    to_dict,
+)
 from trainer_lib.config.sections import (
     METRIC_SCHEDULERS,
     SCHEDULERS,
@@ -28,6 +37,25 @@ from trainer_lib.config.sections import (
     opt,
 )
 
-__all__ = ["METRIC_SCHEDULERS", "SCHEDULERS", "DataConfig", "EngineConfig", "LoraConfig", "ModelConfig", "StorageConfig", "TrainingConfig",
-           "check_non_negative", "check_positive", "describe", "flat_dict", "has_key", "load_config", "lookup", "merge",
-           "opt", "parse_overrides", "read_yaml", "to_dict"]
+__all__ = [
+    "METRIC_SCHEDULERS",
+    "SCHEDULERS",
+    "DataConfig",
+    "EngineConfig",
+    "LoraConfig",
+    "ModelConfig",
+    "StorageConfig",
+    "TrainingConfig",
+    "check_non_negative",
+    "check_positive",
+    "describe",
+    "flat_dict",
+    "has_key",
+    "load_config",
+    "lookup",
+    "merge",
+    "opt",
+    "parse_overrides",
+    "read_yaml",
+    "to_dict",
+]

@@ -19,11 +19,12 @@ import json
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from trainer_lib.errors import ConfigError
 from trainer_lib.config.values import parse_bool, section_for
+from trainer_lib.errors import ConfigError
 
 #: their key -> our key(s); the first one the stage's config has is used.
 RENAMES: dict[str, tuple[str, ...]] = {
@@ -76,7 +77,6 @@ TRL_DEFAULT_LORA_R = 16  # TRL's ModelConfig.lora_r, used when a file says only 
 LLAMAFACTORY_DEFAULT_LORA_RANK = 8  # LLaMA-Factory's lora_rank, for finetuning_type: lora alone
 
 
-
 @dataclass
 class Context:
     """What a rule may consult: the stage's keys, the stage's name, the whole layer."""
@@ -109,8 +109,9 @@ def _bf16(value, ctx):
 def _fp16(value, ctx):
     """refused when true (fp16 is not supported; use `bf16: true`)."""
     if parse_bool(value, "fp16"):
-        raise ConfigError("fp16: fp16 mixed precision is not supported; use bf16: true "
-                          "(engine.precision=bf16) or leave it off")
+        raise ConfigError(
+            "fp16: fp16 mixed precision is not supported; use bf16: true (engine.precision=bf16) or leave it off"
+        )
     return {}, (), "(off: nothing to set)"
 
 
@@ -134,13 +135,16 @@ def _stage(value, ctx):
     """checked against the stage being run (`rm` is `posttrain reward`, `kto` is `posttrain dpo loss=kto`)."""
     ours = LLAMAFACTORY_STAGES.get(value)
     if ours is None:
-        raise ConfigError(f"stage: LLaMA-Factory's stage {value!r} has no posttrain counterpart "
-                          f"(expected one of {', '.join(LLAMAFACTORY_STAGES)})")
+        raise ConfigError(
+            f"stage: LLaMA-Factory's stage {value!r} has no posttrain counterpart "
+            f"(expected one of {', '.join(LLAMAFACTORY_STAGES)})"
+        )
     if ctx.stage is None:
         raise ConfigError("stage: cannot check LLaMA-Factory's stage here (no stage is being run)")
     if ours != ctx.stage:
-        raise ConfigError(f"stage: {value!r} is LLaMA-Factory's stage for `posttrain {ours}`, "
-                          f"but this is `posttrain {ctx.stage}`")
+        raise ConfigError(
+            f"stage: {value!r} is LLaMA-Factory's stage for `posttrain {ours}`, but this is `posttrain {ctx.stage}`"
+        )
     if value == "kto":
         return {"loss": "kto"}, (), ""
     return {}, (), f"(checked: posttrain {ours})"
@@ -157,8 +161,10 @@ def _deepspeed(value, ctx):
     """`engine.deepspeed_config` where a stage has it; otherwise refused (the stage starts no DeepSpeed engine)."""
     if ctx.has_key("engine.deepspeed_config"):
         return {"engine.deepspeed_config": value}, (), ""
-    raise ConfigError("deepspeed: this stage starts no DeepSpeed engine, so it reads no DeepSpeed file "
-                      "(engine.deepspeed_config belongs to the training stages)")
+    raise ConfigError(
+        "deepspeed: this stage starts no DeepSpeed engine, so it reads no DeepSpeed file "
+        "(engine.deepspeed_config belongs to the training stages)"
+    )
 
 
 #: the entries of a dataset_info.json dataset that can be followed.
@@ -173,8 +179,10 @@ def _dataset_entry(key: str, name: Any, ctx: Context) -> dict:
     directory = str(ctx.layer.get("dataset_dir", "data"))
     info_file = os.path.join(directory, "dataset_info.json")
     if not os.path.isfile(info_file):
-        raise ConfigError(f"{key}: {name!r} is looked up in {info_file} (LLaMA-Factory's dataset_dir), "
-                          f"which does not exist; set dataset_dir, or data.path to the file")
+        raise ConfigError(
+            f"{key}: {name!r} is looked up in {info_file} (LLaMA-Factory's dataset_dir), "
+            f"which does not exist; set dataset_dir, or data.path to the file"
+        )
     try:
         with open(info_file, encoding="utf-8") as fh:
             info = json.load(fh)
@@ -185,8 +193,10 @@ def _dataset_entry(key: str, name: Any, ctx: Context) -> dict:
         raise ConfigError(f"{key}: no dataset {name!r} in {info_file}")
     unsupported = sorted(set(entry) - set(DATASET_INFO_KEYS))
     if unsupported:
-        raise ConfigError(f"{key}: {name!r} in {info_file} uses {unsupported[0]!r}, which posttrain does not "
-                          f"read (it follows {', '.join(DATASET_INFO_KEYS)})")
+        raise ConfigError(
+            f"{key}: {name!r} in {info_file} uses {unsupported[0]!r}, which posttrain does not "
+            f"read (it follows {', '.join(DATASET_INFO_KEYS)})"
+        )
     if "file_name" in entry:
         path = os.path.join(directory, entry["file_name"])
     elif "hf_hub_url" in entry:
@@ -212,8 +222,10 @@ def _eval_dataset(value, ctx):
     """`data.eval_path` from `dataset_info.json`."""
     entry = _dataset_entry("eval_dataset", value, ctx)
     if entry["hub"]:
-        raise ConfigError(f"eval_dataset: {value!r} sets {', '.join(entry['hub'])}, which posttrain reads only for "
-                          f"the training dataset; point eval_dataset at files, or use data.eval_split")
+        raise ConfigError(
+            f"eval_dataset: {value!r} sets {', '.join(entry['hub'])}, which posttrain reads only for "
+            f"the training dataset; point eval_dataset at files, or use data.eval_split"
+        )
     if "dataset" in ctx.layer:
         train = _dataset_entry("dataset", ctx.layer["dataset"], ctx)
         if (train["format"], train["columns"]) != (entry["format"], entry["columns"]):
@@ -227,16 +239,25 @@ def _template(value, ctx):
 
     if value in BUILTINS:
         return {"model.chat_template": value}, (), ""
-    return {}, (), (f"(ignored: {value!r} is not built in; the tokenizer's own chat template is used, or set "
-                    f"model.chat_template to {', '.join(BUILTINS)} or a Jinja file)")
+    return (
+        {},
+        (),
+        (
+            f"(ignored: {value!r} is not built in; the tokenizer's own chat template is used, or set "
+            f"model.chat_template to {', '.join(BUILTINS)} or a Jinja file)"
+        ),
+    )
 
 
 def _token(key: str) -> Rule:
     def refuse(value, ctx):  # the value is never echoed: it is a secret
         """refused without echoing it: export `HF_TOKEN` instead."""
-        raise ConfigError(f"{key}: a token does not belong in a config file, which is printed, logged and "
-                          f"stored with the run; remove it and export HF_TOKEN instead (hub downloads read it "
-                          f"from the environment)")
+        raise ConfigError(
+            f"{key}: a token does not belong in a config file, which is printed, logged and "
+            f"stored with the run; remove it and export HF_TOKEN instead (hub downloads read it "
+            f"from the environment)"
+        )
+
     return refuse
 
 
@@ -283,8 +304,7 @@ def _put(tree: dict, dotted: str, value: Any, their: str, set_by: dict) -> None:
     present, old = _present(tree, dotted)
     if present and old != value:
         other = set_by.get(dotted, dotted)
-        raise ConfigError(f"{their}: sets {dotted} to {value!r}, but {other} sets it to {old!r} "
-                          f"in the same config")
+        raise ConfigError(f"{their}: sets {dotted} to {value!r}, but {other} sets it to {old!r} in the same config")
     node, last = section_for(tree, dotted, f"{their}: sets {dotted}, but a value stands where a section should be")
     node[last] = value
     set_by[dotted] = their
@@ -346,11 +366,14 @@ def resolve_warmup_ratio(cfg: Any, ratio: Any, warmup_steps_given: bool) -> str:
     if not 0.0 <= ratio < 1.0:
         raise ConfigError(f"warmup_ratio: expected 0 <= x < 1, got {ratio}")
     if getattr(cfg, "num_epochs", 0) > 0:
-        raise ConfigError("warmup_ratio: the number of steps is not known before the data is read "
-                          "(num_epochs is set); set warmup_steps, or max_steps instead of epochs")
+        raise ConfigError(
+            "warmup_ratio: the number of steps is not known before the data is read "
+            "(num_epochs is set); set warmup_steps, or max_steps instead of epochs"
+        )
     if warmup_steps_given and cfg.warmup_steps > 0:
-        raise ConfigError(f"warmup_ratio: set either warmup_ratio or warmup_steps, not both "
-                          f"(warmup_steps={cfg.warmup_steps})")
+        raise ConfigError(
+            f"warmup_ratio: set either warmup_ratio or warmup_steps, not both (warmup_steps={cfg.warmup_steps})"
+        )
     updates = cfg.max_steps * (cfg.updates_per_step() if hasattr(cfg, "updates_per_step") else 1)
     cfg.warmup_steps = math.ceil(ratio * updates)
     return f"warmup_ratio -> warmup_steps={cfg.warmup_steps} ({ratio} of {updates} steps)"
@@ -362,8 +385,9 @@ def alias_table() -> str:
     rows = {}
     for key, targets in RENAMES.items():
         values = "".join(f" (`{theirs}` -> `{ours}`)" for theirs, ours in VALUE_RENAMES.get(key, {}).items())
-        rows[key] = " or ".join(f"`{t}`" for t in targets) + values + (" (the first the stage has)"
-                                                                       if len(targets) > 1 else "")
+        rows[key] = (
+            " or ".join(f"`{t}`" for t in targets) + values + (" (the first the stage has)" if len(targets) > 1 else "")
+        )
     for key, rule in RULES.items():
         rows[key] = (rule.__doc__ or "").strip().splitlines()[0]
     rows.update(DEFERRED)

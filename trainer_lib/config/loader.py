@@ -174,7 +174,9 @@ def read_yaml(path: str) -> dict:
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: invalid YAML: {_one_line_yaml_error(exc)}") from None
         except UnicodeDecodeError as exc:
-            raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})") from None
+            raise ConfigError(
+                f"{path}: not UTF-8 text (byte {exc.object[exc.start]:#04x} at offset {exc.start})"
+            ) from None
     if not isinstance(loaded, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     return loaded
@@ -190,9 +192,13 @@ def has_key(cls: type, dotted: str) -> bool:
     return True
 
 
-def load_config(cls: type, config_files: str | dict | list[str | dict] | None = None,
-                overrides: list[str] | dict | None = None, validate: bool = True,
-                stage: str | None = None) -> Any:
+def load_config(
+    cls: type,
+    config_files: str | dict | list[str | dict] | None = None,
+    overrides: list[str] | dict | None = None,
+    validate: bool = True,
+    stage: str | None = None,
+) -> Any:
     """Build ``cls`` from YAML files (or already-read mappings), merged in order, then the
     overrides; then run ``validate()``.
 
@@ -236,6 +242,7 @@ def to_dict(cfg: Any) -> dict:
 
 def flat_dict(cfg: Any) -> dict[str, Any]:
     """``{"engine.zero_stage": 2, "lr": 1e-4, ...}``: every key of a config, dotted (trackers' params)."""
+
     def flatten(tree: dict, prefix: str) -> dict:
         out = {}
         for key, value in tree.items():

@@ -14,8 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from trainer_lib.config import EngineConfig, TrainingConfig, opt
-from trainer_lib.errors import ConfigError
-from trainer_lib.errors import UserError
+from trainer_lib.errors import ConfigError, UserError
 
 
 @dataclass
@@ -25,35 +24,56 @@ class RolloutConfig:
     temperature: float = opt(1.0, "Sampling temperature (0: greedy). Log-probs use the same temperature.")
     top_p: float = opt(1.0, "Nucleus sampling threshold (1: off).")
     top_k: int = opt(0, "Sample among the k most likely tokens (0: off).")
-    stop: list[str] = opt([], "Stop strings; the completion text ends before the first one "
-                              "(comma-separated on the CLI).")
+    stop: list[str] = opt(
+        [], "Stop strings; the completion text ends before the first one (comma-separated on the CLI)."
+    )
     batch_size: int = opt(64, "Sequences per generate call (per rank).")
 
 
 @dataclass
 class RewardSourcesConfig:
-    functions: list[str] = opt([], "Reward functions: built-ins (code_execution, code_style, "
-                                   "length_penalty, refusal) or module:function / path/file.py:function "
-                                   "(comma-separated on the CLI).")
-    weights: list[float] = opt([], "One weight per source: the functions in order, then the reward "
-                                   "model if reward.model_path is set, then the classifier if "
-                                   "reward.classifier_path is set (empty: all 1.0).")
-    model_path: str | None = opt(None, "Reward model (from `posttrain reward`), normalized with its "
-                                       "stored mean/std.")
-    classifier_path: str | None = opt(None, "A sequence classifier (HF id, dir or URL: a sentiment, toxicity or "
-                                            "safety model) scoring each completion's text as a reward source.")
-    classifier_label: str = opt("", "The classifier's label (name from id2label, or index) whose score is the "
-                                    "reward; required when it has several labels.")
-    classifier_score: str = opt("probability", "probability: softmax over the labels (sigmoid for multi-label "
-                                               "models) of classifier_label; logit: its raw logit.",
-                                ("probability", "logit"))
+    functions: list[str] = opt(
+        [],
+        "Reward functions: built-ins (code_execution, code_style, "
+        "length_penalty, refusal) or module:function / path/file.py:function "
+        "(comma-separated on the CLI).",
+    )
+    weights: list[float] = opt(
+        [],
+        "One weight per source: the functions in order, then the reward "
+        "model if reward.model_path is set, then the classifier if "
+        "reward.classifier_path is set (empty: all 1.0).",
+    )
+    model_path: str | None = opt(None, "Reward model (from `posttrain reward`), normalized with its stored mean/std.")
+    classifier_path: str | None = opt(
+        None,
+        "A sequence classifier (HF id, dir or URL: a sentiment, toxicity or "
+        "safety model) scoring each completion's text as a reward source.",
+    )
+    classifier_label: str = opt(
+        "",
+        "The classifier's label (name from id2label, or index) whose score is the "
+        "reward; required when it has several labels.",
+    )
+    classifier_score: str = opt(
+        "probability",
+        "probability: softmax over the labels (sigmoid for multi-label "
+        "models) of classifier_label; logit: its raw logit.",
+        ("probability", "logit"),
+    )
     clip: float = opt(0.0, "Clip the combined reward to [-clip, clip] after normalization (0: off).")
-    normalize: str = opt("none", "Normalize the combined reward: with this step's statistics, "
-                                 "with running statistics, or not.", ("none", "batch", "running"))
+    normalize: str = opt(
+        "none",
+        "Normalize the combined reward: with this step's statistics, with running statistics, or not.",
+        ("none", "batch", "running"),
+    )
     code_timeout: float = opt(3.0, "code_execution: wall-clock seconds per program in the sandbox.")
     sandbox_workers: int = opt(4, "code_execution: sandbox processes running tests in parallel.")
-    length_free_tokens: int = opt(0, "length_penalty: completions up to this many tokens are not "
-                                     "penalized; the penalty reaches -1 at rollout.max_new_tokens.")
+    length_free_tokens: int = opt(
+        0,
+        "length_penalty: completions up to this many tokens are not "
+        "penalized; the penalty reaches -1 at rollout.max_new_tokens.",
+    )
 
 
 @dataclass
@@ -65,10 +85,13 @@ class RLConfig(TrainingConfig):
     prompts_per_step: int = opt(8, "Prompts per step, all ranks together (each gets rollout.n completions).")
     ppo_epochs: int = opt(1, "Passes over each step's completions (TRL's num_iterations).")
     mini_batch_size: int = opt(0, "Completions per optimizer step, all ranks together (0: all of a step).")
-    multi_adapter: bool = opt(False, "One frozen base model shared by the roles as LoRA adapters (needs lora.r > 0): "
-                                     "the policy adapter, PPO's value adapter and head, the reference as the base "
-                                     "with adapters disabled, and a LoRA reward model of the same base (saved with "
-                                     "lora.merge=false) as a frozen adapter; one engine trains policy and value.")
+    multi_adapter: bool = opt(
+        False,
+        "One frozen base model shared by the roles as LoRA adapters (needs lora.r > 0): "
+        "the policy adapter, PPO's value adapter and head, the reference as the base "
+        "with adapters disabled, and a LoRA reward model of the same base (saved with "
+        "lora.merge=false) as a frozen adapter; one engine trains policy and value.",
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -80,22 +103,32 @@ class RLConfig(TrainingConfig):
         if self.reward.clip < 0:
             raise ConfigError(f"reward.clip: expected >= 0, got {self.reward.clip}")
         if not self.reward.functions and not self.reward.model_path and not self.reward.classifier_path:
-            raise ConfigError("reward.functions: required (or reward.model_path or reward.classifier_path), e.g. "
-                              "reward.functions=code_execution or my_rewards:reward")
+            raise ConfigError(
+                "reward.functions: required (or reward.model_path or reward.classifier_path), e.g. "
+                "reward.functions=code_execution or my_rewards:reward"
+            )
         if self.prompts_per_step < 1 or self.ppo_epochs < 1 or self.mini_batch_size < 0:
             raise ConfigError("prompts_per_step, ppo_epochs: expected >= 1; mini_batch_size: expected >= 0")
         if self.multi_adapter and self.lora.r <= 0:
-            raise ConfigError("multi_adapter: needs lora.r > 0 (the roles are LoRA adapters of one frozen base), "
-                              f"got lora.r={self.lora.r}")
+            raise ConfigError(
+                "multi_adapter: needs lora.r > 0 (the roles are LoRA adapters of one frozen base), "
+                f"got lora.r={self.lora.r}"
+            )
         if self.multi_adapter and self.engine.zero_stage == 3:
-            raise ConfigError("multi_adapter: not supported with engine.zero_stage=3 (use ZeRO 0-2: the frozen base "
-                              "is shared, only the small adapters are trained and partitioned)")
+            raise ConfigError(
+                "multi_adapter: not supported with engine.zero_stage=3 (use ZeRO 0-2: the frozen base "
+                "is shared, only the small adapters are trained and partitioned)"
+            )
         if self.engine.gradient_accumulation_steps != 1:
-            raise ConfigError("engine.gradient_accumulation_steps: RL stages derive it from "
-                              "mini_batch_size / (batch_size * world size); set mini_batch_size instead")
+            raise ConfigError(
+                "engine.gradient_accumulation_steps: RL stages derive it from "
+                "mini_batch_size / (batch_size * world size); set mini_batch_size instead"
+            )
         if self.sequences_per_step % self.mini_batch:
-            raise ConfigError(f"mini_batch_size: {self.mini_batch} does not divide the {self.sequences_per_step} "
-                              f"sequences of a step (prompts_per_step * rollout.n)")
+            raise ConfigError(
+                f"mini_batch_size: {self.mini_batch} does not divide the {self.sequences_per_step} "
+                f"sequences of a step (prompts_per_step * rollout.n)"
+            )
 
     @property
     def sequences_per_step(self) -> int:
@@ -113,8 +146,11 @@ class RLConfig(TrainingConfig):
     def engine_for(self, world_size: int) -> EngineConfig:
         """The engine settings for ``world_size`` ranks: accumulation = mini-batch / (batch_size * world)."""
         if self.prompts_per_step % world_size or self.mini_batch % (world_size * self.batch_size):
-            raise UserError(f"prompts_per_step ({self.prompts_per_step}) must be a multiple of the world size "
-                            f"({world_size}), and the mini-batch ({self.mini_batch} sequences) of batch_size * "
-                            f"world size ({self.batch_size * world_size})")
-        return dataclasses.replace(self.engine,
-                                   gradient_accumulation_steps=self.mini_batch // (world_size * self.batch_size))
+            raise UserError(
+                f"prompts_per_step ({self.prompts_per_step}) must be a multiple of the world size "
+                f"({world_size}), and the mini-batch ({self.mini_batch} sequences) of batch_size * "
+                f"world size ({self.batch_size * world_size})"
+            )
+        return dataclasses.replace(
+            self.engine, gradient_accumulation_steps=self.mini_batch // (world_size * self.batch_size)
+        )

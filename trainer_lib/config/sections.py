@@ -16,7 +16,7 @@ from trainer_lib.errors import ConfigError
 from trainer_lib.models import chat_templates
 
 
-def opt(default: Any, help: str, choices: tuple | None = None) -> Any:  # noqa: A002
+def opt(default: Any, help: str, choices: tuple | None = None) -> Any:
     """A dataclass field with help text (and optional allowed values)."""
     meta = {"help": help, "choices": choices}
     if isinstance(default, (list, dict)):
@@ -28,59 +28,111 @@ def opt(default: Any, help: str, choices: tuple | None = None) -> Any:  # noqa: 
 
 #: transformers' SchedulerType names that step once per optimizer step (a test keeps this list
 #: equal to the installed transformers'), and those that need a metric instead.
-SCHEDULERS = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
-              "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay")
+SCHEDULERS = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "cosine_with_min_lr",
+    "cosine_warmup_with_min_lr",
+    "warmup_stable_decay",
+)
 METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
 
 
 @dataclass
 class ModelConfig:
     path: str | None = opt(None, "Base model: Hugging Face hub id, local directory or URL (s3://, gs://, hf://...).")
-    revision: str = opt("", "Hub revision of model.path (and of its tokenizer): a branch, tag or commit sha; "
-                            "default the main branch. Ignored for local directories and URLs.")
+    revision: str = opt(
+        "",
+        "Hub revision of model.path (and of its tokenizer): a branch, tag or commit sha; "
+        "default the main branch. Ignored for local directories and URLs.",
+    )
     tokenizer_path: str | None = opt(None, "Tokenizer location if different from model.path.")
-    chat_template: str = opt("", "Chat template replacing the tokenizer's own (or giving a base model one): "
-                                 "chatml, llama3 or zephyr (built in), Jinja text, or a Jinja file; empty: "
-                                 "the tokenizer's own.")
-    attn_implementation: str = opt("sdpa", "Attention kernel passed to transformers; sdpa attends each "
-                                           "sequence of a packed row on its own (models/attention.py).",
-                                   ("sdpa", "eager", "flash_attention_2"))
+    chat_template: str = opt(
+        "",
+        "Chat template replacing the tokenizer's own (or giving a base model one): "
+        "chatml, llama3 or zephyr (built in), Jinja text, or a Jinja file; empty: "
+        "the tokenizer's own.",
+    )
+    attn_implementation: str = opt(
+        "sdpa",
+        "Attention kernel passed to transformers; sdpa attends each "
+        "sequence of a packed row on its own (models/attention.py).",
+        ("sdpa", "eager", "flash_attention_2"),
+    )
     trust_remote_code: bool = opt(False, "Allow custom modelling code from the model repo.")
 
 
 @dataclass
 class DataConfig:
-    path: str | None = opt(None, "Dataset: prepared dataset dir, JSONL/JSON/Parquet/CSV file, "
-                                 "datasets saved dir or hub id; local or a URL (s3://, gs://, az://, hf://, ...).")
-    format: str = opt("auto", "Dataset format; 'auto' detects it from the columns. alpaca and sharegpt "
-                              "(LLaMA-Factory's) are converted to messages.",
-                      ("auto", "text", "prompt_completion", "messages", "preference",
-                       "unpaired_preference", "prompt_only", "alpaca", "sharegpt"))
-    columns: dict[str, str] = opt({}, "Renamed columns of alpaca/sharegpt data, named like the columns and "
-                                      "tags of LLaMA-Factory's dataset_info.json, e.g. "
-                                      "{prompt: question, response: answer} or {messages: dialog, role_tag: "
-                                      "role, content_tag: text, user_tag: user, assistant_tag: assistant}.")
-    subset: str = opt("", "Configuration of a hub dataset (datasets.load_dataset's name, e.g. main for gsm8k); "
-                          "also of a local or URL directory laid out like a hub dataset repo.")
+    path: str | None = opt(
+        None,
+        "Dataset: prepared dataset dir, JSONL/JSON/Parquet/CSV file, "
+        "datasets saved dir or hub id; local or a URL (s3://, gs://, az://, hf://, ...).",
+    )
+    format: str = opt(
+        "auto",
+        "Dataset format; 'auto' detects it from the columns. alpaca and sharegpt "
+        "(LLaMA-Factory's) are converted to messages.",
+        (
+            "auto",
+            "text",
+            "prompt_completion",
+            "messages",
+            "preference",
+            "unpaired_preference",
+            "prompt_only",
+            "alpaca",
+            "sharegpt",
+        ),
+    )
+    columns: dict[str, str] = opt(
+        {},
+        "Renamed columns of alpaca/sharegpt data, named like the columns and "
+        "tags of LLaMA-Factory's dataset_info.json, e.g. "
+        "{prompt: question, response: answer} or {messages: dialog, role_tag: "
+        "role, content_tag: text, user_tag: user, assistant_tag: assistant}.",
+    )
+    subset: str = opt(
+        "",
+        "Configuration of a hub dataset (datasets.load_dataset's name, e.g. main for gsm8k); "
+        "also of a local or URL directory laid out like a hub dataset repo.",
+    )
     split: str = opt("", "Split of data.path to train on; default train, else the first split.")
-    eval_split: str = opt("", "Split of data.path held out for eval; default the first of eval, validation, "
-                              "valid, test that exists, else data.eval_fraction of the training split.")
-    revision: str = opt("", "Hub dataset revision to read: a branch, tag or commit sha (pin one for a "
-                            "reproducible run); default the main branch.")
+    eval_split: str = opt(
+        "",
+        "Split of data.path held out for eval; default the first of eval, validation, "
+        "valid, test that exists, else data.eval_fraction of the training split.",
+    )
+    revision: str = opt(
+        "",
+        "Hub dataset revision to read: a branch, tag or commit sha (pin one for a "
+        "reproducible run); default the main branch.",
+    )
     eval_path: str | None = opt(None, "Separate eval dataset (otherwise split off data.path).")
     eval_fraction: float = opt(0.05, "Fraction of rows held out for eval when no eval split exists.")
-    max_length: int = opt(512, "Maximum tokens per example (longer ones are dropped in prepare, "
-                               "truncated in training).")
+    max_length: int = opt(
+        512, "Maximum tokens per example (longer ones are dropped in prepare, truncated in training)."
+    )
     packing: bool = opt(True, "Pack several examples per row (padding-free, no cross-attention).")
-    num_workers: int = opt(1, "Processes that tokenize (datasets.map num_proc), in prepare (token lengths) and "
-                              "the training stages. The tokenized data is cached as memory-mapped Arrow under "
-                              "$POSTTRAIN_CACHE/data (default ~/.cache/posttrain/data; delete it to clear), built "
-                              "once by local rank 0 and reused by the other ranks, reruns and resumed runs.")
+    num_workers: int = opt(
+        1,
+        "Processes that tokenize (datasets.map num_proc), in prepare (token lengths) and "
+        "the training stages. The tokenized data is cached as memory-mapped Arrow under "
+        "$POSTTRAIN_CACHE/data (default ~/.cache/posttrain/data; delete it to clear), built "
+        "once by local rank 0 and reused by the other ranks, reruns and resumed runs.",
+    )
 
     def validate(self) -> None:
         if self.eval_split and self.eval_path:
-            raise ConfigError("data.eval_split: names a split of data.path, but data.eval_path already gives "
-                              "the eval data; set one of them")
+            raise ConfigError(
+                "data.eval_split: names a split of data.path, but data.eval_path already gives "
+                "the eval data; set one of them"
+            )
         if self.num_workers < 1:
             raise ConfigError(f"data.num_workers: expected a positive number, got {self.num_workers}")
         if not 0.0 <= self.eval_fraction < 1.0:
@@ -103,11 +155,14 @@ class EngineConfig:
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
     gradient_accumulation_steps: int = opt(1, "Micro-batches per optimizer step.")
     max_grad_norm: float = opt(1.0, "Gradient clipping norm (0 disables).")
-    deepspeed_config: str = opt("", "A DeepSpeed JSON file (local path or URL) laid over the config posttrain "
-                                    "builds: every key it sets wins (ZeRO++, overlap_comm, bucket sizes, "
-                                    "zero_optimization.stage...), \"auto\" takes ours; its batch keys must agree "
-                                    "with batch_size and engine.gradient_accumulation_steps; its optimizer and "
-                                    "scheduler are left out. Empty: ours alone.")
+    deepspeed_config: str = opt(
+        "",
+        "A DeepSpeed JSON file (local path or URL) laid over the config posttrain "
+        "builds: every key it sets wins (ZeRO++, overlap_comm, bucket sizes, "
+        'zero_optimization.stage...), "auto" takes ours; its batch keys must agree '
+        "with batch_size and engine.gradient_accumulation_steps; its optimizer and "
+        "scheduler are left out. Empty: ours alone.",
+    )
 
 
 @dataclass
@@ -115,12 +170,17 @@ class LoraConfig:
     r: int = opt(0, "LoRA rank; 0 means full fine-tuning.")
     alpha: int = opt(16, "LoRA scaling alpha.")
     dropout: float = opt(0.0, "LoRA dropout.")
-    target_modules: list[str] = opt(["q_proj", "k_proj", "v_proj", "o_proj"],
-                                    "Module names that get adapters (comma-separated on the CLI); "
-                                    "all-linear: every linear layer but the output head.")
-    merge: bool = opt(True, "Save the model with the adapters merged in (a plain HF model); false saves "
-                            "only the PEFT adapter (adapter_config.json, adapter_model.safetensors), "
-                            "loadable with PeftModel.from_pretrained(base, output_dir).")
+    target_modules: list[str] = opt(
+        ["q_proj", "k_proj", "v_proj", "o_proj"],
+        "Module names that get adapters (comma-separated on the CLI); "
+        "all-linear: every linear layer but the output head.",
+    )
+    merge: bool = opt(
+        True,
+        "Save the model with the adapters merged in (a plain HF model); false saves "
+        "only the PEFT adapter (adapter_config.json, adapter_model.safetensors), "
+        "loadable with PeftModel.from_pretrained(base, output_dir).",
+    )
 
 
 @dataclass
@@ -140,9 +200,12 @@ class TrainingConfig:
     lora: LoraConfig = opt(LoraConfig, "LoRA adapters.")
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
     output_dir: str | None = opt(None, "Where logs and the final HF model go (local or URL).")
-    checkpoint_dir: str | None = opt(None, "Where resumable checkpoints go (local or URL); default "
-                                           "<output_dir>/checkpoints. Use a stable s3:// prefix on a cluster "
-                                           "so a retried pod resumes.")
+    checkpoint_dir: str | None = opt(
+        None,
+        "Where resumable checkpoints go (local or URL); default "
+        "<output_dir>/checkpoints. Use a stable s3:// prefix on a cluster "
+        "so a retried pod resumes.",
+    )
     max_steps: int = opt(100, "Optimizer steps to train for.")
     num_epochs: float = opt(0.0, "If > 0, train for this many epochs instead of max_steps.")
     seed: int = opt(0, "Random seed (data order, init, sampling).")
@@ -151,45 +214,79 @@ class TrainingConfig:
     eval_steps: int = opt(50, "Evaluate every N steps (0: only at the end).")
     logging_steps: int = opt(5, "Log metrics every N steps.")
     lr: float = opt(1e-4, "Peak learning rate.")
-    lr_scheduler: str = opt("cosine", "Schedule after warmup, by its transformers.get_scheduler name: "
-                                      + ", ".join(SCHEDULERS) + ".")
-    lr_scheduler_kwargs: dict = opt({}, "Extra arguments of the schedule, as in transformers, e.g. "
-                                        "{min_lr_rate: 0.1} for cosine_with_min_lr or {num_cycles: 2} for "
-                                        "cosine_with_restarts.")
+    lr_scheduler: str = opt(
+        "cosine", "Schedule after warmup, by its transformers.get_scheduler name: " + ", ".join(SCHEDULERS) + "."
+    )
+    lr_scheduler_kwargs: dict = opt(
+        {},
+        "Extra arguments of the schedule, as in transformers, e.g. "
+        "{min_lr_rate: 0.1} for cosine_with_min_lr or {num_cycles: 2} for "
+        "cosine_with_restarts.",
+    )
     warmup_steps: int = opt(0, "Linear warmup steps.")
     weight_decay: float = opt(0.0, "AdamW weight decay.")
     adam_beta1: float = opt(0.9, "AdamW beta1 (Hugging Face's default too).")
-    adam_beta2: float = opt(0.95, "AdamW beta2. Ours is 0.95 (steadier for LLM fine-tuning, and what "
-                                  "posttrain always used); Hugging Face's (TRL's, LLaMA-Factory's) is 0.999.")
+    adam_beta2: float = opt(
+        0.95,
+        "AdamW beta2. Ours is 0.95 (steadier for LLM fine-tuning, and what "
+        "posttrain always used); Hugging Face's (TRL's, LLaMA-Factory's) is 0.999.",
+    )
     adam_epsilon: float = opt(1e-8, "AdamW epsilon (Hugging Face's default too).")
-    batch_size: int | Literal["auto"] = opt(8, "Per-process micro-batch size (rows; packed rows when packing); "
-                                               "auto: the largest that fits in memory, found by a probe "
-                                               "before training (trainer_lib/engine/batch_size.py), with "
-                                               "engine.gradient_accumulation_steps raised to keep "
-                                               "global_batch_size.")
-    global_batch_size: int = opt(0, "With batch_size=auto: rows per optimizer step, all ranks together, kept "
-                                    "while the micro-batch shrinks to fit (0: 8 x engine.gradient_accumulation_"
-                                    "steps x world size, what batch_size's default gives). RL stages keep "
-                                    "mini_batch_size instead.")
+    batch_size: int | Literal["auto"] = opt(
+        8,
+        "Per-process micro-batch size (rows; packed rows when packing); "
+        "auto: the largest that fits in memory, found by a probe "
+        "before training (trainer_lib/engine/batch_size.py), with "
+        "engine.gradient_accumulation_steps raised to keep "
+        "global_batch_size.",
+    )
+    global_batch_size: int = opt(
+        0,
+        "With batch_size=auto: rows per optimizer step, all ranks together, kept "
+        "while the micro-batch shrinks to fit (0: 8 x engine.gradient_accumulation_"
+        "steps x world size, what batch_size's default gives). RL stages keep "
+        "mini_batch_size instead.",
+    )
     eval_batch_size: int = opt(16, "Per-process batch size for evaluation.")
     resume: bool = opt(True, "Resume from the latest complete checkpoint in output_dir if one exists.")
-    report_to: list[str] = opt(["tensorboard"], "Trackers besides metrics.jsonl (comma-separated): tensorboard, "
-                                                "mlflow ($MLFLOW_TRACKING_URI, default sqlite:///<output_dir>/"
-                                                "mlflow.db), wandb (offline; needs wandb installed), none.")
+    report_to: list[str] = opt(
+        ["tensorboard"],
+        "Trackers besides metrics.jsonl (comma-separated): tensorboard, "
+        "mlflow ($MLFLOW_TRACKING_URI, default sqlite:///<output_dir>/"
+        "mlflow.db), wandb (offline; needs wandb installed), none.",
+    )
 
     def validate(self) -> None:
         _require(self.output_dir, "output_dir", "a local path or URL (s3://, gs://...)")
         _require(self.model.path, "model.path", "an HF id, local dir or URL (s3://, gs://, ...)")
         _require(self.data.path, "data.path", "a dataset path")
-        check_positive(self, "max_steps", "eval_batch_size", "logging_steps",
-                  "engine.gradient_accumulation_steps", "data.max_length")
+        check_positive(
+            self,
+            "max_steps",
+            "eval_batch_size",
+            "logging_steps",
+            "engine.gradient_accumulation_steps",
+            "data.max_length",
+        )
         if self.batch_size != "auto":
             check_positive(self, "batch_size")
             if self.global_batch_size:
-                raise ConfigError("global_batch_size: read only with batch_size=auto (otherwise the global batch "
-                                  "is batch_size x engine.gradient_accumulation_steps x world size)")
-        check_non_negative(self, "save_steps", "eval_steps", "warmup_steps", "lora.r", "weight_decay",
-                      "save_total_limit", "num_epochs", "engine.max_grad_norm", "global_batch_size")
+                raise ConfigError(
+                    "global_batch_size: read only with batch_size=auto (otherwise the global batch "
+                    "is batch_size x engine.gradient_accumulation_steps x world size)"
+                )
+        check_non_negative(
+            self,
+            "save_steps",
+            "eval_steps",
+            "warmup_steps",
+            "lora.r",
+            "weight_decay",
+            "save_total_limit",
+            "num_epochs",
+            "engine.max_grad_norm",
+            "global_batch_size",
+        )
         if not self.lr > 0:
             raise ConfigError(f"lr: expected a positive number, got {self.lr}")
         check_scheduler(self.lr_scheduler)
@@ -209,15 +306,19 @@ class TrainingConfig:
         if self.lora.r > 0 and not self.lora.target_modules:
             raise ConfigError("lora.target_modules: expected at least one module name when lora.r > 0")
         if "all-linear" in self.lora.target_modules and len(self.lora.target_modules) > 1:
-            raise ConfigError("lora.target_modules: all-linear already names every linear layer; "
-                              "give it alone")
-
+            raise ConfigError("lora.target_modules: all-linear already names every linear layer; give it alone")
 
     def optimizer_args(self) -> dict:
         """The keyword arguments of ``strategy.prepare`` that set the optimizer and its schedule."""
-        return {"lr": self.lr, "weight_decay": self.weight_decay, "betas": (self.adam_beta1, self.adam_beta2),
-                "eps": self.adam_epsilon, "warmup_steps": self.warmup_steps, "lr_scheduler": self.lr_scheduler,
-                "lr_scheduler_kwargs": dict(self.lr_scheduler_kwargs)}
+        return {
+            "lr": self.lr,
+            "weight_decay": self.weight_decay,
+            "betas": (self.adam_beta1, self.adam_beta2),
+            "eps": self.adam_epsilon,
+            "warmup_steps": self.warmup_steps,
+            "lr_scheduler": self.lr_scheduler,
+            "lr_scheduler_kwargs": dict(self.lr_scheduler_kwargs),
+        }
 
 
 def check_report_to(report_to: list[str]) -> None:
@@ -237,8 +338,10 @@ def check_scheduler(name: str) -> None:
     Names outside :data:`SCHEDULERS` (a newer transformers may add some) are looked up in
     transformers' ``SchedulerType``, which costs a torch import, so only then."""
     if name in METRIC_SCHEDULERS:
-        raise ConfigError(f"lr_scheduler: {name} steps on an evaluation metric, which the training loops "
-                          f"do not feed it; expected one of {', '.join(SCHEDULERS)}")
+        raise ConfigError(
+            f"lr_scheduler: {name} steps on an evaluation metric, which the training loops "
+            f"do not feed it; expected one of {', '.join(SCHEDULERS)}"
+        )
     if name in SCHEDULERS:
         return
     from transformers.trainer_utils import SchedulerType

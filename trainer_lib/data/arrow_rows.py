@@ -21,6 +21,7 @@ LOCATION = "__posttrain_location__"
 DIGEST = "__posttrain_digest__"
 INTERNAL = (LOCATION, DIGEST)
 
+
 def _arrow_errors() -> tuple:
     import pyarrow as pa
 
@@ -99,8 +100,10 @@ class RowWriter:
         fields = []
         for column, found in types.items():
             try:
-                unified = pa.unify_schemas([pa.schema([pa.field(column, t)]) for t in found] or
-                                           [pa.schema([pa.field(column, pa.null())])], promote_options="permissive")
+                unified = pa.unify_schemas(
+                    [pa.schema([pa.field(column, t)]) for t in found] or [pa.schema([pa.field(column, pa.null())])],
+                    promote_options="permissive",
+                )
             except _arrow_errors() as exc:
                 raise self._type_error(column, exc) from None
             fields.append(unified.field(column))

@@ -65,10 +65,13 @@ def tokenizer_fingerprint(tokenizer) -> str:
         h.update(json.dumps(state, sort_keys=True).encode())
     else:
         h.update(json.dumps(sorted(tokenizer.get_vocab().items())).encode())
-    extra = {"chat_template": getattr(tokenizer, "chat_template", None),
-             "special": {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())},
-             "padding_side": getattr(tokenizer, "padding_side", None),
-             "add_bos": getattr(tokenizer, "add_bos_token", None), "add_eos": getattr(tokenizer, "add_eos_token", None)}
+    extra = {
+        "chat_template": getattr(tokenizer, "chat_template", None),
+        "special": {k: str(v) for k, v in sorted(tokenizer.special_tokens_map.items())},
+        "padding_side": getattr(tokenizer, "padding_side", None),
+        "add_bos": getattr(tokenizer, "add_bos_token", None),
+        "add_eos": getattr(tokenizer, "add_eos_token", None),
+    }
     h.update(json.dumps(extra, sort_keys=True, default=str).encode())
     return h.hexdigest()
 
@@ -85,13 +88,16 @@ def source_fingerprint(path: str | None) -> str | None:
     local = os.path.expanduser(path)
     if not os.path.exists(local):
         return None
-    files = [local] if os.path.isfile(local) else sorted(
-        os.path.join(d, f) for d, dirs, names in os.walk(local) for f in names)
+    files = (
+        [local]
+        if os.path.isfile(local)
+        else sorted(os.path.join(d, f) for d, dirs, names in os.walk(local) for f in names)
+    )
     h = hashlib.sha256()
     for name in files:
         h.update(os.path.relpath(name, local).encode() + b"\0")
         with open(name, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 22), b""):  # noqa: B023 - fh is the loop's file
+            for block in iter(lambda: fh.read(1 << 22), b""):
                 h.update(block)
     return h.hexdigest()
 
@@ -228,8 +234,10 @@ def _wait_for(entry: str, lock: str, what: str) -> None:
         if _lock_is_held(lock):
             idle_since = time.monotonic()
         elif time.monotonic() - idle_since > WAIT_WITHOUT_BUILDER_S:
-            raise UserError(f"data: local rank {local_rank()} waited {WAIT_WITHOUT_BUILDER_S:.0f}s for local rank 0 "
-                            f"to build the data cache {entry}, and nobody is building it")
+            raise UserError(
+                f"data: local rank {local_rank()} waited {WAIT_WITHOUT_BUILDER_S:.0f}s for local rank 0 "
+                f"to build the data cache {entry}, and nobody is building it"
+            )
         time.sleep(0.2)
 
 

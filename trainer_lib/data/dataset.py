@@ -20,8 +20,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer_lib.data import llamafactory
-from trainer_lib.data.formats import (AUTO, FORMATS, SOURCE_FORMATS, canonical_key, detect_format, is_empty,
-                                      normalize_row, row_format, row_is_conversational)
+from trainer_lib.data.formats import (
+    AUTO,
+    FORMATS,
+    SOURCE_FORMATS,
+    canonical_key,
+    detect_format,
+    is_empty,
+    normalize_row,
+    row_format,
+    row_is_conversational,
+)
 from trainer_lib.data.sources import STATS_FILE, Source, is_prepared_dir, load_saved, open_source
 from trainer_lib.errors import DataError, UserError
 
@@ -58,9 +67,14 @@ class Normalizer:
     (alpaca and sharegpt become messages; ``columns`` renames theirs, and implies one of them).
     """
 
-    def __init__(self, fmt: str | None = None, allowed_formats: Iterable[str] | None = None,
-                 stage: str = "this stage", conversational: bool | None = None,
-                 columns: dict[str, str] | None = None):
+    def __init__(
+        self,
+        fmt: str | None = None,
+        allowed_formats: Iterable[str] | None = None,
+        stage: str = "this stage",
+        conversational: bool | None = None,
+        columns: dict[str, str] | None = None,
+    ):
         source = None if fmt in (None, AUTO) else fmt
         if columns:
             source = llamafactory.source_format(columns, source or AUTO)
@@ -90,13 +104,17 @@ class Normalizer:
     def _explain(self, exc: DataError) -> DataError:
         """Say why a string/conversation was expected when an earlier row decided it."""
         pinned = self.conversational
-        if (pinned is None or self.fmt in ("text", "messages") or exc.field == "label"
-                or exc.field not in FORMATS[self.fmt]
-                or not isinstance(exc.got, (str, list)) or isinstance(exc.got, list) == pinned):
+        if (
+            pinned is None
+            or self.fmt in ("text", "messages")
+            or exc.field == "label"
+            or exc.field not in FORMATS[self.fmt]
+            or not isinstance(exc.got, (str, list))
+            or isinstance(exc.got, list) == pinned
+        ):
             return exc
         kind = "conversations" if pinned else "plain text"
-        return DataError(exc.location, exc.field,
-                         f"{exc.expected} (rows are {kind} like {self.kind_from})", exc.got)
+        return DataError(exc.location, exc.field, f"{exc.expected} (rows are {kind} like {self.kind_from})", exc.got)
 
     def __call__(self, location: str, row: Any) -> dict:
         if not isinstance(row, dict):
@@ -189,8 +207,9 @@ def _length_filter(ds, fmt: str, conv: bool, tokenizer, data_cfg, dropped: dict,
     from trainer_lib.data.arrow_rows import LOCATION
     from trainer_lib.data.tokenized import length_column
 
-    lengths = np.asarray(length_column(ds, fmt, conv, tokenizer, getattr(data_cfg, "num_workers", 1), work_dir,
-                                       LOCATION), dtype=np.int64)
+    lengths = np.asarray(
+        length_column(ds, fmt, conv, tokenizer, getattr(data_cfg, "num_workers", 1), work_dir, LOCATION), dtype=np.int64
+    )
     keep = np.flatnonzero(lengths <= data_cfg.max_length)
     dropped["too_long"] += int(len(lengths) - len(keep))
     if len(keep) == len(lengths):
@@ -246,14 +265,27 @@ def save_dataset_dict(dd, directory: str) -> None:
 # --------------------------------------------------------------------------- build
 
 #: modules whose code decides what a normalized build contains (part of its cache key).
-BUILD_CODE = ("trainer_lib.data.dataset", "trainer_lib.data.formats", "trainer_lib.data.sources",
-              "trainer_lib.data.llamafactory", "trainer_lib.data.arrow_rows", "trainer_lib.data.tokenized")
+BUILD_CODE = (
+    "trainer_lib.data.dataset",
+    "trainer_lib.data.formats",
+    "trainer_lib.data.sources",
+    "trainer_lib.data.llamafactory",
+    "trainer_lib.data.arrow_rows",
+    "trainer_lib.data.tokenized",
+)
 
 
-def build_dataset(data_cfg, seed: int, *, tokenizer=None, drop_empty: bool = True,
-                  drop_duplicates: bool = True, max_rows: int = 0,
-                  allowed_formats: Iterable[str] | None = None,
-                  stage: str = "this stage") -> tuple[Any, dict]:
+def build_dataset(
+    data_cfg,
+    seed: int,
+    *,
+    tokenizer=None,
+    drop_empty: bool = True,
+    drop_duplicates: bool = True,
+    max_rows: int = 0,
+    allowed_formats: Iterable[str] | None = None,
+    stage: str = "this stage",
+) -> tuple[Any, dict]:
     """Normalize, validate, filter and split ``data_cfg.path`` -> ``(DatasetDict, stats)``.
 
     Eval rows come from ``data_cfg.eval_path`` if set, else from an eval/validation/test split
@@ -272,36 +304,75 @@ def build_dataset(data_cfg, seed: int, *, tokenizer=None, drop_empty: bool = Tru
 
     if not data_cfg.path:
         raise UserError("data.path: required, expected a dataset path")
-    subset, split, eval_split, revision = (getattr(data_cfg, k, "") for k in ("subset", "split", "eval_split",
-                                                                              "revision"))
+    subset, split, eval_split, revision = (
+        getattr(data_cfg, k, "") for k in ("subset", "split", "eval_split", "revision")
+    )
     source = open_source(data_cfg.path, "data.path", subset, revision).check_splits(split, eval_split)
     columns = None if source.prepared else getattr(data_cfg, "columns", None)
     parts = None
     sources = [cache.source_fingerprint(data_cfg.path), cache.source_fingerprint(data_cfg.eval_path)]
     if None not in sources:
-        parts = {"sources": sources, "path": data_cfg.path, "eval_path": data_cfg.eval_path,
-                 "settings": {k: getattr(data_cfg, k, None) for k in ("format", "columns", "subset", "split",
-                                                                      "eval_split", "revision", "eval_fraction")},
-                 "seed": seed, "max_rows": max_rows, "drop_empty": drop_empty, "drop_duplicates": drop_duplicates,
-                 "tokenizer": cache.tokenizer_fingerprint(tokenizer) if tokenizer is not None else None,
-                 "max_length": data_cfg.max_length if tokenizer is not None else None,
-                 "code": cache.code_version(*BUILD_CODE)}
+        parts = {
+            "sources": sources,
+            "path": data_cfg.path,
+            "eval_path": data_cfg.eval_path,
+            "settings": {
+                k: getattr(data_cfg, k, None)
+                for k in ("format", "columns", "subset", "split", "eval_split", "revision", "eval_fraction")
+            },
+            "seed": seed,
+            "max_rows": max_rows,
+            "drop_empty": drop_empty,
+            "drop_duplicates": drop_duplicates,
+            "tokenizer": cache.tokenizer_fingerprint(tokenizer) if tokenizer is not None else None,
+            "max_length": data_cfg.max_length if tokenizer is not None else None,
+            "code": cache.code_version(*BUILD_CODE),
+        }
 
     def build(tmp: str) -> dict:
-        return {"stats": _build(source, data_cfg, seed, tokenizer, drop_empty, drop_duplicates, max_rows,
-                                allowed_formats, stage, columns, tmp)}
+        return {
+            "stats": _build(
+                source,
+                data_cfg,
+                seed,
+                tokenizer,
+                drop_empty,
+                drop_duplicates,
+                max_rows,
+                allowed_formats,
+                stage,
+                columns,
+                tmp,
+            )
+        }
 
     entry, manifest = cache.build_once("normalized", parts, build, what=f"the rows of {data_cfg.path}")
     stats = manifest["stats"]
     Normalizer(stats["source_format"] or stats["format"], allowed_formats, stage)  # a cached build: check it fits
     dd = load_saved(os.path.join(entry, "data"), data_cfg.path)
-    log.info("data: %s rows read, kept train=%d eval=%d, dropped %s", stats["rows_read"],
-             stats["rows"]["train"], stats["rows"]["eval"], stats["dropped"])
+    log.info(
+        "data: %s rows read, kept train=%d eval=%d, dropped %s",
+        stats["rows_read"],
+        stats["rows"]["train"],
+        stats["rows"]["eval"],
+        stats["dropped"],
+    )
     return dd, stats
 
 
-def _build(source: Source, data_cfg, seed: int, tokenizer, drop_empty: bool, drop_duplicates: bool, max_rows: int,
-           allowed_formats, stage: str, columns, out_dir: str) -> dict:
+def _build(
+    source: Source,
+    data_cfg,
+    seed: int,
+    tokenizer,
+    drop_empty: bool,
+    drop_duplicates: bool,
+    max_rows: int,
+    allowed_formats,
+    stage: str,
+    columns,
+    out_dir: str,
+) -> dict:
     """Build the splits into ``out_dir/data`` (a DatasetDict) and return the stats."""
     import os
     import shutil
@@ -338,8 +409,7 @@ def _build(source: Source, data_cfg, seed: int, tokenizer, drop_empty: bool, dro
             lengths.append(kept)
     if not len(splits["train"]):
         reasons = ", ".join(f"{k}: {v}" for k, v in dropped.items())
-        raise UserError(f"data.path: {data_cfg.path}: no training rows left after filtering "
-                        f"({reasons})")
+        raise UserError(f"data.path: {data_cfg.path}: no training rows left after filtering ({reasons})")
     if eval_source is None:
         train_idx, eval_idx = split_indices(len(splits["train"]), data_cfg.eval_fraction, seed)
         train = splits["train"]
@@ -369,8 +439,11 @@ def _build(source: Source, data_cfg, seed: int, tokenizer, drop_empty: bool, dro
         import numpy as np
 
         every = np.concatenate(kept)
-        stats["token_lengths"] = {"min": int(every.min()), "mean": round(float(every.mean()), 2),
-                                  "max": int(every.max())}
+        stats["token_lengths"] = {
+            "min": int(every.min()),
+            "mean": round(float(every.mean()), 2),
+            "max": int(every.max()),
+        }
     del dd, splits
     shutil.rmtree(work, ignore_errors=True)
     return stats
@@ -398,15 +471,17 @@ class TrainingData:
     fingerprints: dict
 
 
-def load_training_data(data_cfg, seed: int, allowed_formats: tuple[str, ...] | None = None,
-                       tokenizer=None, stage: str = "this stage") -> tuple[Any, str]:
+def load_training_data(
+    data_cfg, seed: int, allowed_formats: tuple[str, ...] | None = None, tokenizer=None, stage: str = "this stage"
+) -> tuple[Any, str]:
     """``(DatasetDict with train/eval, format)`` for a training stage (see :func:`training_data`)."""
     data = training_data(data_cfg, seed, allowed_formats, tokenizer, stage)
     return data.splits, data.format
 
 
-def training_data(data_cfg, seed: int, allowed_formats: tuple[str, ...] | None = None,
-                  tokenizer=None, stage: str = "this stage") -> TrainingData:
+def training_data(
+    data_cfg, seed: int, allowed_formats: tuple[str, ...] | None = None, tokenizer=None, stage: str = "this stage"
+) -> TrainingData:
     """The train/eval splits of ``data_cfg.path`` for a training stage.
 
     ``data_cfg.path`` is a prepared dir (loaded as is; ``data.eval_path``, if set, replaces
@@ -417,8 +492,7 @@ def training_data(data_cfg, seed: int, allowed_formats: tuple[str, ...] | None =
     if not data_cfg.path:
         raise UserError("data.path: required, expected a dataset path")
     if not is_prepared_dir(data_cfg.path):
-        dd, stats = build_dataset(data_cfg, seed, tokenizer=tokenizer,
-                                  allowed_formats=allowed_formats, stage=stage)
+        dd, stats = build_dataset(data_cfg, seed, tokenizer=tokenizer, allowed_formats=allowed_formats, stage=stage)
         return TrainingData(dd, stats["format"], _split_fingerprints(stats.get("fingerprint"), dd))
 
     import datasets
@@ -431,10 +505,10 @@ def training_data(data_cfg, seed: int, allowed_formats: tuple[str, ...] | None =
         raise UserError(f"data.path: {data_cfg.path}/{STATS_FILE}: unknown format {fmt!r}")
     source_format = stats.get("source_format") or fmt
     if data_cfg.format not in (AUTO, fmt, source_format):
-        raise UserError(f"data.format: {data_cfg.format}, but {data_cfg.path} was prepared "
-                        f"as {source_format}")
-    normalizer = Normalizer(source_format, allowed_formats, stage, stats.get("conversational"),
-                            columns=getattr(data_cfg, "columns", None))
+        raise UserError(f"data.format: {data_cfg.format}, but {data_cfg.path} was prepared as {source_format}")
+    normalizer = Normalizer(
+        source_format, allowed_formats, stage, stats.get("conversational"), columns=getattr(data_cfg, "columns", None)
+    )
     dd = load_saved(storage.localize(data_cfg.path), data_cfg.path)
     if not isinstance(dd, datasets.DatasetDict) or "train" not in dd:
         raise UserError(f"data.path: {data_cfg.path}: expected a DatasetDict with a 'train' split")
@@ -463,11 +537,20 @@ def _prepared_eval(data_cfg, fmt: str, normalizer: Normalizer, tokenizer, train)
 
     esrc = open_source(data_cfg.eval_path, "data.eval_path")
     known = cache.source_fingerprint(data_cfg.eval_path)
-    parts = None if known is None else {
-        "eval_source": known, "eval_path": data_cfg.eval_path, "format": normalizer.source,
-        "conversational": normalizer.conversational, "columns": getattr(data_cfg, "columns", None),
-        "tokenizer": cache.tokenizer_fingerprint(tokenizer) if tokenizer is not None else None,
-        "max_length": data_cfg.max_length if tokenizer is not None else None, "code": cache.code_version(*BUILD_CODE)}
+    parts = (
+        None
+        if known is None
+        else {
+            "eval_source": known,
+            "eval_path": data_cfg.eval_path,
+            "format": normalizer.source,
+            "conversational": normalizer.conversational,
+            "columns": getattr(data_cfg, "columns", None),
+            "tokenizer": cache.tokenizer_fingerprint(tokenizer) if tokenizer is not None else None,
+            "max_length": data_cfg.max_length if tokenizer is not None else None,
+            "code": cache.code_version(*BUILD_CODE),
+        }
+    )
 
     def build(tmp: str) -> dict:
         from trainer_lib.data.arrow_rows import INTERNAL, RowWriter, fingerprint

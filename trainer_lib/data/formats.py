@@ -46,8 +46,12 @@ FORMATS: dict[str, tuple[str, ...]] = {
 SOURCE_FORMATS: dict[str, str] = {"alpaca": "messages", "sharegpt": "messages"}
 
 #: columns that must be present in a raw row for each format (preference: prompt is optional).
-REQUIRED: dict[str, tuple[str, ...]] = {**FORMATS, "preference": ("chosen", "rejected"),
-                                        "alpaca": ("instruction", "output"), "sharegpt": ("conversations",)}
+REQUIRED: dict[str, tuple[str, ...]] = {
+    **FORMATS,
+    "preference": ("chosen", "rejected"),
+    "alpaca": ("instruction", "output"),
+    "sharegpt": ("conversations",),
+}
 
 #: columns that identify a format; a row that has one of them but misses another required
 #: column is reported as a missing field rather than as another format.
@@ -67,9 +71,11 @@ ROLES = ("system", "user", "assistant", "tool")
 #: the value of ``data.format`` that means "detect from the columns".
 AUTO = "auto"
 
-_DETECT_HELP = ("the columns of a known format: text | prompt+completion | messages | "
-                "prompt+chosen+rejected (or chosen+rejected) | prompt+completion+label | prompt | "
-                "instruction+output (alpaca) | conversations (sharegpt)")
+_DETECT_HELP = (
+    "the columns of a known format: text | prompt+completion | messages | "
+    "prompt+chosen+rejected (or chosen+rejected) | prompt+completion+label | prompt | "
+    "instruction+output (alpaca) | conversations (sharegpt)"
+)
 
 
 # --------------------------------------------------------------------------- detection
@@ -86,8 +92,12 @@ def detect_format(columns: Iterable[str] | Mapping[str, Any], location: str = "d
         return "preference"
     if "chosen" in cols or "rejected" in cols:  # half a pair is not prompt-only (or other) data
         missing = "rejected" if "chosen" in cols else "chosen"
-        raise DataError(location, missing, "a value: a preference row needs both 'chosen' and "
-                        f"'rejected' (this row has columns {', '.join(sorted(cols))})")
+        raise DataError(
+            location,
+            missing,
+            "a value: a preference row needs both 'chosen' and "
+            f"'rejected' (this row has columns {', '.join(sorted(cols))})",
+        )
     if {"prompt", "completion", "label"} <= cols:
         return "unpaired_preference"
     if "messages" in cols:
@@ -123,17 +133,19 @@ def row_format(row: Mapping[str, Any], fmt: str, location: str, first_location: 
     keys = set(row)
     if not set(REQUIRED[fmt]) <= keys and keys & set(_DISTINCTIVE[fmt]):
         return fmt
-    raise DataError(location, None,
-                    f"a '{fmt}' row like {first_location} (one format per file), got a '{got}' "
-                    f"row with columns {', '.join(sorted(keys))}")
+    raise DataError(
+        location,
+        None,
+        f"a '{fmt}' row like {first_location} (one format per file), got a '{got}' "
+        f"row with columns {', '.join(sorted(keys))}",
+    )
 
 
 # --------------------------------------------------------------------------- conversations
 
 
 def is_message(value: Any) -> bool:
-    return (isinstance(value, Mapping) and value.get("role") in ROLES
-            and isinstance(value.get("content"), str))
+    return isinstance(value, Mapping) and value.get("role") in ROLES and isinstance(value.get("content"), str)
 
 
 def is_conversational(value: Any) -> bool:
@@ -223,8 +235,7 @@ def _label(value: Any, location: str) -> bool:
     raise DataError(location, "label", "bool (true/false or 0/1)", value)
 
 
-def normalize_row(row: Mapping[str, Any], fmt: str, location: str,
-                  conversational: bool | None = None) -> dict:
+def normalize_row(row: Mapping[str, Any], fmt: str, location: str, conversational: bool | None = None) -> dict:
     """Validate ``row`` as format ``fmt`` and return it normalized (see module doc).
 
     ``conversational`` pins whether the text fields must be strings (False) or conversations
@@ -272,9 +283,12 @@ def _implicit_preference(pair: dict, location: str) -> dict:
     try:
         prompt, chosen, rejected = extract_prompt(chosen, rejected)
     except ValueError:
-        raise DataError(location, "rejected", "to start with the same prompt as 'chosen' "
-                        "(no 'prompt' column, so the prompt is their common prefix)",
-                        rejected) from None
+        raise DataError(
+            location,
+            "rejected",
+            "to start with the same prompt as 'chosen' (no 'prompt' column, so the prompt is their common prefix)",
+            rejected,
+        ) from None
     return {"prompt": prompt, "chosen": chosen, "rejected": rejected}
 
 
@@ -301,5 +315,4 @@ def is_empty(row: Mapping[str, Any], fmt: str) -> bool:
 
 def canonical_key(row: Mapping[str, Any], fmt: str) -> str:
     """Canonical JSON of a normalized row's format fields; equal for exact duplicates."""
-    return json.dumps({c: row[c] for c in FORMATS[fmt]}, sort_keys=True, ensure_ascii=False,
-                      separators=(",", ":"))
+    return json.dumps({c: row[c] for c in FORMATS[fmt]}, sort_keys=True, ensure_ascii=False, separators=(",", ":"))

@@ -23,19 +23,30 @@ Renamed columns are given like the ``columns`` (and, for sharegpt, ``tags``) of 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Callable
+from collections.abc import Callable, Mapping
 
 from trainer_lib.errors import DataError
 
 #: dataset_info.json column names -> the column they default to.
-ALPACA_COLUMNS = {"prompt": "instruction", "query": "input", "response": "output", "system": "system",
-                  "history": "history"}
+ALPACA_COLUMNS = {
+    "prompt": "instruction",
+    "query": "input",
+    "response": "output",
+    "system": "system",
+    "history": "history",
+}
 #: alpaca's own column names, accepted as keys of ``data.columns`` too.
 ALPACA_KEY_SYNONYMS = {"instruction": "prompt", "input": "query", "output": "response"}
 SHAREGPT_COLUMNS = {"messages": "conversations", "system": "system"}
-SHAREGPT_TAGS = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt",
-                 "observation_tag": "observation", "function_tag": "function_call", "system_tag": "system"}
+SHAREGPT_TAGS = {
+    "role_tag": "from",
+    "content_tag": "value",
+    "user_tag": "human",
+    "assistant_tag": "gpt",
+    "observation_tag": "observation",
+    "function_tag": "function_call",
+    "system_tag": "system",
+}
 SOURCE_FORMATS = ("alpaca", "sharegpt")
 
 
@@ -52,8 +63,7 @@ def source_format(columns: Mapping[str, str], fmt: str) -> str:
     known = alpaca_keys if fmt == "alpaca" else sharegpt_keys
     unknown = sorted(keys - known)
     if unknown:
-        raise ValueError(f"unknown name {unknown[0]!r} for {fmt} data (expected some of "
-                         f"{', '.join(sorted(known))})")
+        raise ValueError(f"unknown name {unknown[0]!r} for {fmt} data (expected some of {', '.join(sorted(known))})")
     bad = [k for k, v in columns.items() if not isinstance(v, str) or not v]
     if bad:
         raise ValueError(f"{bad[0]}: expected a column name, got {columns[bad[0]]!r}")
@@ -108,8 +118,12 @@ def sharegpt_to_messages(row: Mapping, location: str, names: dict[str, str], tag
     if not isinstance(turns, list) or not turns:
         raise DataError(location, column, "a non-empty list of messages", turns)
     role_tag, content_tag = tags["role_tag"], tags["content_tag"]
-    roles = {tags["user_tag"]: "user", tags["observation_tag"]: "tool",
-             tags["assistant_tag"]: "assistant", tags["function_tag"]: "assistant"}
+    roles = {
+        tags["user_tag"]: "user",
+        tags["observation_tag"]: "tool",
+        tags["assistant_tag"]: "assistant",
+        tags["function_tag"]: "assistant",
+    }
     asks, answers = (tags["user_tag"], tags["observation_tag"]), (tags["assistant_tag"], tags["function_tag"])
     system = _text(row, names["system"], location, required=False)
     messages = []
@@ -126,16 +140,21 @@ def sharegpt_to_messages(row: Mapping, location: str, names: dict[str, str], tag
         expected = asks if len(messages) % 2 == 0 else answers
         if role not in expected:
             kind = "user" if expected is asks else "assistant"
-            raise DataError(location, f"{where}.{role_tag}", f"one of {', '.join(expected)} (turns alternate "
-                            f"user/assistant, this one is the {kind}'s)", role)
+            raise DataError(
+                location,
+                f"{where}.{role_tag}",
+                f"one of {', '.join(expected)} (turns alternate user/assistant, this one is the {kind}'s)",
+                role,
+            )
         if not isinstance(content, str):
             raise DataError(location, f"{where}.{content_tag}", "string", content)
         messages.append({"role": roles[role], "content": content})
     if not messages:
         raise DataError(location, column, "a user turn and an assistant turn", turns)
     if len(messages) % 2:
-        raise DataError(location, column, f"to end with an assistant turn ({', '.join(answers)})",
-                        turns[-1].get(role_tag))
+        raise DataError(
+            location, column, f"to end with an assistant turn ({', '.join(answers)})", turns[-1].get(role_tag)
+        )
     if system:
         messages.insert(0, {"role": "system", "content": system})
     return {"messages": messages, **_rest(row, set(names.values()))}

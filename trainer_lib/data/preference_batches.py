@@ -41,9 +41,11 @@ def completion_text(tokenizer, prompt, completion) -> str:
     prompt_text = render_prompt(tokenizer, prompt)
     full = tokenizer.apply_chat_template(list(prompt) + list(completion), tokenize=False)
     if not full.startswith(prompt_text):
-        raise UserError("model.path: the chat template renders a conversation differently from its "
-                        "prompt with add_generation_prompt=True; cannot split prompt and completion")
-    text = full[len(prompt_text):]
+        raise UserError(
+            "model.path: the chat template renders a conversation differently from its "
+            "prompt with add_generation_prompt=True; cannot split prompt and completion"
+        )
+    text = full[len(prompt_text) :]
     if eos and text.rstrip().endswith(eos):
         text = text.rstrip()
     return text
@@ -75,10 +77,11 @@ def tokenize_pair(row: dict, tokenizer, max_length: int) -> dict:
     An optional numeric ``margin`` column is carried along (reward model loss margin).
     """
     prompt = row["prompt"]
-    prompt_ids, (chosen, rejected) = _fit(encode_prompt(tokenizer, prompt),
-                                          [encode_completion(tokenizer, prompt, row["chosen"]),
-                                           encode_completion(tokenizer, prompt, row["rejected"])],
-                                          max_length)
+    prompt_ids, (chosen, rejected) = _fit(
+        encode_prompt(tokenizer, prompt),
+        [encode_completion(tokenizer, prompt, row["chosen"]), encode_completion(tokenizer, prompt, row["rejected"])],
+        max_length,
+    )
     out = {"prompt_ids": prompt_ids, "chosen_ids": chosen, "rejected_ids": rejected}
     if row.get("margin") is not None:
         out["margin"] = float(row["margin"])
@@ -88,8 +91,9 @@ def tokenize_pair(row: dict, tokenizer, max_length: int) -> dict:
 def tokenize_unpaired(row: dict, tokenizer, max_length: int) -> dict:
     """``{"prompt_ids", "completion_ids", "label"}`` for a normalized unpaired-preference row."""
     prompt = row["prompt"]
-    prompt_ids, (completion,) = _fit(encode_prompt(tokenizer, prompt),
-                                     [encode_completion(tokenizer, prompt, row["completion"])], max_length)
+    prompt_ids, (completion,) = _fit(
+        encode_prompt(tokenizer, prompt), [encode_completion(tokenizer, prompt, row["completion"])], max_length
+    )
     return {"prompt_ids": prompt_ids, "completion_ids": completion, "label": bool(row["label"])}
 
 
@@ -158,9 +162,9 @@ def _pad(prompts: list[list[int]], completions: list[list[int]], pad_token_id: i
     attention = torch.zeros((n, width), dtype=torch.long)
     completion_mask = torch.zeros((n, width), dtype=torch.bool)
     for row, (p, c) in enumerate(zip(prompts, completions)):
-        ids[row, :len(p) + len(c)] = torch.tensor(p + c, dtype=torch.long)
-        attention[row, :len(p) + len(c)] = 1
-        completion_mask[row, len(p):len(p) + len(c)] = True
+        ids[row, : len(p) + len(c)] = torch.tensor(p + c, dtype=torch.long)
+        attention[row, : len(p) + len(c)] = 1
+        completion_mask[row, len(p) : len(p) + len(c)] = True
     return {"input_ids": ids, "attention_mask": attention, "completion_mask": completion_mask}
 
 
@@ -177,10 +181,12 @@ def _pack(prompts: list[list[int]], completions: list[list[int]]) -> dict:
         positions += range(len(p) + len(c))
         completion += [False] * len(p) + [True] * len(c)
         segments += [row] * (len(p) + len(c))
-    return {"input_ids": torch.tensor([ids], dtype=torch.long),
-            "position_ids": torch.tensor([positions], dtype=torch.long),
-            "completion_mask": torch.tensor([completion], dtype=torch.bool),
-            "segment_ids": torch.tensor([segments], dtype=torch.long)}
+    return {
+        "input_ids": torch.tensor([ids], dtype=torch.long),
+        "position_ids": torch.tensor([positions], dtype=torch.long),
+        "completion_mask": torch.tensor([completion], dtype=torch.bool),
+        "segment_ids": torch.tensor([segments], dtype=torch.long),
+    }
 
 
 def collate_pairs(examples: list[dict], pad_token_id: int, packed: bool = False) -> dict:
@@ -226,8 +232,8 @@ def token_logps(logits, input_ids, chunk: int = 1024):
     for row_logits, row_targets in zip(logits[:, :-1], targets):
         pieces = []
         for start in range(0, row_targets.shape[0], chunk):
-            part = row_logits[start:start + chunk].float()
-            picked = part.gather(-1, row_targets[start:start + chunk].unsqueeze(-1)).squeeze(-1)
+            part = row_logits[start : start + chunk].float()
+            picked = part.gather(-1, row_targets[start : start + chunk].unsqueeze(-1)).squeeze(-1)
             pieces.append(picked - torch.logsumexp(part, dim=-1))
         out.append(torch.cat(pieces) if pieces else row_logits.new_zeros(0))
     return torch.stack(out)

@@ -30,16 +30,34 @@ from dataclasses import dataclass, field
 
 from trainer_lib.errors import DataError, UserError
 
-FILE_KINDS = {".jsonl": "jsonl", ".ndjson": "jsonl", ".json": "json", ".csv": "csv",
-              ".parquet": "parquet", ".pq": "parquet"}
+FILE_KINDS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "json",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
 #: split names used as the eval split of a multi-split source, in order of preference.
 EVAL_SPLITS = ("eval", "validation", "valid", "test")
 #: prepared-dir marker files (written by ``posttrain prepare``).
 STATS_FILE = "stats.json"
 DATASET_DICT_FILE = "dataset_dict.json"
 
-_TEXT_COLUMNS = ("text", "prompt", "completion", "chosen", "rejected", "messages",
-                 "instruction", "input", "output", "system", "history", "conversations")
+_TEXT_COLUMNS = (
+    "text",
+    "prompt",
+    "completion",
+    "chosen",
+    "rejected",
+    "messages",
+    "instruction",
+    "input",
+    "output",
+    "system",
+    "history",
+    "conversations",
+)
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 _INT = re.compile(r"^[+-]?\d+$")
 
@@ -62,11 +80,16 @@ def _open_text(path: str, display: str):
     opener = gzip.open if path.lower().endswith(".gz") else open
     with opener(path, "rb") as fh:
         head = fh.read(4096)
-    for bom, name in ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"),
-                      (b"\xff\xfe", "UTF-16"), (b"\xfe\xff", "UTF-16")):
+    for bom, name in (
+        (b"\xff\xfe\x00\x00", "UTF-32"),
+        (b"\x00\x00\xfe\xff", "UTF-32"),
+        (b"\xff\xfe", "UTF-16"),
+        (b"\xfe\xff", "UTF-16"),
+    ):
         if head.startswith(bom):
-            raise DataError(display, None, f"UTF-8 text, got a {name} file (byte-order mark {bom.hex()}); "
-                                           "save it as UTF-8")
+            raise DataError(
+                display, None, f"UTF-8 text, got a {name} file (byte-order mark {bom.hex()}); save it as UTF-8"
+            )
     if b"\x00" in head:
         line = head.count(b"\n", 0, head.index(b"\x00")) + 1
         raise DataError(f"{display}:{line}", None, "UTF-8 text, got NUL bytes (a UTF-16 or binary file?)")
@@ -83,15 +106,19 @@ def _check_utf8(text: str, display: str, first_line: int = 1) -> None:
         return
     start = text.rfind("\n", 0, bad.start()) + 1
     line = first_line + text.count("\n", 0, bad.start())
-    raise DataError(f"{display}:{line}", None, f"UTF-8 text (byte {ord(bad.group()) - 0xDC00:#04x} at "
-                                               f"column {bad.start() - start + 1} is not valid UTF-8)")
+    raise DataError(
+        f"{display}:{line}",
+        None,
+        f"UTF-8 text (byte {ord(bad.group()) - 0xDC00:#04x} at column {bad.start() - start + 1} is not valid UTF-8)",
+    )
 
 
 def is_saved_dataset(local_dir: str) -> bool:
     """A ``datasets`` ``save_to_disk`` directory (Dataset or DatasetDict)."""
     return os.path.isfile(os.path.join(local_dir, DATASET_DICT_FILE)) or (
         os.path.isfile(os.path.join(local_dir, "state.json"))
-        and os.path.isfile(os.path.join(local_dir, "dataset_info.json")))
+        and os.path.isfile(os.path.join(local_dir, "dataset_info.json"))
+    )
 
 
 def is_prepared_dir(path: str) -> bool:
@@ -99,8 +126,7 @@ def is_prepared_dir(path: str) -> bool:
     from trainer_lib import storage
 
     try:
-        return (storage.exists(storage.join(path, STATS_FILE))
-                and storage.exists(storage.join(path, DATASET_DICT_FILE)))
+        return storage.exists(storage.join(path, STATS_FILE)) and storage.exists(storage.join(path, DATASET_DICT_FILE))
     except (ValueError, FileNotFoundError):
         return False
 
@@ -133,7 +159,7 @@ class Source:
             return self.held_out
         return next((s for s in EVAL_SPLITS if s in self.splits and s != self.train_split), None)
 
-    def check_splits(self, split: str = "", held_out: str = "") -> "Source":
+    def check_splits(self, split: str = "", held_out: str = "") -> Source:
         """Take ``split``/``held_out`` as the train/eval splits, or a UserError naming the setting."""
         for setting, name in (("data.split", split), ("data.eval_split", held_out)):
             if not name:
@@ -141,9 +167,11 @@ class Source:
             if self.splits and name not in self.splits:
                 raise UserError(f"{setting}: {self.path} has no split {name!r} (it has {', '.join(self.splits)})")
             if not self.splits and not (setting == "data.split" and name == "train"):
-                raise UserError(f"{setting}: {self.path} has no named splits (a single {self.kind} source is "
-                                f"all 'train'); name a split of a hub dataset, a DatasetDict or a directory of "
-                                f"train/eval files")
+                raise UserError(
+                    f"{setting}: {self.path} has no named splits (a single {self.kind} source is "
+                    f"all 'train'); name a split of a hub dataset, a DatasetDict or a directory of "
+                    f"train/eval files"
+                )
         if split and split == held_out:
             raise UserError(f"data.eval_split: {held_out!r} is also data.split; hold out another split")
         self.split = split if self.splits else ""
@@ -162,8 +190,7 @@ class Source:
                 local = os.path.join(self.local, rel)
                 yield from _file_rows(local, _file_kind(rel), _display_join(self.path, rel))
         elif self.kind == "saved":
-            yield from _dataset_rows(load_saved(self.local, self.path, self.key), self.path,
-                                     split or self.train_split)
+            yield from _dataset_rows(load_saved(self.local, self.path, self.key), self.path, split or self.train_split)
         elif self.kind == "hub":
             yield from _dataset_rows(self.dataset, self.path, split or self.train_split)
         else:  # pragma: no cover
@@ -215,27 +242,35 @@ def open_source(path: str, key: str = "data.path", subset: str = "", revision: s
                 return _hub_source(path, path, key, subset, revision)
             raise UserError(f"{key}: {path}: no such file or directory")
     if revision:
-        raise UserError(f"{key}: {path} is not a hub dataset, so data.revision ({revision!r}) cannot pin it; "
-                        f"leave data.revision empty")
+        raise UserError(
+            f"{key}: {path} is not a hub dataset, so data.revision ({revision!r}) cannot pin it; "
+            f"leave data.revision empty"
+        )
     if subset:
         if not os.path.isdir(local):
-            raise UserError(f"{key}: {path}: data.subset ({subset!r}) names a configuration of a hub dataset or a "
-                            f"dataset repository directory, not of a single file")
+            raise UserError(
+                f"{key}: {path}: data.subset ({subset!r}) names a configuration of a hub dataset or a "
+                f"dataset repository directory, not of a single file"
+            )
         return _hub_source(path, local, key, subset, "")
     if os.path.isdir(local):
         if is_saved_dataset(local):
             return _saved_source(path, local, key)
         files = _data_files(local)
         if not files:
-            raise UserError(f"{key}: {path}: directory has no .jsonl/.json/.csv/.parquet files "
-                            "and is not a datasets save_to_disk directory")
+            raise UserError(
+                f"{key}: {path}: directory has no .jsonl/.json/.csv/.parquet files "
+                "and is not a datasets save_to_disk directory"
+            )
         named = {_split_of(rel) for rel in files}
         splits = sorted(named) if None not in named and "train" in named else []
         return Source(path, local, "dir", splits=splits)
     kind = _file_kind(local)
     if kind is None:
-        raise UserError(f"{key}: {path}: unsupported file type (expected .jsonl, .json, .csv "
-                        "or .parquet, a directory of those, or a datasets save_to_disk directory)")
+        raise UserError(
+            f"{key}: {path}: unsupported file type (expected .jsonl, .json, .csv "
+            "or .parquet, a directory of those, or a datasets save_to_disk directory)"
+        )
     return Source(path, local, kind)
 
 
@@ -252,8 +287,9 @@ def _saved_source(path: str, local: str, key: str) -> Source:
             with open(dict_file, encoding="utf-8") as fh:
                 splits = list(json.load(fh).get("splits", []))
         except (OSError, ValueError, AttributeError, TypeError) as exc:
-            raise UserError(f"{key}: {path}/{DATASET_DICT_FILE}: not a datasets DatasetDict index "
-                            f"({type(exc).__name__}: {exc})") from None
+            raise UserError(
+                f"{key}: {path}/{DATASET_DICT_FILE}: not a datasets DatasetDict index ({type(exc).__name__}: {exc})"
+            ) from None
         if not splits:
             raise UserError(f"{key}: {path}: DatasetDict has no splits")
     prepared = None
@@ -274,10 +310,11 @@ def load_saved(local: str, display: str, key: str = "data.path"):
 
     try:
         return datasets.load_from_disk(local)
-    except Exception as exc:  # noqa: BLE001 - datasets raises many kinds for a broken directory
+    except Exception as exc:
         text = " ".join(str(exc).split())[:300]
-        raise UserError(f"{key}: {display}: not a readable datasets save_to_disk directory "
-                        f"({type(exc).__name__}: {text})") from None
+        raise UserError(
+            f"{key}: {display}: not a readable datasets save_to_disk directory ({type(exc).__name__}: {text})"
+        ) from None
 
 
 def _load_hub(path: str, key: str = "data.path", subset: str = "", revision: str = "", display: str = ""):
@@ -290,10 +327,14 @@ def _load_hub(path: str, key: str = "data.path", subset: str = "", revision: str
     asked = "".join(f", {name} {value!r}" for name, value in (("subset", subset), ("revision", revision)) if value)
     try:
         obj = datasets.load_dataset(path, subset or None, revision=revision or None)
-    except Exception as exc:  # noqa: BLE001 - any failure is "could not load"
+    except Exception as exc:
         text = " ".join(str(exc).split())[:400]
-        raise UserError(redact(f"{key}: could not load '{display or path}'{asked} with datasets.load_dataset: "
-                               f"{type(exc).__name__}: {text}")) from None
+        raise UserError(
+            redact(
+                f"{key}: could not load '{display or path}'{asked} with datasets.load_dataset: "
+                f"{type(exc).__name__}: {text}"
+            )
+        ) from None
     if isinstance(obj, datasets.Dataset):
         obj = datasets.DatasetDict({"train": obj})
     return obj
@@ -406,7 +447,7 @@ def _json_rows(text: str, display: str) -> Iterator[Row]:
                     fail("Expecting ',' delimiter", i)
             i += 1
             if not found:
-                raise DataError(display, None, shape + " (no \"data\" list found)")
+                raise DataError(display, None, shape + ' (no "data" list found)')
         elif i >= len(text):
             return
         else:
@@ -415,8 +456,7 @@ def _json_rows(text: str, display: str) -> Iterator[Row]:
         if ws(i) != len(text):
             fail("Extra data", ws(i))
     except json.JSONDecodeError as exc:
-        raise DataError(f"{display}:{exc.lineno}", None,
-                        f"valid JSON ({exc.msg} at column {exc.colno})") from None
+        raise DataError(f"{display}:{exc.lineno}", None, f"valid JSON ({exc.msg} at column {exc.colno})") from None
 
 
 def _csv_rows(local: str, display: str) -> Iterator[Row]:
@@ -442,8 +482,7 @@ def _csv_rows(local: str, display: str) -> Iterator[Row]:
             continue
         location = f"{display}:{start}"
         if len(record) != len(header):
-            raise DataError(location, None, f"{len(header)} comma-separated fields like the "
-                            f"header, got {len(record)}")
+            raise DataError(location, None, f"{len(header)} comma-separated fields like the header, got {len(record)}")
         records.append((location, record))
     if header is None:
         return
@@ -482,7 +521,7 @@ def _parquet_rows(local: str, display: str) -> Iterator[Row]:
 
     try:
         pf = pq.ParquetFile(local)
-    except Exception as exc:  # noqa: BLE001 - corrupt/unreadable parquet
+    except Exception as exc:
         raise DataError(display, None, f"a readable Parquet file ({exc})") from None
     index = 0
     for batch in pf.iter_batches(batch_size=1024):
@@ -508,5 +547,15 @@ def _dataset_rows(obj, display: str, split: str | None) -> Iterator[Row]:
             index += 1
 
 
-__all__ = ["Source", "open_source", "load_saved", "iter_source", "is_prepared_dir", "is_saved_dataset",
-           "FILE_KINDS", "EVAL_SPLITS", "STATS_FILE", "DATASET_DICT_FILE"]
+__all__ = [
+    "Source",
+    "open_source",
+    "load_saved",
+    "iter_source",
+    "is_prepared_dir",
+    "is_saved_dataset",
+    "FILE_KINDS",
+    "EVAL_SPLITS",
+    "STATS_FILE",
+    "DATASET_DICT_FILE",
+]

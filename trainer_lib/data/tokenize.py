@@ -24,9 +24,11 @@ def _is_chat(value) -> bool:
 
 def _render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
     if not getattr(tokenizer, "chat_template", None):
-        raise UserError("model.path: the tokenizer has no chat template, so conversational data "
-                        "cannot be rendered; set model.chat_template (chatml, llama3, zephyr or a Jinja file), "
-                        "or use plain text / prompt-completion data")
+        raise UserError(
+            "model.path: the tokenizer has no chat template, so conversational data "
+            "cannot be rendered; set model.chat_template (chatml, llama3, zephyr or a Jinja file), "
+            "or use plain text / prompt-completion data"
+        )
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
 
 
@@ -83,10 +85,17 @@ def tokenize_sft_rows(rows: list[dict], fmt: str, tokenizer, max_length: int) ->
     rendered = [_text_and_spans(row, fmt, tokenizer) for row in rows]
     if not rendered:
         return []
-    enc = tokenizer([text for text, _ in rendered], add_special_tokens=False, return_offsets_mapping=True,
-                    truncation=True, max_length=max_length)
-    return [{"input_ids": list(ids), "labels": _labels(ids, offsets, spans)}
-            for ids, offsets, (_, spans) in zip(enc["input_ids"], enc["offset_mapping"], rendered)]
+    enc = tokenizer(
+        [text for text, _ in rendered],
+        add_special_tokens=False,
+        return_offsets_mapping=True,
+        truncation=True,
+        max_length=max_length,
+    )
+    return [
+        {"input_ids": list(ids), "labels": _labels(ids, offsets, spans)}
+        for ids, offsets, (_, spans) in zip(enc["input_ids"], enc["offset_mapping"], rendered)
+    ]
 
 
 def tokenize_sft(row: dict, fmt: str, tokenizer, max_length: int) -> dict:
@@ -105,8 +114,11 @@ def tokenize_sft_batch(batch: dict, fmt: str, tokenizer, max_length: int) -> dic
     names = list(batch)
     rows = [dict(zip(names, values)) for values in zip(*batch.values())]
     examples = [ex for ex in tokenize_sft_rows(rows, fmt, tokenizer, max_length) if is_trainable(ex)]
-    return {"input_ids": [ex["input_ids"] for ex in examples], "labels": [ex["labels"] for ex in examples],
-            "length": [len(ex["input_ids"]) for ex in examples]}
+    return {
+        "input_ids": [ex["input_ids"] for ex in examples],
+        "labels": [ex["labels"] for ex in examples],
+        "length": [len(ex["input_ids"]) for ex in examples],
+    }
 
 
 def render_prompt(tokenizer, prompt) -> str:
@@ -184,7 +196,7 @@ def micro_batches(examples, batch_size: int, max_length: int, packing: bool) -> 
     else:
         lengths = [len(ex["input_ids"]) for ex in examples]
     bins = pack(lengths, max_length)
-    return [sum(bins[i:i + batch_size], []) for i in range(0, len(bins), batch_size)]
+    return [sum(bins[i : i + batch_size], []) for i in range(0, len(bins), batch_size)]
 
 
 def count_tokens(batch: dict) -> int:

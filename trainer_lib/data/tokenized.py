@@ -60,10 +60,17 @@ def run_map(ds, function, fn_kwargs: dict, num_workers: int, cache_file: str, re
     """``ds.map(function, batched=True)`` into ``cache_file`` (and its ``_0000N_of_0000M`` shards)."""
     num_proc = _num_proc(num_workers, len(ds))
     with _quiet_map(num_proc):
-        return ds.map(function, batched=True, num_proc=num_proc, fn_kwargs=fn_kwargs,
-                      remove_columns=ds.column_names if remove_columns is None else remove_columns,
-                      cache_file_name=cache_file, load_from_cache_file=False, writer_batch_size=1000,
-                      new_fingerprint=cache.digest([cache_file])[:40])
+        return ds.map(
+            function,
+            batched=True,
+            num_proc=num_proc,
+            fn_kwargs=fn_kwargs,
+            remove_columns=ds.column_names if remove_columns is None else remove_columns,
+            cache_file_name=cache_file,
+            load_from_cache_file=False,
+            writer_batch_size=1000,
+            new_fingerprint=cache.digest([cache_file])[:40],
+        )
 
 
 # --------------------------------------------------------------------------- token lengths (prepare)
@@ -73,11 +80,9 @@ def _chat(tokenizer, messages: list[dict], location: str, generation_prompt: boo
     """(text, add_special_tokens) for a conversation rendered with the chat template."""
     if getattr(tokenizer, "chat_template", None):
         try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                                 add_generation_prompt=generation_prompt)
-        except Exception as exc:  # noqa: BLE001 - jinja errors raised by templates
-            raise DataError(location, None, f"a conversation the tokenizer's chat template "
-                                            f"accepts ({exc})") from None
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+        except Exception as exc:
+            raise DataError(location, None, f"a conversation the tokenizer's chat template accepts ({exc})") from None
         return text, False
     # No chat template: count a simple role-tagged rendering.
     text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
@@ -119,8 +124,7 @@ def token_lengths_batch(batch: dict, fmt: str, conversational: bool, tokenizer, 
     """``datasets.map(batched=True)`` form of :func:`token_lengths`; ``location`` names the column of row
     locations (kept for error messages)."""
     names = [n for n in batch if n != location]
-    items = [(values[-1], dict(zip(names, values[:-1])))
-             for values in zip(*(batch[n] for n in names), batch[location])]
+    items = [(values[-1], dict(zip(names, values[:-1]))) for values in zip(*(batch[n] for n in names), batch[location])]
     return {"length": token_lengths(items, fmt, conversational, tokenizer)}
 
 
@@ -131,9 +135,13 @@ def length_column(ds, fmt: str, conversational: bool, tokenizer, num_workers: in
     start = time.monotonic()
     keep = [c for c in ds.column_names if c in FORMATS[fmt] or c == location]
     ds = ds.select_columns(keep)
-    out = run_map(ds, token_lengths_batch, {"fmt": fmt, "conversational": conversational, "tokenizer": tokenizer,
-                                             "location": location}, num_workers,
-                  os.path.join(work_dir, f"lengths-{cache.digest([ds.cache_files, len(ds)])[:12]}.arrow"))
+    out = run_map(
+        ds,
+        token_lengths_batch,
+        {"fmt": fmt, "conversational": conversational, "tokenizer": tokenizer, "location": location},
+        num_workers,
+        os.path.join(work_dir, f"lengths-{cache.digest([ds.cache_files, len(ds)])[:12]}.arrow"),
+    )
     lengths = out.with_format("numpy")["length"] if len(out) else []
     log.info("data: measured %d rows in %.1fs (%s worker(s))", len(ds), time.monotonic() - start, num_workers)
     return lengths
@@ -142,8 +150,16 @@ def length_column(ds, fmt: str, conversational: bool, tokenizer, num_workers: in
 # --------------------------------------------------------------------------- tokenized splits (training)
 
 
-def tokenize_split(ds, fingerprint: str | None, kind: str, fmt: str, tokenizer, max_length: int,
-                   num_workers: int = 1, what: str = "data"):
+def tokenize_split(
+    ds,
+    fingerprint: str | None,
+    kind: str,
+    fmt: str,
+    tokenizer,
+    max_length: int,
+    num_workers: int = 1,
+    what: str = "data",
+):
     """``ds`` tokenized by ``kind`` as a memory-mapped Dataset, from the cache when ``fingerprint`` (the
     content fingerprint of ``ds``) was seen before with the same tokenizer, max_length and code."""
     import importlib
@@ -155,9 +171,14 @@ def tokenize_split(ds, fingerprint: str | None, kind: str, fmt: str, tokenizer, 
         kwargs["fmt"] = fmt
     parts = None
     if fingerprint is not None:
-        parts = {"data": fingerprint, "kind": kind, "format": fmt, "max_length": max_length,
-                 "tokenizer": cache.tokenizer_fingerprint(tokenizer),
-                 "code": cache.code_version(module, __name__, "trainer_lib.data.tokenize")}
+        parts = {
+            "data": fingerprint,
+            "kind": kind,
+            "format": fmt,
+            "max_length": max_length,
+            "tokenizer": cache.tokenizer_fingerprint(tokenizer),
+            "code": cache.code_version(module, __name__, "trainer_lib.data.tokenize"),
+        }
 
     def build(tmp: str) -> dict:
         start = time.monotonic()
@@ -168,8 +189,14 @@ def tokenize_split(ds, fingerprint: str | None, kind: str, fmt: str, tokenizer, 
         else:
             files, features = [], function({c: [] for c in ds.column_names}, **kwargs)
             features = _empty_features(features, kind)
-        log.info("data: tokenized %s (%d rows, %s) in %.1fs with %d worker(s)", what, len(ds), kind,
-                 time.monotonic() - start, _num_proc(num_workers, len(ds)) or 1)
+        log.info(
+            "data: tokenized %s (%d rows, %s) in %.1fs with %d worker(s)",
+            what,
+            len(ds),
+            kind,
+            time.monotonic() - start,
+            _num_proc(num_workers, len(ds)) or 1,
+        )
         return {"tokenized": {"files": files, "features": features}}
 
     entry, manifest = cache.build_once("tokenized", parts, build, what=f"tokenized {what}")
@@ -181,5 +208,6 @@ def _empty_features(columns: dict, kind: str) -> dict:
     import datasets
 
     scalar = {"length": "int64", "margin": "float64", "label": "bool"}
-    return datasets.Features({c: datasets.Value(scalar[c]) if c in scalar else datasets.List(datasets.Value("int64"))
-                              for c in columns}).to_dict()
+    return datasets.Features(
+        {c: datasets.Value(scalar[c]) if c in scalar else datasets.List(datasets.Value("int64")) for c in columns}
+    ).to_dict()

@@ -37,32 +37,53 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, min_frequency:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
     wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<|pad|>", eos_token="<|im_end|>",
-        bos_token=None, unk_token=None, additional_special_tokens=["<|im_start|>", "<|endoftext|>"],
+        tokenizer_object=tok,
+        pad_token="<|pad|>",
+        eos_token="<|im_end|>",
+        bos_token=None,
+        unk_token=None,
+        additional_special_tokens=["<|im_start|>", "<|endoftext|>"],
     )
     wrapped.chat_template = CHAT_TEMPLATE
     wrapped.model_max_length = 4096
     return wrapped
 
 
-def build_tiny_llama(tokenizer, num_layers: int = 2, hidden_size: int = 64, num_heads: int = 4,
-                     num_kv_heads: int = 2, intermediate_size: int | None = None,
-                     max_positions: int = 1024, seed: int = 0):
+def build_tiny_llama(
+    tokenizer,
+    num_layers: int = 2,
+    hidden_size: int = 64,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int | None = None,
+    max_positions: int = 1024,
+    seed: int = 0,
+):
     """A randomly initialised Llama with the tokenizer's vocabulary and special ids."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        intermediate_size=intermediate_size or 4 * hidden_size, max_position_embeddings=max_positions,
-        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True, rms_norm_eps=1e-5,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        intermediate_size=intermediate_size or 4 * hidden_size,
+        max_position_embeddings=max_positions,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-5,
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
@@ -71,14 +92,28 @@ def build_tiny_llama(tokenizer, num_layers: int = 2, hidden_size: int = 64, num_
     return model
 
 
-def make_tiny_model(out_dir: str, texts: Iterable[str], vocab_size: int = 2048, num_layers: int = 2,
-                    hidden_size: int = 64, num_heads: int = 4, num_kv_heads: int = 2,
-                    max_positions: int = 1024, seed: int = 0) -> str:
+def make_tiny_model(
+    out_dir: str,
+    texts: Iterable[str],
+    vocab_size: int = 2048,
+    num_layers: int = 2,
+    hidden_size: int = 64,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    max_positions: int = 1024,
+    seed: int = 0,
+) -> str:
     """Train a tokenizer on ``texts``, build a tiny Llama and save both to ``out_dir``."""
     tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
-    model = build_tiny_llama(tokenizer, num_layers=num_layers, hidden_size=hidden_size,
-                             num_heads=num_heads, num_kv_heads=num_kv_heads,
-                             max_positions=max_positions, seed=seed)
+    model = build_tiny_llama(
+        tokenizer,
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        max_positions=max_positions,
+        seed=seed,
+    )
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return out_dir
@@ -86,8 +121,11 @@ def make_tiny_model(out_dir: str, texts: Iterable[str], vocab_size: int = 2048, 
 
 @dataclass
 class TinyModelConfig:
-    corpus: str | None = opt(None, "Text corpus: a .txt file (one document per line) or a JSONL file "
-                                   "(every string value is used); local or a URL (s3://, gs://, az://, hf://, ...).")
+    corpus: str | None = opt(
+        None,
+        "Text corpus: a .txt file (one document per line) or a JSONL file "
+        "(every string value is used); local or a URL (s3://, gs://, az://, hf://, ...).",
+    )
     output_dir: str | None = opt(None, "Where the Hugging Face model directory goes (local or URL).")
     vocab_size: int = opt(1024, "BPE vocabulary size.")
     num_layers: int = opt(2, "Transformer layers.")
@@ -148,9 +186,17 @@ def run(cfg: TinyModelConfig) -> dict:
     parent = tempfile.mkdtemp() if remote else os.path.dirname(os.path.abspath(cfg.output_dir))
     os.makedirs(parent, exist_ok=True)
     work = tempfile.mkdtemp(dir=parent, prefix=".tiny-")  # renamed into place when complete
-    make_tiny_model(work, texts, vocab_size=cfg.vocab_size, num_layers=cfg.num_layers,
-                    hidden_size=cfg.hidden_size, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                    max_positions=cfg.max_positions, seed=cfg.seed)
+    make_tiny_model(
+        work,
+        texts,
+        vocab_size=cfg.vocab_size,
+        num_layers=cfg.num_layers,
+        hidden_size=cfg.hidden_size,
+        num_heads=cfg.num_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        max_positions=cfg.max_positions,
+        seed=cfg.seed,
+    )
     if remote:
         storage.upload_dir(work, cfg.output_dir)
     else:
@@ -158,5 +204,11 @@ def run(cfg: TinyModelConfig) -> dict:
         if os.path.isdir(target) and not os.listdir(target):
             os.rmdir(target)
         os.replace(work, target)
-    return {"stage": "tiny-model", "output_dir": cfg.output_dir, "corpus_texts": len(texts),
-            "hidden_size": cfg.hidden_size, "num_layers": cfg.num_layers, "vocab_size": cfg.vocab_size}
+    return {
+        "stage": "tiny-model",
+        "output_dir": cfg.output_dir,
+        "corpus_texts": len(texts),
+        "hidden_size": cfg.hidden_size,
+        "num_layers": cfg.num_layers,
+        "vocab_size": cfg.vocab_size,
+    }

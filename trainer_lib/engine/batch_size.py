@@ -24,9 +24,10 @@ All ranks take the smallest size any of them found.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
-from typing import Callable
+from collections.abc import Callable
 
 from trainer_lib.errors import ConfigError, UserError
 
@@ -61,8 +62,9 @@ def is_out_of_memory(exc: BaseException) -> bool:
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()  # other accelerators' allocators
 
 
-def largest_fitting(sizes: list[int], fits: Callable[[int], None],
-                    free: Callable[[], None] = lambda: None) -> tuple[int | None, list[int]]:
+def largest_fitting(
+    sizes: list[int], fits: Callable[[int], None], free: Callable[[], None] = lambda: None
+) -> tuple[int | None, list[int]]:
     """(the first of ``sizes`` for which ``fits(size)`` raises no out-of-memory error, or None; the
     sizes that did not fit). Any other error propagates; ``free()`` runs after each out-of-memory."""
     failed: list[int] = []
@@ -70,7 +72,7 @@ def largest_fitting(sizes: list[int], fits: Callable[[int], None],
         try:
             fits(size)
             return size, failed
-        except Exception as exc:  # noqa: BLE001 - only out-of-memory errors are answers
+        except Exception as exc:
             if not is_out_of_memory(exc):
                 raise
         failed.append(size)
@@ -137,9 +139,10 @@ def host_available() -> int:
     import psutil
 
     available = psutil.virtual_memory().available
-    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
-                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
-                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
         try:
             with open(limit_file, encoding="ascii") as lf, open(usage_file, encoding="ascii") as uf:
                 limit, usage = lf.read().strip(), int(uf.read().strip())
@@ -153,10 +156,13 @@ def host_available() -> int:
 
 def host_fits(per_row: int, budget: int) -> Callable[[int], None]:
     """``fits(rows)`` for host memory: raises OutOfHostMemory when ``rows x per_row`` exceeds ``budget``."""
+
     def fits(rows: int) -> None:
         if rows * per_row > budget:
-            raise OutOfHostMemory(f"{rows} rows need about {rows * per_row / 2**30:.2f} GiB, "
-                                  f"{max(budget, 0) / 2**30:.2f} GiB available")
+            raise OutOfHostMemory(
+                f"{rows} rows need about {rows * per_row / 2**30:.2f} GiB, {max(budget, 0) / 2**30:.2f} GiB available"
+            )
+
     return fits
 
 
@@ -201,8 +207,10 @@ def rows_per_step(cfg, world_size: int) -> int:
     """Rows per optimizer step on each rank that batch_size=auto keeps (module docstring)."""
     if hasattr(cfg, "mini_batch"):  # an RL stage: mini_batch_size sets it
         if cfg.global_batch_size:
-            raise ConfigError("global_batch_size: RL stages keep mini_batch_size (completions per optimizer "
-                              "step, all ranks); set that instead")
+            raise ConfigError(
+                "global_batch_size: RL stages keep mini_batch_size (completions per optimizer "
+                "step, all ranks); set that instead"
+            )
         total, key = cfg.mini_batch, "mini_batch_size"
     else:
         total = cfg.global_batch_size or DEFAULT_BATCH_SIZE * cfg.engine.gradient_accumulation_steps * world_size
@@ -223,23 +231,27 @@ def choose(cfg, strategy, sequences_per_row: int, length: int, per_rank: int) ->
     local = int(os.environ.get("LOCAL_WORLD_SIZE", strategy.world_size))
     model = load_probe_model(cfg, strategy.device)
     cpu_states, device_states, line = deepspeed_file.model_states_estimate(
-        model, stage, offload_optimizer, offload_params, strategy.world_size, local)
+        model, stage, offload_optimizer, offload_params, strategy.world_size, local
+    )
     strategy.print(line)
     probe = Probe(model, strategy.device, sequences_per_row, length)
     try:
         if strategy.device.type == "cpu":
             probe.step(1)  # gradients allocated (as they stay in training) before the measured step
-            per_row = max(_peak_rss_growth(lambda: probe.step(1)), 1)
+            per_row = max(_peak_rss_growth(functools.partial(probe.step, 1)), 1)
             states = device_states + (cpu_states // max(local, 1) if offload_optimizer or offload_params else 0)
             budget = int(host_available() * HOST_SAFETY) // max(local, 1) - max(states - probe.resident_bytes(), 0)
             size, failed = largest_fitting(candidates(per_rank), host_fits(per_row, budget))
-            how = (f"host memory: {per_row / 2**20:.1f} MiB per row measured, "
-                   f"{max(budget, 0) / 2**30:.2f} GiB for activations")
+            how = (
+                f"host memory: {per_row / 2**20:.1f} MiB per row measured, "
+                f"{max(budget, 0) / 2**30:.2f} GiB for activations"
+            )
         else:
             try:  # the optimizer states still to come
-                ballast = torch.empty(max(device_states - probe.resident_bytes(), 0), dtype=torch.uint8,
-                                      device=strategy.device)
-            except Exception as exc:  # noqa: BLE001
+                ballast = torch.empty(
+                    max(device_states - probe.resident_bytes(), 0), dtype=torch.uint8, device=strategy.device
+                )
+            except Exception as exc:
                 if not is_out_of_memory(exc):
                     raise
                 return None, [], f"the model states alone ({device_states / 2**30:.2f} GiB) do not fit"
@@ -249,7 +261,8 @@ def choose(cfg, strategy, sequences_per_row: int, length: int, per_rank: int) ->
                 torch.cuda.empty_cache() if strategy.device.type == "cuda" else None
 
             size, failed = largest_fitting(candidates(per_rank), probe.step, free)
-            how = f"forward and backward on {strategy.device.type}, {ballast.numel() / 2**30:.2f} GiB held for optimizer states"
+            held = ballast.numel() / 2**30
+            how = f"forward and backward on {strategy.device.type}, {held:.2f} GiB held for optimizer states"
             del ballast
     finally:
         del probe, model
@@ -276,12 +289,17 @@ def resolve_batch_size(cfg, *, sequences_per_row: int = 1, sequence_length: int 
     size, failed, how = choose(cfg, strategy, sequences_per_row, length, per_rank)
     chosen = -strategy.all_reduce(-float(size or 0), op="max")  # the smallest over ranks
     if chosen < 1:
-        raise UserError(f"batch_size=auto: not even one row of {sequences_per_row} x {length} tokens fits "
-                        f"({how}); lower data.max_length, or set engine.gradient_checkpointing=true, lora.r, "
-                        f"a higher engine.zero_stage or offload")
+        raise UserError(
+            f"batch_size=auto: not even one row of {sequences_per_row} x {length} tokens fits "
+            f"({how}); lower data.max_length, or set engine.gradient_checkpointing=true, lora.r, "
+            f"a higher engine.zero_stage or offload"
+        )
     cfg.batch_size = int(chosen)
     if not hasattr(cfg, "mini_batch"):
         cfg.engine.gradient_accumulation_steps = per_rank // cfg.batch_size
-    strategy.print(f"batch_size=auto: micro-batch {cfg.batch_size} x {per_rank // cfg.batch_size} accumulation x "
-                   f"{strategy.world_size} rank(s) = {per_rank * strategy.world_size} rows per optimizer step"
-                   + (f" ({', '.join(map(str, failed))} did not fit)" if failed else "") + f"; {how}")
+    strategy.print(
+        f"batch_size=auto: micro-batch {cfg.batch_size} x {per_rank // cfg.batch_size} accumulation x "
+        f"{strategy.world_size} rank(s) = {per_rank * strategy.world_size} rows per optimizer step"
+        + (f" ({', '.join(map(str, failed))} did not fit)" if failed else "")
+        + f"; {how}"
+    )

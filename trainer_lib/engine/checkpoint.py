@@ -54,8 +54,9 @@ def staging_dir(location: str) -> str:
 
 
 class CheckpointManager:
-    def __init__(self, output_dir: str, strategy, keep: int = 2, checkpoint_dir: str | None = None,
-                 merge_lora: bool = True):
+    def __init__(
+        self, output_dir: str, strategy, keep: int = 2, checkpoint_dir: str | None = None, merge_lora: bool = True
+    ):
         self.output_dir = output_dir
         self.merge_lora = merge_lora
         self.strategy = strategy
@@ -71,10 +72,15 @@ class CheckpointManager:
         os.makedirs(self.local_dir, exist_ok=True)
 
     @classmethod
-    def for_stage(cls, cfg, strategy) -> "CheckpointManager":
+    def for_stage(cls, cfg, strategy) -> CheckpointManager:
         """From the shared training keys: output_dir, checkpoint_dir, save_total_limit, lora.merge."""
-        return cls(cfg.output_dir, strategy, keep=cfg.save_total_limit, checkpoint_dir=cfg.checkpoint_dir,
-                   merge_lora=cfg.lora.merge)
+        return cls(
+            cfg.output_dir,
+            strategy,
+            keep=cfg.save_total_limit,
+            checkpoint_dir=cfg.checkpoint_dir,
+            merge_lora=cfg.lora.merge,
+        )
 
     # ------------------------------------------------------------------ discovery
     def complete_steps(self) -> list[int]:
@@ -148,7 +154,7 @@ class CheckpointManager:
         complete = [step for step, done in saved if done]
         drop = [step for step, done in saved if not done and step < complete[-1]]
         if self.keep > 0:
-            drop += complete[:-self.keep]
+            drop += complete[: -self.keep]
         for step in sorted(drop):
             tag = tag_for(step)
             if self.ckpt_remote:

@@ -25,9 +25,11 @@ from trainer_lib.errors import ConfigError
 
 KEY = "engine.deepspeed_config"
 AUTO = "auto"
-BATCH_KEYS = {"train_micro_batch_size_per_gpu": "batch_size",
-              "gradient_accumulation_steps": "engine.gradient_accumulation_steps",
-              "train_batch_size": "batch_size x engine.gradient_accumulation_steps x world size"}
+BATCH_KEYS = {
+    "train_micro_batch_size_per_gpu": "batch_size",
+    "gradient_accumulation_steps": "engine.gradient_accumulation_steps",
+    "train_batch_size": "batch_size x engine.gradient_accumulation_steps x world size",
+}
 OWN_SECTIONS = ("optimizer", "scheduler")
 
 
@@ -66,8 +68,9 @@ def zero_settings(engine, user: dict) -> tuple[int, bool, bool]:
     file where it sets them, else ``engine.zero_stage`` / ``offload_optimizer`` / ``offload_params``."""
     stage = user_value(user, "zero_optimization", "stage")
     if stage is not None and stage not in (0, 1, 2, 3):
-        raise ConfigError(f"{KEY}: {engine.deepspeed_config} sets zero_optimization.stage={stage!r}; "
-                          f"expected 0, 1, 2 or 3")
+        raise ConfigError(
+            f"{KEY}: {engine.deepspeed_config} sets zero_optimization.stage={stage!r}; expected 0, 1, 2 or 3"
+        )
     offloaded = []
     for section, ours in (("offload_optimizer", engine.offload_optimizer), ("offload_param", engine.offload_params)):
         device = user_value(user, "zero_optimization", section, "device")
@@ -80,8 +83,10 @@ def check_batch_keys(ours: dict, user: dict, source: str) -> None:
     for key, our_key in BATCH_KEYS.items():
         value = user_value(user, key)
         if value is not None and value != ours[key]:
-            raise ConfigError(f"{KEY}: {source} sets {key}={value!r}, but this run's is {ours[key]} "
-                              f"(from {our_key}); make them agree, or write \"auto\" in the file")
+            raise ConfigError(
+                f"{KEY}: {source} sets {key}={value!r}, but this run's is {ours[key]} "
+                f'(from {our_key}); make them agree, or write "auto" in the file'
+            )
 
 
 def _lay_over(ours: dict, user: dict) -> dict:
@@ -105,16 +110,16 @@ def effective(ours: dict, user: dict, source: str, train: bool = True) -> tuple[
     user = {k: v for k, v in user.items() if k not in OWN_SECTIONS and k not in BATCH_KEYS}
     config = _lay_over(ours, user)
     if not train and isinstance(config.get("zero_optimization"), dict):
-        config["zero_optimization"] = {k: v for k, v in config["zero_optimization"].items()
-                                       if k != "offload_optimizer"}
+        config["zero_optimization"] = {k: v for k, v in config["zero_optimization"].items() if k != "offload_optimizer"}
     return config, dropped
 
 
 # --------------------------------------------------------------------------- memory estimate
 
 
-def model_states_estimate(model, stage: int, offload_optimizer: bool, offload_params: bool,
-                          world_size: int, local_world_size: int) -> tuple[int, int, str]:
+def model_states_estimate(
+    model, stage: int, offload_optimizer: bool, offload_params: bool, world_size: int, local_world_size: int
+) -> tuple[int, int, str]:
     """(CPU bytes per node, accelerator bytes per rank, a one-line summary) for the model states
     (parameters, gradients, optimizer) by DeepSpeed's own estimators, which assume mixed precision
     and Adam. Stages 0 and 1 use the ZeRO-2 estimator: stage 0 as if on one rank (nothing is
@@ -125,21 +130,30 @@ def model_states_estimate(model, stage: int, offload_optimizer: bool, offload_pa
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
         largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
-        cpu, gpu, _ = estimate_zero3_model_states_mem_needs(total, largest, num_gpus_per_node=gpus, num_nodes=nodes,
-                                                            cpu_offload=offload_optimizer,
-                                                            cpu_offload_params=offload_params, zero_init=True)
+        cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
+            total,
+            largest,
+            num_gpus_per_node=gpus,
+            num_nodes=nodes,
+            cpu_offload=offload_optimizer,
+            cpu_offload_params=offload_params,
+            zero_init=True,
+        )
         name = "estimate_zero3_model_states_mem_needs"
     else:
         from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
         if stage == 0:
             gpus, nodes = 1, 1
-        cpu, gpu = estimate_zero2_model_states_mem_needs(total, num_gpus_per_node=gpus, num_nodes=nodes,
-                                                         cpu_offload=offload_optimizer)
+        cpu, gpu = estimate_zero2_model_states_mem_needs(
+            total, num_gpus_per_node=gpus, num_nodes=nodes, cpu_offload=offload_optimizer
+        )
         name = "estimate_zero2_model_states_mem_needs"
-    line = (f"memory estimate (DeepSpeed's {name}; ZeRO-{stage}, offload_optimizer={offload_optimizer}, "
-            f"offload_params={offload_params}, {world_size} rank(s)): {total:,} params need "
-            f"{size(gpu)} per accelerator and {size(cpu)} CPU per node for their states")
+    line = (
+        f"memory estimate (DeepSpeed's {name}; ZeRO-{stage}, offload_optimizer={offload_optimizer}, "
+        f"offload_params={offload_params}, {world_size} rank(s)): {total:,} params need "
+        f"{size(gpu)} per accelerator and {size(cpu)} CPU per node for their states"
+    )
     return int(cpu), int(gpu), line
 
 

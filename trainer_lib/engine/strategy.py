@@ -57,11 +57,11 @@ class DeepSpeedStrategy:
         # them reads these three attributes, so the strategy follows the config DeepSpeed gets
         self.user_config = deepspeed_file.read(engine.deepspeed_config) if engine.deepspeed_config else {}
         self.zero_stage, self.offload_optimizer, self.offload_params = deepspeed_file.zero_settings(
-            engine, self.user_config)
+            engine, self.user_config
+        )
         self.effective_config: dict | None = None  # what the training engine got (logged by prepare)
         if self.user_config:
-            deepspeed_file.check_batch_keys(self._own_config(train=True), self.user_config,
-                                              engine.deepspeed_config)
+            deepspeed_file.check_batch_keys(self._own_config(train=True), self.user_config, engine.deepspeed_config)
 
     # ------------------------------------------------------------------ process group
     def setup_distributed(self) -> None:
@@ -70,8 +70,14 @@ class DeepSpeedStrategy:
         import torch
 
         if not _launched():  # plain `python`/`posttrain`: a private one-process group
-            os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                              MASTER_PORT=str(free_port()), POSTTRAIN_SOLO_PID=str(os.getpid()))
+            os.environ.update(
+                RANK="0",
+                WORLD_SIZE="1",
+                LOCAL_RANK="0",
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(free_port()),
+                POSTTRAIN_SOLO_PID=str(os.getpid()),
+            )
         from deepspeed.accelerator import get_accelerator
 
         backend = get_accelerator().communication_backend_name()
@@ -122,10 +128,15 @@ class DeepSpeedStrategy:
             reduced = self.all_reduce(torch.tensor([float(value[k]) for k in keys], dtype=torch.float64), op)
             return {k: float(v) for k, v in zip(keys, reduced.tolist())}
         is_tensor = isinstance(value, torch.Tensor)
-        tensor = value.detach().clone().to(self.device) if is_tensor else torch.tensor(float(value), dtype=torch.float64, device=self.device)
+        tensor = (
+            value.detach().clone().to(self.device)
+            if is_tensor
+            else torch.tensor(float(value), dtype=torch.float64, device=self.device)
+        )
         if dist.is_initialized() and self.world_size > 1:
-            dist.all_reduce(tensor, op={"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM,
-                                        "max": dist.ReduceOp.MAX}[op])
+            dist.all_reduce(
+                tensor, op={"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op]
+            )
             if op == "mean":
                 tensor = tensor / self.world_size
         return tensor if is_tensor else float(tensor.item())
@@ -143,7 +154,7 @@ class DeepSpeedStrategy:
 
         modes = [model.training for model in models]
         totals = dict(zeros)
-        mine = items[self.rank::self.world_size]
+        mine = items[self.rank :: self.world_size]
         calls = -(-len(items) // self.world_size) if self.partitions_parameters else len(mine)
         try:
             for model in models:
@@ -180,8 +191,7 @@ class DeepSpeedStrategy:
         """(:meth:`ds_config`, the sections of the user's file left out)."""
         from trainer_lib.engine import deepspeed_file
 
-        return deepspeed_file.effective(self._own_config(train), self.user_config,
-                                          self.cfg.deepspeed_config, train)
+        return deepspeed_file.effective(self._own_config(train), self.user_config, self.cfg.deepspeed_config, train)
 
     def _own_config(self, train: bool) -> dict:
         pin = getattr(self, "device", None) is not None and self.device.type != "cpu"
@@ -205,8 +215,9 @@ class DeepSpeedStrategy:
             "wall_clock_breakdown": False,
         }
 
-    def _optimizer(self, model, lr: float, weight_decay: float, betas: tuple[float, float], eps: float,
-                   param_group=None):
+    def _optimizer(
+        self, model, lr: float, weight_decay: float, betas: tuple[float, float], eps: float, param_group=None
+    ):
         import torch
 
         # (group name, lr, decays) -> parameters; one name and lr unless param_group splits them
@@ -217,18 +228,35 @@ class DeepSpeedStrategy:
             group, group_lr = param_group(name) if param_group else ("", lr)
             decays = not (param.ndim < 2 or "norm" in name.lower())
             buckets.setdefault((group, group_lr, decays), []).append(param)
-        groups = [{"params": params, "lr": group_lr, "weight_decay": weight_decay if decays else 0.0,
-                   **({"name": group} if group else {})}
-                  for (group, group_lr, decays), params in buckets.items()]
+        groups = [
+            {
+                "params": params,
+                "lr": group_lr,
+                "weight_decay": weight_decay if decays else 0.0,
+                **({"name": group} if group else {}),
+            }
+            for (group, group_lr, decays), params in buckets.items()
+        ]
         if self.offload_optimizer:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
             return DeepSpeedCPUAdam(groups, lr=lr, betas=betas, eps=eps, adamw_mode=True)
         return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps)
 
-    def prepare(self, model, *, lr: float, weight_decay: float, total_steps: int,
-                warmup_steps: int = 0, lr_scheduler: str = "cosine", lr_scheduler_kwargs: dict | None = None,
-                betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8, param_group=None):
+    def prepare(
+        self,
+        model,
+        *,
+        lr: float,
+        weight_decay: float,
+        total_steps: int,
+        warmup_steps: int = 0,
+        lr_scheduler: str = "cosine",
+        lr_scheduler_kwargs: dict | None = None,
+        betas: tuple[float, float] = (0.9, 0.95),
+        eps: float = 1e-8,
+        param_group=None,
+    ):
         """Wrap a trainable model: AdamW, LR schedule and ZeRO partitioning in one engine.
 
         ``param_group(name) -> (group name, lr)`` puts parameters into named optimizer groups with
@@ -245,17 +273,21 @@ class DeepSpeedStrategy:
                 model.config.use_cache = False
         optimizer = self._optimizer(model, lr, weight_decay, betas, eps, param_group)
         try:
-            scheduler = get_scheduler(lr_scheduler, optimizer, num_warmup_steps=warmup_steps,
-                                      num_training_steps=total_steps,
-                                      scheduler_specific_kwargs=dict(lr_scheduler_kwargs or {}))
+            scheduler = get_scheduler(
+                lr_scheduler,
+                optimizer,
+                num_warmup_steps=warmup_steps,
+                num_training_steps=total_steps,
+                scheduler_specific_kwargs=dict(lr_scheduler_kwargs or {}),
+            )
         except (TypeError, ValueError) as exc:  # a missing or unknown schedule argument
-            raise UserError(f"lr_scheduler_kwargs: {lr_scheduler} cannot start with "
-                            f"{lr_scheduler_kwargs or {}}: {exc}") from None
+            raise UserError(
+                f"lr_scheduler_kwargs: {lr_scheduler} cannot start with {lr_scheduler_kwargs or {}}: {exc}"
+            ) from None
         config, dropped = self._effective_config(train=True)
         self._log_config(model, config, dropped)
         with self._naming_user_file():
-            engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                              config=config)
+            engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config)
         return engine
 
     def _log_config(self, model, config: dict, dropped: list) -> None:
@@ -269,13 +301,20 @@ class DeepSpeedStrategy:
         if not self.is_rank_0:
             return
         if dropped:
-            print(f"engine.deepspeed_config: {self.cfg.deepspeed_config}: {' and '.join(dropped)} left out "
-                  f"(posttrain builds AdamW and the schedule from lr, weight_decay, adam_*, warmup_steps, "
-                  f"lr_scheduler)", flush=True)
+            print(
+                f"engine.deepspeed_config: {self.cfg.deepspeed_config}: {' and '.join(dropped)} left out "
+                f"(posttrain builds AdamW and the schedule from lr, weight_decay, adam_*, warmup_steps, "
+                f"lr_scheduler)",
+                flush=True,
+            )
         print("deepspeed config: " + json.dumps(config, sort_keys=True), flush=True)
         local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
-        print(deepspeed_file.model_states_estimate(model, self.zero_stage, self.offload_optimizer,
-                                                     self.offload_params, self.world_size, local)[2], flush=True)
+        print(
+            deepspeed_file.model_states_estimate(
+                model, self.zero_stage, self.offload_optimizer, self.offload_params, self.world_size, local
+            )[2],
+            flush=True,
+        )
 
     @contextlib.contextmanager
     def _naming_user_file(self):
@@ -286,8 +325,10 @@ class DeepSpeedStrategy:
         try:
             yield
         except (ValueError, TypeError, KeyError, AssertionError) as exc:  # pydantic's errors are ValueErrors
-            raise ConfigError(f"engine.deepspeed_config: {self.cfg.deepspeed_config}: DeepSpeed refused the "
-                              f"config: {' '.join(str(exc).split())}") from exc
+            raise ConfigError(
+                f"engine.deepspeed_config: {self.cfg.deepspeed_config}: DeepSpeed refused the "
+                f"config: {' '.join(str(exc).split())}"
+            ) from exc
 
     def prepare_frozen(self, model):
         """A model used only for inference (reference, reward): ZeRO-3 partitions it too."""
@@ -347,13 +388,16 @@ class DeepSpeedStrategy:
         rng_file = os.path.join(save_dir, tag, f"rng_state_rank{self.rank}.pt")
         try:
             with weights_only_loads():
-                _, client_state = engine.load_checkpoint(save_dir, tag=tag, load_optimizer_states=True,
-                                                         load_lr_scheduler_states=True)
+                _, client_state = engine.load_checkpoint(
+                    save_dir, tag=tag, load_optimizer_states=True, load_lr_scheduler_states=True
+                )
                 rng = torch.load(rng_file, weights_only=True) if os.path.exists(rng_file) else None
         except pickle.UnpicklingError as exc:
             found = re.search(r"GLOBAL (\S+) was not an allowed global", str(exc))
-            raise UserError(f"{os.path.join(save_dir, tag)}: refusing to load a checkpoint that holds more than "
-                            f"tensors and plain data" + (f" ({found.group(1)})" if found else "")) from None
+            raise UserError(
+                f"{os.path.join(save_dir, tag)}: refusing to load a checkpoint that holds more than "
+                f"tensors and plain data" + (f" ({found.group(1)})" if found else "")
+            ) from None
         if rng is not None:
             _set_rng_state(rng)
         return client_state or {}
@@ -381,8 +425,9 @@ class DeepSpeedStrategy:
     def unwrap(self, engine):
         return getattr(engine, "module", engine)
 
-    def save_hf_model(self, engine, tokenizer, out_dir: str, extra_files: dict[str, str] | None = None,
-                      merge_lora: bool = True) -> None:
+    def save_hf_model(
+        self, engine, tokenizer, out_dir: str, extra_files: dict[str, str] | None = None, merge_lora: bool = True
+    ) -> None:
         """Final Hugging Face directory (safetensors shards, config, tokenizer), LoRA merged in; with
         ``merge_lora=False`` a LoRA model is saved as its PEFT adapter only.
 
@@ -393,8 +438,15 @@ class DeepSpeedStrategy:
         from trainer_lib.models.save import memory_log, save_hf_model
 
         with memory_log(os.environ.get("POSTTRAIN_SAVE_MEMORY_LOG"), self.rank):  # how much the save takes
-            save_hf_model(self.unwrap(engine), tokenizer, out_dir, gather=self.gathered, is_writer=self.is_rank_0,
-                          merge_lora=merge_lora, extra_files=extra_files)
+            save_hf_model(
+                self.unwrap(engine),
+                tokenizer,
+                out_dir,
+                gather=self.gathered,
+                is_writer=self.is_rank_0,
+                merge_lora=merge_lora,
+                extra_files=extra_files,
+            )
             self.barrier()
 
 
@@ -412,8 +464,11 @@ def _rng_state() -> dict:
 
     version, keys, gauss = random.getstate()
     kind, words, pos, has_gauss, cached = np.random.get_state()
-    return {"python": [version, torch.tensor(keys, dtype=torch.int64), gauss], "torch": torch.get_rng_state(),
-            "numpy": [kind, torch.from_numpy(words.astype(np.int64)), pos, has_gauss, cached]}
+    return {
+        "python": [version, torch.tensor(keys, dtype=torch.int64), gauss],
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, torch.from_numpy(words.astype(np.int64)), pos, has_gauss, cached],
+    }
 
 
 def _set_rng_state(state: dict) -> None:

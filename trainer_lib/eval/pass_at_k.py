@@ -8,10 +8,11 @@ replacement is correct is (eq. 1)
 The binomials overflow floats for realistic n, so we use the equivalent product
 C(n - c, k) / C(n, k) = prod_{i = n-c+1}^{n} (1 - k / i), as the paper's numpy snippet does.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

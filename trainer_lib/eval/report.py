@@ -6,6 +6,7 @@ gate rules, training curves of every stage that ran (from each run's ``metrics.j
 generations side by side, and how the numbers were made (judge, sandbox, data). Every piece of
 text that came from a model or a dataset is HTML-escaped.
 """
+
 from __future__ import annotations
 
 import base64
@@ -14,14 +15,49 @@ import io
 import re
 
 #: Columns of the metrics table and bar chart, in this order; other metrics follow alphabetically.
-METRIC_ORDER = ("task_pass_rate", "task_test_pass_fraction", "humaneval_pass@1", "humaneval_pass@10",
-                "humaneval_pass@100", "harmless_rate", "over_refusal_rate", "reward_win_rate", "reward_mean")
+METRIC_ORDER = (
+    "task_pass_rate",
+    "task_test_pass_fraction",
+    "humaneval_pass@1",
+    "humaneval_pass@10",
+    "humaneval_pass@100",
+    "harmless_rate",
+    "over_refusal_rate",
+    "reward_win_rate",
+    "reward_mean",
+)
 LOWER_IS_BETTER = ("over_refusal_rate",)
 #: Training-curve panels, most telling first; bookkeeping keys are never plotted.
-CURVE_ORDER = ("loss", "reward", "kl", "rewards/margins", "rewards/accuracy", "accuracy", "margin",
-               "reward_std", "entropy", "response_length", "clip_fraction", "value_loss", "policy_loss")
-CURVE_SKIP = {"step", "split", "time", "epoch", "lr", "grad_norm", "tokens_per_s", "s_per_step", "pairs_per_s",
-              "generate_time", "generate_tokens_per_s", "reward_time", "finished_fraction"}
+CURVE_ORDER = (
+    "loss",
+    "reward",
+    "kl",
+    "rewards/margins",
+    "rewards/accuracy",
+    "accuracy",
+    "margin",
+    "reward_std",
+    "entropy",
+    "response_length",
+    "clip_fraction",
+    "value_loss",
+    "policy_loss",
+)
+CURVE_SKIP = {
+    "step",
+    "split",
+    "time",
+    "epoch",
+    "lr",
+    "grad_norm",
+    "tokens_per_s",
+    "s_per_step",
+    "pairs_per_s",
+    "generate_time",
+    "generate_tokens_per_s",
+    "reward_time",
+    "finished_fraction",
+}
 MAX_PANELS = 6
 SHOW_CHARS, SHOW_LINES = 700, 20  # a sample output longer than this is cut in the report (not in the files)
 COLORS = ("#4C72B0", "#DD8452", "#55A868", "#C44E52", "#8172B3", "#937860", "#DA8BC3", "#8C8C8C")
@@ -56,8 +92,11 @@ def bar_chart(models: dict[str, dict]) -> str | None:
     """Grouped bars of the metrics that are rates in [0, 1], one colour per model (base64 PNG)."""
     from matplotlib.figure import Figure
 
-    names = [m for m in metric_names(models) if m != "reward_mean"
-             and all(0.0 <= v.get(m, 0.0) <= 1.0 for v in models.values())]
+    names = [
+        m
+        for m in metric_names(models)
+        if m != "reward_mean" and all(0.0 <= v.get(m, 0.0) <= 1.0 for v in models.values())
+    ]
     if not names:
         return None
     fig = Figure(figsize=(max(6.0, 1.4 * len(names) * max(1, len(models)) / 2 + 2), 3.6))
@@ -67,10 +106,16 @@ def bar_chart(models: dict[str, dict]) -> str | None:
         xs = [j + (i - (len(models) - 1) / 2) * width for j in range(len(names))]
         values = [metrics.get(n, 0.0) for n in names]
         bars = ax.bar(xs, values, width, label=label, color=COLORS[i % len(COLORS)])
-        ax.bar_label(bars, labels=[f"{v:.2f}" if n in metrics else "-" for v, n in zip(values, names)],
-                     fontsize=7, padding=1)
-    ax.set_xticks(range(len(names)), [n + (" (lower is better)" if n in LOWER_IS_BETTER else "") for n in names],
-                  rotation=15, ha="right", fontsize=8)
+        ax.bar_label(
+            bars, labels=[f"{v:.2f}" if n in metrics else "-" for v, n in zip(values, names)], fontsize=7, padding=1
+        )
+    ax.set_xticks(
+        range(len(names)),
+        [n + (" (lower is better)" if n in LOWER_IS_BETTER else "") for n in names],
+        rotation=15,
+        ha="right",
+        fontsize=8,
+    )
     ax.set_ylim(0, 1.12)
     ax.set_ylabel("rate")
     ax.spines[["top", "right"]].set_visible(False)
@@ -79,8 +124,12 @@ def bar_chart(models: dict[str, dict]) -> str | None:
 
 
 def curve_keys(records: list[dict]) -> list[str]:
-    numeric = {k for r in records for k, v in r.items()
-               if k not in CURVE_SKIP and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    numeric = {
+        k
+        for r in records
+        for k, v in r.items()
+        if k not in CURVE_SKIP and isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
     return ([k for k in CURVE_ORDER if k in numeric] + sorted(numeric - set(CURVE_ORDER)))[:MAX_PANELS]
 
 
@@ -97,10 +146,15 @@ def curves_chart(records: list[dict]) -> str | None:
     fig = Figure(figsize=(4.0 * cols, 2.7 * rows))
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, key in zip(axes, keys):
-        for split, style in (("train", {"color": COLORS[0], "lw": 1.2}),
-                             ("eval", {"color": COLORS[1], "marker": "o", "ms": 3, "lw": 1.2})):
-            points = [(r["step"], r[key]) for r in records if r.get("split", "train") == split
-                      and isinstance(r.get(key), (int, float)) and "step" in r]
+        for split, style in (
+            ("train", {"color": COLORS[0], "lw": 1.2}),
+            ("eval", {"color": COLORS[1], "marker": "o", "ms": 3, "lw": 1.2}),
+        ):
+            points = [
+                (r["step"], r[key])
+                for r in records
+                if r.get("split", "train") == split and isinstance(r.get(key), (int, float)) and "step" in r
+            ]
             if points:
                 ax.plot(*zip(*points), label=split, **style)
         ax.set_title(key, fontsize=9)
@@ -109,7 +163,7 @@ def curves_chart(records: list[dict]) -> str | None:
         ax.tick_params(labelsize=7)
         ax.spines[["top", "right"]].set_visible(False)
         ax.legend(fontsize=7, frameon=False)
-    for ax in axes[len(keys):]:
+    for ax in axes[len(keys) :]:
         ax.set_visible(False)
     fig.tight_layout()
     return _png(fig)
@@ -159,10 +213,17 @@ def metrics_table(result: dict) -> str:
     head = "".join(f"<th>{_e(n)}</th>" for n in names)
     rows = []
     for label, metrics in models.items():
-        role = " (candidate)" if label == result.get("candidate") else \
-            " (baseline)" if label == result.get("baseline") else ""
-        cells = "".join(f'<td class="num{" best" if n in best and metrics.get(n) == best[n] else ""}">'
-                        f"{_fmt(metrics.get(n))}</td>" for n in names)
+        role = (
+            " (candidate)"
+            if label == result.get("candidate")
+            else " (baseline)"
+            if label == result.get("baseline")
+            else ""
+        )
+        cells = "".join(
+            f'<td class="num{" best" if n in best and metrics.get(n) == best[n] else ""}">{_fmt(metrics.get(n))}</td>'
+            for n in names
+        )
         css = ' class="candidate"' if label == result.get("candidate") else ""
         rows.append(f"<tr{css}><td><b>{_e(label)}</b>{_e(role)}</td>{cells}</tr>")
     return f"<table><tr><th>model</th>{head}</tr>{''.join(rows)}</table>"
@@ -171,11 +232,15 @@ def metrics_table(result: dict) -> str:
 def gate_table(gate: dict) -> str:
     if not gate["rules"]:
         return '<p class="note">No gate rules are configured, so the gate passes.</p>'
-    rows = "".join(f"<tr><td><code>{_e(r['rule'])}</code></td><td class=\"num\">{_fmt(r['value'])}</td>"
-                   f"<td class=\"num\">{_fmt(r['threshold'])}</td><td class=\"{'ok' if r['passed'] else 'bad'}\">"
-                   f"{'pass' if r['passed'] else 'FAIL'}</td><td>{_e(r['detail'])}</td></tr>" for r in gate["rules"])
-    return ("<table><tr><th>rule</th><th>candidate</th><th>threshold</th><th>result</th><th>detail</th></tr>"
-            f"{rows}</table>")
+    rows = "".join(
+        f'<tr><td><code>{_e(r["rule"])}</code></td><td class="num">{_fmt(r["value"])}</td>'
+        f'<td class="num">{_fmt(r["threshold"])}</td><td class="{"ok" if r["passed"] else "bad"}">'
+        f"{'pass' if r['passed'] else 'FAIL'}</td><td>{_e(r['detail'])}</td></tr>"
+        for r in gate["rules"]
+    )
+    return (
+        f"<table><tr><th>rule</th><th>candidate</th><th>threshold</th><th>result</th><th>detail</th></tr>{rows}</table>"
+    )
 
 
 def shown(text: str) -> str:
@@ -203,8 +268,10 @@ def samples_table(section: dict, labels: list[str]) -> str:
             cells.append(f"<td>{badge}<pre>{_e(shown(text))}</pre></td>")
         rows.append(f"<tr><td><pre>{_e(shown(row['prompt']))}</pre></td>{''.join(cells)}</tr>")
     cols = f'<col style="width:{width}%">' + "".join("<col>" for _ in labels)
-    return (f"<h3>{_e(section['title'])}</h3><table class=\"samples\"><colgroup>{cols}</colgroup>"
-            f"<tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>")
+    return (
+        f'<h3>{_e(section["title"])}</h3><table class="samples"><colgroup>{cols}</colgroup>'
+        f"<tr><th>prompt</th>{head}</tr>{''.join(rows)}</table>"
+    )
 
 
 def _img(b64: str | None, alt: str) -> str:
@@ -214,14 +281,22 @@ def _img(b64: str | None, alt: str) -> str:
 def render_html(result: dict, curves: dict[str, list[dict]], samples: list[dict]) -> str:
     """The whole report as one HTML string."""
     gate, labels = result["gate"], list(result["models"])
-    verdict = (f'<span class="badge {"pass" if gate["passed"] else "fail"}">gate '
-               f'{"PASSED" if gate["passed"] else "FAILED"}</span>')
-    parts = [f"<h1>posttrain evaluation {verdict}</h1>",
-             f'<p class="sub">candidate <b>{_e(result.get("candidate"))}</b>, baseline '
-             f'<b>{_e(result.get("baseline") or "none")}</b>; models: {_e(", ".join(labels))}; '
-             f'{_e(result.get("created", ""))}</p>',
-             "<h2>Metrics</h2>", metrics_table(result), _img(bar_chart(result["models"]), "metrics per model"),
-             "<h2>Gate</h2>", gate_table(gate), "<h2>Training curves</h2>"]
+    verdict = (
+        f'<span class="badge {"pass" if gate["passed"] else "fail"}">gate '
+        f"{'PASSED' if gate['passed'] else 'FAILED'}</span>"
+    )
+    parts = [
+        f"<h1>posttrain evaluation {verdict}</h1>",
+        f'<p class="sub">candidate <b>{_e(result.get("candidate"))}</b>, baseline '
+        f"<b>{_e(result.get('baseline') or 'none')}</b>; models: {_e(', '.join(labels))}; "
+        f"{_e(result.get('created', ''))}</p>",
+        "<h2>Metrics</h2>",
+        metrics_table(result),
+        _img(bar_chart(result["models"]), "metrics per model"),
+        "<h2>Gate</h2>",
+        gate_table(gate),
+        "<h2>Training curves</h2>",
+    ]
     drawn = [(label, curves_chart(records)) for label, records in curves.items() if records]
     drawn = [(label, png) for label, png in drawn if png]
     if not drawn:
@@ -231,8 +306,10 @@ def render_html(result: dict, curves: dict[str, list[dict]], samples: list[dict]
     parts.append("<h2>Sample generations</h2>")
     parts += [samples_table(section, labels) for section in samples if section["rows"]]
     parts += ["<h2>How these numbers were made</h2>", setup_list(result)]
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>posttrain evaluation</title>"
-            f"<style>{CSS}</style></head><body><main>{''.join(parts)}</main></body></html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>posttrain evaluation</title>'
+        f"<style>{CSS}</style></head><body><main>{''.join(parts)}</main></body></html>\n"
+    )
 
 
 def setup_list(result: dict) -> str:
@@ -240,19 +317,26 @@ def setup_list(result: dict) -> str:
     data = result.get("data", {})
     if "humaneval" in data:
         h = data["humaneval"]
-        items.append(f"<b>HumanEval</b>: {h['problems']} problems from {_e(h['path'])}, n={h['n']} per problem "
-                     f"({'greedy' if h['n'] == 1 else 'temperature ' + str(h['temperature'])}), unbiased pass@k "
-                     "(Chen et al. 2021). A tiny demo model is expected to score about 0 here.")
+        items.append(
+            f"<b>HumanEval</b>: {h['problems']} problems from {_e(h['path'])}, n={h['n']} per problem "
+            f"({'greedy' if h['n'] == 1 else 'temperature ' + str(h['temperature'])}), unbiased pass@k "
+            "(Chen et al. 2021). A tiny demo model is expected to score about 0 here."
+        )
     if "tasks" in data:
-        items.append(f"<b>Code tasks</b>: {data['tasks']['count']} held-out tasks from {_e(data['tasks']['path'])}, "
-                     "greedy; a task passes when all its unit tests pass.")
+        items.append(
+            f"<b>Code tasks</b>: {data['tasks']['count']} held-out tasks from {_e(data['tasks']['path'])}, "
+            "greedy; a task passes when all its unit tests pass."
+        )
     if "safety" in data:
         s = data["safety"]
-        items.append(f"<b>Safety prompts</b>: {s['harmful']} harmful and {s['benign']} benign from {_e(s['path'])}, "
-                     "greedy.")
+        items.append(
+            f"<b>Safety prompts</b>: {s['harmful']} harmful and {s['benign']} benign from {_e(s['path'])}, greedy."
+        )
     if result.get("reward_model"):
-        items.append(f"<b>Reward win rate</b>: P(reward(model) &gt; reward(baseline)) on the same prompts, "
-                     f"ties count half, by {_e(result['reward_model'])}.")
+        items.append(
+            f"<b>Reward win rate</b>: P(reward(model) &gt; reward(baseline)) on the same prompts, "
+            f"ties count half, by {_e(result['reward_model'])}."
+        )
     sandbox = result.get("sandbox") or {}
     layers = ", ".join(k for k in ("network", "filesystem", "user", "pid") if sandbox.get(k)) or "none"
     items.append(f"<b>Sandbox</b>: generated code ran in separate processes; isolation layers: {_e(layers)}.")
@@ -267,10 +351,15 @@ def render_markdown(result: dict) -> str:
     """A short Markdown summary: the verdict, the metrics table, the rules."""
     gate, models = result["gate"], result["models"]
     names = metric_names(models)
-    lines = [f"# Evaluation: gate {'PASSED' if gate['passed'] else 'FAILED'}", "",
-             f"Candidate **{result.get('candidate')}**, baseline **{result.get('baseline') or 'none'}**. "
-             f"Judge: {result['judge']}.", "",
-             "| model | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+    lines = [
+        f"# Evaluation: gate {'PASSED' if gate['passed'] else 'FAILED'}",
+        "",
+        f"Candidate **{result.get('candidate')}**, baseline **{result.get('baseline') or 'none'}**. "
+        f"Judge: {result['judge']}.",
+        "",
+        "| model | " + " | ".join(names) + " |",
+        "|---|" + "---:|" * len(names),
+    ]
     for label, metrics in models.items():
         lines.append(f"| {label} | " + " | ".join(_fmt(metrics.get(n)) for n in names) + " |")
     lines.append("")

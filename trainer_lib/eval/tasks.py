@@ -8,6 +8,7 @@ stages optimize and the number reported here are the same measurement on differe
     task_pass_rate            fraction of tasks whose every test passed
     task_test_pass_fraction   mean fraction of tests passed per task
 """
+
 from __future__ import annotations
 
 from trainer_lib.errors import DataError, UserError
@@ -48,9 +49,20 @@ def score_tasks(rows: list[dict], completions: list[str], sandbox, timeout: floa
     results = sandbox.run_many([task_program(c, r["tests"]) for r, c in zip(rows, completions)], timeout=timeout)
     per_task = []
     for row, completion, result in zip(rows, completions, results):
-        per_task.append({"task_id": row["task_id"], "prompt": prompt_text(row["prompt"]), "completion": completion,
-                         "passed": result.passed, "tests_passed": result.tests_passed, "tests": len(row["tests"]),
-                         "status": result.status, "detail": result.detail})
-    metrics = {"task_pass_rate": sum(r["passed"] for r in per_task) / len(per_task),
-               "task_test_pass_fraction": sum(r["tests_passed"] / r["tests"] for r in per_task) / len(per_task)}
+        per_task.append(
+            {
+                "task_id": row["task_id"],
+                "prompt": prompt_text(row["prompt"]),
+                "completion": completion,
+                "passed": result.passed,
+                "tests_passed": result.tests_passed,
+                "tests": len(row["tests"]),
+                "status": result.status,
+                "detail": result.detail,
+            }
+        )
+    metrics = {
+        "task_pass_rate": sum(r["passed"] for r in per_task) / len(per_task),
+        "task_test_pass_fraction": sum(r["tests_passed"] / r["tests"] for r in per_task) / len(per_task),
+    }
     return metrics, per_task

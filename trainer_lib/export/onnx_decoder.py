@@ -67,8 +67,13 @@ def decoder_with_cache(model):
             cache = DynamicCache(config=self.model.config)
             for i, (key, value) in enumerate(past):
                 cache.update(key, value, i)
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=cache, use_cache=True)
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+            )
             presents = []
             for layer in cache.layers:
                 presents += [layer.keys, layer.values]
@@ -89,26 +94,48 @@ def export_decoder(model, path: str, opset: int = 18) -> dict:
     num_layers, (kv_heads, head_dim) = len(layout), layout[0]
     # Sample sizes > 1 and all different, so torch.export keeps every axis symbolic.
     batch, seq, past_len = 2, 3, 5
-    sample = (torch.ones(batch, seq, dtype=torch.long),
-              torch.ones(batch, past_len + seq, dtype=torch.long),
-              torch.arange(past_len, past_len + seq).expand(batch, seq).contiguous(),
-              [(torch.zeros(batch, kv_heads, past_len, head_dim), torch.zeros(batch, kv_heads, past_len, head_dim))
-               for _ in range(num_layers)])
+    sample = (
+        torch.ones(batch, seq, dtype=torch.long),
+        torch.ones(batch, past_len + seq, dtype=torch.long),
+        torch.arange(past_len, past_len + seq).expand(batch, seq).contiguous(),
+        [
+            (torch.zeros(batch, kv_heads, past_len, head_dim), torch.zeros(batch, kv_heads, past_len, head_dim))
+            for _ in range(num_layers)
+        ],
+    )
     # The mask length (past + seq) gets its own Dim: torch.export rejects a derived one here.
     b, s, p, m = Dim("batch"), Dim("sequence"), Dim("past_sequence"), Dim("total_sequence")
-    dynamic_shapes = {"input_ids": {0: b, 1: s}, "attention_mask": {0: b, 1: m}, "position_ids": {0: b, 1: s},
-                      "past": [({0: b, 2: p}, {0: b, 2: p}) for _ in range(num_layers)]}
+    dynamic_shapes = {
+        "input_ids": {0: b, 1: s},
+        "attention_mask": {0: b, 1: m},
+        "position_ids": {0: b, 1: s},
+        "past": [({0: b, 2: p}, {0: b, 2: p}) for _ in range(num_layers)],
+    }
     with warnings.catch_warnings():  # "axis name ... will not be used": the input names win, as meant
         warnings.filterwarnings("ignore", message=".*axis name.*", category=UserWarning)
-        program = torch.onnx.export(decoder_with_cache(model), sample, dynamo=True, opset_version=opset,
-                                    input_names=input_names(num_layers), output_names=output_names(num_layers),
-                                    dynamic_shapes=dynamic_shapes, optimize=True, verbose=False)
+        program = torch.onnx.export(
+            decoder_with_cache(model),
+            sample,
+            dynamo=True,
+            opset_version=opset,
+            input_names=input_names(num_layers),
+            output_names=output_names(num_layers),
+            dynamic_shapes=dynamic_shapes,
+            optimize=True,
+            verbose=False,
+        )
     # The exporter stores stack traces and FX node text per node: debug data, local paths, and
     # most of the file on a small model.
     for node in ir.traversal.RecursiveGraphIterator(program.model.graph):
         node.metadata_props.clear()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     ir.save(program.model, path, external_data=EXTERNAL_DATA, size_threshold_bytes=INLINE_BYTES)
-    return {"num_layers": num_layers, "num_kv_heads": kv_heads, "head_dim": head_dim,
-            "vocab_size": int(model.config.vocab_size), "opset": opset,
-            "inputs": input_names(num_layers), "outputs": output_names(num_layers)}
+    return {
+        "num_layers": num_layers,
+        "num_kv_heads": kv_heads,
+        "head_dim": head_dim,
+        "vocab_size": int(model.config.vocab_size),
+        "opset": opset,
+        "inputs": input_names(num_layers),
+        "outputs": output_names(num_layers),
+    }

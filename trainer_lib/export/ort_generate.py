@@ -46,8 +46,8 @@ def pad_left(input_ids: list[list[int]], pad_token_id: int = 0) -> tuple[np.ndar
     tokens = np.full((batch, width), pad_token_id, dtype=np.int64)
     mask = np.zeros((batch, width), dtype=np.int64)
     for row, ids in enumerate(input_ids):
-        tokens[row, width - len(ids):] = ids
-        mask[row, width - len(ids):] = 1
+        tokens[row, width - len(ids) :] = ids
+        mask[row, width - len(ids) :] = 1
     return tokens, mask, np.maximum(np.cumsum(mask, axis=1) - 1, 0)
 
 
@@ -76,15 +76,27 @@ class OrtDecoder:
         shape = (batch, self.num_kv_heads, 0, self.head_dim)
         return [np.zeros(shape, dtype=self.cache_dtype) for _ in self.past_names]
 
-    def forward(self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray,
-                past: list[np.ndarray]) -> tuple[np.ndarray, list[np.ndarray]]:
-        feed = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
-                **dict(zip(self.past_names, past))}
+    def forward(
+        self, input_ids: np.ndarray, attention_mask: np.ndarray, position_ids: np.ndarray, past: list[np.ndarray]
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        feed = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "position_ids": position_ids,
+            **dict(zip(self.past_names, past)),
+        }
         logits, *present = self.session.run(self.output_names, feed)
         return logits, present
 
-    def generate(self, input_ids: list[list[int]], max_new_tokens: int, eos_token_id: int | list[int] | None = None,
-                 temperature: float = 0.0, seed: int | None = None, pad_token_id: int = 0) -> list[list[int]]:
+    def generate(
+        self,
+        input_ids: list[list[int]],
+        max_new_tokens: int,
+        eos_token_id: int | list[int] | None = None,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        pad_token_id: int = 0,
+    ) -> list[list[int]]:
         """New token ids per prompt (see the module docstring). ``last_timing`` afterwards holds
         ``prefill_s``, ``decode_s`` and ``decode_steps`` of this call."""
         if not input_ids or any(len(ids) == 0 for ids in input_ids):
@@ -113,8 +125,11 @@ class OrtDecoder:
             positions = mask.sum(axis=1, keepdims=True) - 1
             logits, past = self.forward(next_ids[:, None].astype(np.int64), mask, positions, past)
             steps += 1
-        self.last_timing = {"prefill_s": prefill_s, "decode_s": time.perf_counter() - decode_start,
-                            "decode_steps": steps}
+        self.last_timing = {
+            "prefill_s": prefill_s,
+            "decode_s": time.perf_counter() - decode_start,
+            "decode_steps": steps,
+        }
         return out
 
     @staticmethod

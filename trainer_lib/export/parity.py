@@ -42,8 +42,13 @@ class TorchDecoder:
         import torch
 
         with torch.inference_mode():
-            out = self.model(input_ids=torch.from_numpy(input_ids), attention_mask=torch.from_numpy(attention_mask),
-                             position_ids=torch.from_numpy(position_ids), past_key_values=past, use_cache=True)
+            out = self.model(
+                input_ids=torch.from_numpy(input_ids),
+                attention_mask=torch.from_numpy(attention_mask),
+                position_ids=torch.from_numpy(position_ids),
+                past_key_values=past,
+                use_cache=True,
+            )
         return out.logits.float().numpy(), past
 
 
@@ -86,34 +91,51 @@ def logit_parity(reference, candidate, prompts: list[list[int]]) -> dict:
     decode = _diff(ref_logits, cand_logits)
     agree.append(ref_logits[:, -1].argmax(-1) == cand_logits[:, -1].argmax(-1))
     agree = np.concatenate(agree)
-    return {"prefill": prefill, "decode": decode, "top1_agreement": float(agree.mean()),
-            "top1_positions": int(agree.size)}
+    return {
+        "prefill": prefill,
+        "decode": decode,
+        "top1_agreement": float(agree.mean()),
+        "top1_positions": int(agree.size),
+    }
 
 
-def torch_greedy(model, prompts: list[list[int]], max_new_tokens: int, eos_token_id,
-                 pad_token_id: int) -> list[list[int]]:
+def torch_greedy(
+    model, prompts: list[list[int]], max_new_tokens: int, eos_token_id, pad_token_id: int
+) -> list[list[int]]:
     """``model.generate`` greedy continuations (new ids only), one prompt at a time."""
     import torch
     from transformers import GenerationConfig
 
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
-                              eos_token_id=eos_token_id, pad_token_id=pad_token_id)
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        num_beams=1,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+    )
     outputs = []
     with torch.inference_mode():
         for ids in prompts:
-            generated = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                       generation_config=config)
-            outputs.append(generated[0, len(ids):].tolist())
+            generated = model.generate(
+                torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long), generation_config=config
+            )
+            outputs.append(generated[0, len(ids) :].tolist())
     return outputs
 
 
-def greedy_parity(reference_outputs: list[list[int]], decoder, prompts: list[list[int]], max_new_tokens: int,
-                  eos_token_id) -> dict:
+def greedy_parity(
+    reference_outputs: list[list[int]], decoder, prompts: list[list[int]], max_new_tokens: int, eos_token_id
+) -> dict:
     """Share of prompts whose ONNX greedy continuation equals PyTorch's exactly."""
-    matches = sum(decoder.generate([ids], max_new_tokens, eos_token_id)[0] == expected
-                  for ids, expected in zip(prompts, reference_outputs))
-    return {"greedy_exact_match": matches / len(prompts), "greedy_matches": int(matches),
-            "greedy_prompts": len(prompts)}
+    matches = sum(
+        decoder.generate([ids], max_new_tokens, eos_token_id)[0] == expected
+        for ids, expected in zip(prompts, reference_outputs)
+    )
+    return {
+        "greedy_exact_match": matches / len(prompts),
+        "greedy_matches": int(matches),
+        "greedy_prompts": len(prompts),
+    }
 
 
 def decode_latency(decoder, prompt: list[int], steps: int, warmup: int = 3) -> dict:
@@ -132,8 +154,11 @@ def decode_latency(decoder, prompt: list[int], steps: int, warmup: int = 3) -> d
 
 def directory_bytes(path: str) -> int:
     """Total size of the files in a model directory (``model.onnx`` plus its external data)."""
-    return sum(os.path.getsize(os.path.join(path, name)) for name in os.listdir(path)
-               if os.path.isfile(os.path.join(path, name)))
+    return sum(
+        os.path.getsize(os.path.join(path, name))
+        for name in os.listdir(path)
+        if os.path.isfile(os.path.join(path, name))
+    )
 
 
 def weight_bytes(path: str) -> int:
@@ -142,6 +167,7 @@ def weight_bytes(path: str) -> int:
     from onnx import numpy_helper
 
     model = onnx.load(os.path.join(path, "model.onnx"), load_external_data=False)
-    inline = sum(numpy_helper.to_array(t).nbytes for t in model.graph.initializer
-                 if t.data_location != onnx.TensorProto.EXTERNAL)
+    inline = sum(
+        numpy_helper.to_array(t).nbytes for t in model.graph.initializer if t.data_location != onnx.TensorProto.EXTERNAL
+    )
     return inline + os.path.getsize(os.path.join(path, EXTERNAL_DATA))

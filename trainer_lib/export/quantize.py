@@ -53,8 +53,9 @@ def save_model(model, path: str) -> None:
     for old in (path, data):  # onnx appends to an existing data file
         if os.path.exists(old):
             os.remove(old)
-    convert_model_to_external_data(model, all_tensors_to_one_file=True, location=EXTERNAL_DATA,
-                                   size_threshold=INLINE_BYTES)
+    convert_model_to_external_data(
+        model, all_tensors_to_one_file=True, location=EXTERNAL_DATA, size_threshold=INLINE_BYTES
+    )
     onnx.save_model(model, path)
     os.chmod(data, 0o644)  # onnx creates it owner-only; a serving container may run as another user
 
@@ -72,10 +73,15 @@ def quantize_int8(fp32_path: str, out_path: str, embeddings: bool = True) -> Non
         # reduce_range: 7-bit weights. On x86 CPUs without VNNI (AVX2 only) onnxruntime's u8 x s8 kernel
         # (VPMADDUBSW) saturates its 16-bit sums; full-range weights then cost top-1 agreement (0.867
         # against PyTorch on such a machine, where VNNI machines gave >= 0.9).
-        quantize_dynamic(model, os.path.join(tmp, "model.onnx"), weight_type=QuantType.QInt8, per_channel=True,
-                         reduce_range=True,
-                         op_types_to_quantize=["MatMul", "Gather"] if embeddings else ["MatMul"],
-                         use_external_data_format=True)
+        quantize_dynamic(
+            model,
+            os.path.join(tmp, "model.onnx"),
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            reduce_range=True,
+            op_types_to_quantize=["MatMul", "Gather"] if embeddings else ["MatMul"],
+            use_external_data_format=True,
+        )
         save_model(onnx.load(os.path.join(tmp, "model.onnx")), out_path)
 
 

@@ -14,9 +14,10 @@ is one small object, and each stage keeps its algorithm and loop body in its own
     run.save_model(tokenizer, summary) # HF model + summary.json at output_dir, published
 
 Schedules come from the shared training keys (``logging_steps``, ``eval_steps``, ``save_steps``,
-``save_total_limit``, ``checkpoint_dir``, ``resume``; trackers from ``report_to``). A log record holds the window's means, the
-same throughput keys in every stage (``samples_per_s``, ``tokens_per_s``), ``lr`` and
-``grad_norm`` of the main engine, ``epoch`` when the stage passes one, and ``log_extra()``.
+``save_total_limit``, ``checkpoint_dir``, ``resume``; trackers from ``report_to``). A log record
+holds the window's means, the same throughput keys in every stage (``samples_per_s``,
+``tokens_per_s``), ``lr`` and ``grad_norm`` of the main engine, ``epoch`` when the stage passes
+one, and ``log_extra()``.
 """
 
 from __future__ import annotations
@@ -24,23 +25,31 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Callable
+from collections.abc import Callable
 
-from trainer_lib.engine.checkpoint import CheckpointManager
 from trainer_lib.config import flat_dict
+from trainer_lib.engine.checkpoint import CheckpointManager
 from trainer_lib.errors import NonFiniteLossError
 from trainer_lib.loop.tracking import MetricsWindow, Tracker
 
 
 class Cadence:
-    def __init__(self, cfg, strategy, stage: str, total_steps: int, engine, *,
-                 parameters: tuple[int, int] = (0, 0),
-                 evaluate: Callable[[], dict] | None = None,
-                 extra_engines: dict | None = None,
-                 client_state: Callable[[int], dict] | None = None,
-                 restore_state: Callable[[dict], None] | None = None,
-                 log_extra: Callable[[], dict] | None = None,
-                 window_keys: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        cfg,
+        strategy,
+        stage: str,
+        total_steps: int,
+        engine,
+        *,
+        parameters: tuple[int, int] = (0, 0),
+        evaluate: Callable[[], dict] | None = None,
+        extra_engines: dict | None = None,
+        client_state: Callable[[int], dict] | None = None,
+        restore_state: Callable[[dict], None] | None = None,
+        log_extra: Callable[[], dict] | None = None,
+        window_keys: tuple[str, ...] = (),
+    ):
         """``parameters`` is (trainable, total) of the main model, for the start banner;
         ``evaluate()`` returns eval metrics (None: the stage has no eval data);
         ``extra_engines`` are checkpointed with the main one (PPO's critic);
@@ -73,12 +82,19 @@ class Cadence:
         if state and self.restore_state:
             self.restore_state(state)
         trainable, total = self.parameters
-        self.strategy.print(f"{self.stage}: {what}, {self.total} steps, {trainable:,}/{total:,} trainable params, "
-                            f"world size {self.strategy.world_size}"
-                            + (f", resuming at step {self.start}" if self.start else ""))
-        self.tracker = Tracker(self.ckpt.local_dir, enabled=self.strategy.is_rank_0, total_steps=self.total,
-                               initial_step=self.start, desc=self.stage, report_to=self.cfg.report_to,
-                               params=flat_dict(self.cfg))
+        self.strategy.print(
+            f"{self.stage}: {what}, {self.total} steps, {trainable:,}/{total:,} trainable params, "
+            f"world size {self.strategy.world_size}" + (f", resuming at step {self.start}" if self.start else "")
+        )
+        self.tracker = Tracker(
+            self.ckpt.local_dir,
+            enabled=self.strategy.is_rank_0,
+            total_steps=self.total,
+            initial_step=self.start,
+            desc=self.stage,
+            report_to=self.cfg.report_to,
+            params=flat_dict(self.cfg),
+        )
         self.write_ds_config()
         if state is None and self.evaluate is not None:
             self.tracker.log(0, self.evaluate(), split="eval")
@@ -127,8 +143,9 @@ class Cadence:
         the weights (the loss only shows it a step later). All ranks take part in one all-reduce
         and raise together; nothing of this step is logged or saved, so the newest checkpoint is
         the last good one."""
-        bad = {k: v for k, v in self.window.sums.items()
-               if (k == "loss" or k.endswith("_loss")) and not math.isfinite(v)}
+        bad = {
+            k: v for k, v in self.window.sums.items() if (k == "loss" or k.endswith("_loss")) and not math.isfinite(v)
+        }
         norm = self.strategy.recorded_grad_norm(self.engine)
         if norm is not None and not math.isfinite(norm):
             bad["grad_norm"] = norm
@@ -136,10 +153,15 @@ class Cadence:
             return
         found = ", ".join(f"{k}={v}" for k, v in bad.items()) or "on another rank"
         latest = self.ckpt.latest_step()
-        kept = (f"the last complete checkpoint is step {latest} in {self.ckpt.ckpt_root}" if latest is not None
-                else "no checkpoint was saved")
-        raise NonFiniteLossError(f"{self.stage}: step {done}: loss or gradient is not finite ({found}); stopped without "
-                                 f"saving this step, {kept} (lower lr, or check the data and model)")
+        kept = (
+            f"the last complete checkpoint is step {latest} in {self.ckpt.ckpt_root}"
+            if latest is not None
+            else "no checkpoint was saved"
+        )
+        raise NonFiniteLossError(
+            f"{self.stage}: step {done}: loss or gradient is not finite ({found}); stopped without "
+            f"saving this step, {kept} (lower lr, or check the data and model)"
+        )
 
     def save_checkpoint(self, step: int) -> None:
         self.ckpt.save(self.engine, step, {"step": step, **self.client_state(step)}, self.extra_engines)

@@ -27,22 +27,37 @@ MLFLOW_RUN_FILE = "mlflow_run_id"
 
 def check_reporters(report_to: list[str] | tuple[str, ...]) -> None:
     """A UserError for a tracker whose package is missing, raised on every rank before training."""
-    needs = {"mlflow": ("mlflow", "pip install 'posttrain[tracking]'"),
-             "wandb": ("wandb", "pip install wandb; W&B runs offline, sync them with `wandb sync`")}
+    needs = {
+        "mlflow": ("mlflow", "pip install 'posttrain[tracking]'"),
+        "wandb": ("wandb", "pip install wandb; W&B runs offline, sync them with `wandb sync`"),
+    }
     for name in report_to:
         if name in needs and importlib.util.find_spec(needs[name][0]) is None:
-            raise UserError(f"report_to: {name} needs the {needs[name][0]} package, which is not "
-                            f"installed ({needs[name][1]})")
-    if "mlflow" in report_to and not os.environ.get("MLFLOW_TRACKING_URI") \
-            and importlib.util.find_spec("sqlalchemy") is None:
-        raise UserError("report_to: mlflow's default local store (sqlite) needs sqlalchemy and alembic "
-                        "(pip install 'posttrain[tracking]'), or set MLFLOW_TRACKING_URI")
+            raise UserError(
+                f"report_to: {name} needs the {needs[name][0]} package, which is not installed ({needs[name][1]})"
+            )
+    if (
+        "mlflow" in report_to
+        and not os.environ.get("MLFLOW_TRACKING_URI")
+        and importlib.util.find_spec("sqlalchemy") is None
+    ):
+        raise UserError(
+            "report_to: mlflow's default local store (sqlite) needs sqlalchemy and alembic "
+            "(pip install 'posttrain[tracking]'), or set MLFLOW_TRACKING_URI"
+        )
 
 
 class Tracker:
-    def __init__(self, log_dir: str, enabled: bool = True, total_steps: int = 0, initial_step: int = 0,
-                 desc: str = "train", report_to: list[str] | tuple[str, ...] = ("tensorboard",),
-                 params: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        log_dir: str,
+        enabled: bool = True,
+        total_steps: int = 0,
+        initial_step: int = 0,
+        desc: str = "train",
+        report_to: list[str] | tuple[str, ...] = ("tensorboard",),
+        params: dict[str, Any] | None = None,
+    ):
         """``params`` (the run's flat config) go to MLflow and W&B; ``initial_step`` > 0 continues a
         resumed run (MLflow: the same run, when this output dir recorded one)."""
         self.enabled = enabled
@@ -66,14 +81,19 @@ class Tracker:
         if "wandb" in report_to:
             self._sinks.append(_WandB(log_dir, run_name, params or {}))
         if total_steps:
-            from tqdm.auto import tqdm
-
             import sys
 
+            from tqdm.auto import tqdm
+
             # In pod logs (no terminal) a bar redraw is a new line: redraw rarely there.
-            self._bar = tqdm(total=total_steps, initial=initial_step, desc=desc, dynamic_ncols=True,
-                             mininterval=0.1 if sys.stderr.isatty() else 30.0,
-                             disable=os.environ.get("POSTTRAIN_NO_PROGRESS") == "1")
+            self._bar = tqdm(
+                total=total_steps,
+                initial=initial_step,
+                desc=desc,
+                dynamic_ncols=True,
+                mininterval=0.1 if sys.stderr.isatty() else 30.0,
+                disable=os.environ.get("POSTTRAIN_NO_PROGRESS") == "1",
+            )
 
     def log(self, step: int, metrics: dict[str, Any], split: str = "train") -> None:
         if not self.enabled:
@@ -82,14 +102,20 @@ class Tracker:
         record = {"step": step, "split": split, "time": round(time.time() - self._start, 3), **clean}
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
-        numbers = {f"{split}/{k}": float(v) for k, v in clean.items()
-                   if isinstance(v, (int, float)) and math.isfinite(v)}
+        numbers = {
+            f"{split}/{k}": float(v) for k, v in clean.items() if isinstance(v, (int, float)) and math.isfinite(v)
+        }
         for sink in self._sinks:
             sink.log(step, numbers)
         if self._bar is not None and split == "train":
-            self._bar.set_postfix({k: f"{v:.4g}" for k, v in clean.items()
-                                   if isinstance(v, float) and k in ("loss", "reward", "lr", "kl")},
-                                  refresh=False)
+            self._bar.set_postfix(
+                {
+                    k: f"{v:.4g}"
+                    for k, v in clean.items()
+                    if isinstance(v, float) and k in ("loss", "reward", "lr", "kl")
+                },
+                refresh=False,
+            )
 
     def advance(self, n: int = 1) -> None:
         if self._bar is not None:
@@ -147,7 +173,7 @@ class _MLflow:
             fh.write(self.run_id)
         items = [Param(self._key(k), str(v)[:6000]) for k, v in params.items()]
         for start in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
-            self.client.log_batch(self.run_id, params=items[start:start + 100])
+            self.client.log_batch(self.run_id, params=items[start : start + 100])
 
     def _key(self, key: str) -> str:
         return self._BAD_CHARS.sub("_", key)
@@ -168,8 +194,13 @@ class _WandB:
     def __init__(self, log_dir: str, run_name: str, params: dict):
         import wandb
 
-        self.run = wandb.init(mode="offline", dir=log_dir, project=os.environ.get("WANDB_PROJECT", "posttrain"),
-                              name=run_name, config=params)
+        self.run = wandb.init(
+            mode="offline",
+            dir=log_dir,
+            project=os.environ.get("WANDB_PROJECT", "posttrain"),
+            name=run_name,
+            config=params,
+        )
 
     def log(self, step: int, numbers: dict) -> None:
         self.run.log(numbers, step=step)

@@ -32,8 +32,7 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) 
     return var
 
 
-def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
-                  eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
     """``(x - mean) / sqrt(var + eps)`` over masked positions; ``shift_mean=False`` keeps the mean
     (rescales only), as PPO implementations do for rewards."""
     mean, var = masked_mean(values, mask), masked_var(values, mask)
@@ -53,8 +52,9 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
 # --------------------------------------------------------------------------- advantages
 
 
-def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
-                   lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gae_advantages(
+    rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized advantage estimation (Schulman et al. 2016, eq. 11-16), ``(B, T)`` in and out.
 
         delta_t = r_t + gamma * V_{t+1} - V_t
@@ -85,8 +85,7 @@ def _groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     return rewards.view(-1, group_size)
 
 
-def grpo_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True,
-                    eps: float = 1e-4) -> torch.Tensor:
+def grpo_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True, eps: float = 1e-4) -> torch.Tensor:
     """Group-relative advantages, ``(B,)`` in and out.
 
     GRPO (Shao et al. 2024, DeepSeekMath sec. 4.1.2): ``A_i = (r_i - mean(r)) / (std(r) + eps)``
@@ -105,7 +104,7 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True,
 def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     """REINFORCE leave-one-out (Ahmadian et al. 2024, eq. 6; Kool et al. 2019), ``(B,)`` in and out.
 
-        A_i = r_i - 1/(k-1) * sum_{j != i} r_j
+    A_i = r_i - 1/(k-1) * sum_{j != i} r_j
     """
     if group_size < 2:
         raise ValueError("rloo_advantages: needs group_size >= 2 (a baseline from the other samples)")

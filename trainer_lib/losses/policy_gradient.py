@@ -73,8 +73,9 @@ class KLController:
 # --------------------------------------------------------------------------- PPO losses
 
 
-def clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                      clip_range: float) -> tuple[torch.Tensor, torch.Tensor]:
+def clipped_surrogate(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, clip_range: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token clipped surrogate loss (Schulman et al. 2017, PPO eq. 7), negated to minimize:
 
         ratio = exp(log pi - log pi_old)
@@ -89,18 +90,22 @@ def clipped_surrogate(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advant
     return torch.maximum(unclipped, clipped), (clipped > unclipped).to(logprobs.dtype)
 
 
-def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                    mask: torch.Tensor, clip_range: float) -> tuple[torch.Tensor, dict]:
+def ppo_policy_loss(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, clip_range: float
+) -> tuple[torch.Tensor, dict]:
     """Token-mean clipped surrogate, plus ``clip_fraction`` and ``approx_kl`` (old -> new, k2)."""
     per_token, clipped = clipped_surrogate(logprobs, old_logprobs, advantages, clip_range)
     with torch.no_grad():
-        stats = {"clip_fraction": masked_mean(clipped, mask),
-                 "approx_kl": masked_mean(kl_k2(logprobs, old_logprobs), mask)}
+        stats = {
+            "clip_fraction": masked_mean(clipped, mask),
+            "approx_kl": masked_mean(kl_k2(logprobs, old_logprobs), mask),
+        }
     return masked_mean(per_token, mask), stats
 
 
-def ppo_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                   mask: torch.Tensor, clip_range: float) -> tuple[torch.Tensor, dict]:
+def ppo_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, clip_range: float
+) -> tuple[torch.Tensor, dict]:
     """Clipped value loss (PPO2 baselines; Ziegler et al. 2019):
 
         V_clip = V_old + clip(V - V_old, -eps, eps)

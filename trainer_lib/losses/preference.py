@@ -16,16 +16,26 @@ import torch
 import torch.nn.functional as F
 
 
-def _log_ratio_margin(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,
-                      reference_chosen_logps: torch.Tensor, reference_rejected_logps: torch.Tensor) -> torch.Tensor:
+def _log_ratio_margin(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    reference_chosen_logps: torch.Tensor,
+    reference_rejected_logps: torch.Tensor,
+) -> torch.Tensor:
     """h = (log pi(y_w) - log pi_ref(y_w)) - (log pi(y_l) - log pi_ref(y_l))."""
-    return ((policy_chosen_logps - reference_chosen_logps.detach())
-            - (policy_rejected_logps - reference_rejected_logps.detach()))
+    return (policy_chosen_logps - reference_chosen_logps.detach()) - (
+        policy_rejected_logps - reference_rejected_logps.detach()
+    )
 
 
-def dpo_sigmoid_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,
-                     reference_chosen_logps: torch.Tensor, reference_rejected_logps: torch.Tensor,
-                     beta: float, label_smoothing: float = 0.0) -> torch.Tensor:
+def dpo_sigmoid_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    reference_chosen_logps: torch.Tensor,
+    reference_rejected_logps: torch.Tensor,
+    beta: float,
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
     """DPO (Rafailov et al. 2023, eq. 7), with conservative label smoothing (cDPO, Mitchell 2023).
 
         L = -(1 - eps) * log sigma(beta * h) - eps * log sigma(-beta * h)
@@ -33,28 +43,36 @@ def dpo_sigmoid_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: t
     ``eps = label_smoothing`` is the assumed probability that a pair's label is flipped;
     ``eps = 0`` is the original DPO loss ``-log sigma(beta * h)``.
     """
-    logits = beta * _log_ratio_margin(policy_chosen_logps, policy_rejected_logps,
-                                      reference_chosen_logps, reference_rejected_logps)
+    logits = beta * _log_ratio_margin(
+        policy_chosen_logps, policy_rejected_logps, reference_chosen_logps, reference_rejected_logps
+    )
     return -(1.0 - label_smoothing) * F.logsigmoid(logits) - label_smoothing * F.logsigmoid(-logits)
 
 
-def ipo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,
-             reference_chosen_logps: torch.Tensor, reference_rejected_logps: torch.Tensor,
-             beta: float) -> torch.Tensor:
+def ipo_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    reference_chosen_logps: torch.Tensor,
+    reference_rejected_logps: torch.Tensor,
+    beta: float,
+) -> torch.Tensor:
     """IPO (Azar et al. 2023, sec. 5.1, empirical IPO loss), with ``beta`` playing the paper's regulariser ``tau``.
 
         L = (h - 1 / (2 * beta))^2
 
     A squared loss that pulls the log-ratio margin to a finite target instead of to infinity.
     """
-    h = _log_ratio_margin(policy_chosen_logps, policy_rejected_logps,
-                          reference_chosen_logps, reference_rejected_logps)
+    h = _log_ratio_margin(policy_chosen_logps, policy_rejected_logps, reference_chosen_logps, reference_rejected_logps)
     return (h - 1.0 / (2.0 * beta)) ** 2
 
 
-def hinge_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,
-               reference_chosen_logps: torch.Tensor, reference_rejected_logps: torch.Tensor,
-               beta: float) -> torch.Tensor:
+def hinge_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    reference_chosen_logps: torch.Tensor,
+    reference_rejected_logps: torch.Tensor,
+    beta: float,
+) -> torch.Tensor:
     """SLiC-HF rank-calibration hinge loss (Zhao et al. 2023) on reference-normalized log-probs.
 
         L = max(0, 1 - beta * h)
@@ -62,14 +80,18 @@ def hinge_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.T
     i.e. the paper's margin ``delta = 1 / beta`` on the log-likelihood ratio (as in DPO's
     unified view, Rafailov et al. 2023 sec. 5 / Zhao et al.'s rank calibration).
     """
-    h = _log_ratio_margin(policy_chosen_logps, policy_rejected_logps,
-                          reference_chosen_logps, reference_rejected_logps)
+    h = _log_ratio_margin(policy_chosen_logps, policy_rejected_logps, reference_chosen_logps, reference_rejected_logps)
     return torch.relu(1.0 - beta * h)
 
 
-def robust_dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: torch.Tensor,
-                    reference_chosen_logps: torch.Tensor, reference_rejected_logps: torch.Tensor,
-                    beta: float, label_smoothing: float) -> torch.Tensor:
+def robust_dpo_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    reference_chosen_logps: torch.Tensor,
+    reference_rejected_logps: torch.Tensor,
+    beta: float,
+    label_smoothing: float,
+) -> torch.Tensor:
     """Robust DPO (Chowdhury et al. 2024, "Provably Robust DPO"): an unbiased loss under label-flip rate ``eps``.
 
         L = [-(1 - eps) * log sigma(beta * h) + eps * log sigma(-beta * h)] / (1 - 2 * eps)
@@ -78,14 +100,17 @@ def robust_dpo_loss(policy_chosen_logps: torch.Tensor, policy_rejected_logps: to
     """
     if not 0.0 <= label_smoothing < 0.5:
         raise ValueError(f"robust DPO needs 0 <= label_smoothing < 0.5, got {label_smoothing}")
-    logits = beta * _log_ratio_margin(policy_chosen_logps, policy_rejected_logps,
-                                      reference_chosen_logps, reference_rejected_logps)
-    return ((-(1.0 - label_smoothing) * F.logsigmoid(logits) + label_smoothing * F.logsigmoid(-logits))
-            / (1.0 - 2.0 * label_smoothing))
+    logits = beta * _log_ratio_margin(
+        policy_chosen_logps, policy_rejected_logps, reference_chosen_logps, reference_rejected_logps
+    )
+    return (-(1.0 - label_smoothing) * F.logsigmoid(logits) + label_smoothing * F.logsigmoid(-logits)) / (
+        1.0 - 2.0 * label_smoothing
+    )
 
 
-def simpo_loss(policy_chosen_avg_logps: torch.Tensor, policy_rejected_avg_logps: torch.Tensor,
-               beta: float, gamma: float) -> torch.Tensor:
+def simpo_loss(
+    policy_chosen_avg_logps: torch.Tensor, policy_rejected_avg_logps: torch.Tensor, beta: float, gamma: float
+) -> torch.Tensor:
     """SimPO (Meng et al. 2024, eq. 6): reference-free, length-normalized, target margin ``gamma``.
 
         L = -log sigma(beta / |y_w| * log pi(y_w|x) - beta / |y_l| * log pi(y_l|x) - gamma)
@@ -107,9 +132,15 @@ def rpo_nll_term(policy_chosen_logps: torch.Tensor, chosen_tokens: torch.Tensor)
     return -policy_chosen_logps / chosen_tokens.clamp(min=1).to(policy_chosen_logps.dtype)
 
 
-def kto_loss(policy_logps: torch.Tensor, reference_logps: torch.Tensor, desirable: torch.Tensor,
-             reference_point: torch.Tensor | float, beta: float, desirable_weight: float = 1.0,
-             undesirable_weight: float = 1.0) -> torch.Tensor:
+def kto_loss(
+    policy_logps: torch.Tensor,
+    reference_logps: torch.Tensor,
+    desirable: torch.Tensor,
+    reference_point: torch.Tensor | float,
+    beta: float,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+) -> torch.Tensor:
     """KTO (Ethayarajh et al. 2024, the KTO loss of sec. 4) on unpaired completions.
 
         r(x, y) = log pi(y|x) - log pi_ref(y|x)
@@ -129,8 +160,9 @@ def kto_loss(policy_logps: torch.Tensor, reference_logps: torch.Tensor, desirabl
     return torch.where(desirable, gain, loss_avoidance)
 
 
-def kto_reference_point(policy_mismatched_logps: torch.Tensor,
-                        reference_mismatched_logps: torch.Tensor) -> torch.Tensor:
+def kto_reference_point(
+    policy_mismatched_logps: torch.Tensor, reference_mismatched_logps: torch.Tensor
+) -> torch.Tensor:
     """KTO's ``z0`` (Ethayarajh et al. 2024, sec. 4.1): a biased estimate of KL(pi || pi_ref).
 
         z0 = max(0, mean_j [log pi(y_j|x_i) - log pi_ref(y_j|x_i)])
@@ -141,8 +173,9 @@ def kto_reference_point(policy_mismatched_logps: torch.Tensor,
     return kl.clamp(min=0.0).detach()
 
 
-def pairwise_reward_loss(chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor,
-                         margin: torch.Tensor | None = None) -> torch.Tensor:
+def pairwise_reward_loss(
+    chosen_rewards: torch.Tensor, rejected_rewards: torch.Tensor, margin: torch.Tensor | None = None
+) -> torch.Tensor:
     """Bradley-Terry reward-model loss (Ouyang et al. 2022, eq. 1), with Llama 2's margin.
 
         L = -log sigma(r(x, y_w) - r(x, y_l) - m)

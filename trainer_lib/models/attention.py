@@ -27,8 +27,9 @@ def sequence_starts(position_ids) -> list[int]:
     return torch.nonzero(~follows).flatten().tolist()
 
 
-def packed_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None,
-                **kwargs):
+def packed_sdpa(
+    module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, is_causal=None, **kwargs
+):
     """transformers attention interface: ``query`` ``[b, heads, n, d]``; returns ``([b, n, heads, d], None)``."""
     import torch
     import torch.nn.functional as F
@@ -36,18 +37,36 @@ def packed_sdpa(module, query, key, value, attention_mask, dropout: float = 0.0,
 
     position_ids = kwargs.get("position_ids")
     n = query.shape[2]
-    packed = (attention_mask is None and position_ids is not None and query.shape[0] == 1 and n > 1
-              and key.shape[2] == n and not getattr(module, "sliding_window", None))
+    packed = (
+        attention_mask is None
+        and position_ids is not None
+        and query.shape[0] == 1
+        and n > 1
+        and key.shape[2] == n
+        and not getattr(module, "sliding_window", None)
+    )
     starts = sequence_starts(position_ids) if packed else []
     if len(starts) <= 1:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     grouped = key.shape[1] != query.shape[1]
     bounds = [*starts, n]
-    out = torch.cat([F.scaled_dot_product_attention(query[:, :, a:b], key[:, :, a:b], value[:, :, a:b],
-                                                    dropout_p=dropout, is_causal=True, scale=scaling,
-                                                    enable_gqa=grouped)
-                     for a, b in zip(bounds[:-1], bounds[1:])], dim=2)
+    out = torch.cat(
+        [
+            F.scaled_dot_product_attention(
+                query[:, :, a:b],
+                key[:, :, a:b],
+                value[:, :, a:b],
+                dropout_p=dropout,
+                is_causal=True,
+                scale=scaling,
+                enable_gqa=grouped,
+            )
+            for a, b in zip(bounds[:-1], bounds[1:])
+        ],
+        dim=2,
+    )
     return out.transpose(1, 2).contiguous(), None
 
 

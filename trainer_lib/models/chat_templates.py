@@ -35,7 +35,9 @@ BUILTINS: dict[str, BuiltinTemplate] = {
         "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
         "{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
-        ("<|im_start|>", "<|im_end|>"), "<|im_end|>"),
+        ("<|im_start|>", "<|im_end|>"),
+        "<|im_end|>",
+    ),
     "llama3": BuiltinTemplate(
         "{{ bos_token }}"
         "{% for message in messages %}"
@@ -43,12 +45,15 @@ BUILTINS: dict[str, BuiltinTemplate] = {
         " + '<|eot_id|>' }}"
         "{% endfor %}"
         "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}",
-        ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"), "<|eot_id|>"),
+        ("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+        "<|eot_id|>",
+    ),
     "zephyr": BuiltinTemplate(
         "{% for message in messages %}"
         "{{ '<|' + message['role'] + '|>\n' + message['content'] + eos_token + '\n' }}"
         "{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"),
+        "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+    ),
 }
 
 
@@ -61,8 +66,10 @@ def check(value: str, key: str = "model.chat_template") -> None:
     if not value or value in BUILTINS or is_jinja(value) or "://" in value:
         return
     if not os.path.isfile(os.path.expanduser(value)):
-        raise ConfigError(f"{key}: {value!r} is neither a built-in template ({', '.join(BUILTINS)}), Jinja text, "
-                          f"nor an existing Jinja file")
+        raise ConfigError(
+            f"{key}: {value!r} is neither a built-in template ({', '.join(BUILTINS)}), Jinja text, "
+            f"nor an existing Jinja file"
+        )
 
 
 def _text(value: str, key: str) -> str:
@@ -86,11 +93,15 @@ def apply(tokenizer, value: str, source: str = "", key: str = "model.chat_templa
     vocab = tokenizer.get_vocab()
     missing = [t for t in builtin.tokens if t not in vocab]
     if missing:
-        raise UserError(f"{key}: {value} writes the special tokens {', '.join(missing)}, which the tokenizer of "
-                        f"{source or 'this model'} does not have; use zephyr (any tokenizer) or a Jinja file")
+        raise UserError(
+            f"{key}: {value} writes the special tokens {', '.join(missing)}, which the tokenizer of "
+            f"{source or 'this model'} does not have; use zephyr (any tokenizer) or a Jinja file"
+        )
     if builtin.end_of_turn is None and tokenizer.eos_token is None:
-        raise UserError(f"{key}: {value} closes every turn with the tokenizer's eos, but the tokenizer of "
-                        f"{source or 'this model'} has none")
+        raise UserError(
+            f"{key}: {value} closes every turn with the tokenizer's eos, but the tokenizer of "
+            f"{source or 'this model'} has none"
+        )
     tokenizer.chat_template = builtin.jinja
     if builtin.end_of_turn:
         tokenizer.eos_token = builtin.end_of_turn

@@ -31,9 +31,13 @@ def load_reward_model(cfg: ModelConfig, pad_token_id: int, precision: str = "fp3
     source = path or cfg.path
     try:
         model = AutoModelForSequenceClassification.from_pretrained(
-            resolve_model_path(source), revision=hub_revision(cfg, source), num_labels=1,
+            resolve_model_path(source),
+            revision=hub_revision(cfg, source),
+            num_labels=1,
             dtype=torch_dtype(precision),
-            attn_implementation=cfg.attn_implementation, trust_remote_code=cfg.trust_remote_code)
+            attn_implementation=cfg.attn_implementation,
+            trust_remote_code=cfg.trust_remote_code,
+        )
     except OSError as exc:  # not a model directory, unknown hub id, missing weights
         raise UserError(f"model.path: could not load a reward model from {source}: {exc}") from None
     model.config.pad_token_id = pad_token_id

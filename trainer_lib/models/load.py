@@ -47,8 +47,9 @@ def load_tokenizer(cfg: ModelConfig, padding_side: str = "right"):
     key = "model.tokenizer_path" if cfg.tokenizer_path else "model.path"
     revision = hub_revision(cfg, source)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(source, key), revision=revision,
-                                                  trust_remote_code=cfg.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(
+            resolve_model_path(source, key), revision=revision, trust_remote_code=cfg.trust_remote_code
+        )
     except (OSError, ValueError) as exc:
         raise _failed(key, "a tokenizer", source, revision, exc) from None
     if cfg.chat_template:
@@ -79,8 +80,12 @@ def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None =
         attention = register()
     try:
         return AutoModelForCausalLM.from_pretrained(
-            resolve_model_path(source), revision=revision, dtype=torch_dtype(precision),
-            attn_implementation=attention, trust_remote_code=cfg.trust_remote_code)
+            resolve_model_path(source),
+            revision=revision,
+            dtype=torch_dtype(precision),
+            attn_implementation=attention,
+            trust_remote_code=cfg.trust_remote_code,
+        )
     except (OSError, ValueError) as exc:  # not a model directory, unknown hub id, missing weights or config
         raise _failed("model.path", "a causal LM", source, revision, exc) from None
 
@@ -99,10 +104,18 @@ def apply_lora(model, lora: LoraConfig, task_type: str = "CAUSAL_LM", modules_to
         names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
         missing = [m for m in targets if m not in names]
         if missing:
-            raise UserError(f"lora.target_modules: {missing} not found in the model (linear layers include "
-                            f"e.g. {sorted(n for n in names if n.endswith('proj'))[:8]}, or use all-linear)")
-    peft_cfg = PeftLoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                              target_modules=targets, task_type=task_type, modules_to_save=modules_to_save)
+            raise UserError(
+                f"lora.target_modules: {missing} not found in the model (linear layers include "
+                f"e.g. {sorted(n for n in names if n.endswith('proj'))[:8]}, or use all-linear)"
+            )
+    peft_cfg = PeftLoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        task_type=task_type,
+        modules_to_save=modules_to_save,
+    )
     return get_peft_model(model, peft_cfg)
 
 

@@ -98,7 +98,7 @@ class SharedBase:
         with self.use(VALUE):
             hidden = self.hidden_states(rollout.model_inputs(device))
         width = rollout.response_ids.shape[1]
-        values = self.model.value_head(hidden[:, -(width + 1):-1]).squeeze(-1).float()
+        values = self.model.value_head(hidden[:, -(width + 1) : -1]).squeeze(-1).float()
         return values * rollout.response_mask.to(values.device)
 
     def reward_model(self):
@@ -172,8 +172,10 @@ def _check_base(path: str, key: str, model_path: str, strategy) -> None:
     with open(os.path.join(path, "adapter_config.json"), encoding="utf-8") as fh:
         recorded = json.load(fh).get("base_model_name_or_path") or ""
     if recorded and os.path.normpath(recorded) != os.path.normpath(model_path):
-        strategy.print(f"note: {key}: the adapter at {path} was trained on {recorded}; multi_adapter loads it on "
-                       f"model.path={model_path} (they must be the same weights)")
+        strategy.print(
+            f"note: {key}: the adapter at {path} was trained on {recorded}; multi_adapter loads it on "
+            f"model.path={model_path} (they must be the same weights)"
+        )
 
 
 def build(cfg, strategy, with_value: bool) -> SharedBase:
@@ -185,8 +187,9 @@ def build(cfg, strategy, with_value: bool) -> SharedBase:
     from trainer_lib.models.load import apply_lora, load_causal_lm
 
     if strategy.zero_stage == 3:  # also when set by engine.deepspeed_config, which validate() does not read
-        raise ConfigError("multi_adapter: not supported with ZeRO stage 3 (engine.deepspeed_config sets it); "
-                          "use ZeRO 0-2")
+        raise ConfigError(
+            "multi_adapter: not supported with ZeRO stage 3 (engine.deepspeed_config sets it); use ZeRO 0-2"
+        )
     model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
     hidden = model.get_base_model().config.hidden_size
     like = model.get_base_model().get_input_embeddings().weight
@@ -197,8 +200,10 @@ def build(cfg, strategy, with_value: bool) -> SharedBase:
         model.load_adapter(reward_path, adapter_name=REWARD, is_trainable=False)
         score = _adapter_head(reward_path)
         if score is None:
-            raise UserError(f"reward.model_path: {cfg.reward.model_path} is a LoRA adapter without a score head "
-                            f"({SCORE_KEY}); expected a reward model saved by `posttrain reward` with lora.merge=false")
+            raise UserError(
+                f"reward.model_path: {cfg.reward.model_path} is a LoRA adapter without a score head "
+                f"({SCORE_KEY}); expected a reward model saved by `posttrain reward` with lora.merge=false"
+            )
         model.add_module("reward_head", _head(hidden, like, score).requires_grad_(False))
         frozen.append(REWARD)
     trainable = [POLICY]
@@ -206,8 +211,10 @@ def build(cfg, strategy, with_value: bool) -> SharedBase:
         critic = getattr(getattr(cfg, "critic", None), "path", None)
         value_init = adapter_dir(critic, "critic.path") if critic else reward_path
         if critic and not value_init:
-            raise UserError(f"critic.path: {critic}: with multi_adapter=true the critic must be a LoRA adapter of "
-                            f"model.path (e.g. a reward model saved with lora.merge=false), or unset")
+            raise UserError(
+                f"critic.path: {critic}: with multi_adapter=true the critic must be a LoRA adapter of "
+                f"model.path (e.g. a reward model saved with lora.merge=false), or unset"
+            )
         if value_init:
             model.load_adapter(value_init, adapter_name=VALUE, is_trainable=True)
         else:

@@ -15,8 +15,9 @@ Batches are laid out by :mod:`trainer_lib.data.preference_batches` (``2B`` rows,
 from __future__ import annotations
 
 import io
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from trainer_lib import storage
 
@@ -43,8 +44,7 @@ def forward_logps(model, batch: dict, device) -> SequenceLogps:
     from trainer_lib.data.preference_batches import model_inputs, sequence_logps, split_halves
 
     logits = model(**model_inputs(batch, device), use_cache=False).logits
-    summed, counts = sequence_logps(logits, batch["input_ids"], batch["completion_mask"],
-                                    batch.get("segment_ids"))
+    summed, counts = sequence_logps(logits, batch["input_ids"], batch["completion_mask"], batch.get("segment_ids"))
     return SequenceLogps(*split_halves(summed), *split_halves(counts))
 
 
@@ -95,7 +95,7 @@ def compute_reference_tables(reference, sets: dict, strategy, batch_size: int) -
         count = len(split.examples)
         groups = [list(range(i, min(i + batch_size, count))) for i in range(0, count, batch_size)]
 
-        def rows(group: list[int], name=name, split=split) -> dict:
+        def rows(group: list[int], name=name, split=split, count=count) -> dict:
             table = torch.zeros(count, 4, dtype=torch.float64)  # this group's rows; others stay 0
             logps = reference(name, group, split.collate([split.examples[i] for i in group]))
             table[group] = logps.stacked().double().cpu()
@@ -106,8 +106,9 @@ def compute_reference_tables(reference, sets: dict, strategy, batch_size: int) -
     return tables
 
 
-def precomputed_reference(sets: dict, strategy, make_live: Callable, directory: str, identity: list[str],
-                          batch_size: int) -> tuple[PrecomputedReference, str]:
+def precomputed_reference(
+    sets: dict, strategy, make_live: Callable, directory: str, identity: list[str], batch_size: int
+) -> tuple[PrecomputedReference, str]:
     """``(reference, "loaded" | "computed")``.
 
     The cache file is ``<directory>/<fingerprint[:16]>.pt``, the fingerprint covering ``identity``
@@ -118,8 +119,11 @@ def precomputed_reference(sets: dict, strategy, make_live: Callable, directory: 
 
     from trainer_lib.data.preference_batches import token_fingerprint
 
-    fingerprint = token_fingerprint([ex for s in sets.values() for ex in s.examples], *identity,
-                                    *(f"{name}:{len(s.examples)}" for name, s in sets.items()))
+    fingerprint = token_fingerprint(
+        [ex for s in sets.values() for ex in s.examples],
+        *identity,
+        *(f"{name}:{len(s.examples)}" for name, s in sets.items()),
+    )
     path = storage.join(directory, f"{fingerprint[:16]}.pt")
     if storage.exists(path):
         stored = torch.load(io.BytesIO(storage.read_bytes(path)), weights_only=True)

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 #: Largest shard written (and so held in the writer's memory at once); the size transformers 4 used.
 MAX_SHARD_SIZE = "5GB"
@@ -53,8 +54,10 @@ class Entry:
             if adapter in layer.merged_adapters or adapter not in layer.lora_A.keys():
                 continue
             if adapter in getattr(layer, "lora_variant", {}):
-                raise NotImplementedError(f"{self.name}: merging a {type(layer.lora_variant[adapter]).__name__} "
-                                          f"adapter is not supported (plain LoRA is)")
+                raise NotImplementedError(
+                    f"{self.name}: merging a {type(layer.lora_variant[adapter]).__name__} "
+                    f"adapter is not supported (plain LoRA is)"
+                )
             if not is_bias:
                 value += layer.get_delta_weight(adapter).to("cpu", value.dtype)
             elif getattr(layer, "lora_bias", {}).get(adapter):
@@ -82,10 +85,10 @@ def merged_entries(model) -> list[Entry]:
             at = parts.index("base_layer")
             owner = model.get_submodule(".".join(parts[:at]))
             layer = owner if isinstance(owner, BaseTunerLayer) else None
-            parts = parts[:at] + parts[at + 1:]
+            parts = parts[:at] + parts[at + 1 :]
         if "modules_to_save" in parts:
             at = parts.index("modules_to_save")
-            parts = parts[:at] + parts[at + 2:]  # the copy of the (one) active adapter
+            parts = parts[:at] + parts[at + 2 :]  # the copy of the (one) active adapter
         name = ".".join(parts)
         entries.setdefault(name, Entry(name, tensor, layer))
     return list(entries.values())
@@ -114,14 +117,17 @@ def shard_plan(model, entries: list[Entry], max_shard_size: int | str):
     meta = remove_tied_weights_from_state_dict(meta, model)  # meta: tied by the live tensors' identity
     reverted = revert_weight_conversion(model, dict(meta))
     convert_per_shard = set(reverted) != set(meta)
-    split = split_torch_state_dict_into_shards(meta if convert_per_shard else reverted,
-                                               filename_pattern="model{suffix}.safetensors",
-                                               max_shard_size=max_shard_size)
+    split = split_torch_state_dict_into_shards(
+        meta if convert_per_shard else reverted,
+        filename_pattern="model{suffix}.safetensors",
+        max_shard_size=max_shard_size,
+    )
     return split, convert_per_shard
 
 
-def write_weights(model, out_dir: str, gather: Gather, is_writer: bool,
-                  max_shard_size: int | str = MAX_SHARD_SIZE) -> None:
+def write_weights(
+    model, out_dir: str, gather: Gather, is_writer: bool, max_shard_size: int | str = MAX_SHARD_SIZE
+) -> None:
     """Safetensors shards (and their index when there are several) of ``model`` merged, one tensor
     gathered at a time; every rank calls this, only ``is_writer`` keeps and writes."""
     import json
@@ -169,8 +175,17 @@ def write_config(model, out_dir: str) -> None:
         model.generation_config.save_pretrained(out_dir)
 
 
-def save_hf_model(module, tokenizer, out_dir: str, *, gather: Gather, is_writer: bool, merge_lora: bool = True,
-                  extra_files: dict[str, str] | None = None, max_shard_size: int | str = MAX_SHARD_SIZE) -> None:
+def save_hf_model(
+    module,
+    tokenizer,
+    out_dir: str,
+    *,
+    gather: Gather,
+    is_writer: bool,
+    merge_lora: bool = True,
+    extra_files: dict[str, str] | None = None,
+    max_shard_size: int | str = MAX_SHARD_SIZE,
+) -> None:
     """The whole directory: weights (LoRA merged, or only the adapter), config, tokenizer, extra files.
 
     Every rank calls it (gathering is collective); only ``is_writer`` writes. The live module is
@@ -204,8 +219,11 @@ def write_adapter(module, out_dir: str, gather: Gather, is_writer: bool) -> None
     with gather([p for p in module.parameters() if p.requires_grad]):
         if is_writer:
             # a PeftModel picks its adapter's tensors out of the state dict it is given
-            state = {k: v.detach().to("cpu", copy=True) for k, v in module.state_dict().items()
-                     if "lora_" in k or "modules_to_save" in k}
+            state = {
+                k: v.detach().to("cpu", copy=True)
+                for k, v in module.state_dict().items()
+                if "lora_" in k or "modules_to_save" in k
+            }
             module.save_pretrained(out_dir, state_dict=state, safe_serialization=True)
 
 
@@ -243,7 +261,11 @@ def memory_log(path: str | None, rank: int):
     with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
         fh.write("5")
     yield
-    record = {"rank": rank, "rss_before": before["VmRSS"], "peak_before": before["VmHWM"],
-              "peak_during": status()["VmHWM"]}
+    record = {
+        "rank": rank,
+        "rss_before": before["VmRSS"],
+        "peak_before": before["VmHWM"],
+        "peak_during": status()["VmHWM"],
+    }
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(record) + "\n")

@@ -36,10 +36,19 @@ def prompt_text(prompt) -> str:
 class ClassifierScorer:
     """``scorer(prompts, completions, **columns) -> list[float]``: the chosen label's score per completion."""
 
-    def __init__(self, path: str, label: str = "", score: str = "probability", with_prompt: bool = False,
-                 batch_size: int = 16, max_length: int = 512, device="cpu", trust_remote_code: bool = False,
-                 keys: tuple[str, str] = ("reward.classifier_path", "reward.classifier_label"),
-                 default_label: Callable[[dict[int, str]], int | None] | None = None):
+    def __init__(
+        self,
+        path: str,
+        label: str = "",
+        score: str = "probability",
+        with_prompt: bool = False,
+        batch_size: int = 16,
+        max_length: int = 512,
+        device="cpu",
+        trust_remote_code: bool = False,
+        keys: tuple[str, str] = ("reward.classifier_path", "reward.classifier_label"),
+        default_label: Callable[[dict[int, str]], int | None] | None = None,
+    ):
         """``keys`` name the settings of the path and the label in errors; ``default_label(labels)``
         picks a label when none is given (None: the label is required)."""
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -79,13 +88,17 @@ class ClassifierScorer:
             for i, name in self.labels.items():
                 if name.lower() == wanted.lower():
                     return i
-            raise UserError(f"{self.label_key}: {wanted!r} is not a label of {self.path} "
-                            f"(labels: {', '.join(f'{i}={n}' for i, n in sorted(self.labels.items()))})")
+            raise UserError(
+                f"{self.label_key}: {wanted!r} is not a label of {self.path} "
+                f"(labels: {', '.join(f'{i}={n}' for i, n in sorted(self.labels.items()))})"
+            )
         guessed = default_label(self.labels) if default_label else None
         if guessed is None:
-            raise UserError(f"{self.label_key}: required for {self.path}, which has {len(self.labels)} labels "
-                            f"({', '.join(f'{i}={n}' for i, n in sorted(self.labels.items()))}): name one or give "
-                            f"its index")
+            raise UserError(
+                f"{self.label_key}: required for {self.path}, which has {len(self.labels)} labels "
+                f"({', '.join(f'{i}={n}' for i, n in sorted(self.labels.items()))}): name one or give "
+                f"its index"
+            )
         return guessed
 
     def describe(self) -> str:
@@ -98,11 +111,15 @@ class ClassifierScorer:
 
         out: list[float] = []
         for start in range(0, len(texts), self.batch_size):
-            chunk = texts[start:start + self.batch_size]
-            pairs = ([prompt_text(p) for p in prompts[start:start + self.batch_size]], chunk) \
-                if self.with_prompt else (chunk,)
-            batch = self.tokenizer(*pairs, padding=True, truncation=True, max_length=self.max_length,
-                                   return_tensors="pt")
+            chunk = texts[start : start + self.batch_size]
+            pairs = (
+                ([prompt_text(p) for p in prompts[start : start + self.batch_size]], chunk)
+                if self.with_prompt
+                else (chunk,)
+            )
+            batch = self.tokenizer(
+                *pairs, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+            )
             inputs = {k: v.to(self.device) for k, v in batch.items() if k in self.input_names}
             with torch.no_grad():
                 logits = self.model(**inputs).logits.float()

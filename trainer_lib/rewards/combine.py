@@ -32,11 +32,11 @@ class RunningMoments:
         if count <= 0:
             return
         batch_mean = total / count
-        batch_m2 = max(total_sq - count * batch_mean ** 2, 0.0)
+        batch_m2 = max(total_sq - count * batch_mean**2, 0.0)
         delta = batch_mean - self.mean
         merged = self.count + count
         self.mean += delta * count / merged
-        self.m2 += batch_m2 + delta ** 2 * self.count * count / merged
+        self.m2 += batch_m2 + delta**2 * self.count * count / merged
         self.count = merged
 
     @property
@@ -67,17 +67,21 @@ class RewardCombiner:
     loop sets ``trainer_state`` at each step; sources that take a ``trainer_state`` keyword get it.
     """
 
-    def __init__(self, sources: list[tuple[str, Callable]], weights: list[float] | None = None,
-                 clip: float = 0.0, normalize: str = "none",
-                 reduce: Callable[[dict], dict] | None = None, eps: float = 1e-8):
+    def __init__(
+        self,
+        sources: list[tuple[str, Callable]],
+        weights: list[float] | None = None,
+        clip: float = 0.0,
+        normalize: str = "none",
+        reduce: Callable[[dict], dict] | None = None,
+        eps: float = 1e-8,
+    ):
         if not sources:
-            raise UserError("reward.functions: no reward source; name at least one function or set "
-                            "reward.model_path")
+            raise UserError("reward.functions: no reward source; name at least one function or set reward.model_path")
         weights = list(weights or [1.0] * len(sources))
         if len(weights) != len(sources):
             names = ", ".join(name for name, _ in sources)
-            raise UserError(f"reward.weights: {len(weights)} weights for {len(sources)} reward sources "
-                            f"({names})")
+            raise UserError(f"reward.weights: {len(weights)} weights for {len(sources)} reward sources ({names})")
         if normalize not in NORMALIZE:
             raise UserError(f"reward.normalize: expected one of {list(NORMALIZE)}, got {normalize!r}")
         taken: set = set()
@@ -89,14 +93,16 @@ class RewardCombiner:
         self.trainer_state: TrainerState | None = None
         self._takes_state = [takes_keyword(fn, "trainer_state") for _, fn, _ in self.sources]
 
-    def table(self, prompts: list, completions: list, columns: dict[str, list],
-              completion_ids: list[list[int]]) -> torch.Tensor:
+    def table(
+        self, prompts: list, completions: list, columns: dict[str, list], completion_ids: list[list[int]]
+    ) -> torch.Tensor:
         """Per-source rewards ``(N, S)``, NaN where a source returned None (no collective call)."""
         table = torch.full((len(completions), len(self.sources)), float("nan"), dtype=torch.float64)
         for j, (name, fn, _) in enumerate(self.sources):
             state = {"trainer_state": self.trainer_state} if self._takes_state[j] and self.trainer_state else {}
-            values = check_rewards(name, fn(prompts, completions, completion_ids=completion_ids, **columns, **state),
-                                   len(completions))
+            values = check_rewards(
+                name, fn(prompts, completions, completion_ids=completion_ids, **columns, **state), len(completions)
+            )
             table[:, j] = torch.tensor([math.nan if v is None else v for v in values], dtype=torch.float64)
         return table
 
@@ -116,8 +122,9 @@ class RewardCombiner:
         keys = [f"rewards/{label}" for _, _, label in self.sources]
         return {key: sums[key] / sums[f"{key}.count"] for key in keys if sums[f"{key}.count"] > 0}
 
-    def score(self, prompts: list, completions: list, columns: dict[str, list],
-              completion_ids: list[list[int]]) -> tuple[torch.Tensor, dict]:
+    def score(
+        self, prompts: list, completions: list, columns: dict[str, list], completion_ids: list[list[int]]
+    ) -> tuple[torch.Tensor, dict]:
         """Per-source rewards ``(N, S)`` and each source's mean, reduced over ranks."""
         table = self.table(prompts, completions, columns, completion_ids)
         return table, self.source_means(self.reduce(self.source_sums(table)))
@@ -130,8 +137,9 @@ class RewardCombiner:
         """Weighted sum, normalized and clipped, ``(N,)`` float32."""
         rewards = self.weighted(table)
         if self.normalize != "none":
-            sums = self.reduce({"count": float(rewards.numel()), "total": float(rewards.sum()),
-                                "total_sq": float((rewards ** 2).sum())})
+            sums = self.reduce(
+                {"count": float(rewards.numel()), "total": float(rewards.sum()), "total_sq": float((rewards**2).sum())}
+            )
             if self.normalize == "running":
                 self.moments.update(sums["count"], sums["total"], sums["total_sq"])
                 mean, std = self.moments.mean, self.moments.std
@@ -144,8 +152,9 @@ class RewardCombiner:
             rewards = rewards.clamp(-self.clip, self.clip)
         return rewards.float()
 
-    def __call__(self, prompts: list, completions: list, columns: dict[str, list],
-                 completion_ids: list[list[int]]) -> tuple[torch.Tensor, dict]:
+    def __call__(
+        self, prompts: list, completions: list, columns: dict[str, list], completion_ids: list[list[int]]
+    ) -> tuple[torch.Tensor, dict]:
         """``(rewards (N,), metrics)``; metrics hold each source's mean raw reward."""
         table, means = self.score(prompts, completions, columns, completion_ids)
         return self.combine(table), means

@@ -54,8 +54,10 @@ def takes_keyword(fn: Callable, name: str) -> bool:
         parameters = inspect.signature(fn).parameters.values()
     except (TypeError, ValueError):  # a builtin or extension callable without a signature
         return False
-    return any(p.kind is p.VAR_KEYWORD or (p.name == name and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
-               for p in parameters)
+    return any(
+        p.kind is p.VAR_KEYWORD or (p.name == name and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
+        for p in parameters
+    )
 
 
 def completion_text(completion) -> str:
@@ -131,8 +133,9 @@ def code_style(prompts, completions, **columns) -> list[float]:
     return [max(0.0, 1.0 - 0.1 * style_violations(extract_code(completion_text(c)))) for c in completions]
 
 
-def length_penalty(prompts, completions, *, completion_ids, max_tokens: int, free_tokens: int = 0,
-                   **columns) -> list[float]:
+def length_penalty(
+    prompts, completions, *, completion_ids, max_tokens: int, free_tokens: int = 0, **columns
+) -> list[float]:
     """``-clip((len - free) / (max - free), 0, 1)`` in tokens: 0 up to ``free_tokens``, then
     falling linearly to -1 at ``max_tokens`` (DAPO's soft overlong punishment, Yu et al. 2025)."""
     span = max(max_tokens - free_tokens, 1)
@@ -148,15 +151,23 @@ def refusal(prompts, completions, *, kind=None, **columns) -> list[float | None]
     from trainer_lib.rewards.refusal_rules import is_refusal
 
     labels = kind if kind is not None else [None] * len(completions)
-    return [float(is_refusal(completion_text(c)) == (label == "harmful")) if label in ("harmful", "benign") else None
-            for c, label in zip(completions, labels)]
+    return [
+        float(is_refusal(completion_text(c)) == (label == "harmful")) if label in ("harmful", "benign") else None
+        for c, label in zip(completions, labels)
+    ]
 
 
 BUILTINS = ("code_execution", "code_style", "length_penalty", "refusal")
 
 
-def builtin(name: str, *, code_timeout: float = 3.0, sandbox_workers: int = 4, max_tokens: int = 256,
-            length_free_tokens: int = 0) -> RewardFn:
+def builtin(
+    name: str,
+    *,
+    code_timeout: float = 3.0,
+    sandbox_workers: int = 4,
+    max_tokens: int = 256,
+    length_free_tokens: int = 0,
+) -> RewardFn:
     """A built-in reward function with its settings bound."""
     if name == "code_execution":
         return CodeExecution(timeout=code_timeout, max_workers=sandbox_workers)
@@ -187,16 +198,17 @@ def _import(module_name: str, spec: str):
     try:
         return importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise UserError(f"reward.functions: {spec}: cannot import module '{module_name}' ({exc}); "
-                        f"use package.module:function on the Python path or path/to/file.py:function") from None
+        raise UserError(
+            f"reward.functions: {spec}: cannot import module '{module_name}' ({exc}); "
+            f"use package.module:function on the Python path or path/to/file.py:function"
+        ) from None
 
 
 def load_function(spec: str) -> RewardFn:
     """The callable named by ``module:function`` (or ``path/to/file.py:function``)."""
     module_name, sep, attr = spec.strip().rpartition(":")
     if not sep or not module_name or not attr:
-        raise UserError(f"reward.functions: {spec!r}: expected a built-in ({', '.join(BUILTINS)}) "
-                        f"or module:function")
+        raise UserError(f"reward.functions: {spec!r}: expected a built-in ({', '.join(BUILTINS)}) or module:function")
     module = _import(module_name, spec)
     fn = getattr(module, attr, None)
     if fn is None:
@@ -219,15 +231,16 @@ def check_rewards(name: str, values, count: int) -> list[float | None]:
     if hasattr(values, "tolist"):
         values = values.tolist()
     if not isinstance(values, (list, tuple)):
-        raise UserError(f"reward function '{name}' returned {type(values).__name__}; expected a list "
-                        f"of {count} floats (one per completion)")
+        raise UserError(
+            f"reward function '{name}' returned {type(values).__name__}; expected a list "
+            f"of {count} floats (one per completion)"
+        )
     if len(values) != count:
         raise UserError(f"reward function '{name}' returned {len(values)} values for {count} completions")
     out = []
     for i, value in enumerate(values):
         if value is not None and (not isinstance(value, numbers.Real) or isinstance(value, bool)):
-            raise UserError(f"reward function '{name}' returned {value!r} at position {i}; expected a "
-                            f"float or None")
+            raise UserError(f"reward function '{name}' returned {value!r} at position {i}; expected a float or None")
         out.append(None if value is None else float(value))
     return out
 
@@ -235,8 +248,16 @@ def check_rewards(name: str, values, count: int) -> list[float | None]:
 # --------------------------------------------------------------------------- evaluation helper
 
 
-def execution_pass_rate(model_dir: str, tasks_path: str, *, max_new_tokens: int = 128, batch_size: int = 64,
-                        limit: int = 0, timeout: float = 3.0, workers: int = 4) -> dict:
+def execution_pass_rate(
+    model_dir: str,
+    tasks_path: str,
+    *,
+    max_new_tokens: int = 128,
+    batch_size: int = 64,
+    limit: int = 0,
+    timeout: float = 3.0,
+    workers: int = 4,
+) -> dict:
     """Greedy completions of a saved model for code tasks (JSONL rows with ``prompt`` and
     ``tests``, like the demo's ``code_tasks_eval.jsonl``), run in the sandbox.
 
@@ -256,13 +277,22 @@ def execution_pass_rate(model_dir: str, tasks_path: str, *, max_new_tokens: int 
     cfg = ModelConfig(path=model_dir)
     tokenizer = load_tokenizer(cfg)
     model = load_causal_lm(cfg).eval()
-    rollout = generate(model, tokenizer, [encode_prompt(tokenizer, t["prompt"]) for t in tasks],
-                       max_new_tokens=max_new_tokens, temperature=0.0, batch_size=batch_size)
+    rollout = generate(
+        model,
+        tokenizer,
+        [encode_prompt(tokenizer, t["prompt"]) for t in tasks],
+        max_new_tokens=max_new_tokens,
+        temperature=0.0,
+        batch_size=batch_size,
+    )
     reward = CodeExecution(timeout=timeout, max_workers=workers)
     try:
         fractions = reward([t["prompt"] for t in tasks], rollout.completions, tests=[t["tests"] for t in tasks])
     finally:
         reward.close()
     fractions = [f or 0.0 for f in fractions]
-    return {"pass_rate": sum(f == 1.0 for f in fractions) / len(tasks), "test_fraction": sum(fractions) / len(tasks),
-            "tasks": len(tasks)}
+    return {
+        "pass_rate": sum(f == 1.0 for f in fractions) / len(tasks),
+        "test_fraction": sum(fractions) / len(tasks),
+        "tasks": len(tasks),
+    }

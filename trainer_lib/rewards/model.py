@@ -15,15 +15,16 @@ from trainer_lib.data.preference_batches import encode_completion, encode_prompt
 class RewardModelScorer:
     """``scorer(prompts, completions, **columns) -> list[float]``: ``(r - mean) / std``."""
 
-    def __init__(self, model, tokenizer, mean: float = 0.0, std: float = 1.0, batch_size: int = 16,
-                 max_length: int = 2048):
+    def __init__(
+        self, model, tokenizer, mean: float = 0.0, std: float = 1.0, batch_size: int = 16, max_length: int = 2048
+    ):
         self.model, self.tokenizer = model, tokenizer
         self.mean, self.std = mean, std
         self.batch_size, self.max_length = batch_size, max_length
 
     def _encode(self, prompt, completion) -> list[int]:
         ids = encode_prompt(self.tokenizer, prompt) + encode_completion(self.tokenizer, prompt, completion)
-        return ids[-self.max_length:]
+        return ids[-self.max_length :]
 
     @torch.no_grad()
     def __call__(self, prompts: list, completions: list, **columns) -> list[float]:
@@ -34,20 +35,21 @@ class RewardModelScorer:
         sequences = [self._encode(p, c) for p, c in zip(prompts, completions)]
         out: list[float] = []
         for start in range(0, len(sequences), self.batch_size):
-            chunk = sequences[start:start + self.batch_size]
+            chunk = sequences[start : start + self.batch_size]
             width = max(len(s) for s in chunk)
             ids = torch.full((len(chunk), width), pad, dtype=torch.long)
             mask = torch.zeros((len(chunk), width), dtype=torch.long)
             for i, seq in enumerate(chunk):  # right padding: the head reads the last real token
-                ids[i, :len(seq)] = torch.tensor(seq)
-                mask[i, :len(seq)] = 1
+                ids[i, : len(seq)] = torch.tensor(seq)
+                mask[i, : len(seq)] = 1
             rewards = sequence_rewards(self.model, {"input_ids": ids.to(device), "attention_mask": mask.to(device)})
             out.extend(normalize_rewards(rewards.cpu(), self.mean, self.std).tolist())
         return out
 
 
-def load_reward_scorer(path: str, model_cfg, prepare, precision: str = "fp32", batch_size: int = 16,
-                       max_length: int = 2048, model=None) -> RewardModelScorer:
+def load_reward_scorer(
+    path: str, model_cfg, prepare, precision: str = "fp32", batch_size: int = 16, max_length: int = 2048, model=None
+) -> RewardModelScorer:
     """Load the reward model at ``path`` (local, a URL or a hub id); ``prepare`` places it
     (``strategy.prepare_frozen``). Without stored statistics rewards are used as they are.
     ``model``: the reward model already in memory (a reward adapter on a shared base), so only

@@ -29,9 +29,9 @@ def start(cfg):
     size and the world size), then the process group is joined; the schedule holds the train rows.
     """
     from trainer_lib.engine.batch_size import resolve_batch_size
+    from trainer_lib.engine.strategy import DeepSpeedStrategy, planned_world_size
     from trainer_lib.models.load import load_tokenizer
     from trainer_lib.rl.prompts import PromptSchedule
-    from trainer_lib.engine.strategy import DeepSpeedStrategy, planned_world_size
 
     resolve_batch_size(cfg, sequence_length=cfg.data.max_length + cfg.rollout.max_new_tokens)
     strategy = DeepSpeedStrategy(cfg.engine_for(planned_world_size()), micro_batch_size=cfg.batch_size, seed=cfg.seed)
@@ -46,8 +46,9 @@ def load_prompts(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     tokens are dropped."""
     from trainer_lib.data.dataset import load_training_data
 
-    splits, fmt = load_training_data(cfg.data, cfg.seed, allowed_formats=PROMPT_FORMATS, tokenizer=tokenizer,
-                                     stage="RL (a 'prompt' column)")
+    splits, fmt = load_training_data(
+        cfg.data, cfg.seed, allowed_formats=PROMPT_FORMATS, tokenizer=tokenizer, stage="RL (a 'prompt' column)"
+    )
     train = [dict(r) for r in splits["train"]]
     evals = [dict(r) for r in splits["eval"]] if "eval" in splits else []
     if not train:
@@ -74,24 +75,53 @@ def build_rewards(cfg, strategy, tokenizer, reward_model=None):
     from trainer_lib.rewards.combine import RewardCombiner
     from trainer_lib.rewards.functions import resolve
 
-    settings = {"code_timeout": cfg.reward.code_timeout, "sandbox_workers": cfg.reward.sandbox_workers,
-                "max_tokens": cfg.rollout.max_new_tokens, "length_free_tokens": cfg.reward.length_free_tokens}
+    settings = {
+        "code_timeout": cfg.reward.code_timeout,
+        "sandbox_workers": cfg.reward.sandbox_workers,
+        "max_tokens": cfg.rollout.max_new_tokens,
+        "length_free_tokens": cfg.reward.length_free_tokens,
+    }
     sources = [resolve(spec, **settings) for spec in cfg.reward.functions]
     if cfg.reward.model_path:
         from trainer_lib.rewards.model import load_reward_scorer
 
-        sources.append(("reward_model", load_reward_scorer(
-            cfg.reward.model_path, cfg.model, strategy.prepare_frozen, cfg.engine.precision,
-            batch_size=cfg.eval_batch_size, max_length=cfg.data.max_length + cfg.rollout.max_new_tokens,
-            model=reward_model)))
+        sources.append(
+            (
+                "reward_model",
+                load_reward_scorer(
+                    cfg.reward.model_path,
+                    cfg.model,
+                    strategy.prepare_frozen,
+                    cfg.engine.precision,
+                    batch_size=cfg.eval_batch_size,
+                    max_length=cfg.data.max_length + cfg.rollout.max_new_tokens,
+                    model=reward_model,
+                ),
+            )
+        )
     if cfg.reward.classifier_path:
         from trainer_lib.rewards.classifier import ClassifierScorer
 
-        sources.append(("classifier", ClassifierScorer(
-            cfg.reward.classifier_path, cfg.reward.classifier_label, cfg.reward.classifier_score,
-            batch_size=cfg.eval_batch_size, device=strategy.device, trust_remote_code=cfg.model.trust_remote_code)))
-    return RewardCombiner(sources, cfg.reward.weights, cfg.reward.clip, cfg.reward.normalize,
-                          reduce=lambda sums: strategy.all_reduce(sums, op="sum"))
+        sources.append(
+            (
+                "classifier",
+                ClassifierScorer(
+                    cfg.reward.classifier_path,
+                    cfg.reward.classifier_label,
+                    cfg.reward.classifier_score,
+                    batch_size=cfg.eval_batch_size,
+                    device=strategy.device,
+                    trust_remote_code=cfg.model.trust_remote_code,
+                ),
+            )
+        )
+    return RewardCombiner(
+        sources,
+        cfg.reward.weights,
+        cfg.reward.clip,
+        cfg.reward.normalize,
+        reduce=lambda sums: strategy.all_reduce(sums, op="sum"),
+    )
 
 
 def reward_table(rewards, rollout, prompts: list, columns: dict, n: int):
@@ -99,7 +129,7 @@ def reward_table(rewards, rollout, prompts: list, columns: dict, n: int):
     from trainer_lib.rewards.functions import as_completions
 
     repeated = [p for p in prompts for _ in range(n)]
-    ids = [row[:int(length)] for row, length in zip(rollout.response_ids.tolist(), rollout.response_lengths())]
+    ids = [row[: int(length)] for row, length in zip(rollout.response_ids.tolist(), rollout.response_lengths())]
     return rewards.table(repeated, as_completions(repeated, rollout.completions), columns, ids)
 
 
@@ -110,17 +140,29 @@ def score_rollout(rewards, strategy, rollout, prompts: list, columns: dict, n: i
     table = reward_table(rewards, rollout, prompts, columns, n)
     raw = rewards.weighted(table)
     lengths = rollout.response_lengths().float()
-    sums = strategy.all_reduce({"count": float(len(raw)), "reward": float(raw.sum()),
-                                "reward_sq": float((raw ** 2).sum()), "length": float(lengths.sum()),
-                                "finished": float(sum(rollout.finished)), **rewards.source_sums(table)}, op="sum")
+    sums = strategy.all_reduce(
+        {
+            "count": float(len(raw)),
+            "reward": float(raw.sum()),
+            "reward_sq": float((raw**2).sum()),
+            "length": float(lengths.sum()),
+            "finished": float(sum(rollout.finished)),
+            **rewards.source_sums(table),
+        },
+        op="sum",
+    )
     count = max(sums["count"], 1.0)
     mean = sums["reward"] / count
-    metrics = {"reward": mean, "reward_std": max(sums["reward_sq"] / count - mean ** 2, 0.0) ** 0.5,
-               **rewards.source_means(sums),
-               "response_length": sums["length"] / count, "finished_fraction": sums["finished"] / count,
-               "generate_time": rollout.stats["generate_time"],
-               "generate_tokens_per_s": strategy.all_reduce(rollout.stats["tokens_per_s"], op="sum"),
-               "reward_time": time.perf_counter() - start}
+    metrics = {
+        "reward": mean,
+        "reward_std": max(sums["reward_sq"] / count - mean**2, 0.0) ** 0.5,
+        **rewards.source_means(sums),
+        "response_length": sums["length"] / count,
+        "finished_fraction": sums["finished"] / count,
+        "generate_time": rollout.stats["generate_time"],
+        "generate_tokens_per_s": strategy.all_reduce(rollout.stats["tokens_per_s"], op="sum"),
+        "reward_time": time.perf_counter() - start,
+    }
     return rewards.combine(table), metrics
 
 
@@ -141,19 +183,26 @@ def held_out_evaluation(engine, strategy, tokenizer, rows: list[dict], rewards, 
 def evaluate(engine, strategy, tokenizer, rows: list[dict], rewards, rollout_cfg, seed: int) -> dict:
     """Mean raw (weighted, not normalized) reward of greedy completions of held-out prompts."""
     greedy = dataclasses.replace(rollout_cfg, n=1, temperature=0.0)
-    chunks = [rows[i:i + greedy.batch_size] for i in range(0, len(rows), greedy.batch_size)]
+    chunks = [rows[i : i + greedy.batch_size] for i in range(0, len(rows), greedy.batch_size)]
 
     def sums(chunk: list[dict]) -> dict:
         rollout, prompts, columns = sample(engine, strategy, tokenizer, chunk, greedy, seed)
         table = reward_table(rewards, rollout, prompts, columns, 1)
-        return {"total": float(rewards.weighted(table).sum()), "count": float(len(table)),
-                "length": float(rollout.response_lengths().float().sum()), **rewards.source_sums(table)}
+        return {
+            "total": float(rewards.weighted(table).sum()),
+            "count": float(len(table)),
+            "length": float(rollout.response_lengths().float().sum()),
+            **rewards.source_sums(table),
+        }
 
     zeros = {"total": 0.0, "count": 0.0, "length": 0.0, **rewards.source_sums(None)}
     totals = strategy.sharded_sums(chunks, sums, zeros)
     count = max(totals["count"], 1.0)
-    return {"reward": totals["total"] / count, "response_length": totals["length"] / count,
-            **rewards.source_means(totals)}
+    return {
+        "reward": totals["total"] / count,
+        "response_length": totals["length"] / count,
+        **rewards.source_means(totals),
+    }
 
 
 # --------------------------------------------------------------------------- policy and reference
@@ -189,7 +238,7 @@ def per_micro_batch(fn, rollout, micro: int):
     for start in range(0, len(rollout), micro):
         rows = list(range(start, min(start + micro, len(rollout))))
         values = fn(rollout.select(rows)).float().cpu()
-        out[start:start + len(rows), :values.shape[1]] = values
+        out[start : start + len(rows), : values.shape[1]] = values
     return out
 
 
@@ -199,11 +248,20 @@ def sample(engine, strategy, tokenizer, rows: list[dict], rollout_cfg, seed: int
 
     prompts, prompt_ids, columns = prompt_inputs(rows, tokenizer, rollout_cfg.n)
     # ZeRO-3: weights fetched layer by layer by DeepSpeed's hooks, all ranks stepping together
-    rollout = generate(strategy.unwrap(engine), tokenizer, prompt_ids, n=rollout_cfg.n,
-                       max_new_tokens=rollout_cfg.max_new_tokens, temperature=rollout_cfg.temperature,
-                       top_p=rollout_cfg.top_p, top_k=rollout_cfg.top_k, stop=rollout_cfg.stop,
-                       batch_size=rollout_cfg.batch_size, seed=seed,
-                       synced_gpus=strategy.partitions_parameters and strategy.world_size > 1)
+    rollout = generate(
+        strategy.unwrap(engine),
+        tokenizer,
+        prompt_ids,
+        n=rollout_cfg.n,
+        max_new_tokens=rollout_cfg.max_new_tokens,
+        temperature=rollout_cfg.temperature,
+        top_p=rollout_cfg.top_p,
+        top_k=rollout_cfg.top_k,
+        stop=rollout_cfg.stop,
+        batch_size=rollout_cfg.batch_size,
+        seed=seed,
+        synced_gpus=strategy.partitions_parameters and strategy.world_size > 1,
+    )
     return rollout, prompts, columns
 
 

@@ -7,7 +7,7 @@ and completions and updates in the same order as an uninterrupted one.
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from trainer_lib.loop.micro_batches import MicroBatchSchedule, total_steps
 
@@ -22,7 +22,7 @@ def minibatch_order(count: int, mini: int, micro: int, seed: int) -> list[list[l
     import torch
 
     order = torch.randperm(count, generator=torch.Generator().manual_seed(seed)).tolist()
-    return [[order[m + i:m + i + micro] for i in range(0, mini, micro)] for m in range(0, count, mini)]
+    return [[order[m + i : m + i + micro] for i in range(0, mini, micro)] for m in range(0, count, mini)]
 
 
 class PromptSchedule:
@@ -51,8 +51,9 @@ class PromptSchedule:
         """What reward functions are told about the run while they score step ``step`` (0-based)."""
         from trainer_lib.rewards.functions import TrainerState
 
-        return TrainerState(global_step=step, epoch=step * self.prompts_per_step / len(self.prompts),
-                            max_steps=self.steps)
+        return TrainerState(
+            global_step=step, epoch=step * self.prompts_per_step / len(self.prompts), max_steps=self.steps
+        )
 
     def sampling_seed(self, step: int) -> int:
         return step_seed(self.seed, step, self.rank)

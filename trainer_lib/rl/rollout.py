@@ -48,10 +48,14 @@ class Rollout:
         prompt_mask, response_mask = self.prompt_mask[rows], self.response_mask[rows]
         first = int(prompt_mask.any(0).float().argmax()) if prompt_mask.any() else prompt_mask.shape[1]
         width = int(response_mask.sum(1).max()) if len(rows) else 0
-        return Rollout(self.prompt_ids[rows, first:], prompt_mask[:, first:],
-                       self.response_ids[rows, :width], response_mask[:, :width],
-                       [self.completions[i] for i in rows.tolist()],
-                       [self.finished[i] for i in rows.tolist()])
+        return Rollout(
+            self.prompt_ids[rows, first:],
+            prompt_mask[:, first:],
+            self.response_ids[rows, :width],
+            response_mask[:, :width],
+            [self.completions[i] for i in rows.tolist()],
+            [self.finished[i] for i in rows.tolist()],
+        )
 
     def model_inputs(self, device) -> dict:
         """``input_ids`` / ``attention_mask`` / ``position_ids`` of prompt + response."""
@@ -72,16 +76,28 @@ def _eos_ids(model, tokenizer) -> list[int]:
     return list(dict.fromkeys(i for i in ids if i is not None))
 
 
-def _generation_config(eos_ids: list[int], pad_id: int, max_new_tokens: int, temperature: float, top_p: float,
-                       top_k: int):
+def _generation_config(
+    eos_ids: list[int], pad_id: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int
+):
     from transformers import GenerationConfig
 
-    sampling = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": 0.0,
-                "typical_p": 1.0} if temperature > 0 else {"do_sample": False}
+    sampling = (
+        {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": 0.0, "typical_p": 1.0}
+        if temperature > 0
+        else {"do_sample": False}
+    )
     return GenerationConfig(
-        max_new_tokens=max_new_tokens, num_beams=1, repetition_penalty=1.0, no_repeat_ngram_size=0,
-        min_new_tokens=0, use_cache=True, eos_token_id=eos_ids, pad_token_id=pad_id,
-        return_dict_in_generate=False, **sampling)
+        max_new_tokens=max_new_tokens,
+        num_beams=1,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        min_new_tokens=0,
+        use_cache=True,
+        eos_token_id=eos_ids,
+        pad_token_id=pad_id,
+        return_dict_in_generate=False,
+        **sampling,
+    )
 
 
 def _stopping_criteria(tokenizer, stop: list[str], prompt_width: int):
@@ -142,9 +158,21 @@ def _pad(rows: list[list[int]], value: int, left: bool) -> tuple[torch.Tensor, t
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompt_ids: list[list[int]], *, n: int = 1, max_new_tokens: int = 64,
-             temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0, stop: list[str] | tuple = (),
-             batch_size: int = 64, seed: int = 0, synced_gpus: bool = False) -> Rollout:
+def generate(
+    model,
+    tokenizer,
+    prompt_ids: list[list[int]],
+    *,
+    n: int = 1,
+    max_new_tokens: int = 64,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    stop: list[str] | tuple = (),
+    batch_size: int = 64,
+    seed: int = 0,
+    synced_gpus: bool = False,
+) -> Rollout:
     """``n`` samples for each prompt (token ids), ``batch_size`` sequences per ``generate`` call.
 
     ``temperature=0`` is greedy decoding. Sampling draws from a generator seeded with ``seed``
@@ -164,12 +192,17 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], *, n: int = 1, max_n
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         for chunk_start in range(0, len(expanded), batch_size):
-            chunk = expanded[chunk_start:chunk_start + batch_size]
+            chunk = expanded[chunk_start : chunk_start + batch_size]
             ids, mask = _pad(chunk, pad, left=True)
             criteria = _stopping_criteria(tokenizer, list(stop), ids.shape[1])
-            out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
-                                 generation_config=config, stopping_criteria=criteria, synced_gpus=synced_gpus)
-            for row in out[:, ids.shape[1]:].tolist():
+            out = model.generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                generation_config=config,
+                stopping_criteria=criteria,
+                synced_gpus=synced_gpus,
+            )
+            for row in out[:, ids.shape[1] :].tolist():
                 response, text, done = _cut(tokenizer, row, list(stop), eos_ids)
                 responses.append(response)
                 texts.append(text)
@@ -183,8 +216,9 @@ def generate(model, tokenizer, prompt_ids: list[list[int]], *, n: int = 1, max_n
     return Rollout(prompt_tensor, prompt_mask, response_tensor, response_mask, texts, finished, stats)
 
 
-def token_logprobs(model, rollout: Rollout, temperature: float = 1.0,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def token_logprobs(
+    model, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log pi(y_t | x, y_<t) `` of every response token, ``(N, R)``, and optionally the
     entropy of each next-token distribution (without gradient).
 

@@ -38,6 +38,7 @@ Threat model: the program is hostile. Two separate questions, defended separatel
    in 3.11) or, during a test, of library modules; modules the tests do not import are not restored;
    and CPython bugs that give memory access. Use the verdict as a reward signal, not as proof.
 """
+
 from trainer_lib.sandbox.pool import (
     DEFAULT_PRELOAD,
     STATUSES,
@@ -50,5 +51,14 @@ from trainer_lib.sandbox.pool import (
     run_program,
 )
 
-__all__ = ["DEFAULT_PRELOAD", "STATUSES", "ExecResult", "Program", "Sandbox", "SandboxConfig", "SandboxError",
-           "run_many", "run_program"]
+__all__ = [
+    "DEFAULT_PRELOAD",
+    "STATUSES",
+    "ExecResult",
+    "Program",
+    "Sandbox",
+    "SandboxConfig",
+    "SandboxError",
+    "run_many",
+    "run_program",
+]

@@ -16,6 +16,7 @@ is reaped. The child reads the payload (nonce, source, tests) from stdin, and wr
 Everything the child runs after the untrusted code starts uses only values captured in local variables
 beforehand, never module globals or builtins (which the program can replace).
 """
+
 import builtins
 import json
 import os
@@ -25,16 +26,42 @@ import socket
 import sys
 
 CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
-    0x00020000, 0x08000000, 0x10000000, 0x20000000, 0x40000000)
+    0x00020000,
+    0x08000000,
+    0x10000000,
+    0x20000000,
+    0x40000000,
+)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
-    1, 2, 4, 8, 32, 4096, 16384, 1 << 18)
+    1,
+    2,
+    4,
+    8,
+    32,
+    4096,
+    16384,
+    1 << 18,
+)
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 VERDICT_FD = 3
 
 # Removed from sys.modules before the program runs and refused on import by the audit hook: they hand
 # out frames (signal handlers get the current frame) or raw memory (ctypes), which would expose the nonce.
-BANNED_MODULES = ("ctypes", "_ctypes", "signal", "_signal", "gc", "faulthandler", "_posixsubprocess",
-                  "subprocess", "multiprocessing", "_multiprocessing", "pty", "tracemalloc", "_tracemalloc")
+BANNED_MODULES = (
+    "ctypes",
+    "_ctypes",
+    "signal",
+    "_signal",
+    "gc",
+    "faulthandler",
+    "_posixsubprocess",
+    "subprocess",
+    "multiprocessing",
+    "_multiprocessing",
+    "pty",
+    "tracemalloc",
+    "_tracemalloc",
+)
 
 
 def _banned(name):
@@ -45,9 +72,11 @@ def _banned(name):
 # Isolation (runs in the child, as root or in a fresh user namespace, before the program)
 # ---------------------------------------------------------------------------------------------------
 
+
 def _check(libc, result, what):
     if result != 0:
         import ctypes
+
         errno = ctypes.get_errno()
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
@@ -96,8 +125,7 @@ def _drop_capabilities(libc):
         _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
     class Data(ctypes.Structure):
-        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                    ("inheritable", ctypes.c_uint32)]
+        _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
 
     data = (Data * 2)()
     _check(libc, libc.capset(ctypes.byref(Header(0x20080522, 0)), data), "capset")
@@ -123,10 +151,15 @@ def _isolate(libc, caps, mounts, uid, limits, workdir):
     else:
         os.chdir(workdir)
     cpu = int(limits["timeout"]) + 2
-    for limit, value in ((resource.RLIMIT_AS, limits["memory_mb"] << 20), (resource.RLIMIT_CPU, cpu),
-                         (resource.RLIMIT_FSIZE, limits["file_mb"] << 20), (resource.RLIMIT_CORE, 0),
-                         (resource.RLIMIT_NOFILE, limits["max_open_files"]),
-                         (resource.RLIMIT_MEMLOCK, 0), (resource.RLIMIT_MSGQUEUE, 0)):
+    for limit, value in (
+        (resource.RLIMIT_AS, limits["memory_mb"] << 20),
+        (resource.RLIMIT_CPU, cpu),
+        (resource.RLIMIT_FSIZE, limits["file_mb"] << 20),
+        (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_NOFILE, limits["max_open_files"]),
+        (resource.RLIMIT_MEMLOCK, 0),
+        (resource.RLIMIT_MSGQUEUE, 0),
+    ):
         resource.setrlimit(limit, (value, value))
     if root:
         # NPROC counts every process of a uid; each worker has its own uid, so 1 means "no fork, no thread".
@@ -161,8 +194,13 @@ def _probe(libc, mounts, uid, limits, namespaces=True):
     root = os.geteuid() == 0
     trials = ((True, True), (True, False), (False, True), (False, False)) if namespaces else ((False, False),)
     for network, filesystem in trials:
-        caps = {"root": root, "network": network, "filesystem": filesystem, "user": root,
-                "pid": not root and (network or filesystem)}
+        caps = {
+            "root": root,
+            "network": network,
+            "filesystem": filesystem,
+            "user": root,
+            "pid": not root and (network or filesystem),
+        }
         workdir = None if filesystem else "/"
         pid = os.fork()
         if pid == 0:
@@ -181,22 +219,63 @@ def _probe(libc, mounts, uid, limits, namespaces=True):
 # The audit hook (PEP 578): keeps the nonce out of reach of code in the same interpreter
 # ---------------------------------------------------------------------------------------------------
 
+
 def _make_hook(caps, workdir, violations):
     """Build the hook from closure variables only: the program can reach module globals, not these.
 
     Where an OS layer is missing (no namespaces here) it also stands in for it, best effort: no sockets
     without a network namespace; no /proc and no writes outside the working directory without a mount
     namespace; no signals to other processes without a separate uid or PID namespace."""
-    refuse = frozenset({
-        "sys._current_frames", "sys._current_exceptions", "sys.settrace", "sys.setprofile",
-        "gc.get_objects", "gc.get_referrers", "gc.get_referents", "code.__new__", "marshal.loads",
-        "marshal.load", "os.fork", "os.forkpty", "os.exec", "os.posix_spawn", "os.spawn", "os.system",
-        "subprocess.Popen", "pty.spawn", "os.symlink", "os.link", "_xxsubinterpreters.create",
-        "cpython.PyInterpreterState_New", "function.__new__", "sys.set_asyncgen_hooks_firstiter",
-        "sys.set_asyncgen_hooks_finalizer", "sys.unraisablehook", "sys.excepthook"})
-    path_events = frozenset({"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown",
-                             "os.truncate", "os.utime", "os.chflags", "os.lchown", "shutil.rmtree",
-                             "shutil.move", "shutil.copyfile", "shutil.copytree", "os.chdir"})
+    refuse = frozenset(
+        {
+            "sys._current_frames",
+            "sys._current_exceptions",
+            "sys.settrace",
+            "sys.setprofile",
+            "gc.get_objects",
+            "gc.get_referrers",
+            "gc.get_referents",
+            "code.__new__",
+            "marshal.loads",
+            "marshal.load",
+            "os.fork",
+            "os.forkpty",
+            "os.exec",
+            "os.posix_spawn",
+            "os.spawn",
+            "os.system",
+            "subprocess.Popen",
+            "pty.spawn",
+            "os.symlink",
+            "os.link",
+            "_xxsubinterpreters.create",
+            "cpython.PyInterpreterState_New",
+            "function.__new__",
+            "sys.set_asyncgen_hooks_firstiter",
+            "sys.set_asyncgen_hooks_finalizer",
+            "sys.unraisablehook",
+            "sys.excepthook",
+        }
+    )
+    path_events = frozenset(
+        {
+            "os.remove",
+            "os.rename",
+            "os.rmdir",
+            "os.mkdir",
+            "os.chmod",
+            "os.chown",
+            "os.truncate",
+            "os.utime",
+            "os.chflags",
+            "os.lchown",
+            "shutil.rmtree",
+            "shutil.move",
+            "shutil.copyfile",
+            "shutil.copytree",
+            "os.chdir",
+        }
+    )
     two_paths = frozenset({"os.rename", "shutil.move", "shutil.copyfile", "shutil.copytree"})
     frame_attrs = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
     banned = frozenset(BANNED_MODULES)
@@ -261,8 +340,11 @@ def _make_hook(caps, workdir, violations):
             note(event)
             raise PermissionError("sandbox: " + event + " is disabled")
         if block_fs and event in path_events:
-            if outside(args[0], True) or (event in two_paths and outside(args[1], True)) \
-                    or (event == "os.chdir" and isinstance_(args[0], int_)):
+            if (
+                outside(args[0], True)
+                or (event in two_paths and outside(args[1], True))
+                or (event == "os.chdir" and isinstance_(args[0], int_))
+            ):
                 note(event)
                 raise PermissionError("sandbox: path refused")
         if block_signals and (event == "os.kill" or event == "os.killpg") and args[0] != own_pid:
@@ -275,6 +357,7 @@ def _make_hook(caps, workdir, violations):
 # ---------------------------------------------------------------------------------------------------
 # Running one job (in the child)
 # ---------------------------------------------------------------------------------------------------
+
 
 def _run_job(payload, snapshot, caps, hook_on):
     """Execute the program, then each test in its own namespace; write the verdict; never return."""
@@ -293,8 +376,13 @@ def _run_job(payload, snapshot, caps, hook_on):
 
     def kind_of(exc):  # type_() and issubclass on real types: no code of the program runs here
         cls = type_(exc)
-        return (b"failed" if issubclass_(cls, AssertionError_) else b"memory" if issubclass_(cls, MemoryError_)
-                else b"error")
+        return (
+            b"failed"
+            if issubclass_(cls, AssertionError_)
+            else b"memory"
+            if issubclass_(cls, MemoryError_)
+            else b"error"
+        )
 
     def finish(line, detail_exc, where):
         write(VERDICT_FD, b"\n" + nonce + b"\t" + line + b"\n")
@@ -369,7 +457,7 @@ def _imported_names(source):
     for line in source.splitlines():
         words = line.replace(",", " ").split()
         if words and words[0] in ("import", "from"):
-            for word in (words[1:2] if words[0] == "from" else words[1:]):
+            for word in words[1:2] if words[0] == "from" else words[1:]:
                 if word == "as":
                     break
                 parts = word.split(".")
@@ -419,8 +507,11 @@ def _snapshot():
     """Module state to restore between loading the program and running its tests."""
     modules = sys.modules
     saved_modules = {name: m for name, m in modules.items() if not _banned(name)}
-    module_state = {name: (m, m.__dict__, dict(m.__dict__), type(m)) for name, m in saved_modules.items()
-                    if isinstance(getattr(m, "__dict__", None), dict)}
+    module_state = {
+        name: (m, m.__dict__, dict(m.__dict__), type(m))
+        for name, m in saved_modules.items()
+        if isinstance(getattr(m, "__dict__", None), dict)
+    }
     return modules, saved_modules, module_state, dict(builtins.__dict__)
 
 
@@ -496,6 +587,7 @@ def main():
         workdir = None
         if not caps["filesystem"]:
             import tempfile
+
             workdir = tempfile.mkdtemp(prefix="job-", dir=settings["scratch"])
             if caps["root"]:
                 os.chown(workdir, uid, uid)
@@ -510,6 +602,7 @@ def main():
             _kill_uid(uid)
         if workdir:
             import shutil
+
             shutil.rmtree(workdir, ignore_errors=True)
         if status is None:
             break

@@ -4,6 +4,7 @@ Each worker is a warm fork server (``_zygote.py``) with its own sandbox uid; a w
 it one program at a time, streams the output under a size cap, enforces the wall-clock timeout by
 killing the process group, and turns the child's nonce-signed verdict into an :class:`ExecResult`.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -24,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 log = logging.getLogger(__name__)
 
@@ -33,12 +34,54 @@ STATUSES = ("passed", "failed", "error", "timeout", "memory", "output_limit", "s
 # Imported once per worker, before any program runs: covers HumanEval and typical test code, and the
 # sandbox uid may not be able to read the interpreter's own stdlib (e.g. a Python under /root).
 DEFAULT_PRELOAD = (
-    "typing", "math", "cmath", "random", "copy", "string", "collections", "collections.abc", "re", "hashlib",
-    "itertools", "functools", "heapq", "bisect", "fractions", "decimal", "statistics", "datetime", "operator",
-    "json", "dataclasses", "enum", "array", "numbers", "textwrap", "unicodedata", "time", "struct", "base64",
-    "binascii", "calendar", "contextlib", "types", "abc", "pprint", "queue", "io", "difflib", "encodings.ascii",
-    "encodings.latin_1", "encodings.idna", "encodings.utf_16", "encodings.utf_32", "encodings.utf_8_sig",
-    "encodings.unicode_escape", "encodings.raw_unicode_escape", "encodings.cp1252")
+    "typing",
+    "math",
+    "cmath",
+    "random",
+    "copy",
+    "string",
+    "collections",
+    "collections.abc",
+    "re",
+    "hashlib",
+    "itertools",
+    "functools",
+    "heapq",
+    "bisect",
+    "fractions",
+    "decimal",
+    "statistics",
+    "datetime",
+    "operator",
+    "json",
+    "dataclasses",
+    "enum",
+    "array",
+    "numbers",
+    "textwrap",
+    "unicodedata",
+    "time",
+    "struct",
+    "base64",
+    "binascii",
+    "calendar",
+    "contextlib",
+    "types",
+    "abc",
+    "pprint",
+    "queue",
+    "io",
+    "difflib",
+    "encodings.ascii",
+    "encodings.latin_1",
+    "encodings.idna",
+    "encodings.utf_16",
+    "encodings.utf_32",
+    "encodings.utf_8_sig",
+    "encodings.unicode_escape",
+    "encodings.raw_unicode_escape",
+    "encodings.cp1252",
+)
 SANDBOX_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
 
 
@@ -71,9 +114,15 @@ class SandboxConfig:
     preload: tuple[str, ...] = DEFAULT_PRELOAD
 
     def limits(self, timeout: float | None = None) -> dict:
-        return {"timeout": float(self.timeout if timeout is None else timeout), "memory_mb": self.memory_mb,
-                "file_mb": self.file_mb, "disk_mb": self.disk_mb, "max_files": self.max_files,
-                "max_open_files": self.max_open_files, "max_processes": self.max_processes}
+        return {
+            "timeout": float(self.timeout if timeout is None else timeout),
+            "memory_mb": self.memory_mb,
+            "file_mb": self.file_mb,
+            "disk_mb": self.disk_mb,
+            "max_files": self.max_files,
+            "max_open_files": self.max_open_files,
+            "max_processes": self.max_processes,
+        }
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,8 +181,9 @@ def _claim_uid(config: SandboxConfig) -> tuple[int, int | None]:
             continue  # a real account
         except KeyError:
             pass
-        fd = os.open(os.path.join(lock_dir, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o600)
+        fd = os.open(
+            os.path.join(lock_dir, f"{uid}.lock"), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
+        )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             return uid, fd
@@ -153,15 +203,25 @@ class _Worker:
         self.scratch = tempfile.mkdtemp(prefix="posttrain-sandbox-")
         os.chmod(self.scratch, 0o711)
         self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        settings = {"uid": self.uid, "limits": config.limits(), "preload": list(config.preload),
-                    "audit_hook": config.audit_hook, "namespaces": config.namespaces, "scratch": self.scratch}
+        settings = {
+            "uid": self.uid,
+            "limits": config.limits(),
+            "preload": list(config.preload),
+            "audit_hook": config.audit_hook,
+            "namespaces": config.namespaces,
+            "scratch": self.scratch,
+        }
         self.proc = None
         try:
             self.proc = subprocess.Popen(
-                [config.python or sys.executable, "-I", "-S", "-B", ZYGOTE, str(theirs.fileno()),
-                 json.dumps(settings)],
-                pass_fds=[theirs.fileno()], env=dict(SANDBOX_ENV), cwd="/", stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL, start_new_session=True)
+                [config.python or sys.executable, "-I", "-S", "-B", ZYGOTE, str(theirs.fileno()), json.dumps(settings)],
+                pass_fds=[theirs.fileno()],
+                env=dict(SANDBOX_ENV),
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             theirs.close()
             ready = self._recv(60.0)
             if ready is None:
@@ -233,8 +293,9 @@ class _Worker:
         duration = time.monotonic() - start
         if not reply or not reply.startswith(b"exit "):
             raise SandboxError("the sandbox worker died")
-        return _classify(int(reply.split()[1]), verdict, nonce, reason, len(program.tests), output, duration,
-                         self.caps, timeout)
+        return _classify(
+            int(reply.split()[1]), verdict, nonce, reason, len(program.tests), output, duration, self.caps, timeout
+        )
 
     def _communicate(self, open_fds, payload, deadline):
         """Feed stdin, drain output (capped) and verdict until both close, the deadline or the cap."""
@@ -254,7 +315,7 @@ class _Worker:
             for fd, _ in poller.poll(remaining * 1000):
                 if fd == in_w:
                     try:
-                        sent += os.write(in_w, payload[sent:sent + (1 << 16)])
+                        sent += os.write(in_w, payload[sent : sent + (1 << 16)])
                     except OSError:  # the child is gone already
                         sent = len(payload)
                     if sent >= len(payload):
@@ -269,7 +330,7 @@ class _Worker:
                 elif fd == out_r:
                     total += len(data)
                     if len(kept) < cfg.keep_output_bytes:
-                        kept += data[:cfg.keep_output_bytes - len(kept)]
+                        kept += data[: cfg.keep_output_bytes - len(kept)]
                     if total > cfg.max_output_bytes:
                         return bytes(kept), bytes(verdict), "output_limit"
                 elif len(verdict) < (1 << 16):
@@ -289,12 +350,26 @@ def _kill_group(pid: int) -> None:
             pass
 
 
-def _classify(status: int, verdict: bytes, nonce: str, reason: str | None, n_tests: int, output: bytes,
-              duration: float, caps: dict, timeout: float) -> ExecResult:
+def _classify(
+    status: int,
+    verdict: bytes,
+    nonce: str,
+    reason: str | None,
+    n_tests: int,
+    output: bytes,
+    duration: float,
+    caps: dict,
+    timeout: float,
+) -> ExecResult:
     """Turn the exit status and the verdict channel into an ExecResult; anything irregular fails."""
-    common = dict(duration=duration, network_isolated=caps["network"], filesystem_isolated=caps["filesystem"],
-                  user_isolated=caps["user"], output=output.decode("utf-8", "replace"),
-                  exit_code=os.waitstatus_to_exitcode(status))
+    common = dict(
+        duration=duration,
+        network_isolated=caps["network"],
+        filesystem_isolated=caps["filesystem"],
+        user_isolated=caps["user"],
+        output=output.decode("utf-8", "replace"),
+        exit_code=os.waitstatus_to_exitcode(status),
+    )
 
     def result(status_name: str, detail: str, tests: tuple[bool, ...] = ()) -> ExecResult:
         return ExecResult(passed=status_name == "passed", status=status_name, detail=detail, tests=tests, **common)
@@ -314,7 +389,7 @@ def _classify(status: int, verdict: bytes, nonce: str, reason: str | None, n_tes
             return result("error", f"killed by {signal.Signals(sig).name} before the tests finished")
         code = os.WEXITSTATUS(status)
         return result("error", f"exited with code {code} before the tests finished (sys.exit or os._exit?)")
-    fields = lines[index][len(mark):].decode("ascii", "replace").split("\t")
+    fields = lines[index][len(mark) :].decode("ascii", "replace").split("\t")
     detail = ""
     if index + 1 < len(lines) and lines[index + 1].startswith(b"detail\t"):
         detail = lines[index + 1][7:].decode("utf-8", "replace")
@@ -401,12 +476,18 @@ class Sandbox:
         if not _warned:
             _warned = True
             if not caps.get("stdlib_readable", True):
-                log.warning("sandbox: the sandbox uid cannot read this interpreter's stdlib (%s), so programs "
-                            "can import only the preloaded modules; set SandboxConfig.python to a "
-                            "world-readable interpreter to lift that", os.path.dirname(os.__file__))
+                log.warning(
+                    "sandbox: the sandbox uid cannot read this interpreter's stdlib (%s), so programs "
+                    "can import only the preloaded modules; set SandboxConfig.python to a "
+                    "world-readable interpreter to lift that",
+                    os.path.dirname(os.__file__),
+                )
             if not (caps["network"] and caps["filesystem"]):
-                log.warning("sandbox: running without %s namespaces here (%s); the audit hook stands in, best "
-                            "effort", "network and mount" if not caps["network"] else "mount", caps)
+                log.warning(
+                    "sandbox: running without %s namespaces here (%s); the audit hook stands in, best effort",
+                    "network and mount" if not caps["network"] else "mount",
+                    caps,
+                )
         return worker
 
     def _release(self, worker: _Worker) -> None:
@@ -441,8 +522,9 @@ class Sandbox:
         finally:
             self._release(worker)
 
-    def run_many(self, programs: Iterable[Program | str], timeout: float | None = None,
-                 max_workers: int | None = None) -> list[ExecResult]:
+    def run_many(
+        self, programs: Iterable[Program | str], timeout: float | None = None, max_workers: int | None = None
+    ) -> list[ExecResult]:
         """Run programs in parallel on up to ``max_workers`` workers; results in input order."""
         programs = list(programs)
         threads = max(1, min(len(programs), max_workers or self.max_workers, self.max_workers))
@@ -450,16 +532,21 @@ class Sandbox:
             return list(pool.map(lambda p: self.run(p, timeout), programs))
 
 
-def run_program(source: str, tests: Sequence[str] = (), timeout: float = 3.0,
-                config: SandboxConfig | None = None) -> ExecResult:
+def run_program(
+    source: str, tests: Sequence[str] = (), timeout: float = 3.0, config: SandboxConfig | None = None
+) -> ExecResult:
     """Run one program in a throwaway sandbox (for many programs, keep a :class:`Sandbox`)."""
     config = dataclasses.replace(config or SandboxConfig(), timeout=timeout)
     with Sandbox(config, max_workers=1) as box:
         return box.run(Program(source, tuple(tests)))
 
 
-def run_many(programs: Iterable[Program | str], timeout: float = 3.0, max_workers: int | None = None,
-             config: SandboxConfig | None = None) -> list[ExecResult]:
+def run_many(
+    programs: Iterable[Program | str],
+    timeout: float = 3.0,
+    max_workers: int | None = None,
+    config: SandboxConfig | None = None,
+) -> list[ExecResult]:
     """Run a batch of programs in parallel in a throwaway sandbox; results in input order."""
     config = dataclasses.replace(config or SandboxConfig(), timeout=timeout)
     with Sandbox(config, max_workers=max_workers) as box:

@@ -24,12 +24,23 @@ from trainer_lib.errors import UserError
 CONFIG = "config.pbtxt"
 _HERE = os.path.dirname(os.path.abspath(__file__))
 # copied into every version: model.py and the generation loop it imports (Triton's stub cannot import trainer_lib)
-VERSION_CODE = {"model.py": os.path.join(_HERE, "triton_generate_model.py"),
-                "ort_generate.py": os.path.join(os.path.dirname(_HERE), "export", "ort_generate.py")}
+VERSION_CODE = {
+    "model.py": os.path.join(_HERE, "triton_generate_model.py"),
+    "ort_generate.py": os.path.join(os.path.dirname(_HERE), "export", "ort_generate.py"),
+}
 
 # ONNX TensorProto element types -> Triton data types (the ones a decoder uses)
-_TRITON_TYPES = {1: "TYPE_FP32", 10: "TYPE_FP16", 16: "TYPE_BF16", 11: "TYPE_FP64", 7: "TYPE_INT64",
-                 6: "TYPE_INT32", 3: "TYPE_INT8", 2: "TYPE_UINT8", 9: "TYPE_BOOL"}
+_TRITON_TYPES = {
+    1: "TYPE_FP32",
+    10: "TYPE_FP16",
+    16: "TYPE_BF16",
+    11: "TYPE_FP64",
+    7: "TYPE_INT64",
+    6: "TYPE_INT32",
+    3: "TYPE_INT8",
+    2: "TYPE_UINT8",
+    9: "TYPE_BOOL",
+}
 
 
 # --------------------------------------------------------------------------- configs
@@ -52,8 +63,14 @@ def version_policy(versions: list[int]) -> dict:
     return {"specific": {"versions": sorted(versions)}}
 
 
-def generate_config(name: str, versions: list[int], max_batch_size: int = 8, instance_kind: str = "cpu",
-                    instance_count: int = 1, execution_env: str | None = None) -> dict:
+def generate_config(
+    name: str,
+    versions: list[int],
+    max_batch_size: int = 8,
+    instance_kind: str = "cpu",
+    instance_count: int = 1,
+    execution_env: str | None = None,
+) -> dict:
     """The text-generation model (Python backend): ``text_input`` [+ ``max_tokens``, ``temperature``]
     -> ``text_output``, the names of Triton's generate extension. ``execution_env``: the stub's
     environment (a conda-pack tarball or venv path on the server), else the server's own python3."""
@@ -76,8 +93,14 @@ def generate_config(name: str, versions: list[int], max_batch_size: int = 8, ins
     return config
 
 
-def onnx_config(name: str, versions: list[int], signature: dict, instance_kind: str = "gpu",
-                instance_count: int = 1, tensorrt_fp16: bool = False) -> dict:
+def onnx_config(
+    name: str,
+    versions: list[int],
+    signature: dict,
+    instance_kind: str = "gpu",
+    instance_count: int = 1,
+    tensorrt_fp16: bool = False,
+) -> dict:
     """The raw decoder for ONNX Runtime (``platform: onnxruntime_onnx``), one request = one step.
 
     ``max_batch_size: 0``: the batch axis is part of ``dims``, since requests with different
@@ -95,8 +118,11 @@ def onnx_config(name: str, versions: list[int], signature: dict, instance_kind: 
     if tensorrt_fp16:
         if instance_kind != "gpu":
             raise ValueError("tensorrt_fp16 needs GPU instances")
-        config["optimization"] = {"execution_accelerators": {"gpu_execution_accelerator": [
-            {"name": "tensorrt", "parameters": {"precision_mode": "FP16"}}]}}
+        config["optimization"] = {
+            "execution_accelerators": {
+                "gpu_execution_accelerator": [{"name": "tensorrt", "parameters": {"precision_mode": "FP16"}}]
+            }
+        }
     return config
 
 
@@ -114,8 +140,10 @@ def onnx_signature(onnx_path: str) -> dict:
                 continue
             tensor = v.type.tensor_type
             if tensor.elem_type not in _TRITON_TYPES:
-                raise UserError(f"{onnx_path}: {v.name} has ONNX element type {tensor.elem_type}, "
-                                f"which has no Triton data type here")
+                raise UserError(
+                    f"{onnx_path}: {v.name} has ONNX element type {tensor.elem_type}, "
+                    f"which has no Triton data type here"
+                )
             dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tensor.shape.dim]
             out.append((v.name, _TRITON_TYPES[tensor.elem_type], dims))
         return out
@@ -168,8 +196,9 @@ def _eos_and_pad(export_dir: str) -> dict:
     return {"eos_token_ids": eos_ids, "pad_token_id": int(pad) if pad is not None else 0}
 
 
-def write_generate_version(export_dir: str, version_dir: str, variant: str, default_max_tokens: int = 64,
-                           max_tokens_limit: int = 4096) -> dict:
+def write_generate_version(
+    export_dir: str, version_dir: str, variant: str, default_max_tokens: int = 64, max_tokens_limit: int = 4096
+) -> dict:
     """Fill ``version_dir`` with the text-generation model for ``export_dir``'s ``onnx/<variant>``.
 
     Works for any mix of local and s3:// paths (s3 to s3 copies stay on the server). Returns
@@ -178,10 +207,17 @@ def write_generate_version(export_dir: str, version_dir: str, variant: str, defa
     tokenizer_dir = storage.join(export_dir, "tokenizer")
     for needed in (storage.join(onnx_dir, "model.onnx"), storage.join(tokenizer_dir, "tokenizer.json")):
         if not storage.exists(needed):
-            raise UserError(f"export.path: {needed} is missing (expected the export stage's output: "
-                            f"onnx/<variant>/model.onnx and tokenizer/)")
-    settings = {**_eos_and_pad(export_dir), "default_max_tokens": default_max_tokens,
-                "max_tokens_limit": max_tokens_limit, "variant": variant, "export": export_dir}
+            raise UserError(
+                f"export.path: {needed} is missing (expected the export stage's output: "
+                f"onnx/<variant>/model.onnx and tokenizer/)"
+            )
+    settings = {
+        **_eos_and_pad(export_dir),
+        "default_max_tokens": default_max_tokens,
+        "max_tokens_limit": max_tokens_limit,
+        "variant": variant,
+        "export": export_dir,
+    }
     storage.copy(onnx_dir, version_dir)  # model.onnx and any external-data files next to it
     storage.copy(tokenizer_dir, storage.join(version_dir, "tokenizer"))
     for name, source in VERSION_CODE.items():

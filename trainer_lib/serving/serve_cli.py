@@ -21,29 +21,45 @@ from trainer_lib.errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="posttrain serve", description="Serve a Triton model repository with "
-                                     "a local tritonserver (nvidia-pytriton, Python backend).")
+    parser = argparse.ArgumentParser(
+        prog="posttrain serve",
+        description="Serve a Triton model repository with a local tritonserver (nvidia-pytriton, Python backend).",
+    )
     parser.add_argument("--repo", required=True, help="model repository: local dir or s3://bucket/prefix")
     parser.add_argument("--http-port", type=int, default=8000, help="HTTP port (0: a free one) [default: 8000]")
     parser.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (0: a free one) [default: 8001]")
     parser.add_argument("--metrics-port", type=int, default=8002, help="metrics port (0: a free one) [default: 8002]")
     parser.add_argument("--address", default="127.0.0.1", help="address to listen on [default: 127.0.0.1]")
-    parser.add_argument("--load", action="append", metavar="NAME",
-                        help="model to load at start, repeatable [default: every model in the repository]")
+    parser.add_argument(
+        "--load",
+        action="append",
+        metavar="NAME",
+        help="model to load at start, repeatable [default: every model in the repository]",
+    )
     parser.add_argument("--no-load", action="store_true", help="load nothing at start (deploy loads later)")
-    parser.add_argument("--env", default=None, help="the Triton environment (venv with nvidia-pytriton) "
-                                                    "[default: $POSTTRAIN_TRITON_ENV or .venv-triton]")
-    parser.add_argument("--s3-endpoint", default=None,
-                        help="S3 endpoint for an s3:// repository [default: $AWS_ENDPOINT_URL]")
+    parser.add_argument(
+        "--env",
+        default=None,
+        help="the Triton environment (venv with nvidia-pytriton) [default: $POSTTRAIN_TRITON_ENV or .venv-triton]",
+    )
+    parser.add_argument(
+        "--s3-endpoint", default=None, help="S3 endpoint for an s3:// repository [default: $AWS_ENDPOINT_URL]"
+    )
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait until ready [default: 120]")
     parser.add_argument("--log", default="-", help="file for the server's log ('-': stderr) [default: -]")
     parser.add_argument("--ask", metavar="TEXT", help="send one generate request, print the answer, stop")
     parser.add_argument("--max-tokens", type=int, default=48, help="with --ask: max_tokens [default: 48]")
-    parser.add_argument("--compare", metavar="HF_MODEL_DIR",
-                        help="with --ask: also print PyTorch's greedy answer from this Hugging Face model")
-    parser.add_argument("--chat", action="store_true",
-                        help="with --ask and --compare: wrap TEXT in that model's chat template first (the "
-                             "served model takes raw text, like Triton's LLM backends)")
+    parser.add_argument(
+        "--compare",
+        metavar="HF_MODEL_DIR",
+        help="with --ask: also print PyTorch's greedy answer from this Hugging Face model",
+    )
+    parser.add_argument(
+        "--chat",
+        action="store_true",
+        help="with --ask and --compare: wrap TEXT in that model's chat template first (the "
+        "served model takes raw text, like Triton's LLM backends)",
+    )
     return parser
 
 
@@ -63,7 +79,8 @@ def ask(server, args) -> dict:
         from transformers import AutoTokenizer
 
         text = AutoTokenizer.from_pretrained(args.compare).apply_chat_template(
-            [{"role": "user", "content": args.ask}], add_generation_prompt=True, tokenize=False)
+            [{"role": "user", "content": args.ask}], add_generation_prompt=True, tokenize=False
+        )
     with connected(server.url) as client:
         answer = {"model": name, "prompt": text, **generate(client, name, text, max_tokens=args.max_tokens)}
     if args.compare:
@@ -81,7 +98,7 @@ def pytorch_greedy(model_dir: str, text: str, max_new_tokens: int) -> str:
     batch = tokenizer(text, return_tensors="pt")  # special tokens as the served tokenizer adds them
     with torch.no_grad():
         out = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False)
-    return tokenizer.decode(out[0, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    return tokenizer.decode(out[0, batch["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 def _check_repository(repo: str, endpoint: str | None) -> None:
@@ -90,8 +107,10 @@ def _check_repository(repo: str, endpoint: str | None) -> None:
     if endpoint:
         storage.configure(endpoint_url=endpoint)
     if not storage.isdir(repo) or not storage.listdir(repo):
-        raise UserError(f"--repo: {repo} is empty or missing; publish a model into it first "
-                        f"(posttrain deploy export.path=... repository={repo})")
+        raise UserError(
+            f"--repo: {repo} is empty or missing; publish a model into it first "
+            f"(posttrain deploy export.path=... repository={repo})"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -103,10 +122,17 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         _check_repository(args.repo, args.s3_endpoint)
-        server = TritonServer(args.repo, load=[] if args.no_load else (args.load or ["*"]),
-                              http_port=args.http_port or None, grpc_port=args.grpc_port or None,
-                              metrics_port=args.metrics_port or None, address=args.address, env=args.env,
-                              s3_endpoint_url=args.s3_endpoint, log_path=args.log)
+        server = TritonServer(
+            args.repo,
+            load=[] if args.no_load else (args.load or ["*"]),
+            http_port=args.http_port or None,
+            grpc_port=args.grpc_port or None,
+            metrics_port=args.metrics_port or None,
+            address=args.address,
+            env=args.env,
+            s3_endpoint_url=args.s3_endpoint,
+            log_path=args.log,
+        )
         server.start(timeout_s=args.timeout)
     except TritonServerError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -128,10 +154,16 @@ def main(argv: list[str] | None = None) -> int:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         models = [m for m in server.model_states() if m.get("state")]
-        print(json.dumps({"http": server.url, "grpc": server.grpc_url, "repository": args.repo, "models": models}),
-              flush=True)
-        print(f"serving {args.repo} on {server.url} (gRPC {server.grpc_url}); generate with POST "
-              f"{server.url}/v2/models/<name>/generate; Ctrl-C stops", file=sys.stderr, flush=True)
+        print(
+            json.dumps({"http": server.url, "grpc": server.grpc_url, "repository": args.repo, "models": models}),
+            flush=True,
+        )
+        print(
+            f"serving {args.repo} on {server.url} (gRPC {server.grpc_url}); generate with POST "
+            f"{server.url}/v2/models/<name>/generate; Ctrl-C stops",
+            file=sys.stderr,
+            flush=True,
+        )
         code = server.wait()
         print(f"error: tritonserver exited with code {code}:\n{server.log_tail()}", file=sys.stderr)
         return 1

@@ -34,8 +34,10 @@ from trainer_lib.errors import UserError
 
 ENV_VAR = "POSTTRAIN_TRITON_ENV"
 ENV_DIR = ".venv-triton"
-HOW_TO = (f"create it with 'make triton-env' (a venv '{ENV_DIR}' next to the project's .venv holding "
-          f"nvidia-pytriton, numpy<2, onnxruntime and tokenizers) or point ${ENV_VAR} at such a venv")
+HOW_TO = (
+    f"create it with 'make triton-env' (a venv '{ENV_DIR}' next to the project's .venv holding "
+    f"nvidia-pytriton, numpy<2, onnxruntime and tokenizers) or point ${ENV_VAR} at such a venv"
+)
 
 
 class TritonServerError(RuntimeError):
@@ -51,12 +53,12 @@ def find_env(env: str | None = None) -> str:
     explicit = env or os.environ.get(ENV_VAR)
     if explicit:
         if not _server_binary(explicit):
-            raise UserError(f"{explicit}: no tritonserver in this environment (from {'env' if env else ENV_VAR}); "
-                            f"{HOW_TO}")
+            raise UserError(
+                f"{explicit}: no tritonserver in this environment (from {'env' if env else ENV_VAR}); {HOW_TO}"
+            )
         return os.path.abspath(explicit)
     checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    for candidate in (os.path.join(os.path.dirname(sys.prefix), ENV_DIR), os.path.join(checkout, ENV_DIR),
-                      sys.prefix):
+    for candidate in (os.path.join(os.path.dirname(sys.prefix), ENV_DIR), os.path.join(checkout, ENV_DIR), sys.prefix):
         if _server_binary(candidate):
             return os.path.abspath(candidate)
     raise UserError(f"no Triton environment found; {HOW_TO}")
@@ -76,8 +78,7 @@ def _server_binary(env: str) -> str | None:
 def _python_info(env: str) -> tuple[str, str]:
     """(``3.11``, the base interpreter's lib dir) of the environment's python3."""
     code = "import sys, sysconfig; print('%d.%d' % sys.version_info[:2]); print(sysconfig.get_config_var('LIBDIR'))"
-    out = subprocess.run([os.path.join(env, "bin", "python3"), "-c", code], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run([os.path.join(env, "bin", "python3"), "-c", code], capture_output=True, text=True, timeout=60)
     if out.returncode != 0:
         raise UserError(f"{env}/bin/python3 does not run ({out.stderr.strip()[-300:]}); {HOW_TO}")
     version, libdir = out.stdout.split()
@@ -95,7 +96,7 @@ def triton_repository_uri(repository: str, endpoint_url: str | None = None) -> s
     if not repository.startswith("s3://"):
         return os.path.abspath(repository)
     endpoint = endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    path = repository[len("s3://"):].rstrip("/")
+    path = repository[len("s3://") :].rstrip("/")
     return f"s3://{endpoint.rstrip('/')}/{path}" if endpoint else f"s3://{path}"
 
 
@@ -117,10 +118,21 @@ class TritonServer:
     API, e.g. by ``posttrain deploy``). Ports default to free ones. ``log_path``: the server's log
     file (default: a temp file, quoted in errors; ``"-"``: our stderr)."""
 
-    def __init__(self, repository: str, *, load: list[str] | tuple = ("*",), http_port: int | None = None,
-                 grpc_port: int | None = None, metrics_port: int | None = None, address: str = "127.0.0.1",
-                 env: str | None = None, s3_endpoint_url: str | None = None, exit_timeout_s: int = 5,
-                 log_path: str | None = None, extra_args: list[str] | tuple = ()):
+    def __init__(
+        self,
+        repository: str,
+        *,
+        load: list[str] | tuple = ("*",),
+        http_port: int | None = None,
+        grpc_port: int | None = None,
+        metrics_port: int | None = None,
+        address: str = "127.0.0.1",
+        env: str | None = None,
+        s3_endpoint_url: str | None = None,
+        exit_timeout_s: int = 5,
+        log_path: str | None = None,
+        extra_args: list[str] | tuple = (),
+    ):
         self.repository = repository
         self.load = list(load)
         self.address = address
@@ -148,13 +160,21 @@ class TritonServer:
 
     def command(self, backend_dir: str) -> list[str]:
         repository = triton_repository_uri(self.repository, self.s3_endpoint_url)
-        cmd = [_server_binary(self.env), f"--model-repository={repository}", f"--backend-directory={backend_dir}",
-               "--model-control-mode=explicit", "--disable-auto-complete-config",
-               f"--exit-timeout-secs={self.exit_timeout_s}",
-               f"--http-address={self.address}", f"--http-port={self.http_port}",
-               f"--grpc-address={self.address}", f"--grpc-port={self.grpc_port}",
-               f"--metrics-address={self.address}", f"--metrics-port={self.metrics_port}",
-               "--allow-gpu-metrics=false"]
+        cmd = [
+            _server_binary(self.env),
+            f"--model-repository={repository}",
+            f"--backend-directory={backend_dir}",
+            "--model-control-mode=explicit",
+            "--disable-auto-complete-config",
+            f"--exit-timeout-secs={self.exit_timeout_s}",
+            f"--http-address={self.address}",
+            f"--http-port={self.http_port}",
+            f"--grpc-address={self.address}",
+            f"--grpc-port={self.grpc_port}",
+            f"--metrics-address={self.address}",
+            f"--metrics-port={self.metrics_port}",
+            "--allow-gpu-metrics=false",
+        ]
         return cmd + [f"--load-model={name}" for name in self.load] + self.extra_args
 
     def _environment(self, libdir: str) -> dict:
@@ -173,8 +193,11 @@ class TritonServer:
             raise UserError(f"{self.env}: nvidia-pytriton has no Python-backend stub for Python {pyversion}; {HOW_TO}")
         python_dir = os.path.join(self._tmp, "backends", "python")
         os.makedirs(python_dir)
-        for src in (os.path.join(site, "backends", "python", "libtriton_python.so"),
-                    os.path.join(site, "backends", "python", "triton_python_backend_utils.py"), stub):
+        for src in (
+            os.path.join(site, "backends", "python", "libtriton_python.so"),
+            os.path.join(site, "backends", "python", "triton_python_backend_utils.py"),
+            stub,
+        ):
             os.symlink(src, os.path.join(python_dir, os.path.basename(src)))
         return os.path.dirname(python_dir)
 
@@ -183,13 +206,24 @@ class TritonServer:
         self._tmp = tempfile.mkdtemp(prefix="posttrain-triton-")
         command = self.command(self._backend_dir(pyversion))
         if self.log_path == "-":  # the server's own log on our stderr (posttrain serve)
-            self.process = subprocess.Popen(command, stdout=2, stdin=subprocess.DEVNULL,  # fd 2: our stderr
-                                            env=self._environment(libdir), preexec_fn=_die_with_parent())
+            self.process = subprocess.Popen(
+                command,
+                stdout=2,
+                stdin=subprocess.DEVNULL,  # fd 2: our stderr
+                env=self._environment(libdir),
+                preexec_fn=_die_with_parent(),
+            )
         else:
             self.log_path = self.log_path or os.path.join(self._tmp, "server.log")
             with open(self.log_path, "ab") as log:
-                self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                env=self._environment(libdir), preexec_fn=_die_with_parent())
+                self.process = subprocess.Popen(
+                    command,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=self._environment(libdir),
+                    preexec_fn=_die_with_parent(),
+                )
         try:
             self._wait_ready(timeout_s)
         except BaseException:
@@ -201,15 +235,17 @@ class TritonServer:
         deadline = time.monotonic() + timeout_s
         while True:
             if self.process.poll() is not None:
-                raise TritonServerError(f"tritonserver exited with code {self.process.returncode} before it was "
-                                        f"ready:\n{self.log_tail()}")
+                raise TritonServerError(
+                    f"tritonserver exited with code {self.process.returncode} before it was ready:\n{self.log_tail()}"
+                )
             with contextlib.suppress(OSError):
                 with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=2) as resp:
                     if resp.status == 200:
                         return
             if time.monotonic() > deadline:
-                raise TritonServerError(f"tritonserver was not ready on {self.url} after {timeout_s:.0f} s:\n"
-                                        f"{self.log_tail()}")
+                raise TritonServerError(
+                    f"tritonserver was not ready on {self.url} after {timeout_s:.0f} s:\n{self.log_tail()}"
+                )
             time.sleep(0.1)
 
     def log_tail(self, chars: int = 4000) -> str:
@@ -225,8 +261,9 @@ class TritonServer:
         """A tritonclient HTTP client; closed by :meth:`stop` (an open one makes shutdown wait)."""
         import tritonclient.http as httpclient
 
-        client = httpclient.InferenceServerClient(url=self.url.split("://", 1)[1], connection_timeout=timeout_s,
-                                                  network_timeout=timeout_s)
+        client = httpclient.InferenceServerClient(
+            url=self.url.split("://", 1)[1], connection_timeout=timeout_s, network_timeout=timeout_s
+        )
         self._clients.append(client)
         return client
 

@@ -56,8 +56,13 @@ class Generator:
         for row, key in enumerate(zip(max_tokens, temperatures)):
             groups.setdefault(key, []).append(row)
         for (limit, temperature), rows in groups.items():
-            new = self.decoder.generate([ids[r] for r in rows], limit, eos_token_id=self.eos or None,
-                                        temperature=temperature, pad_token_id=self.pad_id)
+            new = self.decoder.generate(
+                [ids[r] for r in rows],
+                limit,
+                eos_token_id=self.eos or None,
+                temperature=temperature,
+                pad_token_id=self.pad_id,
+            )
             for r, tokens in zip(rows, new):
                 if tokens and tokens[-1] in self.eos:
                     tokens = tokens[:-1]
@@ -85,8 +90,10 @@ class TritonPythonModel:
             import onnxruntime as ort
 
             if "CUDAExecutionProvider" in ort.get_available_providers():
-                providers = [("CUDAExecutionProvider", {"device_id": int(args["model_instance_device_id"])}),
-                             "CPUExecutionProvider"]
+                providers = [
+                    ("CUDAExecutionProvider", {"device_id": int(args["model_instance_device_id"])}),
+                    "CPUExecutionProvider",
+                ]
         self.generator = Generator(version_dir, providers)
         settings = self.generator.settings
         self.default_max_tokens = int(settings.get("default_max_tokens", 64))
@@ -119,17 +126,19 @@ class TritonPythonModel:
                 responses[i] = pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(exc)))
         if batch:
             try:
-                texts = self.generator.generate([p for _, ps, _, _ in batch for p in ps],
-                                                [m for _, _, ms, _ in batch for m in ms],
-                                                [t for _, _, _, ts in batch for t in ts])
-            except Exception as exc:  # noqa: BLE001 - every request of the batch gets the reason
+                texts = self.generator.generate(
+                    [p for _, ps, _, _ in batch for p in ps],
+                    [m for _, _, ms, _ in batch for m in ms],
+                    [t for _, _, _, ts in batch for t in ts],
+                )
+            except Exception as exc:
                 error = pb_utils.TritonError(f"generation failed: {exc}")
                 for i, *_ in batch:
                     responses[i] = pb_utils.InferenceResponse(output_tensors=[], error=error)
                 return responses
             start = 0
             for i, prompts, _, _ in batch:
-                out = np.array([[t.encode("utf-8")] for t in texts[start:start + len(prompts)]], dtype=np.object_)
+                out = np.array([[t.encode("utf-8")] for t in texts[start : start + len(prompts)]], dtype=np.object_)
                 start += len(prompts)
                 responses[i] = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor("text_output", out)])
         return responses

@@ -17,6 +17,7 @@ What holds for all of them:
 * Errors name the path; credentials are redacted from them (:func:`redact`). A path that does
   not exist is a ``FileNotFoundError`` naming it; an unknown scheme a ``ValueError``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -31,8 +32,7 @@ import time
 
 from trainer_lib.storage import fs as _fsspec
 from trainer_lib.storage import s3 as _s3
-from trainer_lib.storage.base import (StorageError, atomic_path, cache_root, configure, parallel,  # noqa: F401
-                                      redact)
+from trainer_lib.storage.base import StorageError, atomic_path, cache_root, configure, parallel, redact  # noqa: F401
 from trainer_lib.storage.s3 import split_s3  # noqa: F401 - part of the interface
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,9 @@ def list_files(path) -> list[str]:
     root = _local(path)
     if not os.path.isdir(root):
         raise FileNotFoundError(f"{root}: no such directory")
-    return sorted(os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/")
-                  for d, _, files in os.walk(root) for f in files)
+    return sorted(
+        os.path.relpath(os.path.join(d, f), root).replace(os.sep, "/") for d, _, files in os.walk(root) for f in files
+    )
 
 
 def fingerprint(path) -> str:
@@ -114,8 +115,11 @@ def fingerprint(path) -> str:
         entries = _backend(path).fingerprint_entries(path)
     elif os.path.exists(_local(path)):
         root = _local(path)
-        files = [root] if os.path.isfile(root) else sorted(
-            os.path.join(d, f) for d, _, names in os.walk(root) for f in names)
+        files = (
+            [root]
+            if os.path.isfile(root)
+            else sorted(os.path.join(d, f) for d, _, names in os.walk(root) for f in names)
+        )
         entries = [(os.path.relpath(f, root), os.path.getsize(f), os.stat(f).st_mtime_ns) for f in files]
     else:
         entries = [("hub", path, _hub_revision(path))]
@@ -275,6 +279,7 @@ def makedirs(path) -> None:
 def _lock(lock_path: str):
     """Serialise cache fills across processes (e.g. all ranks on one node)."""
     import fcntl  # POSIX only, like the training images
+
     os.makedirs(os.path.dirname(lock_path), exist_ok=True)
     with open(lock_path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes

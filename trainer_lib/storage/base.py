@@ -2,6 +2,7 @@
 
 Nothing here knows a URL scheme; :mod:`trainer_lib.storage` picks the backend.
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -23,27 +24,52 @@ CLIENTS_LOCK = threading.Lock()
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)
 #: environment variables that hold credentials of the stores (and the hub) this package talks to.
-SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN",
-              "MINIO_ACCESS_KEY", "MINIO_SECRET_KEY", "MINIO_ROOT_USER", "MINIO_ROOT_PASSWORD",
-              "AZURE_STORAGE_KEY", "AZURE_STORAGE_ACCOUNT_KEY", "AZURE_STORAGE_CONNECTION_STRING",
-              "AZURE_STORAGE_SAS_TOKEN", "AZURE_CLIENT_SECRET", "GOOGLE_API_KEY",
-              "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+SECRET_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "MINIO_ACCESS_KEY",
+    "MINIO_SECRET_KEY",
+    "MINIO_ROOT_USER",
+    "MINIO_ROOT_PASSWORD",
+    "AZURE_STORAGE_KEY",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_CLIENT_SECRET",
+    "GOOGLE_API_KEY",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+)
 
 
 class StorageError(RuntimeError):
     """The object store failed or returned bad data; the message names the path."""
 
 
-def configure(endpoint_url: str | None = None, region: str | None = None, cache_dir: str | None = None,
-              max_attempts: int | None = None, multipart_threshold: int | None = None,
-              multipart_chunksize: int | None = None, reset: bool = False) -> None:
+def configure(
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    cache_dir: str | None = None,
+    max_attempts: int | None = None,
+    multipart_threshold: int | None = None,
+    multipart_chunksize: int | None = None,
+    reset: bool = False,
+) -> None:
     """Set process-wide options. ``None`` keeps the current value and ``reset``
     first drops them all; unset options are read from the environment at use
     time, so environment changes made after import still count."""
     if reset:
         _settings.clear()
-    given = dict(endpoint_url=endpoint_url, region=region, cache_dir=cache_dir, max_attempts=max_attempts,
-                 multipart_threshold=multipart_threshold, multipart_chunksize=multipart_chunksize)
+    given = dict(
+        endpoint_url=endpoint_url,
+        region=region,
+        cache_dir=cache_dir,
+        max_attempts=max_attempts,
+        multipart_threshold=multipart_threshold,
+        multipart_chunksize=multipart_chunksize,
+    )
     _settings.update({k: v for k, v in given.items() if v is not None})
     with CLIENTS_LOCK:
         CLIENTS.clear()
@@ -58,7 +84,9 @@ def option(name: str):
         "endpoint_url": env("AWS_ENDPOINT_URL") or env("AWS_ENDPOINT_URL_S3") or env("S3_ENDPOINT_URL") or None,
         "region": env("AWS_DEFAULT_REGION") or env("AWS_REGION") or "us-east-1",
         "cache_dir": env("POSTTRAIN_CACHE") or os.path.join("~", ".cache", "posttrain"),
-        "max_attempts": 5, "multipart_threshold": 64 * MiB, "multipart_chunksize": 16 * MiB,
+        "max_attempts": 5,
+        "multipart_threshold": 64 * MiB,
+        "multipart_chunksize": 16 * MiB,
     }[name]
 
 
@@ -80,14 +108,18 @@ def redact(text: str) -> str:
         text = text.replace(s, "***")
     text = re.sub(r"\b(AKIA|ASIA)[A-Z0-9]{16}\b", "***", text)
     text = re.sub(r"\bhf_[A-Za-z0-9]{20,}\b", "***", text)
-    text = re.sub(r"(?i)(secret[_-]?(access[_-]?)?key|session[_-]?token|account[_-]?key|sig|token)(\s*[=:]\s*)"
-                  r"[^\s;&'\"]+", r"\1\3***", text)
+    text = re.sub(
+        r"(?i)(secret[_-]?(access[_-]?)?key|session[_-]?token|account[_-]?key|sig|token)(\s*[=:]\s*)"
+        r"[^\s;&'\"]+",
+        r"\1\3***",
+        text,
+    )
     return re.sub(r"(://)[^/@\s:]+:[^/@\s]+@", r"\1***@", text)
 
 
 def retry_delay(attempt: int) -> float:
     """Seconds to wait before attempt ``attempt + 1``: exponential with jitter, at most 10."""
-    return min(0.2 * 2 ** attempt, 10) * random.uniform(0.5, 1.0)
+    return min(0.2 * 2**attempt, 10) * random.uniform(0.5, 1.0)
 
 
 def sleep_before_retry(attempt: int) -> None:

@@ -14,6 +14,7 @@ a missing package is named in the error) and reads its credentials the way it al
 * Retries: an ``OSError`` that is not "not found"/"permission denied" (a dropped connection, a
   timeout) is retried ``max_attempts`` times with backoff; every error names the URL and is redacted.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -23,8 +24,16 @@ import posixpath
 import re
 import uuid
 
-from trainer_lib.storage.base import (SHA_KEY, StorageError, atomic_path, option, redact, sha256_file,
-                                      sleep_before_retry, verify)
+from trainer_lib.storage.base import (
+    SHA_KEY,
+    StorageError,
+    atomic_path,
+    option,
+    redact,
+    sha256_file,
+    sleep_before_retry,
+    verify,
+)
 
 _INTERNAL = re.compile(r"^\..+\.(sha256|tmp-[0-9a-f]{8,})$")
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
@@ -39,12 +48,15 @@ def filesystem(url: str):
     try:
         return fsspec.core.url_to_fs(url)
     except ImportError as exc:
-        raise ValueError(f"{url!r}: the {scheme}:// scheme needs a package that is not installed "
-                         f"({' '.join(str(exc).split())})") from None
+        raise ValueError(
+            f"{url!r}: the {scheme}:// scheme needs a package that is not installed ({' '.join(str(exc).split())})"
+        ) from None
     except ValueError as exc:
         if "protocol not known" in str(exc).lower():
-            raise ValueError(f"{url!r}: unsupported path scheme {scheme}:// (no fsspec filesystem has this "
-                             f"name; use a local path, s3://, gs://, az://, hf://, file://, ...)") from None
+            raise ValueError(
+                f"{url!r}: unsupported path scheme {scheme}:// (no fsspec filesystem has this "
+                f"name; use a local path, s3://, gs://, az://, hf://, file://, ...)"
+            ) from None
         raise ValueError(redact(f"{url!r}: {exc}")) from None
 
 
@@ -68,15 +80,16 @@ def _call(op: str, url: str, fn):
         except FileNotFoundError:
             raise FileNotFoundError(f"{url}: not found") from None
         except PermissionError as e:
-            raise StorageError(redact(f"{url}: could not {op}: permission denied ({e}); check the credentials "
-                                      "of this store")) from None
+            raise StorageError(
+                redact(f"{url}: could not {op}: permission denied ({e}); check the credentials of this store")
+            ) from None
         except (StorageError, ValueError, TypeError, *_PERMANENT):
             raise
         except OSError as e:  # connection reset, timeout, a 5xx turned into OSError by the filesystem
             reason = e
             if attempt < attempts:
                 sleep_before_retry(attempt)
-        except Exception as e:  # noqa: BLE001 - each filesystem raises its own kinds
+        except Exception as e:
             raise StorageError(redact(f"{url}: could not {op}: {type(e).__name__}: {e}")) from None
     raise StorageError(redact(f"{url}: could not {op} after {attempts} attempts: {reason}")) from None
 

@@ -7,6 +7,7 @@
   object's metadata, checked on download, because S3's own checksums of multipart objects are
   per part, not per file.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -14,8 +15,18 @@ import hashlib
 import io
 import re
 
-from trainer_lib.storage.base import (CLIENTS, CLIENTS_LOCK, SHA_KEY, StorageError, atomic_path, option, redact,
-                                      sha256_file, sleep_before_retry, verify)
+from trainer_lib.storage.base import (
+    CLIENTS,
+    CLIENTS_LOCK,
+    SHA_KEY,
+    StorageError,
+    atomic_path,
+    option,
+    redact,
+    sha256_file,
+    sleep_before_retry,
+    verify,
+)
 
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 #: Error codes of a request refused for its credentials (not retried: another try cannot help).
@@ -34,22 +45,30 @@ def split_s3(uri: str) -> tuple[str, str]:
 def _client():
     import boto3
     from botocore.config import Config
+
     endpoint, region, attempts = option("endpoint_url"), option("region"), int(option("max_attempts"))
     with CLIENTS_LOCK:
         if (endpoint, region, attempts) not in CLIENTS:
             session = boto3.session.Session(region_name=region)
-            cfg = Config(retries={"max_attempts": attempts, "mode": "standard"}, connect_timeout=10,
-                         read_timeout=120, max_pool_connections=64,
-                         s3={"addressing_style": "path"} if endpoint else None)  # MinIO wants path style
+            cfg = Config(
+                retries={"max_attempts": attempts, "mode": "standard"},
+                connect_timeout=10,
+                read_timeout=120,
+                max_pool_connections=64,
+                s3={"addressing_style": "path"} if endpoint else None,
+            )  # MinIO wants path style
             CLIENTS[endpoint, region, attempts] = (session, session.client("s3", endpoint_url=endpoint, config=cfg))
         return CLIENTS[endpoint, region, attempts][1]
 
 
 def _transfer_config():
     from boto3.s3.transfer import TransferConfig
-    return TransferConfig(multipart_threshold=int(option("multipart_threshold")),
-                          multipart_chunksize=int(option("multipart_chunksize")),
-                          num_download_attempts=int(option("max_attempts")))
+
+    return TransferConfig(
+        multipart_threshold=int(option("multipart_threshold")),
+        multipart_chunksize=int(option("multipart_chunksize")),
+        num_download_attempts=int(option("max_attempts")),
+    )
 
 
 def _prefix(key: str) -> str:
@@ -65,9 +84,16 @@ def _call(op: str, uri: str, fn):
     connection dropping while a response body streams, and a server that
     refuses or drops connections for a moment (a restart)."""
     from boto3.exceptions import Boto3Error, S3UploadFailedError
-    from botocore.exceptions import (BotoCoreError, ClientError, HTTPClientError, IncompleteReadError,
-                                     NoCredentialsError, ResponseStreamingError)
+    from botocore.exceptions import (
+        BotoCoreError,
+        ClientError,
+        HTTPClientError,
+        IncompleteReadError,
+        NoCredentialsError,
+        ResponseStreamingError,
+    )
     from botocore.exceptions import ConnectionError as BotoConnectionError
+
     attempts = int(option("max_attempts"))
     for attempt in range(1, attempts + 1):
         try:
@@ -77,8 +103,10 @@ def _call(op: str, uri: str, fn):
             if attempt < attempts:
                 sleep_before_retry(attempt)
         except NoCredentialsError:
-            raise StorageError(f"{uri}: could not {op}: no S3 credentials found "
-                               "(set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or use a role)") from None
+            raise StorageError(
+                f"{uri}: could not {op}: no S3 credentials found "
+                "(set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or use a role)"
+            ) from None
         except (ClientError, S3UploadFailedError) as e:
             err = e if isinstance(e, ClientError) else e.__context__  # boto3 drops the ClientError
             code = err.response.get("Error", {}).get("Code", "") if isinstance(err, ClientError) else ""
@@ -114,16 +142,21 @@ def head(uri: str) -> dict | None:
 def _list(bucket: str, prefix: str, delimiter: str = "") -> list[dict]:
     """All list_objects_v2 pages (prefixes can hold more than 1000 objects)."""
     kw = dict(Bucket=bucket, Prefix=prefix, **({"Delimiter": delimiter} if delimiter else {}))
-    return _call("list", f"s3://{bucket}/{prefix}",
-                 lambda: list(_client().get_paginator("list_objects_v2").paginate(**kw)))
+    return _call(
+        "list", f"s3://{bucket}/{prefix}", lambda: list(_client().get_paginator("list_objects_v2").paginate(**kw))
+    )
 
 
 def objects(uri: str, required: bool = False) -> dict[str, dict]:
     """Relative path -> listing entry for every object under the prefix ``uri``/."""
     bucket, key = split_s3(uri)
     prefix = _prefix(key)
-    objs = {o["Key"][len(prefix):]: o for page in _list(bucket, prefix)
-            for o in page.get("Contents", []) if not o["Key"].endswith("/")}
+    objs = {
+        o["Key"][len(prefix) :]: o
+        for page in _list(bucket, prefix)
+        for o in page.get("Contents", [])
+        if not o["Key"].endswith("/")
+    }
     if required and not objs:
         raise FileNotFoundError(f"{uri}: no object or prefix with this name")
     return objs
@@ -144,8 +177,12 @@ def cache_state(uri: str, kind: str) -> dict:
     if found is None and kind == "file":
         raise FileNotFoundError(f"{uri}: not found")
     if found is not None:
-        return {"kind": "file", "etag": found["ETag"], "size": found["ContentLength"],
-                "sha256": found.get("Metadata", {}).get(SHA_KEY)}
+        return {
+            "kind": "file",
+            "etag": found["ETag"],
+            "size": found["ContentLength"],
+            "sha256": found.get("Metadata", {}).get(SHA_KEY),
+        }
     objs = objects(uri, required=True)
     return {"kind": "dir", "objects": {r: [o["ETag"], o["Size"]] for r, o in sorted(objs.items())}}
 
@@ -165,8 +202,8 @@ def listdir(uri: str) -> list[str]:
     bucket, key = split_s3(uri)
     prefix, names = _prefix(key), set()
     for page in _list(bucket, prefix, delimiter="/"):
-        names |= {p["Prefix"][len(prefix):].rstrip("/") for p in page.get("CommonPrefixes", [])}
-        names |= {o["Key"][len(prefix):] for o in page.get("Contents", [])}
+        names |= {p["Prefix"][len(prefix) :].rstrip("/") for p in page.get("CommonPrefixes", [])}
+        names |= {o["Key"][len(prefix) :] for o in page.get("Contents", [])}
     names.discard("")
     if not names and prefix:
         raise FileNotFoundError(f"{uri}: no such prefix")
@@ -183,6 +220,7 @@ def read_bytes(uri: str) -> bytes:
     def get():
         resp = _client().get_object(Bucket=bucket, Key=key)
         return resp, resp["Body"].read()
+
     resp, data = _call("read", uri, get)
     verify(uri, resp.get("Metadata", {}).get(SHA_KEY), hashlib.sha256(data).hexdigest())
     return data
@@ -191,8 +229,11 @@ def read_bytes(uri: str) -> bytes:
 def write_bytes(uri: str, data: bytes) -> None:
     bucket, key = split_s3(uri)
     extra = {"Metadata": {SHA_KEY: hashlib.sha256(data).hexdigest()}, "ChecksumAlgorithm": "SHA256"}
-    _call("write", uri, lambda: _client().upload_fileobj(io.BytesIO(data), bucket, key, ExtraArgs=extra,
-                                                         Config=_transfer_config()))
+    _call(
+        "write",
+        uri,
+        lambda: _client().upload_fileobj(io.BytesIO(data), bucket, key, ExtraArgs=extra, Config=_transfer_config()),
+    )
 
 
 def upload_file(src: str, uri: str) -> None:
@@ -216,8 +257,11 @@ def copy_object(src: str, dest: str) -> None:
     """Server-side copy of one object; its metadata (our sha256) is copied along."""
     bucket, key = split_s3(src)
     dest_bucket, dest_key = split_s3(dest)
-    _call("copy", dest, lambda: _client().copy({"Bucket": bucket, "Key": key}, dest_bucket, dest_key,
-                                               Config=_transfer_config()))
+    _call(
+        "copy",
+        dest,
+        lambda: _client().copy({"Bucket": bucket, "Key": key}, dest_bucket, dest_key, Config=_transfer_config()),
+    )
 
 
 def delete(uri: str, missing_ok: bool = True) -> None:
@@ -229,8 +273,11 @@ def delete(uri: str, missing_ok: bool = True) -> None:
     if not keys and not missing_ok:
         raise FileNotFoundError(f"{uri}: not found")
     for i in range(0, len(keys), 1000):
-        batch = {"Objects": [{"Key": k} for k in keys[i:i + 1000]], "Quiet": True}
-        errors = _call("delete", uri, lambda: _client().delete_objects(Bucket=bucket, Delete=batch)).get("Errors")
+        batch = {"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True}
+        errors = _call("delete", uri, lambda batch=batch: _client().delete_objects(Bucket=bucket, Delete=batch)).get(
+            "Errors"
+        )
         if errors:
-            raise StorageError(f"{uri}: could not delete {len(errors)} objects, "
-                               f"e.g. {errors[0].get('Key')}: {errors[0].get('Code')}")
+            raise StorageError(
+                f"{uri}: could not delete {len(errors)} objects, e.g. {errors[0].get('Key')}: {errors[0].get('Code')}"
+            )

@@ -21,8 +21,14 @@ def setup(tmp_path_factory, tiny_model_dir, demo_dir):
     from trainer_lib.demo.tiny_model import make_tiny_model
 
     root = tmp_path_factory.mktemp("evaluate")
-    other = make_tiny_model(str(root / "other"), [q + " " + a for q, a in CHAT_ROWS] * 20, vocab_size=300,
-                            num_layers=2, hidden_size=64, seed=1)
+    other = make_tiny_model(
+        str(root / "other"),
+        [q + " " + a for q, a in CHAT_ROWS] * 20,
+        vocab_size=300,
+        num_layers=2,
+        hidden_size=64,
+        seed=1,
+    )
     log = [{"step": s, "split": "train", "loss": 3.0 / s, "lr": 1e-3, "reward": 0.1 * s} for s in range(1, 9)]
     log += [{"step": s, "split": "eval", "loss": 3.5 / s} for s in (4, 8)]
     (root / "other" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
@@ -38,17 +44,31 @@ def setup(tmp_path_factory, tiny_model_dir, demo_dir):
     tasks = [json.loads(line) for line in open(os.path.join(demo_dir, "code_tasks_eval.jsonl"))][:3]
     (data / "code_tasks_eval.jsonl").write_text("".join(json.dumps(t) + "\n" for t in tasks))
     safety = [json.loads(line) for line in open(os.path.join(demo_dir, "safety_eval.jsonl"))]
-    rows = [next(r for r in safety if r["kind"] == "harmful"), next(r for r in safety if r["kind"] == "benign"),
-            {"prompt": [{"role": "user", "content": INJECTED}], "kind": "benign"}]
+    rows = [
+        next(r for r in safety if r["kind"] == "harmful"),
+        next(r for r in safety if r["kind"] == "benign"),
+        {"prompt": [{"role": "user", "content": INJECTED}], "kind": "benign"},
+    ]
     (data / "safety_eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {"base": tiny_model_dir, "other": other, "rm": str(root / "rm"), "data": str(data), "root": root}
 
 
 def _args(setup, out, *extra):
-    return ["evaluate", f"models=base={setup['base']},tuned={setup['other']}", "candidate=tuned", "baseline=base",
-            f"data_dir={setup['data']}", f"output_dir={out}", "humaneval.limit=3", "humaneval.max_new_tokens=8",
-            "tasks.max_new_tokens=12", "safety.max_new_tokens=12", "sandbox_workers=2", "samples_per_model=3",
-            *extra]
+    return [
+        "evaluate",
+        f"models=base={setup['base']},tuned={setup['other']}",
+        "candidate=tuned",
+        "baseline=base",
+        f"data_dir={setup['data']}",
+        f"output_dir={out}",
+        "humaneval.limit=3",
+        "humaneval.max_new_tokens=8",
+        "tasks.max_new_tokens=12",
+        "safety.max_new_tokens=12",
+        "sandbox_workers=2",
+        "samples_per_model=3",
+        *extra,
+    ]
 
 
 def test_evaluate_writes_metrics_report_and_gate(setup, tmp_path, capsys):
@@ -56,7 +76,7 @@ def test_evaluate_writes_metrics_report_and_gate(setup, tmp_path, capsys):
     rules = "gate.rules=task_pass_rate>=baseline,harmless_rate>=0.0,over_refusal_rate<=baseline+0.5"
     assert main(_args(setup, out, rules, f"reward_model_path={setup['rm']}")) == 0
     printed = capsys.readouterr().out
-    summary = json.loads(printed[printed.index("{\n"):])
+    summary = json.loads(printed[printed.index("{\n") :])
     result = json.loads((out / "metrics.json").read_text())
     assert summary["gate_passed"] == result["gate"]["passed"] and summary["models"] == result["models"]
 
@@ -71,8 +91,11 @@ def test_evaluate_writes_metrics_report_and_gate(setup, tmp_path, capsys):
     assert result["judge"].startswith("refusal_rules")
     assert set(result["sandbox"]) >= {"network", "filesystem"}
     assert result["data"]["humaneval"]["problems"] == 3 and result["data"]["tasks"]["count"] == 3
-    assert result["data"]["safety"] == {"path": os.path.join(setup["data"], "safety_eval.jsonl"),
-                                        "harmful": 1, "benign": 2}
+    assert result["data"]["safety"] == {
+        "path": os.path.join(setup["data"], "safety_eval.jsonl"),
+        "harmful": 1,
+        "benign": 2,
+    }
     gate = result["gate"]
     assert [r["rule"] for r in gate["rules"]] == rules.split("=", 1)[1].split(",")
     assert gate["passed"] == all(r["passed"] for r in gate["rules"])
@@ -81,8 +104,10 @@ def test_evaluate_writes_metrics_report_and_gate(setup, tmp_path, capsys):
     for name in ("base_humaneval", "tuned_humaneval", "base_tasks", "tuned_tasks", "base_safety", "tuned_safety"):
         rows = [json.loads(line) for line in (out / "per_problem" / f"{name}.jsonl").read_text().splitlines()]
         assert len(rows) == 3
-    assert all(len(r["samples"]) == 1 for r in
-               map(json.loads, (out / "per_problem" / "tuned_humaneval.jsonl").read_text().splitlines()))
+    assert all(
+        len(r["samples"]) == 1
+        for r in map(json.loads, (out / "per_problem" / "tuned_humaneval.jsonl").read_text().splitlines())
+    )
 
     page = (out / "report.html").read_text()
     assert page.count("data:image/png;base64,") >= 2  # the metrics chart and tuned's training curves
@@ -96,14 +121,22 @@ def test_evaluate_component_logs_metrics_and_returns_gate(setup, tmp_path):
 
     from components.evaluate import evaluate
 
-    artifacts = {"metrics": dsl.Metrics(uri=str(tmp_path / "metrics")),
-                 "report": dsl.HTML(uri=str(tmp_path / "r.html")), "summary": dsl.Markdown(uri=str(tmp_path / "s.md")),
-                 "results": dsl.Artifact(uri=str(tmp_path / "res"))}
+    artifacts = {
+        "metrics": dsl.Metrics(uri=str(tmp_path / "metrics")),
+        "report": dsl.HTML(uri=str(tmp_path / "r.html")),
+        "summary": dsl.Markdown(uri=str(tmp_path / "s.md")),
+        "results": dsl.Artifact(uri=str(tmp_path / "res")),
+    }
     outputs = evaluate.python_func(
-        candidate=dsl.Model(uri=setup["other"]), baseline=dsl.Model(uri=setup["base"]),
+        candidate=dsl.Model(uri=setup["other"]),
+        baseline=dsl.Model(uri=setup["base"]),
         eval_data=dsl.Dataset(uri=setup["data"]),
-        candidate_label="tuned", baseline_label="sft", gate_rules=["task_pass_rate>=1.1"],
-        overrides=["humaneval.enabled=false", "tasks.max_new_tokens=8", "safety.max_new_tokens=8"], **artifacts)
+        candidate_label="tuned",
+        baseline_label="sft",
+        gate_rules=["task_pass_rate>=1.1"],
+        overrides=["humaneval.enabled=false", "tasks.max_new_tokens=8", "safety.max_new_tokens=8"],
+        **artifacts,
+    )
     assert outputs.gate_passed is False  # a pass rate cannot exceed 1
     logged = artifacts["metrics"].metadata
     assert logged["gate_passed"] == 0.0 and {"tuned_task_pass_rate", "sft_harmless_rate"} <= set(logged)
@@ -112,11 +145,14 @@ def test_evaluate_component_logs_metrics_and_returns_gate(setup, tmp_path):
     assert json.loads((tmp_path / "res" / "metrics.json").read_text())["gate"]["passed"] is False
 
 
-@pytest.mark.parametrize("override, message", [
-    ("gate.rules=task_pass_rate=>0.2", "gate.rules[0]"),
-    ("gate.rules=humaneval_pass@10>=0.1", "gate.rules[0]"),
-    ("candidate=dpo", "candidate"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("gate.rules=task_pass_rate=>0.2", "gate.rules[0]"),
+        ("gate.rules=humaneval_pass@10>=0.1", "gate.rules[0]"),
+        ("candidate=dpo", "candidate"),
+    ],
+)
 def test_evaluate_config_errors_name_the_key(setup, tmp_path, capsys, override, message):
     assert main(_args(setup, tmp_path / "x", override)) == 2
     err = capsys.readouterr().err
@@ -130,8 +166,16 @@ def test_evaluate_reads_and_writes_the_object_store(setup, s3_bucket):
     model, data, out = f"s3://{s3_bucket}/models/tuned", f"s3://{s3_bucket}/data", f"s3://{s3_bucket}/eval"
     storage.upload_dir(setup["other"], model)
     storage.upload_dir(setup["data"], data)
-    args = ["evaluate", f"models=base={setup['base']},tuned={model}", f"data_dir={data}", f"output_dir={out}",
-            "humaneval.enabled=false", "tasks.max_new_tokens=8", "safety.limit=1", "safety.max_new_tokens=8"]
+    args = [
+        "evaluate",
+        f"models=base={setup['base']},tuned={model}",
+        f"data_dir={data}",
+        f"output_dir={out}",
+        "humaneval.enabled=false",
+        "tasks.max_new_tokens=8",
+        "safety.limit=1",
+        "safety.max_new_tokens=8",
+    ]
     assert main(args) == 0
     result = json.loads(storage.read_text(f"{out}/metrics.json"))
     assert result["candidate"] == "tuned" and result["baseline"] is None and result["gate"]["passed"]

@@ -16,15 +16,34 @@ SMALL = ["parity.num_prompts=4", "parity.max_new_tokens=8", "parity.latency_toke
 def export_dir(trained_model_dir, tmp_path_factory):  # noqa: F811
     root = tmp_path_factory.mktemp("export")
     prompts = root / "prompts.jsonl"
-    prompts.write_text(json.dumps({"prompt": "What is two plus two?"}) + "\n\n"
-                       + json.dumps({"messages": [{"role": "user", "content": "Say hello."},
-                                                  {"role": "assistant", "content": "Hello there!"}]}) + "\n"
-                       + json.dumps({"prompt": [{"role": "user", "content": "Name a color."}]}) + "\n"
-                       + json.dumps({"prompt": "Is the sky green?"}) + "\n"
-                       + json.dumps({"prompt": "not used: num_prompts=4"}) + "\n")
+    prompts.write_text(
+        json.dumps({"prompt": "What is two plus two?"})
+        + "\n\n"
+        + json.dumps(
+            {"messages": [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello there!"}]}
+        )
+        + "\n"
+        + json.dumps({"prompt": [{"role": "user", "content": "Name a color."}]})
+        + "\n"
+        + json.dumps({"prompt": "Is the sky green?"})
+        + "\n"
+        + json.dumps({"prompt": "not used: num_prompts=4"})
+        + "\n"
+    )
     out = root / "out"
-    assert main(["export", f"model_path={trained_model_dir}", f"output_dir={out}", "int4=true",
-                 f"parity.prompts={prompts}", *SMALL]) == 0
+    assert (
+        main(
+            [
+                "export",
+                f"model_path={trained_model_dir}",
+                f"output_dir={out}",
+                "int4=true",
+                f"parity.prompts={prompts}",
+                *SMALL,
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -45,8 +64,14 @@ def test_parity_report_has_every_figure(export_dir):
         figures = report[variant]
         for phase in ("prefill", "decode"):
             assert set(figures[phase]) == {"max_abs_diff", "mean_abs_diff"}
-        for key in ("top1_agreement", "greedy_exact_match", "file_bytes", "weight_bytes",
-                    "decode_ms_per_token", "tokens_per_s"):
+        for key in (
+            "top1_agreement",
+            "greedy_exact_match",
+            "file_bytes",
+            "weight_bytes",
+            "decode_ms_per_token",
+            "tokens_per_s",
+        ):
             assert figures[key] >= 0, (variant, key)
         assert figures["greedy_prompts"] == 4
     assert report["pytorch"]["decode_ms_per_token"] > 0 and report["pytorch"]["tokens_per_s"] > 0
@@ -63,19 +88,29 @@ def test_the_exported_model_generates(export_dir):
 
     tokenizer = AutoTokenizer.from_pretrained(export_dir / "tokenizer")
     ids = tokenizer("What is two plus two?")["input_ids"]
-    text = tokenizer.decode(OrtDecoder(str(export_dir / "onnx" / "int8")).generate(
-        [ids], 8, eos_token_id=tokenizer.eos_token_id)[0], skip_special_tokens=True)
+    text = tokenizer.decode(
+        OrtDecoder(str(export_dir / "onnx" / "int8")).generate([ids], 8, eos_token_id=tokenizer.eos_token_id)[0],
+        skip_special_tokens=True,
+    )
     assert "Four" in text
 
 
-def test_impossible_fp32_threshold_fails_and_keeps_the_old_export(export_dir, trained_model_dir, tmp_path,  # noqa: F811
-                                                                   capsys):
+def test_impossible_fp32_threshold_fails_and_keeps_the_old_export(
+    export_dir,
+    trained_model_dir,  # noqa: F811
+    tmp_path,
+    capsys,
+):
     out = tmp_path / "out"
     shutil.copytree(export_dir, out)
     before = {p: os.path.getmtime(os.path.join(root, p)) for root, _, files in os.walk(out) for p in files}
     marker = (out / "export.json").read_text()
-    assert main(["export", f"model_path={trained_model_dir}", f"output_dir={out}",
-                 "parity.fp32_max_abs_diff=1e-12", *SMALL]) == 2
+    assert (
+        main(
+            ["export", f"model_path={trained_model_dir}", f"output_dir={out}", "parity.fp32_max_abs_diff=1e-12", *SMALL]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "parity.fp32_max_abs_diff" in err and "differ from PyTorch" in err
     assert (out / "export.json").read_text() == marker
@@ -89,8 +124,20 @@ def test_s3_model_and_output(trained_model_dir, s3_bucket):  # noqa: F811
 
     model_uri, out_uri = f"s3://{s3_bucket}/models/trained", f"s3://{s3_bucket}/exports/run1"
     storage.copy(trained_model_dir, model_uri)
-    assert main(["export", f"model_path={model_uri}", f"output_dir={out_uri}", "parity.num_prompts=2",
-                 "parity.max_new_tokens=4", "parity.latency_tokens=4", "parity.int8_min_top1_agreement=0"]) == 0
+    assert (
+        main(
+            [
+                "export",
+                f"model_path={model_uri}",
+                f"output_dir={out_uri}",
+                "parity.num_prompts=2",
+                "parity.max_new_tokens=4",
+                "parity.latency_tokens=4",
+                "parity.int8_min_top1_agreement=0",
+            ]
+        )
+        == 0
+    )
     summary = json.loads(storage.read_text(f"{out_uri}/export.json"))
     assert summary["model_path"] == model_uri and "int4" not in summary["models"]
     for name in ("onnx/fp32/model.onnx.data", "onnx/int8/model.onnx", "tokenizer/tokenizer.json", "parity.json"):
@@ -117,19 +164,26 @@ def test_not_a_model_directory(tmp_path, capsys):
 def test_bad_prompts_file_names_the_line(trained_model_dir, tmp_path, capsys):  # noqa: F811
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(json.dumps({"prompt": "ok"}) + "\n" + json.dumps({"question": "?"}) + "\n")
-    assert main(["export", f"model_path={trained_model_dir}", f"output_dir={tmp_path / 'out'}",
-                 f"parity.prompts={prompts}"]) == 2
+    assert (
+        main(
+            ["export", f"model_path={trained_model_dir}", f"output_dir={tmp_path / 'out'}", f"parity.prompts={prompts}"]
+        )
+        == 2
+    )
     assert f"{prompts}:2" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("override, key", [
-    ("parity.fp32_max_abs_diff=-1", "parity.fp32_max_abs_diff"),
-    ("parity.int8_min_top1_agreement=1.5", "parity.int8_min_top1_agreement"),
-    ("parity.num_prompts=0", "parity.num_prompts"),
-    ("opset=13", "opset"),
-    ("quantize.int4_block_size=48", "quantize.int4_block_size"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("parity.fp32_max_abs_diff=-1", "parity.fp32_max_abs_diff"),
+        ("parity.int8_min_top1_agreement=1.5", "parity.int8_min_top1_agreement"),
+        ("parity.num_prompts=0", "parity.num_prompts"),
+        ("opset=13", "opset"),
+        ("quantize.int4_block_size=48", "quantize.int4_block_size"),
+    ],
+)
 def test_config_errors_name_the_key(override, key, tmp_path, capsys):
     assert main(["export", f"model_path={tmp_path}", f"output_dir={tmp_path / 'out'}", override]) == 2
     assert capsys.readouterr().err.startswith(f"error: {key}:")
@@ -143,6 +197,12 @@ def test_output_dir_is_required(tmp_path, capsys):
 def test_help_lists_the_keys(capsys):
     assert main(["export", "--help"]) == 0
     out = capsys.readouterr().out
-    for key in ("model_path", "int4", "parity.fp32_max_abs_diff", "parity.int8_min_top1_agreement",
-                "quantize.embeddings", "parity.prompts"):
+    for key in (
+        "model_path",
+        "int4",
+        "parity.fp32_max_abs_diff",
+        "parity.int8_min_top1_agreement",
+        "quantize.embeddings",
+        "parity.prompts",
+    ):
         assert key in out

@@ -8,7 +8,6 @@ import pytest
 from trainer_lib import cli
 from trainer_lib.data.dataset import load_training_data
 from trainer_lib.errors import UserError
-from trainer_lib.stages.lifecycle import prepare
 
 
 def conv(*pairs):
@@ -39,11 +38,15 @@ def tiny_tokenizer(tmp_path_factory):
 
     tok = Tokenizer(models.WordLevel(unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.train_from_iterator(["one two three four five six seven user assistant : hi"],
-                            trainers.WordLevelTrainer(special_tokens=["[UNK]", "[PAD]"]))
+    tok.train_from_iterator(
+        ["one two three four five six seven user assistant : hi"],
+        trainers.WordLevelTrainer(special_tokens=["[UNK]", "[PAD]"]),
+    )
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]")
-    fast.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
-                          "{% if add_generation_prompt %}assistant:{% endif %}")
+    fast.chat_template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% endif %}"
+    )
     path = tmp_path_factory.mktemp("tok") / "model"
     fast.save_pretrained(str(path))
     return path
@@ -58,8 +61,7 @@ def test_prepare_cli_writes_dataset_and_stats(tmp_path, capsys):
     rows = [{"messages": conv(("user", f"q{i}"), ("assistant", f"a{i}")), "task_id": i} for i in range(8)]
     src = write_jsonl(tmp_path / "chat.jsonl", rows)
     out = tmp_path / "prepared"
-    rc, stdout, err = run_prepare(capsys, f"data.path={src}", f"output_dir={out}",
-                                  "data.eval_fraction=0.25", "seed=3")
+    rc, stdout, err = run_prepare(capsys, f"data.path={src}", f"output_dir={out}", "data.eval_fraction=0.25", "seed=3")
     assert rc == 0, err
     stats = json.loads((out / "stats.json").read_text())
     assert json.loads(stdout) == stats
@@ -96,14 +98,19 @@ def test_refuses_to_overwrite_unrelated_dir(tmp_path, capsys):
     assert [p.name for p in out.iterdir()] == ["precious.txt"]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["output_dir=x"], "error: data.path: required, expected a dataset path\n"),
-    (["data.path=x.jsonl"], "error: output_dir: required, expected a local path or URL (s3://, gs://...)\n"),
-    (["data.path=x.jsonl", "output_dir=x", "data.format=chat"],
-     "error: data.format: expected one of ['auto', 'text', 'prompt_completion', 'messages', "
-     "'preference', 'unpaired_preference', 'prompt_only', 'alpaca', 'sharegpt'], got 'chat'\n"),
-    (["data.path=x.jsonl", "output_dir=x", "max_rows=-1"], "error: max_rows: expected >= 0, got -1\n"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["output_dir=x"], "error: data.path: required, expected a dataset path\n"),
+        (["data.path=x.jsonl"], "error: output_dir: required, expected a local path or URL (s3://, gs://...)\n"),
+        (
+            ["data.path=x.jsonl", "output_dir=x", "data.format=chat"],
+            "error: data.format: expected one of ['auto', 'text', 'prompt_completion', 'messages', "
+            "'preference', 'unpaired_preference', 'prompt_only', 'alpaca', 'sharegpt'], got 'chat'\n",
+        ),
+        (["data.path=x.jsonl", "output_dir=x", "max_rows=-1"], "error: max_rows: expected >= 0, got -1\n"),
+    ],
+)
 def test_config_errors(capsys, args, message):
     rc, _, err = run_prepare(capsys, *args)
     assert (rc, err) == (2, message)
@@ -116,32 +123,53 @@ GOOD_PREF = {"prompt": "p", "chosen": "c", "rejected": "r"}
 GOOD_MSG = {"messages": conv(("user", "u"), ("assistant", "a"))}
 
 
-@pytest.mark.parametrize("lines, message", [
-    ([GOOD_PREF, {"prompt": "p", "chosen": None, "rejected": "r"}],
-     "{src}:2: field 'chosen': expected string, got null"),
-    ([GOOD_PREF, GOOD_PREF, '{"prompt": "p", "chosen": "c", "rejected": }'],
-     "{src}:3: expected valid JSON (Expecting value at column 44)"),
-    ([GOOD_MSG] * 6 + [{"text": "hello"}],
-     "{src}:7: expected a 'messages' row like {src}:1 (one format per file), "
-     "got a 'text' row with columns text"),
-    ([{"prompt": "p", "completion": "c", "label": True}, {"prompt": "p", "completion": "c", "label": "yes"}],
-     "{src}:2: field 'label': expected bool (true/false or 0/1), got str 'yes'"),
-    ([{**GOOD_PREF, "margin": 1}, {**GOOD_PREF, "margin": "high"}],
-     "{src}:2: field 'margin': expected number like {src}:1 (one type per column), got str 'high'"),
-    ([{"prompt": conv(("user", "q")), "completion": conv(("assistant", "a"))},
-      {"prompt": "q", "completion": "a"}],
-     "{src}:2: field 'prompt': expected list of messages (rows are conversations like {src}:1), "
-     "got str 'q'"),
-    ([{"messages": conv(("user", "u"), ("robot", "a"))}],
-     "{src}:1: field 'messages[1].role': expected one of system, user, assistant, tool, got str 'robot'"),
-    ([{"question": "q", "answer": "a"}],
-     "{src}:1: expected the columns of a known format: text | prompt+completion | messages | "
-     "prompt+chosen+rejected (or chosen+rejected) | prompt+completion+label | prompt | "
-     "instruction+output (alpaca) | conversations (sharegpt), got list ['answer', 'question']"),
-    ([{"chosen": "yes", "rejected": "no"}],
-     "{src}:1: field 'rejected': expected to start with the same prompt as 'chosen' (no 'prompt' "
-     "column, so the prompt is their common prefix), got str 'no'"),
-])
+@pytest.mark.parametrize(
+    "lines, message",
+    [
+        (
+            [GOOD_PREF, {"prompt": "p", "chosen": None, "rejected": "r"}],
+            "{src}:2: field 'chosen': expected string, got null",
+        ),
+        (
+            [GOOD_PREF, GOOD_PREF, '{"prompt": "p", "chosen": "c", "rejected": }'],
+            "{src}:3: expected valid JSON (Expecting value at column 44)",
+        ),
+        (
+            [GOOD_MSG] * 6 + [{"text": "hello"}],
+            "{src}:7: expected a 'messages' row like {src}:1 (one format per file), got a 'text' row with columns text",
+        ),
+        (
+            [{"prompt": "p", "completion": "c", "label": True}, {"prompt": "p", "completion": "c", "label": "yes"}],
+            "{src}:2: field 'label': expected bool (true/false or 0/1), got str 'yes'",
+        ),
+        (
+            [{**GOOD_PREF, "margin": 1}, {**GOOD_PREF, "margin": "high"}],
+            "{src}:2: field 'margin': expected number like {src}:1 (one type per column), got str 'high'",
+        ),
+        (
+            [
+                {"prompt": conv(("user", "q")), "completion": conv(("assistant", "a"))},
+                {"prompt": "q", "completion": "a"},
+            ],
+            "{src}:2: field 'prompt': expected list of messages (rows are conversations like {src}:1), got str 'q'",
+        ),
+        (
+            [{"messages": conv(("user", "u"), ("robot", "a"))}],
+            "{src}:1: field 'messages[1].role': expected one of system, user, assistant, tool, got str 'robot'",
+        ),
+        (
+            [{"question": "q", "answer": "a"}],
+            "{src}:1: expected the columns of a known format: text | prompt+completion | messages | "
+            "prompt+chosen+rejected (or chosen+rejected) | prompt+completion+label | prompt | "
+            "instruction+output (alpaca) | conversations (sharegpt), got list ['answer', 'question']",
+        ),
+        (
+            [{"chosen": "yes", "rejected": "no"}],
+            "{src}:1: field 'rejected': expected to start with the same prompt as 'chosen' (no 'prompt' "
+            "column, so the prompt is their common prefix), got str 'no'",
+        ),
+    ],
+)
 def test_bad_rows_exit_2_without_output(tmp_path, capsys, lines, message):
     src = write_jsonl(tmp_path / "data.jsonl", lines)
     out = tmp_path / "out"
@@ -164,7 +192,9 @@ def test_parquet_error_names_row_index(tmp_path, capsys):
 
 
 def test_forced_format(tmp_path, capsys):
-    src = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "p1", "completion": "c1"}, {"prompt": "p2", "completion": "c2"}])
+    src = write_jsonl(
+        tmp_path / "d.jsonl", [{"prompt": "p1", "completion": "c1"}, {"prompt": "p2", "completion": "c2"}]
+    )
     out = tmp_path / "out"
     rc, stdout, _ = run_prepare(capsys, f"data.path={src}", f"output_dir={out}", "data.format=prompt_only")
     assert rc == 0 and json.loads(stdout)["format"] == "prompt_only"
@@ -178,13 +208,26 @@ def test_forced_format(tmp_path, capsys):
 
 
 def test_filters_are_counted(tmp_path, capsys, tiny_tokenizer):
-    rows = [{"text": "one two"}, {"text": ""}, {"text": " \n "}, {"text": "one two"},
-            {"text": "one two three"}, {"text": "one two three four five six"},
-            {"text": "one two three", "kind": "dup"}, {"text": "four"}]
+    rows = [
+        {"text": "one two"},
+        {"text": ""},
+        {"text": " \n "},
+        {"text": "one two"},
+        {"text": "one two three"},
+        {"text": "one two three four five six"},
+        {"text": "one two three", "kind": "dup"},
+        {"text": "four"},
+    ]
     src = write_jsonl(tmp_path / "d.jsonl", rows)
     out = tmp_path / "out"
-    rc, stdout, err = run_prepare(capsys, f"data.path={src}", f"output_dir={out}", "data.eval_fraction=0",
-                                  f"model.path={tiny_tokenizer}", "data.max_length=5")
+    rc, stdout, err = run_prepare(
+        capsys,
+        f"data.path={src}",
+        f"output_dir={out}",
+        "data.eval_fraction=0",
+        f"model.path={tiny_tokenizer}",
+        "data.max_length=5",
+    )
     assert rc == 0, err
     stats = json.loads(stdout)
     assert stats["dropped"] == {"empty": 2, "duplicate": 2, "too_long": 1}
@@ -192,13 +235,20 @@ def test_filters_are_counted(tmp_path, capsys, tiny_tokenizer):
     assert stats["token_lengths"] == {"min": 1, "mean": 2.0, "max": 3}
     assert stats["max_length"] == 5 and stats["tokenizer"] == str(tiny_tokenizer)
     import datasets
+
     prepared = datasets.load_from_disk(str(out))
     assert list(prepared["train"]["text"]) == ["one two", "one two three", "four"]
     assert len(prepared["eval"]) == 0 and prepared["eval"].features == prepared["train"].features
 
     # without a model no length filter; the filters can be switched off
-    rc, stdout, _ = run_prepare(capsys, f"data.path={src}", f"output_dir={tmp_path / 'o2'}",
-                                "drop_empty=false", "drop_duplicates=false", "data.eval_fraction=0")
+    rc, stdout, _ = run_prepare(
+        capsys,
+        f"data.path={src}",
+        f"output_dir={tmp_path / 'o2'}",
+        "drop_empty=false",
+        "drop_duplicates=false",
+        "data.eval_fraction=0",
+    )
     stats = json.loads(stdout)
     assert stats["dropped"] == {"empty": 0, "duplicate": 0, "too_long": 0} and stats["rows"]["train"] == 8
     assert stats["token_lengths"] is None
@@ -208,25 +258,40 @@ def test_length_of_conversations_uses_chat_template(tmp_path, capsys, tiny_token
     # "user: hi\nassistant: one two\n" -> user : hi assistant : one two = 7 tokens
     short = {"messages": conv(("user", "hi"), ("assistant", "one two"))}
     long = {"messages": conv(("user", "hi"), ("assistant", "one two three four"))}  # 9 tokens
-    pref = {"prompt": conv(("user", "hi")), "chosen": conv(("assistant", "one")),
-            "rejected": conv(("assistant", "one two three"))}  # max(6, 8)
+    pref = {
+        "prompt": conv(("user", "hi")),
+        "chosen": conv(("assistant", "one")),
+        "rejected": conv(("assistant", "one two three")),
+    }  # max(6, 8)
     src = write_jsonl(tmp_path / "m.jsonl", [short, long])
-    rc, stdout, err = run_prepare(capsys, f"data.path={src}", f"output_dir={tmp_path / 'o'}",
-                                  f"model.path={tiny_tokenizer}", "data.max_length=8", "data.eval_fraction=0")
+    rc, stdout, err = run_prepare(
+        capsys,
+        f"data.path={src}",
+        f"output_dir={tmp_path / 'o'}",
+        f"model.path={tiny_tokenizer}",
+        "data.max_length=8",
+        "data.eval_fraction=0",
+    )
     assert rc == 0, err
     stats = json.loads(stdout)
     assert stats["dropped"]["too_long"] == 1 and stats["token_lengths"] == {"min": 7, "mean": 7.0, "max": 7}
     src = write_jsonl(tmp_path / "p.jsonl", [pref])
-    rc, stdout, err = run_prepare(capsys, f"data.path={src}", f"output_dir={tmp_path / 'o2'}",
-                                  f"model.path={tiny_tokenizer}", "data.eval_fraction=0")
+    rc, stdout, err = run_prepare(
+        capsys,
+        f"data.path={src}",
+        f"output_dir={tmp_path / 'o2'}",
+        f"model.path={tiny_tokenizer}",
+        "data.eval_fraction=0",
+    )
     assert rc == 0, err
     assert json.loads(stdout)["token_lengths"]["max"] == 8
 
 
 def test_max_rows(tmp_path, capsys):
     src = write_jsonl(tmp_path / "d.jsonl", [{"text": f"t{i}"} for i in range(10)] + ["{broken"])
-    rc, stdout, err = run_prepare(capsys, f"data.path={src}", f"output_dir={tmp_path / 'o'}", "max_rows=4",
-                                  "data.eval_fraction=0.5")
+    rc, stdout, err = run_prepare(
+        capsys, f"data.path={src}", f"output_dir={tmp_path / 'o'}", "max_rows=4", "data.eval_fraction=0.5"
+    )
     assert rc == 0, err
     assert json.loads(stdout)["rows"] == {"train": 2, "eval": 2}
 
@@ -261,8 +326,9 @@ def test_split_is_deterministic_by_seed(tmp_path, capsys):
     assert a["fingerprint"] == b["fingerprint"] != c["fingerprint"]
 
 
-@pytest.mark.parametrize("n, fraction, expected", [(2, 0.01, (1, 1)), (1, 0.5, (1, 0)), (5, 0.0, (5, 0)),
-                                                   (3, 0.9, (1, 2))])
+@pytest.mark.parametrize(
+    "n, fraction, expected", [(2, 0.01, (1, 1)), (1, 0.5, (1, 0)), (5, 0.0, (5, 0)), (3, 0.9, (1, 2))]
+)
 def test_split_sizes(n, fraction, expected):
     from trainer_lib.data.dataset import split_indices
 
@@ -274,8 +340,9 @@ def test_split_sizes(n, fraction, expected):
 def test_eval_path_replaces_split(tmp_path, capsys):
     src = write_jsonl(tmp_path / "d.jsonl", [{"text": f"t{i}"} for i in range(5)])
     ev = write_jsonl(tmp_path / "e.jsonl", [{"text": "e0"}, {"text": "e1"}, {"text": "e0"}])
-    rc, stdout, err = run_prepare(capsys, f"data.path={src}", f"output_dir={tmp_path / 'o'}",
-                                  f"data.eval_path={ev}", "data.eval_fraction=0.5")
+    rc, stdout, err = run_prepare(
+        capsys, f"data.path={src}", f"output_dir={tmp_path / 'o'}", f"data.eval_path={ev}", "data.eval_fraction=0.5"
+    )
     assert rc == 0, err
     stats = json.loads(stdout)
     assert stats["rows"] == {"train": 5, "eval": 2} and stats["eval_source"] == str(ev)
@@ -289,8 +356,14 @@ def test_eval_path_replaces_split(tmp_path, capsys):
 
 
 def test_load_training_data_prepared_and_raw_agree(tmp_path, capsys):
-    rows = [{"chosen": conv(("user", f"q{i}"), ("assistant", "good")),
-             "rejected": conv(("user", f"q{i}"), ("assistant", "bad")), "margin": float(i)} for i in range(10)]
+    rows = [
+        {
+            "chosen": conv(("user", f"q{i}"), ("assistant", "good")),
+            "rejected": conv(("user", f"q{i}"), ("assistant", "bad")),
+            "margin": float(i),
+        }
+        for i in range(10)
+    ]
     src = write_jsonl(tmp_path / "pref.jsonl", rows)
     out = tmp_path / "prepared"
     rc, _, err = run_prepare(capsys, f"data.path={src}", f"output_dir={out}", "data.eval_fraction=0.3", "seed=7")
@@ -317,11 +390,11 @@ def test_load_training_data_prepared_and_raw_agree(tmp_path, capsys):
 
 def test_prepare_a_prepared_dir_keeps_its_split(tmp_path, capsys):
     src = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(6)])
-    rc, first, err = run_prepare(capsys, f"data.path={src}", f"output_dir={tmp_path / 'a'}",
-                                 "data.eval_fraction=0.5", "data.format=prompt_only")
+    rc, first, err = run_prepare(
+        capsys, f"data.path={src}", f"output_dir={tmp_path / 'a'}", "data.eval_fraction=0.5", "data.format=prompt_only"
+    )
     assert rc == 0, err
-    rc, second, err = run_prepare(capsys, f"data.path={tmp_path / 'a'}", f"output_dir={tmp_path / 'b'}",
-                                  "seed=5")
+    rc, second, err = run_prepare(capsys, f"data.path={tmp_path / 'a'}", f"output_dir={tmp_path / 'b'}", "seed=5")
     assert rc == 0, err
     first, second = json.loads(first), json.loads(second)
     assert second["format"] == "prompt_only" and second["eval_source"] == f"{tmp_path / 'a'}[eval]"
@@ -346,8 +419,9 @@ def test_prepare_s3_round_trip(tmp_path, capsys, s3_bucket):
     local = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(6)])
     storage.upload_file(str(local), f"s3://{s3_bucket}/raw/d.jsonl")
     out = f"s3://{s3_bucket}/prepared/run1"
-    rc, stdout, err = run_prepare(capsys, f"data.path=s3://{s3_bucket}/raw/d.jsonl", f"output_dir={out}",
-                                  "data.eval_fraction=0.5")
+    rc, stdout, err = run_prepare(
+        capsys, f"data.path=s3://{s3_bucket}/raw/d.jsonl", f"output_dir={out}", "data.eval_fraction=0.5"
+    )
     assert rc == 0, err
     assert json.loads(stdout)["rows"] == {"train": 3, "eval": 3}
     dd, fmt = load_training_data(data_cfg(out), seed=0)
@@ -356,7 +430,8 @@ def test_prepare_s3_round_trip(tmp_path, capsys, s3_bucket):
     # a bad row on s3 names the s3 location
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"prompt": "p", "completion": None}])
     storage.upload_file(str(bad), f"s3://{s3_bucket}/raw/bad.jsonl")
-    rc, _, err = run_prepare(capsys, f"data.path=s3://{s3_bucket}/raw/bad.jsonl",
-                             f"output_dir=s3://{s3_bucket}/prepared/run2")
+    rc, _, err = run_prepare(
+        capsys, f"data.path=s3://{s3_bucket}/raw/bad.jsonl", f"output_dir=s3://{s3_bucket}/prepared/run2"
+    )
     assert (rc, err) == (2, f"error: s3://{s3_bucket}/raw/bad.jsonl:1: field 'completion': expected string, got null\n")
     assert not storage.exists(f"s3://{s3_bucket}/prepared/run2")

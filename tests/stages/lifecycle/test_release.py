@@ -7,10 +7,16 @@ from trainer_lib.cli import main
 
 def _evaluation(tmp_path, passed):
     path = tmp_path / "metrics.json"
-    path.write_text(json.dumps({"candidate": "dpo", "baseline": "sft",
-                                "models": {"dpo": {"task_pass_rate": 0.5}, "sft": {"task_pass_rate": 0.3}},
-                                "gate": {"passed": passed, "rules": [
-                                    {"rule": "task_pass_rate>=baseline", "passed": passed}]}}))
+    path.write_text(
+        json.dumps(
+            {
+                "candidate": "dpo",
+                "baseline": "sft",
+                "models": {"dpo": {"task_pass_rate": 0.5}, "sft": {"task_pass_rate": 0.3}},
+                "gate": {"passed": passed, "rules": [{"rule": "task_pass_rate>=baseline", "passed": passed}]},
+            }
+        )
+    )
     return path
 
 
@@ -44,8 +50,9 @@ def test_release_to_s3(s3_bucket, tmp_path):
 
     model = _model(tmp_path)
     uri = f"s3://{s3_bucket}/releases/v1"
-    assert main(["release", f"model_path={model}", f"release_uri={uri}",
-                 f"evaluation={_evaluation(tmp_path, True)}"]) == 0
+    assert (
+        main(["release", f"model_path={model}", f"release_uri={uri}", f"evaluation={_evaluation(tmp_path, True)}"]) == 0
+    )
     assert storage.read_bytes(f"{uri}/model.safetensors") == b"weights"
     assert json.loads(storage.read_text(f"{uri}/release.json"))["gate"]["passed"] is True
 
@@ -53,6 +60,7 @@ def test_release_to_s3(s3_bucket, tmp_path):
 def test_not_an_evaluation(tmp_path, capsys):
     bad = tmp_path / "metrics.json"
     bad.write_text("{}")
-    assert main(["release", f"model_path={_model(tmp_path)}", f"release_uri={tmp_path / 'r'}",
-                 f"evaluation={bad}"]) == 2
+    assert (
+        main(["release", f"model_path={_model(tmp_path)}", f"release_uri={tmp_path / 'r'}", f"evaluation={bad}"]) == 2
+    )
     assert "is not an evaluate metrics.json" in capsys.readouterr().err

@@ -4,8 +4,7 @@ import contextlib
 import json
 import os
 
-from tests.conftest import CHAT_ROWS
-from tests.conftest import REPO
+from tests.conftest import CHAT_ROWS, REPO
 
 LENGTH_REWARD = os.path.join(REPO, "tests", "rewards", "length_reward.py") + ":reward"
 
@@ -45,8 +44,15 @@ def mean_sampled_reward(model_dir, prompts_path, n: int = 8, max_new_tokens: int
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     with open(prompts_path, encoding="utf-8") as fh:
         prompts = [json.loads(line)["prompt"] for line in fh]
-    rollout = generate(model, tokenizer, [encode_prompt(tokenizer, p) for p in prompts], n=n,
-                       max_new_tokens=max_new_tokens, temperature=1.0, seed=seed)
+    rollout = generate(
+        model,
+        tokenizer,
+        [encode_prompt(tokenizer, p) for p in prompts],
+        n=n,
+        max_new_tokens=max_new_tokens,
+        temperature=1.0,
+        seed=seed,
+    )
     values = reward(None, rollout.completions)
     return sum(values) / len(values)
 
@@ -67,7 +73,9 @@ def write_reward_adapter(base_dir, out, reward_mean: float = 0.1, reward_std: fl
     from trainer_lib.models.heads import STATS_FILE, apply_reward_lora
 
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    with torch.random.fork_rng():  # the new score head and LoRA A draw from the global RNG: the same model in any test order
+    with (
+        torch.random.fork_rng()
+    ):  # the new score head and LoRA A draw from the global RNG: the same model in any test order
         torch.manual_seed(0)
         model = AutoModelForSequenceClassification.from_pretrained(base_dir, num_labels=1)
         model.config.pad_token_id = tokenizer.pad_token_id

@@ -34,9 +34,13 @@ def synthetic_pairs(n: int, seed: int) -> list[dict]:
     rows = []
     for _ in range(n):
         filler = rng.sample(WORDS, 3)
-        rows.append({"prompt": conv("user", f"Tell me about {rng.choice(WORDS)}."),
-                     "chosen": conv("assistant", " ".join(filler + ["kind"])),
-                     "rejected": conv("assistant", " ".join(filler + ["rude"]))})
+        rows.append(
+            {
+                "prompt": conv("user", f"Tell me about {rng.choice(WORDS)}."),
+                "chosen": conv("assistant", " ".join(filler + ["kind"])),
+                "rejected": conv("assistant", " ".join(filler + ["rude"])),
+            }
+        )
     return rows
 
 
@@ -51,23 +55,43 @@ def setup(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("dpo")
     train, held_out = synthetic_pairs(16, seed=0), synthetic_pairs(8, seed=1)
-    texts = [r["prompt"][0]["content"] + " " + r["chosen"][0]["content"] + " " + r["rejected"][0]["content"]
-             for r in train] * 10
+    texts = [
+        r["prompt"][0]["content"] + " " + r["chosen"][0]["content"] + " " + r["rejected"][0]["content"] for r in train
+    ] * 10
     model = make_tiny_model(str(root / "model"), texts, vocab_size=300, num_layers=2, hidden_size=64)
-    def unpaired(rows):
-        return [{"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"}
-                for r in rows for k in ("chosen", "rejected")]
 
-    return {"model": model, "train": write_jsonl(root / "train.jsonl", train),
-            "eval": write_jsonl(root / "eval.jsonl", held_out),
-            "unpaired": write_jsonl(root / "unpaired.jsonl", unpaired(train)),
-            "unpaired_eval": write_jsonl(root / "unpaired_eval.jsonl", unpaired(held_out))}
+    def unpaired(rows):
+        return [
+            {"prompt": r["prompt"], "completion": r[k], "label": k == "chosen"}
+            for r in rows
+            for k in ("chosen", "rejected")
+        ]
+
+    return {
+        "model": model,
+        "train": write_jsonl(root / "train.jsonl", train),
+        "eval": write_jsonl(root / "eval.jsonl", held_out),
+        "unpaired": write_jsonl(root / "unpaired.jsonl", unpaired(train)),
+        "unpaired_eval": write_jsonl(root / "unpaired_eval.jsonl", unpaired(held_out)),
+    }
 
 
 def _dpo(setup, out, *extra):
-    args = ["dpo", f"model.path={setup['model']}", f"data.path={setup['train']}", f"data.eval_path={setup['eval']}",
-            f"output_dir={out}", "batch_size=4", "eval_batch_size=8", "lr=1e-3", "logging_steps=1",
-            "eval_steps=0", "save_steps=0", "lr_scheduler=constant", *extra]
+    args = [
+        "dpo",
+        f"model.path={setup['model']}",
+        f"data.path={setup['train']}",
+        f"data.eval_path={setup['eval']}",
+        f"output_dir={out}",
+        "batch_size=4",
+        "eval_batch_size=8",
+        "lr=1e-3",
+        "logging_steps=1",
+        "eval_steps=0",
+        "save_steps=0",
+        "lr_scheduler=constant",
+        *extra,
+    ]
     assert main(args) == 0
     return json.loads((out / "summary.json").read_text())
 
@@ -82,10 +106,18 @@ def _weights(model_dir):
     return load_file(os.path.join(model_dir, "model.safetensors"))
 
 
-@pytest.mark.parametrize("loss, extra", [
-    ("sigmoid", ["label_smoothing=0.1"]), ("ipo", []), ("hinge", []), ("robust", ["label_smoothing=0.1"]),
-    ("simpo", ["beta=2.0", "simpo_gamma=0.5"]), ("kto", []), ("kto-unpaired", []),
-])
+@pytest.mark.parametrize(
+    "loss, extra",
+    [
+        ("sigmoid", ["label_smoothing=0.1"]),
+        ("ipo", []),
+        ("hinge", []),
+        ("robust", ["label_smoothing=0.1"]),
+        ("simpo", ["beta=2.0", "simpo_gamma=0.5"]),
+        ("kto", []),
+        ("kto-unpaired", []),
+    ],
+)
 def test_each_loss_trains(setup, tmp_path, loss, extra):
     name = loss.split("-")[0]
     if loss == "kto-unpaired":
@@ -125,16 +157,15 @@ def test_precomputed_reference_gives_same_curve_and_is_reused(setup, tmp_path):
     cache = tmp_path / "cache"
     _dpo(setup, frozen, "max_steps=4", "reference=model")
     pre = tmp_path / "pre"
-    summary = _dpo(setup, pre, "max_steps=4", "reference=precomputed", f"reference_logps_path={cache}",
-                   "save_steps=2")
+    summary = _dpo(setup, pre, "max_steps=4", "reference=precomputed", f"reference_logps_path={cache}", "save_steps=2")
     assert summary["reference_logps"] == "computed" and len(os.listdir(cache)) == 1
     a, b = _records(frozen), _records(pre)
     for key in ("loss", "rewards/chosen", "rewards/margins"):
-        torch.testing.assert_close(torch.tensor([r[key] for r in a]), torch.tensor([r[key] for r in b]),
-                                   rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            torch.tensor([r[key] for r in a]), torch.tensor([r[key] for r in b]), rtol=1e-4, atol=1e-5
+        )
     # a resumed (or retried) run loads the stored table instead of recomputing it
-    resumed = _dpo(setup, pre, "max_steps=6", "reference=precomputed", f"reference_logps_path={cache}",
-                   "save_steps=2")
+    resumed = _dpo(setup, pre, "max_steps=6", "reference=precomputed", f"reference_logps_path={cache}", "save_steps=2")
     assert resumed["reference_logps"] == "loaded" and len(os.listdir(cache)) == 1
     assert [r["step"] for r in _records(pre)] == [1, 2, 3, 4, 5, 6]
 
@@ -152,7 +183,9 @@ def test_lora_adapter_reference_keeps_one_copy_of_base_weights(setup, tmp_path, 
         from transformers import PreTrainedModel
 
         gc.collect()
-        return [o for o in gc.get_objects() if isinstance(o, PreTrainedModel) and type(o).__name__.endswith("ForCausalLM")]
+        return [
+            o for o in gc.get_objects() if isinstance(o, PreTrainedModel) and type(o).__name__.endswith("ForCausalLM")
+        ]
 
     earlier = causal_lms()  # left over from other tests, if any
 
@@ -213,8 +246,11 @@ def test_config_errors(setup, tmp_path, capsys):
 @pytest.mark.parametrize("loss", ["sigmoid", "kto"])
 def test_packed_pairs_train_exactly_like_padded_ones(setup, tmp_path, loss):
     """data.packing (the default) only changes the layout: one padding-free row, per-sequence log-probs."""
-    runs = {packing: _records(tmp_path / packing) for packing in ("true", "false")
-            if _dpo(setup, tmp_path / packing, f"loss={loss}", "max_steps=3", f"data.packing={packing}")}
+    runs = {
+        packing: _records(tmp_path / packing)
+        for packing in ("true", "false")
+        if _dpo(setup, tmp_path / packing, f"loss={loss}", "max_steps=3", f"data.packing={packing}")
+    }
     keys = ["loss", "logps/chosen", "logps/rejected", "rewards/chosen", "rewards/rejected"]
     for packed, padded in zip(runs["true"], runs["false"], strict=True):
         for key in keys:
@@ -225,8 +261,16 @@ def test_packed_pairs_train_exactly_like_padded_ones(setup, tmp_path, loss):
 
     layouts = {}
     for packing in ("true", "false"):
-        cfg = stage_config("dpo", [f"model.path={setup['model']}", f"data.path={setup['train']}", f"loss={loss}",
-                                   f"data.packing={packing}", f"output_dir={tmp_path / 'layout'}"])
+        cfg = stage_config(
+            "dpo",
+            [
+                f"model.path={setup['model']}",
+                f"data.path={setup['train']}",
+                f"loss={loss}",
+                f"data.packing={packing}",
+                f"output_dir={tmp_path / 'layout'}",
+            ],
+        )
         train = build_splits(cfg, load_tokenizer(cfg.model))[0]["train"]
         layouts[packing] = train.collate([train.examples[i] for i in train.groups[0]])
     assert layouts["true"]["input_ids"].shape[0] == 1 and "segment_ids" in layouts["true"]  # what was compared
@@ -237,8 +281,10 @@ def test_sequence_logps_of_a_packed_row_equal_the_padded_rows():
     from trainer_lib.data.preference_batches import collate_pairs, sequence_logps
 
     torch.manual_seed(0)
-    pairs = [{"prompt_ids": [1, 2, 3], "chosen_ids": [4, 5], "rejected_ids": [6, 7, 8, 9]},
-             {"prompt_ids": [2], "chosen_ids": [3, 3, 3], "rejected_ids": [5]}]
+    pairs = [
+        {"prompt_ids": [1, 2, 3], "chosen_ids": [4, 5], "rejected_ids": [6, 7, 8, 9]},
+        {"prompt_ids": [2], "chosen_ids": [3, 3, 3], "rejected_ids": [5]},
+    ]
     padded, packed = collate_pairs(pairs, pad_token_id=0), collate_pairs(pairs, pad_token_id=0, packed=True)
     assert packed["input_ids"].shape == (1, 3 + 2 + 3 + 4 + 1 + 3 + 1 + 1)
     assert packed["segment_ids"][0].unique().tolist() == [0, 1, 2, 3]
@@ -248,7 +294,8 @@ def test_sequence_logps_of_a_packed_row_equal_the_padded_rows():
         return table[ids]
 
     summed_pad, counts_pad = sequence_logps(logits(padded["input_ids"]), padded["input_ids"], padded["completion_mask"])
-    summed_pack, counts_pack = sequence_logps(logits(packed["input_ids"]), packed["input_ids"],
-                                              packed["completion_mask"], packed["segment_ids"])
+    summed_pack, counts_pack = sequence_logps(
+        logits(packed["input_ids"]), packed["input_ids"], packed["completion_mask"], packed["segment_ids"]
+    )
     assert counts_pack.tolist() == counts_pad.tolist() == [2, 3, 4, 1]
     assert torch.allclose(summed_pack, summed_pad, atol=1e-6)

@@ -7,8 +7,14 @@ import shutil
 import pytest
 import torch
 
-from tests.stages.training.rl_helpers import (LENGTH_REWARD, mean_sampled_reward, one_thread, weights, write_prompts,
-                                     write_reward_adapter)
+from tests.stages.training.rl_helpers import (
+    LENGTH_REWARD,
+    mean_sampled_reward,
+    one_thread,
+    weights,
+    write_prompts,
+    write_reward_adapter,
+)
 from trainer_lib.cli import main
 from trainer_lib.config import load_config
 from trainer_lib.errors import ConfigError
@@ -26,9 +32,21 @@ def prompts(tmp_path_factory):
 
 
 def _grpo(model, data, out, *extra):
-    args = ["grpo", f"model.path={model}", f"data.path={data}", f"output_dir={out}",
-            f"reward.functions={LENGTH_REWARD}", "rollout.n=4", "prompts_per_step=4", "rollout.max_new_tokens=16",
-            "batch_size=8", "logging_steps=5", "data.eval_fraction=0", "seed=3", *extra]
+    args = [
+        "grpo",
+        f"model.path={model}",
+        f"data.path={data}",
+        f"output_dir={out}",
+        f"reward.functions={LENGTH_REWARD}",
+        "rollout.n=4",
+        "prompts_per_step=4",
+        "rollout.max_new_tokens=16",
+        "batch_size=8",
+        "logging_steps=5",
+        "data.eval_fraction=0",
+        "seed=3",
+        *extra,
+    ]
     assert main(args) == 0
 
 
@@ -40,8 +58,18 @@ def test_grpo_raises_a_custom_reward(tiny_model_dir, prompts, tmp_path):
     train = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["split"] == "train"]
     assert [r["step"] for r in train] == [5, 10, 15, 20, 25, 30]
     assert train[-1]["reward"] > train[0]["reward"]
-    for key in ("reward", "rewards/reward", "kl", "entropy", "clip_fraction", "response_length",
-                "generate_time", "generate_tokens_per_s", "train_time", "lr"):
+    for key in (
+        "reward",
+        "rewards/reward",
+        "kl",
+        "entropy",
+        "clip_fraction",
+        "response_length",
+        "generate_time",
+        "generate_tokens_per_s",
+        "train_time",
+        "lr",
+    ):
         assert key in train[-1], key
     assert json.loads((out / "summary.json").read_text())["steps"] == 30
 
@@ -50,12 +78,23 @@ def test_resume_is_bit_exact(tiny_model_dir, prompts, tmp_path, capsys):
     """RLOO under LoRA (reference = adapters off), 2 epochs of 2 mini-batches, running reward
     normalization: losing everything after the step-3 checkpoint and rerunning changes nothing."""
     out = tmp_path / "run"
-    args = ("max_steps=5", "save_steps=3", "save_total_limit=0", "advantage=rloo", "lora.r=4", "lora.alpha=8",
-            "ppo_epochs=2", "mini_batch_size=8", "reward.normalize=running", "lr=1e-2")
+    args = (
+        "max_steps=5",
+        "save_steps=3",
+        "save_total_limit=0",
+        "advantage=rloo",
+        "lora.r=4",
+        "lora.alpha=8",
+        "ppo_epochs=2",
+        "mini_batch_size=8",
+        "reward.normalize=running",
+        "lr=1e-2",
+    )
     _grpo(tiny_model_dir, prompts, out, *args)
     reference = weights(out)
-    reference_state = torch.load(out / "checkpoints" / "step-00000005" / "mp_rank_00_model_states.pt",
-                                 weights_only=False)["rewards"]
+    reference_state = torch.load(
+        out / "checkpoints" / "step-00000005" / "mp_rank_00_model_states.pt", weights_only=False
+    )["rewards"]
     shutil.rmtree(out / "checkpoints" / "step-00000005")
     os.remove(out / "model.safetensors")
     capsys.readouterr()
@@ -64,16 +103,21 @@ def test_resume_is_bit_exact(tiny_model_dir, prompts, tmp_path, capsys):
     resumed = weights(out)
     assert reference.keys() == resumed.keys()
     assert all(torch.equal(reference[k], resumed[k]) for k in reference)
-    state = torch.load(out / "checkpoints" / "step-00000005" / "mp_rank_00_model_states.pt",
-                       weights_only=False)["rewards"]
+    state = torch.load(out / "checkpoints" / "step-00000005" / "mp_rank_00_model_states.pt", weights_only=False)[
+        "rewards"
+    ]
     assert state == reference_state and state["moments"]["count"] == 5 * 16
     key = "model.layers.0.self_attn.q_proj.weight"  # LoRA merged into the saved weights
     assert not torch.equal(weights(tiny_model_dir)[key], resumed[key])
 
 
 def test_group_settings_are_validated(tiny_model_dir, prompts):
-    base = [f"model.path={tiny_model_dir}", f"data.path={prompts}", "output_dir=/tmp/x",
-            f"reward.functions={LENGTH_REWARD}"]
+    base = [
+        f"model.path={tiny_model_dir}",
+        f"data.path={prompts}",
+        "output_dir=/tmp/x",
+        f"reward.functions={LENGTH_REWARD}",
+    ]
     from trainer_lib.stages.training.grpo import GRPOConfig
 
     with pytest.raises(ConfigError, match="rollout.n: group methods need at least 2"):
@@ -95,11 +139,20 @@ def test_reward_functions_are_told_the_step(tiny_model_dir, prompts, tmp_path, m
         "import json, os\n\n"
         "def reward(prompts, completions, trainer_state, **kwargs):\n"
         "    with open(os.environ['STEP_LOG'], 'a') as fh:\n"
-        "        fh.write(json.dumps([trainer_state.global_step, trainer_state.epoch, trainer_state.max_steps]) + '\\n')\n"
-        "    return [float(len(c[0]['content']) < 8) for c in completions]\n")
+        "        state = [trainer_state.global_step, trainer_state.epoch, trainer_state.max_steps]\n"
+        "        fh.write(json.dumps(state) + '\\n')\n"
+        "    return [float(len(c[0]['content']) < 8) for c in completions]\n"
+    )
     monkeypatch.setenv("STEP_LOG", str(log))
-    _grpo(tiny_model_dir, prompts, tmp_path / "out", "max_steps=3", "save_steps=0", "eval_steps=0",
-          f"reward.functions={tmp_path / 'stepwise.py'}:reward")
+    _grpo(
+        tiny_model_dir,
+        prompts,
+        tmp_path / "out",
+        "max_steps=3",
+        "save_steps=0",
+        "eval_steps=0",
+        f"reward.functions={tmp_path / 'stepwise.py'}:reward",
+    )
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     assert calls == [[0, 0.0, 3], [1, 4 / 24, 3], [2, 8 / 24, 3]]  # 4 prompts a step of 24
 
@@ -110,13 +163,26 @@ def test_multi_adapter_grpo_scores_with_the_reward_adapter(tiny_model_dir, promp
     the merged policy alone."""
     reward_dir = write_reward_adapter(tiny_model_dir, tmp_path / "rm", reward_mean=0.0, reward_std=1.0)
     out = tmp_path / "grpo"
-    _grpo(tiny_model_dir, prompts, out, "multi_adapter=true", "lora.r=4", "lora.alpha=8", "reward.functions=[]",
-          f"reward.model_path={reward_dir}", "max_steps=3", "logging_steps=1", "lr=1e-2", "save_steps=0")
+    _grpo(
+        tiny_model_dir,
+        prompts,
+        out,
+        "multi_adapter=true",
+        "lora.r=4",
+        "lora.alpha=8",
+        "reward.functions=[]",
+        f"reward.model_path={reward_dir}",
+        "max_steps=3",
+        "logging_steps=1",
+        "lr=1e-2",
+        "save_steps=0",
+    )
     train = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["split"] == "train"]
     assert [r["step"] for r in train] == [1, 2, 3]
     assert all(r["kl"] >= 0 and "rewards/reward_model" in r for r in train) and train[-1]["kl"] > 0
     assert len({r["reward"] for r in train}) == 3  # the reward adapter scores each step's completions
     merged = weights(out)
     key = "model.layers.0.self_attn.q_proj.weight"
-    assert not any("lora" in k or "score" in k for k in merged) and not torch.equal(weights(tiny_model_dir)[key],
-                                                                                    merged[key])
+    assert not any("lora" in k or "score" in k for k in merged) and not torch.equal(
+        weights(tiny_model_dir)[key], merged[key]
+    )

@@ -15,14 +15,14 @@ from tests.stages.training.rl_helpers import weights, write_prompts
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # about 70 s on 2 busy cores
 
 # A reward that records, per rank, the token length of each completion it scores.
-RECORDING_REWARD = '''
+RECORDING_REWARD = """
 import json, os
 
 def reward(prompts, completions, completion_ids, **columns):
     with open(os.environ["LENGTHS_LOG"], "a") as fh:
         fh.write(json.dumps({"rank": int(os.environ["RANK"]), "lengths": [len(ids) for ids in completion_ids]}) + "\\n")
     return [float(len(ids)) / 16 for ids in completion_ids]
-'''
+"""
 
 
 def test_zero3_grpo_generates_without_gathering_the_policy(tiny_model_dir, tmp_path):
@@ -32,13 +32,37 @@ def test_zero3_grpo_generates_without_gathering_the_policy(tiny_model_dir, tmp_p
     # "e" as a stop string ends each random completion after a different number of tokens; 3 held-out
     # prompts in chunks of 1 give the ranks 2 and 1 evaluation rollouts (the second rank repeats one)
     proc = subprocess.run(
-        [sys.executable, "-m", "trainer_lib.cli", "grpo", "--nproc", "2", f"model.path={tiny_model_dir}",
-         f"data.path={prompts}", f"output_dir={out}", f"reward.functions={tmp_path / 'recording.py'}:reward",
-         "rollout.n=2", "prompts_per_step=4", "rollout.max_new_tokens=12", "rollout.stop=e", "rollout.batch_size=1",
-         "batch_size=4", "max_steps=2", "lr=1e-2", "save_steps=0", "eval_steps=0", "data.eval_fraction=0.15",
-         "engine.zero_stage=3", "seed=3"],
-        cwd=tmp_path, env={**clean_env(), "LENGTHS_LOG": str(lengths_log)}, capture_output=True, text=True,
-        timeout=600)
+        [
+            sys.executable,
+            "-m",
+            "trainer_lib.cli",
+            "grpo",
+            "--nproc",
+            "2",
+            f"model.path={tiny_model_dir}",
+            f"data.path={prompts}",
+            f"output_dir={out}",
+            f"reward.functions={tmp_path / 'recording.py'}:reward",
+            "rollout.n=2",
+            "prompts_per_step=4",
+            "rollout.max_new_tokens=12",
+            "rollout.stop=e",
+            "rollout.batch_size=1",
+            "batch_size=4",
+            "max_steps=2",
+            "lr=1e-2",
+            "save_steps=0",
+            "eval_steps=0",
+            "data.eval_fraction=0.15",
+            "engine.zero_stage=3",
+            "seed=3",
+        ],
+        cwd=tmp_path,
+        env={**clean_env(), "LENGTHS_LOG": str(lengths_log)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     records = [json.loads(line) for line in lengths_log.read_text().splitlines()]

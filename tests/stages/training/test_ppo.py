@@ -7,8 +7,14 @@ import shutil
 import pytest
 import torch
 
-from tests.stages.training.rl_helpers import (LENGTH_REWARD, mean_sampled_reward, one_thread, weights, write_prompts,
-                                     write_reward_adapter)
+from tests.stages.training.rl_helpers import (
+    LENGTH_REWARD,
+    mean_sampled_reward,
+    one_thread,
+    weights,
+    write_prompts,
+    write_reward_adapter,
+)
 from trainer_lib.cli import main
 
 
@@ -41,9 +47,21 @@ def reward_model_dir(tiny_model_dir, tmp_path_factory):
 
 
 def _ppo(model, data, out, *extra):
-    args = ["ppo", f"model.path={model}", f"data.path={data}", f"output_dir={out}",
-            f"reward.functions={LENGTH_REWARD}", "rollout.n=4", "prompts_per_step=4", "rollout.max_new_tokens=16",
-            "batch_size=8", "logging_steps=5", "data.eval_fraction=0", "seed=5", *extra]
+    args = [
+        "ppo",
+        f"model.path={model}",
+        f"data.path={data}",
+        f"output_dir={out}",
+        f"reward.functions={LENGTH_REWARD}",
+        "rollout.n=4",
+        "prompts_per_step=4",
+        "rollout.max_new_tokens=16",
+        "batch_size=8",
+        "logging_steps=5",
+        "data.eval_fraction=0",
+        "seed=5",
+        *extra,
+    ]
     assert main(args) == 0
 
 
@@ -54,9 +72,23 @@ def test_ppo_raises_a_custom_reward(tiny_model_dir, prompts, tmp_path):
     assert after > before + 0.3, (before, after)
     train = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["split"] == "train"]
     assert [r["step"] for r in train] == [5, 10, 15, 20]
-    for key in ("reward", "kl", "kl_coef", "entropy", "approx_kl", "clip_fraction", "explained_variance",
-                "value_loss", "policy_loss", "response_length", "generate_time", "generate_tokens_per_s",
-                "train_time", "grad_norm", "critic_grad_norm"):
+    for key in (
+        "reward",
+        "kl",
+        "kl_coef",
+        "entropy",
+        "approx_kl",
+        "clip_fraction",
+        "explained_variance",
+        "value_loss",
+        "policy_loss",
+        "response_length",
+        "generate_time",
+        "generate_tokens_per_s",
+        "train_time",
+        "grad_norm",
+        "critic_grad_norm",
+    ):
         assert key in train[-1], key
     assert train[-1]["value_loss"] < train[0]["value_loss"]
     assert train[-1]["grad_norm"] != train[-1]["critic_grad_norm"]  # two engines, two norms
@@ -67,9 +99,21 @@ def test_resume_restores_actor_critic_and_kl_controller(tiny_model_dir, reward_m
     a critic-only first step:
     losing everything after the step-3 checkpoint and rerunning gives the same weights and KL coefficient."""
     out = tmp_path / "run"
-    args = ("max_steps=5", "save_steps=3", "save_total_limit=0", f"reward.model_path={reward_model_dir}",
-            "reward.weights=1,0.5", "kl.adaptive=true", "kl.target=0.5", "kl.horizon=50", "kl.estimator=k3",
-            "mini_batch_size=8", "ppo_epochs=2", "lr=1e-2", "freeze_actor_steps=1")
+    args = (
+        "max_steps=5",
+        "save_steps=3",
+        "save_total_limit=0",
+        f"reward.model_path={reward_model_dir}",
+        "reward.weights=1,0.5",
+        "kl.adaptive=true",
+        "kl.target=0.5",
+        "kl.horizon=50",
+        "kl.estimator=k3",
+        "mini_batch_size=8",
+        "ppo_epochs=2",
+        "lr=1e-2",
+        "freeze_actor_steps=1",
+    )
     _ppo(tiny_model_dir, prompts, out, *args)
     reference = weights(out)
     summary = json.loads((out / "summary.json").read_text())
@@ -97,9 +141,23 @@ def test_multi_adapter_ppo_trains_only_the_adapters_and_value_head(tiny_model_di
 
     reward_dir = write_reward_adapter(tiny_model_dir, tmp_path / "rm")
     out = tmp_path / "ppo"
-    _ppo(tiny_model_dir, prompts, out, "multi_adapter=true", "lora.r=8", "lora.alpha=16",
-         "lora.target_modules=q_proj,v_proj,lm_head", "lora.merge=false", f"reward.model_path={reward_dir}",
-         "reward.weights=1,0.1", "max_steps=20", "lr=2e-2", "critic_lr=1e-2", "ppo_epochs=2", "save_steps=20")
+    _ppo(
+        tiny_model_dir,
+        prompts,
+        out,
+        "multi_adapter=true",
+        "lora.r=8",
+        "lora.alpha=16",
+        "lora.target_modules=q_proj,v_proj,lm_head",
+        "lora.merge=false",
+        f"reward.model_path={reward_dir}",
+        "reward.weights=1,0.1",
+        "max_steps=20",
+        "lr=2e-2",
+        "critic_lr=1e-2",
+        "ppo_epochs=2",
+        "save_steps=20",
+    )
     before, after = mean_sampled_reward(tiny_model_dir, prompts), mean_sampled_reward(out, prompts)
     assert after > before + 0.3, (before, after)
     assert os.path.exists(out / "adapter_model.safetensors") and not os.path.exists(out / "value")
@@ -119,9 +177,13 @@ def test_multi_adapter_ppo_trains_only_the_adapters_and_value_head(tiny_model_di
         elif ".lora_" in key or key.startswith("value_head."):
             moved.add(key.split(".lora_")[-1].split(".")[1] if ".lora_" in key else "value_head")
             if ".lora_B" in key or key.startswith("value_head."):
-                initial = (torch.zeros_like(value) if ".default." in key
-                           else reward[key.replace(".value.", ".")] if ".lora_B" in key
-                           else reward["base_model.model.score.weight"])
+                initial = (
+                    torch.zeros_like(value)
+                    if ".default." in key
+                    else reward[key.replace(".value.", ".")]
+                    if ".lora_B" in key
+                    else reward["base_model.model.score.weight"]
+                )
                 assert not torch.equal(value, initial), key
         elif key == "reward_head.weight":
             assert torch.equal(value, reward["base_model.model.score.weight"])

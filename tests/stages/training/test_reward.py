@@ -1,5 +1,6 @@
 """Reward stage on a tiny model: learns a synthetic preference, saves a loadable reward model."""
 
+import functools
 import json
 import os
 import random
@@ -22,6 +23,10 @@ def one_thread():
     torch.set_num_threads(before)
 
 
+def _answer(filler: list[str], pos: int, word: str) -> str:
+    return " " + " ".join(filler[:pos] + [word] + filler[pos:]) + "."
+
+
 def synthetic_pairs(n: int, seed: int) -> list[dict]:
     """Chosen answers contain one of the GOOD words, rejected ones one of the BAD words, at a random
     position among random filler; an untrained head is near chance on it (asserted below)."""
@@ -30,9 +35,14 @@ def synthetic_pairs(n: int, seed: int) -> list[dict]:
     for _ in range(n):
         filler = rng.sample(WORDS, 5)
         pos = rng.randrange(len(filler) + 1)
-        answer = lambda w: " " + " ".join(filler[:pos] + [w] + filler[pos:]) + "."  # noqa: E731
-        rows.append({"prompt": f"Tell me about {rng.choice(WORDS)}:", "chosen": answer(rng.choice(GOOD)),
-                     "rejected": answer(rng.choice(BAD))})
+        answer = functools.partial(_answer, filler, pos)
+        rows.append(
+            {
+                "prompt": f"Tell me about {rng.choice(WORDS)}:",
+                "chosen": answer(rng.choice(GOOD)),
+                "rejected": answer(rng.choice(BAD)),
+            }
+        )
     return rows
 
 
@@ -49,14 +59,30 @@ def setup(tmp_path_factory):
     train, held_out = synthetic_pairs(160, seed=0), synthetic_pairs(40, seed=1)
     texts = [r["prompt"] + r["chosen"] + r["rejected"] for r in train] * 3
     model = make_tiny_model(str(root / "model"), texts, vocab_size=300, num_layers=2, hidden_size=64)
-    return {"model": model, "train": write_jsonl(root / "train.jsonl", train),
-            "eval": write_jsonl(root / "eval.jsonl", held_out), "held_out": held_out, "root": root}
+    return {
+        "model": model,
+        "train": write_jsonl(root / "train.jsonl", train),
+        "eval": write_jsonl(root / "eval.jsonl", held_out),
+        "held_out": held_out,
+        "root": root,
+    }
 
 
 def _reward(setup, out, *extra):
-    args = ["reward", f"model.path={setup['model']}", f"data.path={setup['train']}", f"output_dir={out}",
-            f"data.eval_path={setup['eval']}", "batch_size=8", "lr=2e-3", "logging_steps=5", "eval_steps=10",
-            "save_steps=0", "warmup_steps=2", *extra]
+    args = [
+        "reward",
+        f"model.path={setup['model']}",
+        f"data.path={setup['train']}",
+        f"output_dir={out}",
+        f"data.eval_path={setup['eval']}",
+        "batch_size=8",
+        "lr=2e-3",
+        "logging_steps=5",
+        "eval_steps=10",
+        "save_steps=0",
+        "warmup_steps=2",
+        *extra,
+    ]
     assert main(args) == 0
 
 
@@ -111,8 +137,16 @@ def test_reward_lora_with_margin_and_centering(setup, tmp_path):
     rows = [dict(r, margin=0.5) for r in synthetic_pairs(48, seed=2)]
     data = write_jsonl(tmp_path / "margin.jsonl", rows)
     out = tmp_path / "rm_lora"
-    _reward(setup, out, f"data.path={data}", "max_steps=6", "lora.r=4", "center_rewards_coefficient=0.01",
-            "reference_set=train", "normalize_max_rows=16")
+    _reward(
+        setup,
+        out,
+        f"data.path={data}",
+        "max_steps=6",
+        "lora.r=4",
+        "center_rewards_coefficient=0.01",
+        "reference_set=train",
+        "normalize_max_rows=16",
+    )
     from safetensors.torch import load_file
 
     weights = load_file(os.path.join(out, "model.safetensors"))

@@ -11,8 +11,19 @@ from trainer_lib.cli import main
 
 
 def _sft(model, data, out, *extra):
-    args = ["sft", f"model.path={model}", f"data.path={data}", f"output_dir={out}", "lr=3e-3",
-            "batch_size=2", "data.max_length=64", "logging_steps=2", "eval_steps=5", "seed=1", *extra]
+    args = [
+        "sft",
+        f"model.path={model}",
+        f"data.path={data}",
+        f"output_dir={out}",
+        "lr=3e-3",
+        "batch_size=2",
+        "data.max_length=64",
+        "logging_steps=2",
+        "eval_steps=5",
+        "seed=1",
+        *extra,
+    ]
     assert main(args) == 0
 
 
@@ -94,22 +105,27 @@ def test_incomplete_checkpoint_is_ignored(tiny_model_dir, chat_jsonl, tmp_path):
 
 def test_lora_sft_merges_adapters(tiny_model_dir, chat_jsonl, tmp_path):
     out = tmp_path / "lora"
-    _sft(tiny_model_dir, chat_jsonl, out, "max_steps=4", "save_steps=0", "lora.r=4",
-         "lora.target_modules=q_proj,v_proj")
+    _sft(
+        tiny_model_dir, chat_jsonl, out, "max_steps=4", "save_steps=0", "lora.r=4", "lora.target_modules=q_proj,v_proj"
+    )
     weights = _weights(out)
     assert not any("lora" in k for k in weights)  # merged into plain Llama weights
     base = _weights(tiny_model_dir)
     assert set(weights) == set(base)
-    assert not torch.equal(weights["model.layers.0.self_attn.q_proj.weight"],
-                           base["model.layers.0.self_attn.q_proj.weight"])
+    assert not torch.equal(
+        weights["model.layers.0.self_attn.q_proj.weight"], base["model.layers.0.self_attn.q_proj.weight"]
+    )
     assert torch.equal(weights["model.layers.0.mlp.up_proj.weight"], base["model.layers.0.mlp.up_proj.weight"])
 
 
-@pytest.mark.parametrize("engine", [
-    ["engine.zero_stage=2", "engine.gradient_accumulation_steps=2"],
-    ["engine.zero_stage=3", "engine.gradient_checkpointing=true"],
-    ["engine.zero_stage=1", "engine.precision=bf16"],
-])
+@pytest.mark.parametrize(
+    "engine",
+    [
+        ["engine.zero_stage=2", "engine.gradient_accumulation_steps=2"],
+        ["engine.zero_stage=3", "engine.gradient_checkpointing=true"],
+        ["engine.zero_stage=1", "engine.precision=bf16"],
+    ],
+)
 def test_engine_variants_train(tiny_model_dir, chat_jsonl, tmp_path, engine):
     out = tmp_path / "variant"
     _sft(tiny_model_dir, chat_jsonl, out, "max_steps=4", "save_steps=2", *engine)
@@ -137,8 +153,14 @@ def test_sft_reads_from_and_writes_to_s3(s3_bucket, tiny_model_dir, chat_jsonl, 
     storage.upload_dir(tiny_model_dir, f"s3://{s3_bucket}/models/tiny")
     storage.upload_file(chat_jsonl, f"s3://{s3_bucket}/data/chat.jsonl")
     out = f"s3://{s3_bucket}/runs/sft"
-    _sft(f"s3://{s3_bucket}/models/tiny", f"s3://{s3_bucket}/data/chat.jsonl", out, "max_steps=4", "save_steps=2",
-         f"storage.cache_dir={tmp_path / 'node1'}")
+    _sft(
+        f"s3://{s3_bucket}/models/tiny",
+        f"s3://{s3_bucket}/data/chat.jsonl",
+        out,
+        "max_steps=4",
+        "save_steps=2",
+        f"storage.cache_dir={tmp_path / 'node1'}",
+    )
     assert storage.exists(f"{out}/checkpoints/step-00000004/COMPLETE")
     assert storage.exists(f"{out}/model.safetensors") and storage.exists(f"{out}/metrics.jsonl")
     local = storage.localize(out)
@@ -148,8 +170,14 @@ def test_sft_reads_from_and_writes_to_s3(s3_bucket, tiny_model_dir, chat_jsonl, 
     # A retry on another node: empty cache, longer run, resumes from the S3 checkpoint at step 4.
     storage.delete(f"{out}/checkpoints/step-00000002")
     capsys.readouterr()
-    _sft(f"s3://{s3_bucket}/models/tiny", f"s3://{s3_bucket}/data/chat.jsonl", out, "max_steps=6", "save_steps=2",
-         f"storage.cache_dir={tmp_path / 'node2'}")
+    _sft(
+        f"s3://{s3_bucket}/models/tiny",
+        f"s3://{s3_bucket}/data/chat.jsonl",
+        out,
+        "max_steps=6",
+        "save_steps=2",
+        f"storage.cache_dir={tmp_path / 'node2'}",
+    )
     assert f"resumed from {out}/checkpoints/step-00000004" in capsys.readouterr().out
     log = storage.read_text(f"{out}/metrics.jsonl")
     steps = [json.loads(line)["step"] for line in log.splitlines() if json.loads(line)["split"] == "train"]
@@ -159,16 +187,30 @@ def test_sft_reads_from_and_writes_to_s3(s3_bucket, tiny_model_dir, chat_jsonl, 
 def test_checkpoints_on_s3_survive_a_fresh_output_dir(s3_bucket, tiny_model_dir, chat_jsonl, tmp_path, capsys):
     """The KFP retry case: output_dir is a new local artifact dir, checkpoint_dir a stable S3 prefix."""
     ckpts = f"s3://{s3_bucket}/ckpt/sft"
-    _sft(tiny_model_dir, chat_jsonl, tmp_path / "attempt1", "max_steps=4", "save_steps=2",
-         f"checkpoint_dir={ckpts}", f"storage.cache_dir={tmp_path / 'node1'}")
+    _sft(
+        tiny_model_dir,
+        chat_jsonl,
+        tmp_path / "attempt1",
+        "max_steps=4",
+        "save_steps=2",
+        f"checkpoint_dir={ckpts}",
+        f"storage.cache_dir={tmp_path / 'node1'}",
+    )
     assert not (tmp_path / "attempt1" / "checkpoints").exists()
     from trainer_lib import storage
 
     assert storage.exists(f"{ckpts}/step-00000004/COMPLETE")
     assert storage.exists(f"{ckpts}/step-00000004/metrics.jsonl")
     capsys.readouterr()
-    _sft(tiny_model_dir, chat_jsonl, tmp_path / "attempt2", "max_steps=6", "save_steps=2",
-         f"checkpoint_dir={ckpts}", f"storage.cache_dir={tmp_path / 'node2'}")
+    _sft(
+        tiny_model_dir,
+        chat_jsonl,
+        tmp_path / "attempt2",
+        "max_steps=6",
+        "save_steps=2",
+        f"checkpoint_dir={ckpts}",
+        f"storage.cache_dir={tmp_path / 'node2'}",
+    )
     assert "resuming at step 4" in capsys.readouterr().out
     records = [json.loads(line) for line in open(tmp_path / "attempt2" / "metrics.jsonl")]
     assert [r["step"] for r in records if r["split"] == "train"] == [2, 4, 6]
@@ -185,8 +227,14 @@ def test_sft_on_fsspec_urls(tiny_model_dir, chat_jsonl, tmp_path, capsys):
     storage.upload_dir(tiny_model_dir, f"{base}/models/tiny")
     storage.upload_file(chat_jsonl, f"{base}/data/chat.jsonl")
     out, ckpts = f"file://{tmp_path / 'out'}", f"{base}/ckpt"
-    common = (f"{base}/models/tiny", f"{base}/data/chat.jsonl", out, "save_steps=2", f"checkpoint_dir={ckpts}",
-              f"storage.cache_dir={tmp_path / 'cache'}")
+    common = (
+        f"{base}/models/tiny",
+        f"{base}/data/chat.jsonl",
+        out,
+        "save_steps=2",
+        f"checkpoint_dir={ckpts}",
+        f"storage.cache_dir={tmp_path / 'cache'}",
+    )
     _sft(*common[:3], "max_steps=4", *common[3:])
     assert storage.list_files(f"{ckpts}/step-00000004")  # checkpoints in memory, complete
     assert storage.exists(f"{ckpts}/step-00000004/COMPLETE")

@@ -27,8 +27,7 @@ from dataclasses import dataclass
 
 from trainer_lib import storage
 from trainer_lib.config import StorageConfig, opt
-from trainer_lib.errors import ConfigError
-from trainer_lib.errors import UserError
+from trainer_lib.errors import ConfigError, UserError
 from trainer_lib.serving import repository as repo
 
 HISTORY = "deploy.json"
@@ -36,36 +35,57 @@ HISTORY = "deploy.json"
 
 @dataclass
 class ExportSource:
-    path: str | None = opt(None, "The export stage's output_dir (local or URL): onnx/<variant>/model.onnx, "
-                                 "tokenizer/ and export.json (eos/pad ids; else the tokenizer's).")
+    path: str | None = opt(
+        None,
+        "The export stage's output_dir (local or URL): onnx/<variant>/model.onnx, "
+        "tokenizer/ and export.json (eos/pad ids; else the tokenizer's).",
+    )
 
 
 @dataclass
 class TritonTarget:
-    url: str = opt("", "The Triton server's HTTP endpoint (http://host:port), running with "
-                       "--model-control-mode=explicit on this repository; empty: only publish.")
+    url: str = opt(
+        "",
+        "The Triton server's HTTP endpoint (http://host:port), running with "
+        "--model-control-mode=explicit on this repository; empty: only publish.",
+    )
 
 
 @dataclass
 class DeployConfig:
     export: ExportSource = opt(ExportSource, "What to deploy.")
-    repository: str | None = opt(None, "The Triton model repository root (local dir or URL); "
-                                       "KServe's storageUri, tritonserver's --model-repository.")
+    repository: str | None = opt(
+        None,
+        "The Triton model repository root (local dir or URL); KServe's storageUri, tritonserver's --model-repository.",
+    )
     triton: TritonTarget = opt(TritonTarget, "The server to load the new version on.")
     model_name: str = opt("posttrain", "The model's name in the repository and in /v2/models/<name>.")
     variant: str = opt("int8", "Which ONNX export to serve.", ("int8", "fp32"))
     max_batch_size: int = opt(8, "Requests the dynamic batcher may decode together.")
-    instance_kind: str = opt("cpu", "Where the model's ONNX Runtime session runs (gpu needs onnxruntime-gpu "
-                                    "in the server's Python-backend environment).", ("cpu", "gpu"))
-    execution_env: str = opt("", "The Python-backend environment as the server sees it (EXECUTION_ENV_PATH: a "
-                                 "conda-pack tarball or a venv with numpy<2, onnxruntime, tokenizers), for images "
-                                 "whose python3 lacks them; empty: the server's own python3.")
+    instance_kind: str = opt(
+        "cpu",
+        "Where the model's ONNX Runtime session runs (gpu needs onnxruntime-gpu "
+        "in the server's Python-backend environment).",
+        ("cpu", "gpu"),
+    )
+    execution_env: str = opt(
+        "",
+        "The Python-backend environment as the server sees it (EXECUTION_ENV_PATH: a "
+        "conda-pack tarball or a venv with numpy<2, onnxruntime, tokenizers), for images "
+        "whose python3 lacks them; empty: the server's own python3.",
+    )
     default_max_tokens: int = opt(64, "New tokens per request when the request gives no max_tokens.")
-    publish_onnx: bool = opt(False, "Also publish the raw decoder as '<model_name>_onnx' (platform "
-                                    "onnxruntime_onnx, one decode step per request) for servers with the ONNX "
-                                    "Runtime backend, such as NVIDIA's images; it is not loaded here.")
-    tensorrt_fp16: bool = opt(False, "In that raw model's config, ask for the TensorRT execution accelerator "
-                                     "with FP16 engines (needs publish_onnx and instance_kind=gpu; use variant=fp32).")
+    publish_onnx: bool = opt(
+        False,
+        "Also publish the raw decoder as '<model_name>_onnx' (platform "
+        "onnxruntime_onnx, one decode step per request) for servers with the ONNX "
+        "Runtime backend, such as NVIDIA's images; it is not loaded here.",
+    )
+    tensorrt_fp16: bool = opt(
+        False,
+        "In that raw model's config, ask for the TensorRT execution accelerator "
+        "with FP16 engines (needs publish_onnx and instance_kind=gpu; use variant=fp32).",
+    )
     smoke_prompt: str = opt("Hello", "Prompt of the smoke request sent to the new version.")
     smoke_max_tokens: int = opt(4, "max_tokens of the smoke request.")
     timeout_s: float = opt(300.0, "Seconds to wait for the server to load the new version (and per request).")
@@ -104,7 +124,7 @@ def run(cfg: DeployConfig) -> dict:
     with connected(cfg.triton.url, cfg.timeout_s) as client:
         try:
             live, why = client.is_server_live(), "it is not live"
-        except Exception as exc:  # noqa: BLE001 - connection refused, DNS, TLS ...: all mean "not there"
+        except Exception as exc:
             live, why = False, _reason(exc)
         if not live:
             raise UserError(f"triton.url: no Triton server answers at {cfg.triton.url} ({why}); nothing was published")
@@ -124,10 +144,18 @@ def _deploy(cfg: DeployConfig, client) -> dict:
     except BaseException:
         storage.delete(version_dir)
         raise
-    repo.write_config(model_dir, repo.generate_config(cfg.model_name, [version], cfg.max_batch_size,
-                                                      cfg.instance_kind, execution_env=cfg.execution_env or None))
-    entry = {"version": version, "export": cfg.export.path, "variant": cfg.variant,
-             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    repo.write_config(
+        model_dir,
+        repo.generate_config(
+            cfg.model_name, [version], cfg.max_batch_size, cfg.instance_kind, execution_env=cfg.execution_env or None
+        ),
+    )
+    entry = {
+        "version": version,
+        "export": cfg.export.path,
+        "variant": cfg.variant,
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     smoke = None
     if client is not None:
         try:
@@ -140,23 +168,40 @@ def _deploy(cfg: DeployConfig, client) -> dict:
             history["versions"].append({**entry, "status": "failed", "reason": f"{failure[0]}: {failure[1]}"})
             _write_history(model_dir, history)
             still = f"version {previous} still serves" if previous else "no version was serving before"
-            raise UserError(f"{cfg.model_name} version {version} failed its {failure[0]} "
-                            f"({failure[1]}); it was removed and {still}{notes}")
+            raise UserError(
+                f"{cfg.model_name} version {version} failed its {failure[0]} "
+                f"({failure[1]}); it was removed and {still}{notes}"
+            )
     history["serving"] = version
     history["versions"].append({**entry, "status": "served" if client is not None else "published"})
     if cfg.publish_onnx:
         onnx_dir = storage.join(cfg.repository, f"{cfg.model_name}_onnx")
         signature = repo.write_onnx_version(cfg.export.path, storage.join(onnx_dir, str(version)), cfg.variant)
-        repo.write_config(onnx_dir, repo.onnx_config(f"{cfg.model_name}_onnx", [version], signature,
-                                                     cfg.instance_kind, tensorrt_fp16=cfg.tensorrt_fp16))
+        repo.write_config(
+            onnx_dir,
+            repo.onnx_config(
+                f"{cfg.model_name}_onnx", [version], signature, cfg.instance_kind, tensorrt_fp16=cfg.tensorrt_fp16
+            ),
+        )
     _write_history(model_dir, history)
     removed = _prune(cfg, history)
-    _say(f"{cfg.model_name} version {version} is {'serving' if client is not None else 'published'}"
-         + (f" (removed old versions {removed})" if removed else ""))
+    _say(
+        f"{cfg.model_name} version {version} is {'serving' if client is not None else 'published'}"
+        + (f" (removed old versions {removed})" if removed else "")
+    )
     url = cfg.triton.url.rstrip("/") or None
-    return {"stage": "deploy", "model_name": cfg.model_name, "version": version, "previous_version": previous,
-            "variant": cfg.variant, "repository": cfg.repository, "loaded": client is not None, "endpoint": url,
-            "generate_url": f"{url}/v2/models/{cfg.model_name}/generate" if url else None, "smoke": smoke}
+    return {
+        "stage": "deploy",
+        "model_name": cfg.model_name,
+        "version": version,
+        "previous_version": previous,
+        "variant": cfg.variant,
+        "repository": cfg.repository,
+        "loaded": client is not None,
+        "endpoint": url,
+        "generate_url": f"{url}/v2/models/{cfg.model_name}/generate" if url else None,
+        "smoke": smoke,
+    }
 
 
 def _load_and_check(client, cfg: DeployConfig, version: int) -> tuple[tuple[str, str] | None, dict | None]:
@@ -166,11 +211,11 @@ def _load_and_check(client, cfg: DeployConfig, version: int) -> tuple[tuple[str,
     _say(f"loading {cfg.model_name} on {cfg.triton.url}")
     try:
         client.load_model(cfg.model_name)
-    except Exception as exc:  # noqa: BLE001 - whatever went wrong, the old version must stay
+    except Exception as exc:
         return ("load", _reason(exc)), None
     try:
         answer = generate(client, cfg.model_name, cfg.smoke_prompt, cfg.smoke_max_tokens, version=str(version))
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return ("smoke test", _reason(exc)), None
     if answer["model_version"] != str(version):
         return ("smoke test", f"version {answer['model_version']} answered instead of {version}"), None
@@ -183,8 +228,9 @@ def _reason(exc: Exception) -> str:
     return (text or type(exc).__name__).strip().splitlines()[0][:500]
 
 
-def _roll_back(client, cfg: DeployConfig, model_dir: str, old_config: str | None, version_dir: str,
-               loaded: bool) -> str:
+def _roll_back(
+    client, cfg: DeployConfig, model_dir: str, old_config: str | None, version_dir: str, loaded: bool
+) -> str:
     """Put the repository back as it was; if the new version got loaded, reload the old one (or unload).
     Returns a note for the error message when the server could not be put back."""
     config_path = storage.join(model_dir, repo.CONFIG)
@@ -199,7 +245,7 @@ def _roll_back(client, cfg: DeployConfig, model_dir: str, old_config: str | None
                 client.unload_model(cfg.model_name)
             else:
                 client.load_model(cfg.model_name)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             note = f"; restoring the server failed too: {_reason(exc)}"
     storage.delete(version_dir)
     return note
@@ -225,7 +271,7 @@ def _prune(cfg: DeployConfig, history: dict) -> list[int]:
     if not cfg.keep_versions:
         return []
     deployed = [e["version"] for e in history["versions"] if e["status"] in ("served", "published")]
-    keep = set(deployed[-cfg.keep_versions:])
+    keep = set(deployed[-cfg.keep_versions :])
     removed = []
     for model in (cfg.model_name, f"{cfg.model_name}_onnx"):
         model_dir = storage.join(cfg.repository, model)

@@ -29,8 +29,7 @@ from dataclasses import dataclass
 
 from trainer_lib import storage
 from trainer_lib.config import StorageConfig, opt
-from trainer_lib.errors import ConfigError
-from trainer_lib.errors import DataError, UserError
+from trainer_lib.errors import ConfigError, DataError, UserError
 
 DEFAULT_PROMPTS = [
     "What is two plus two?",
@@ -46,26 +45,36 @@ DEFAULT_PROMPTS = [
 
 @dataclass
 class ParityConfig:
-    prompts: str | None = opt(None, "JSONL of eval prompts (local or URL): a 'prompt' (text or chat "
-                                    "messages) or 'messages' per row; default: a few built-in short prompts.")
+    prompts: str | None = opt(
+        None,
+        "JSONL of eval prompts (local or URL): a 'prompt' (text or chat "
+        "messages) or 'messages' per row; default: a few built-in short prompts.",
+    )
     num_prompts: int = opt(8, "Use the first N prompts.")
     max_new_tokens: int = opt(16, "Greedy generation length for the exact-match check.")
-    fp32_max_abs_diff: float = opt(1e-3, "Fail when FP32 max |logit diff| vs PyTorch (prefill or cached "
-                                         "decode) exceeds this.")
-    int8_min_top1_agreement: float = opt(0.9, "Fail when INT8 next-token top-1 agreement with PyTorch is "
-                                              "below this (0 disables). A tiny trained model scores ~0.97-1.0; "
-                                              "random-weight models have flat logits and score lower.")
+    fp32_max_abs_diff: float = opt(
+        1e-3, "Fail when FP32 max |logit diff| vs PyTorch (prefill or cached decode) exceeds this."
+    )
+    int8_min_top1_agreement: float = opt(
+        0.9,
+        "Fail when INT8 next-token top-1 agreement with PyTorch is "
+        "below this (0 disables). A tiny trained model scores ~0.97-1.0; "
+        "random-weight models have flat logits and score lower.",
+    )
     latency_tokens: int = opt(32, "Decode steps timed per model for the latency figures (batch 1).")
-    threads: int = opt(1, "CPU threads for PyTorch and onnxruntime during the latency run (0: their "
-                          "defaults); 1 is comparable across machines.")
+    threads: int = opt(
+        1,
+        "CPU threads for PyTorch and onnxruntime during the latency run (0: their "
+        "defaults); 1 is comparable across machines.",
+    )
 
 
 @dataclass
 class QuantizeConfig:
-    embeddings: bool = opt(True, "Quantize the embedding Gather too in INT8 (on small models the "
-                                 "embedding dominates the weights).")
-    int4_block_size: int = opt(32, "INT4 quantization block size (input channels per scale).",
-                               (16, 32, 64, 128, 256))
+    embeddings: bool = opt(
+        True, "Quantize the embedding Gather too in INT8 (on small models the embedding dominates the weights)."
+    )
+    int4_block_size: int = opt(32, "INT4 quantization block size (input channels per scale).", (16, 32, 64, 128, 256))
 
 
 @dataclass
@@ -92,8 +101,9 @@ class ExportConfig:
         if not self.parity.fp32_max_abs_diff >= 0:
             raise ConfigError(f"parity.fp32_max_abs_diff: expected >= 0, got {self.parity.fp32_max_abs_diff}")
         if not 0 <= self.parity.int8_min_top1_agreement <= 1:
-            raise ConfigError("parity.int8_min_top1_agreement: expected 0 <= x <= 1, "
-                              f"got {self.parity.int8_min_top1_agreement}")
+            raise ConfigError(
+                f"parity.int8_min_top1_agreement: expected 0 <= x <= 1, got {self.parity.int8_min_top1_agreement}"
+            )
 
 
 CONFIG = ExportConfig
@@ -141,11 +151,12 @@ def _prompt_ids(parity: ParityConfig, tokenizer) -> list[list[int]]:
     prompts = DEFAULT_PROMPTS
     if parity.prompts:
         prompts = _read_prompts(parity.prompts)
-    prompts = prompts[:parity.num_prompts]
+    prompts = prompts[: parity.num_prompts]
     ids = [encode_prompt(tokenizer, p) for p in prompts]
     if not ids or any(not row for row in ids):
-        raise UserError(f"parity.prompts: every prompt must encode to at least one token "
-                        f"({parity.prompts or 'built-in prompts'})")
+        raise UserError(
+            f"parity.prompts: every prompt must encode to at least one token ({parity.prompts or 'built-in prompts'})"
+        )
     return ids
 
 
@@ -198,15 +209,18 @@ def _build(cfg: ExportConfig, model, tokenizer, prompts: list[list[int]], work: 
         layout = export_decoder(model, os.path.join(dirs["fp32"], "model.onnx"), opset=cfg.opset)
     except Exception as exc:  # torch.export / onnxscript errors have many types; the user needs the text
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"model_path: could not export {cfg.model_path} to ONNX "
-                        f"({type(exc).__name__}: {first})") from exc
+        raise UserError(
+            f"model_path: could not export {cfg.model_path} to ONNX ({type(exc).__name__}: {first})"
+        ) from exc
     reference = parity.TorchDecoder(model)
     decoders = {"fp32": OrtDecoder(dirs["fp32"], threads=cfg.parity.threads)}
     report = {"fp32": parity.logit_parity(reference, decoders["fp32"], prompts)}
     worst = max(report["fp32"]["prefill"]["max_abs_diff"], report["fp32"]["decode"]["max_abs_diff"])
     if worst > cfg.parity.fp32_max_abs_diff:
-        raise UserError(f"parity.fp32_max_abs_diff: the FP32 ONNX logits differ from PyTorch by up to {worst:.3g} "
-                        f"(limit {cfg.parity.fp32_max_abs_diff:g}); nothing was written to {cfg.output_dir}")
+        raise UserError(
+            f"parity.fp32_max_abs_diff: the FP32 ONNX logits differ from PyTorch by up to {worst:.3g} "
+            f"(limit {cfg.parity.fp32_max_abs_diff:g}); nothing was written to {cfg.output_dir}"
+        )
 
     fp32_path = os.path.join(dirs["fp32"], "model.onnx")
     quantize_int8(fp32_path, os.path.join(dirs["int8"], "model.onnx"), embeddings=cfg.quantize.embeddings)
@@ -223,16 +237,27 @@ def _build(cfg: ExportConfig, model, tokenizer, prompts: list[list[int]], work: 
 
     agreement = report["int8"]["top1_agreement"]
     if agreement < cfg.parity.int8_min_top1_agreement:
-        raise UserError(f"parity.int8_min_top1_agreement: INT8 top-1 agreement with PyTorch is {agreement:.3f} "
-                        f"(minimum {cfg.parity.int8_min_top1_agreement:g}); nothing was written to {cfg.output_dir}")
+        raise UserError(
+            f"parity.int8_min_top1_agreement: INT8 top-1 agreement with PyTorch is {agreement:.3f} "
+            f"(minimum {cfg.parity.int8_min_top1_agreement:g}); nothing was written to {cfg.output_dir}"
+        )
     with open(os.path.join(work, "parity.json"), "w", encoding="utf-8") as fh:
         json.dump(report, fh, indent=2)
     tokenizer.save_pretrained(os.path.join(work, "tokenizer"))
     return _summary(cfg, layout, report, eos, pad, time.time() - start)
 
 
-def _measure(cfg: ParityConfig, model, reference, decoders: dict, dirs: dict, prompts: list[list[int]],
-             eos, pad: int, report: dict) -> None:
+def _measure(
+    cfg: ParityConfig,
+    model,
+    reference,
+    decoders: dict,
+    dirs: dict,
+    prompts: list[list[int]],
+    eos,
+    pad: int,
+    report: dict,
+) -> None:
     """Add greedy exact match, sizes and decode latency of every variant (and PyTorch's) to ``report``."""
     from trainer_lib.export import parity
 
@@ -241,18 +266,31 @@ def _measure(cfg: ParityConfig, model, reference, decoders: dict, dirs: dict, pr
     for name, decoder in decoders.items():
         report[name].update(parity.greedy_parity(expected, decoder, prompts, cfg.max_new_tokens, eos))
         files, weights = parity.directory_bytes(dirs[name]), parity.weight_bytes(dirs[name])
-        report[name].update({"file_bytes": files, "weight_bytes": weights,
-                             "file_ratio_vs_fp32": round(fp32_files / files, 3),
-                             "weight_ratio_vs_fp32": round(fp32_weights / weights, 3)})
+        report[name].update(
+            {
+                "file_bytes": files,
+                "weight_bytes": weights,
+                "file_ratio_vs_fp32": round(fp32_files / files, 3),
+                "weight_ratio_vs_fp32": round(fp32_weights / weights, 3),
+            }
+        )
     latency_prompt = max(prompts, key=len)
     with parity.torch_threads(cfg.threads):
         report["pytorch"] = parity.decode_latency(reference, latency_prompt, cfg.latency_tokens)
     for name, decoder in decoders.items():
         report[name].update(parity.decode_latency(decoder, latency_prompt, cfg.latency_tokens))
-    report.update({"prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens, "threads": cfg.threads,
-                   "latency_tokens": cfg.latency_tokens,
-                   "thresholds": {"fp32_max_abs_diff": cfg.fp32_max_abs_diff,
-                                  "int8_min_top1_agreement": cfg.int8_min_top1_agreement}})
+    report.update(
+        {
+            "prompts": len(prompts),
+            "max_new_tokens": cfg.max_new_tokens,
+            "threads": cfg.threads,
+            "latency_tokens": cfg.latency_tokens,
+            "thresholds": {
+                "fp32_max_abs_diff": cfg.fp32_max_abs_diff,
+                "int8_min_top1_agreement": cfg.int8_min_top1_agreement,
+            },
+        }
+    )
 
 
 def _summary(cfg: ExportConfig, layout: dict, report: dict, eos, pad: int, seconds: float) -> dict:
@@ -262,19 +300,30 @@ def _summary(cfg: ExportConfig, layout: dict, report: dict, eos, pad: int, secon
 
     variants = [name for name in ("fp32", "int8", "int4") if name in report]
     return {
-        "stage": "export", "model_path": cfg.model_path, "output_dir": cfg.output_dir,
-        "models": {name: f"onnx/{name}/model.onnx" for name in variants}, "tokenizer": "tokenizer",
-        "parity": "parity.json", "eos_token_id": eos, "pad_token_id": pad, **layout,
+        "stage": "export",
+        "model_path": cfg.model_path,
+        "output_dir": cfg.output_dir,
+        "models": {name: f"onnx/{name}/model.onnx" for name in variants},
+        "tokenizer": "tokenizer",
+        "parity": "parity.json",
+        "eos_token_id": eos,
+        "pad_token_id": pad,
+        **layout,
         "fp32_max_abs_diff": max(report["fp32"]["prefill"]["max_abs_diff"], report["fp32"]["decode"]["max_abs_diff"]),
         "top1_agreement": {name: report[name]["top1_agreement"] for name in variants},
         "greedy_exact_match": {name: report[name]["greedy_exact_match"] for name in variants},
         "file_bytes": {name: report[name]["file_bytes"] for name in variants},
         "weight_bytes": {name: report[name]["weight_bytes"] for name in variants},
-        "decode_ms_per_token": {"pytorch": report["pytorch"]["decode_ms_per_token"],
-                                **{name: report[name]["decode_ms_per_token"] for name in variants}},
+        "decode_ms_per_token": {
+            "pytorch": report["pytorch"]["decode_ms_per_token"],
+            **{name: report[name]["decode_ms_per_token"] for name in variants},
+        },
         "exporter": "torch.onnx.export(dynamo=True)",
-        "versions": {"torch": torch.__version__, "transformers": transformers.__version__,
-                     "onnxruntime": onnxruntime.__version__},
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "onnxruntime": onnxruntime.__version__,
+        },
         "seconds": round(seconds, 1),
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }

@@ -17,19 +17,18 @@ import tempfile
 from dataclasses import dataclass
 
 from trainer_lib.config import DataConfig, ModelConfig, StorageConfig, opt
-from trainer_lib.errors import ConfigError
-from trainer_lib.errors import UserError
+from trainer_lib.errors import ConfigError, UserError
 from trainer_lib.models import chat_templates
 
 
 @dataclass
 class PrepareConfig:
     data: DataConfig = opt(DataConfig, "Dataset to prepare (data.path) and how to split it.")
-    model: ModelConfig = opt(ModelConfig, "Optional: its tokenizer measures token lengths; rows "
-                                          "longer than data.max_length are dropped.")
+    model: ModelConfig = opt(
+        ModelConfig, "Optional: its tokenizer measures token lengths; rows longer than data.max_length are dropped."
+    )
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
-    output_dir: str | None = opt(None, "Where the prepared DatasetDict and stats.json go "
-                                       "(local or URL).")
+    output_dir: str | None = opt(None, "Where the prepared DatasetDict and stats.json go (local or URL).")
     seed: int = opt(0, "Seed of the train/eval split.")
     drop_duplicates: bool = opt(True, "Drop exact duplicate rows (same format fields).")
     drop_empty: bool = opt(True, "Drop rows with an empty or whitespace-only text field.")
@@ -58,8 +57,7 @@ def _check_target(path: str) -> None:
     if os.path.isfile(path):
         raise UserError(f"output_dir: {path} is a file")
     if os.path.isdir(path) and os.listdir(path) and not os.path.isfile(os.path.join(path, STATS_FILE)):
-        raise UserError(f"output_dir: {path} exists and is not a prepared dataset; "
-                        "refusing to overwrite it")
+        raise UserError(f"output_dir: {path} exists and is not a prepared dataset; refusing to overwrite it")
 
 
 def _write(dd, stats: dict, directory: str) -> None:
@@ -123,8 +121,14 @@ def run(cfg: PrepareConfig) -> dict:
         _check_target(os.path.abspath(os.path.expanduser(cfg.output_dir)))  # fail before the work
     storage.require_bucket(cfg.output_dir)
     tokenizer = load_tokenizer(cfg.model) if (cfg.model.path or cfg.model.tokenizer_path) else None
-    dd, stats = build_dataset(cfg.data, cfg.seed, tokenizer=tokenizer, drop_empty=cfg.drop_empty,
-                              drop_duplicates=cfg.drop_duplicates, max_rows=cfg.max_rows)
+    dd, stats = build_dataset(
+        cfg.data,
+        cfg.seed,
+        tokenizer=tokenizer,
+        drop_empty=cfg.drop_empty,
+        drop_duplicates=cfg.drop_duplicates,
+        max_rows=cfg.max_rows,
+    )
     if tokenizer is not None:
         stats["tokenizer"] = cfg.model.tokenizer_path or cfg.model.path
     if storage.is_remote(cfg.output_dir):

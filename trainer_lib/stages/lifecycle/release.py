@@ -14,8 +14,7 @@ from dataclasses import dataclass
 
 from trainer_lib import storage
 from trainer_lib.config import StorageConfig, opt
-from trainer_lib.errors import ConfigError
-from trainer_lib.errors import UserError
+from trainer_lib.errors import ConfigError, UserError
 
 
 @dataclass
@@ -42,14 +41,20 @@ def run(cfg: ReleaseConfig) -> dict:
         raise UserError(f"evaluation: {cfg.evaluation} is not an evaluate metrics.json ({exc})") from None
     if not gate.get("passed"):
         failed = [r["rule"] for r in gate.get("rules", []) if not r.get("passed")]
-        raise UserError(f"evaluation: the gate failed ({', '.join(failed) or 'no rule passed'}); "
-                        f"{cfg.model_path} is not released")
+        raise UserError(
+            f"evaluation: the gate failed ({', '.join(failed) or 'no rule passed'}); {cfg.model_path} is not released"
+        )
     marker = storage.join(cfg.release_uri, "release.json")
     if storage.exists(marker):
         storage.delete(marker)  # a re-release: invalidate the old marker before copying over it
     storage.copy(cfg.model_path, cfg.release_uri)
-    record = {"source": cfg.model_path, "candidate": result.get("candidate"), "baseline": result.get("baseline"),
-              "gate": gate, "metrics": result.get("models", {}).get(result.get("candidate"), {}),
-              "released_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    record = {
+        "source": cfg.model_path,
+        "candidate": result.get("candidate"),
+        "baseline": result.get("baseline"),
+        "gate": gate,
+        "metrics": result.get("models", {}).get(result.get("candidate"), {}),
+        "released_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     storage.write_text(marker, json.dumps(record, indent=2))
     return {"stage": "release", "released": True, "release_uri": cfg.release_uri}

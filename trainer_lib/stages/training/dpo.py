@@ -18,13 +18,12 @@ rejected: at step 0 this is the starting model's held-out preference accuracy).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from trainer_lib import storage
 from trainer_lib.config import TrainingConfig, opt
-from trainer_lib.errors import ConfigError
-from trainer_lib.errors import UserError
+from trainer_lib.errors import ConfigError, UserError
 from trainer_lib.loop.micro_batches import MicroBatchSchedule, total_steps
 
 LOSSES = ("sigmoid", "ipo", "hinge", "robust", "simpo", "kto")
@@ -33,25 +32,38 @@ REFERENCES = ("auto", "model", "precomputed", "adapter")
 
 @dataclass
 class DPOConfig(TrainingConfig):
-    loss: str = opt("sigmoid", "Preference loss: sigmoid (DPO; with label_smoothing: cDPO), ipo, hinge "
-                               "(SLiC), robust (robust DPO), simpo (reference-free), kto (unpaired).", LOSSES)
+    loss: str = opt(
+        "sigmoid",
+        "Preference loss: sigmoid (DPO; with label_smoothing: cDPO), ipo, hinge "
+        "(SLiC), robust (robust DPO), simpo (reference-free), kto (unpaired).",
+        LOSSES,
+    )
     beta: float = opt(0.1, "Inverse temperature of the implicit reward (IPO: tau). SimPO wants ~2-2.5.")
-    label_smoothing: float = opt(0.0, "Assumed label-flip rate eps for sigmoid (cDPO) and robust "
-                                      "(0 <= eps < 0.5).")
+    label_smoothing: float = opt(0.0, "Assumed label-flip rate eps for sigmoid (cDPO) and robust (0 <= eps < 0.5).")
     simpo_gamma: float = opt(1.0, "SimPO target reward margin gamma.")
-    rpo_alpha: float = opt(0.0, "Weight alpha of RPO's NLL term on the chosen completion (Pang et al. 2024): "
-                                "loss + alpha * (-log pi(y_w|x) / |y_w|); keeps chosen answers likely while "
-                                "the margin grows. 0: off; the paper uses 1.0. Paired losses only.")
+    rpo_alpha: float = opt(
+        0.0,
+        "Weight alpha of RPO's NLL term on the chosen completion (Pang et al. 2024): "
+        "loss + alpha * (-log pi(y_w|x) / |y_w|); keeps chosen answers likely while "
+        "the margin grows. 0: off; the paper uses 1.0. Paired losses only.",
+    )
     kto_desirable_weight: float = opt(1.0, "KTO lambda_D, weight of desirable completions.")
     kto_undesirable_weight: float = opt(1.0, "KTO lambda_U, weight of undesirable completions.")
-    reference: str = opt("auto", "Reference log-probs: a frozen copy of reference_model_path ('model'), "
-                                 "a table computed once before training and cached ('precomputed'), or the "
-                                 "LoRA policy with adapters disabled ('adapter'). auto: adapter when "
-                                 "lora.r > 0, else model. Ignored by simpo.", REFERENCES)
+    reference: str = opt(
+        "auto",
+        "Reference log-probs: a frozen copy of reference_model_path ('model'), "
+        "a table computed once before training and cached ('precomputed'), or the "
+        "LoRA policy with adapters disabled ('adapter'). auto: adapter when "
+        "lora.r > 0, else model. Ignored by simpo.",
+        REFERENCES,
+    )
     reference_model_path: str | None = opt(None, "Reference model; default model.path.")
-    reference_logps_path: str | None = opt(None, "Directory (local or URL) caching precomputed reference "
-                                                 "log-probs, one file per reference+data fingerprint; "
-                                                 "default <output_dir>/reference_logps.")
+    reference_logps_path: str | None = opt(
+        None,
+        "Directory (local or URL) caching precomputed reference "
+        "log-probs, one file per reference+data fingerprint; "
+        "default <output_dir>/reference_logps.",
+    )
 
     def reference_mode(self) -> str:
         if self.loss == "simpo":
@@ -69,14 +81,17 @@ class DPOConfig(TrainingConfig):
         if not 0.0 <= self.label_smoothing < 0.5:
             raise ConfigError(f"label_smoothing: expected 0 <= x < 0.5, got {self.label_smoothing}")
         if self.rpo_alpha < 0 or (self.rpo_alpha and self.loss == "kto"):
-            raise ConfigError(f"rpo_alpha: expected >= 0 with a paired loss (not kto), got {self.rpo_alpha} "
-                              f"with loss={self.loss}")
+            raise ConfigError(
+                f"rpo_alpha: expected >= 0 with a paired loss (not kto), got {self.rpo_alpha} with loss={self.loss}"
+            )
         if min(self.kto_desirable_weight, self.kto_undesirable_weight) < 0:
             raise ConfigError("kto_desirable_weight/kto_undesirable_weight: expected >= 0")
         uses_base = self.reference_model_path in (None, self.model.path)
         if self.reference_mode() == "adapter" and (self.lora.r == 0 or not uses_base):
-            raise ConfigError("reference: 'adapter' needs lora.r > 0 and the reference to be model.path "
-                              "(set reference=model for another reference model)")
+            raise ConfigError(
+                "reference: 'adapter' needs lora.r > 0 and the reference to be model.path "
+                "(set reference=model for another reference model)"
+            )
 
 
 CONFIG = DPOConfig
@@ -88,8 +103,16 @@ CONFIG = DPOConfig
 def select_objective(cfg: DPOConfig) -> Callable:
     """The configured loss as ``objective(policy, reference, batch) -> (B,)``, chosen once."""
     from trainer_lib.data.preference_batches import average_logps
-    from trainer_lib.losses import (dpo_sigmoid_loss, hinge_loss, ipo_loss, kto_loss, kto_reference_point,
-                                    robust_dpo_loss, rpo_nll_term, simpo_loss)
+    from trainer_lib.losses import (
+        dpo_sigmoid_loss,
+        hinge_loss,
+        ipo_loss,
+        kto_loss,
+        kto_reference_point,
+        robust_dpo_loss,
+        rpo_nll_term,
+        simpo_loss,
+    )
 
     beta, eps = cfg.beta, cfg.label_smoothing
     objectives = {
@@ -97,12 +120,22 @@ def select_objective(cfg: DPOConfig) -> Callable:
         "ipo": lambda p, r, b: ipo_loss(p.chosen, p.rejected, r.chosen, r.rejected, beta),
         "hinge": lambda p, r, b: hinge_loss(p.chosen, p.rejected, r.chosen, r.rejected, beta),
         "robust": lambda p, r, b: robust_dpo_loss(p.chosen, p.rejected, r.chosen, r.rejected, beta, eps),
-        "simpo": lambda p, r, b: simpo_loss(average_logps(p.chosen, p.chosen_tokens),
-                                            average_logps(p.rejected, p.rejected_tokens), beta, cfg.simpo_gamma),
+        "simpo": lambda p, r, b: simpo_loss(
+            average_logps(p.chosen, p.chosen_tokens),
+            average_logps(p.rejected, p.rejected_tokens),
+            beta,
+            cfg.simpo_gamma,
+        ),
         # KTO halves: completion, mismatched KL completion (see trainer_lib.data.preference_batches)
-        "kto": lambda p, r, b: kto_loss(p.chosen, r.chosen, b["label"].to(p.chosen.device),
-                                        kto_reference_point(p.rejected, r.rejected), beta,
-                                        cfg.kto_desirable_weight, cfg.kto_undesirable_weight),
+        "kto": lambda p, r, b: kto_loss(
+            p.chosen,
+            r.chosen,
+            b["label"].to(p.chosen.device),
+            kto_reference_point(p.rejected, r.rejected),
+            beta,
+            cfg.kto_desirable_weight,
+            cfg.kto_undesirable_weight,
+        ),
     }
     objective, alpha = objectives[cfg.loss], cfg.rpo_alpha
     if not alpha:
@@ -110,8 +143,16 @@ def select_objective(cfg: DPOConfig) -> Callable:
     return lambda p, r, b: objective(p, r, b) + alpha * rpo_nll_term(p.chosen, p.chosen_tokens)
 
 
-PAIRED_METRICS = ("loss", "rewards/chosen", "rewards/rejected", "rewards/margins", "rewards/accuracy",
-                  "logps/chosen", "logps/rejected", "logps/accuracy")
+PAIRED_METRICS = (
+    "loss",
+    "rewards/chosen",
+    "rewards/rejected",
+    "rewards/margins",
+    "rewards/accuracy",
+    "logps/chosen",
+    "logps/rejected",
+    "logps/accuracy",
+)
 UNPAIRED_METRICS = ("loss", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected", "kl")
 
 
@@ -127,13 +168,24 @@ def batch_metrics(kind: str, policy, reference, beta: float, batch: dict) -> dic
         chosen = beta * (policy.chosen - reference.chosen)
         rejected = beta * (policy.rejected - reference.rejected)
     if kind == "paired":
-        return {"rewards/chosen": chosen, "rewards/rejected": rejected, "rewards/margins": chosen - rejected,
-                "rewards/accuracy": (chosen > rejected).float(), "logps/chosen": policy.chosen,
-                "logps/rejected": policy.rejected, "logps/accuracy": (policy.chosen > policy.rejected).float()}
+        return {
+            "rewards/chosen": chosen,
+            "rewards/rejected": rejected,
+            "rewards/margins": chosen - rejected,
+            "rewards/accuracy": (chosen > rejected).float(),
+            "logps/chosen": policy.chosen,
+            "logps/rejected": policy.rejected,
+            "logps/accuracy": (policy.chosen > policy.rejected).float(),
+        }
     label = batch["label"].to(chosen.device)
     kl = (policy.rejected - reference.rejected).mean(0, keepdim=True)
-    return {"rewards/chosen": chosen[label], "rewards/rejected": chosen[~label],
-            "logps/chosen": policy.chosen[label], "logps/rejected": policy.chosen[~label], "kl": kl}
+    return {
+        "rewards/chosen": chosen[label],
+        "rewards/rejected": chosen[~label],
+        "logps/chosen": policy.chosen[label],
+        "logps/rejected": policy.chosen[~label],
+        "kl": kl,
+    }
 
 
 # --------------------------------------------------------------------------- data
@@ -160,8 +212,13 @@ def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
 
     kto = cfg.loss == "kto"
     allowed = pref.PAIRED_FORMATS + (pref.UNPAIRED_FORMATS if kto else ())
-    data = training_data(cfg.data, cfg.seed, allowed_formats=allowed, tokenizer=tokenizer,
-                         stage=f"dpo loss={cfg.loss}" + ("" if kto else " (unpaired data needs loss=kto)"))
+    data = training_data(
+        cfg.data,
+        cfg.seed,
+        allowed_formats=allowed,
+        tokenizer=tokenizer,
+        stage=f"dpo loss={cfg.loss}" + ("" if kto else " (unpaired data needs loss=kto)"),
+    )
     fmt = data.format
     max_len, pad = cfg.data.max_length, tokenizer.pad_token_id
     paired = fmt in pref.PAIRED_FORMATS
@@ -175,20 +232,35 @@ def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
 
     def split(kind: str, examples: list[dict], batch_size: int) -> Split:
         collate = pref.collate_pairs if kind == "paired" else pref.collate_unpaired
-        return Split(kind, examples, micro_batches(examples, batch_size, max_len, packing=False),
-                     lambda rows: collate(rows, pad, packed=packed))
+        return Split(
+            kind,
+            examples,
+            micro_batches(examples, batch_size, max_len, packing=False),
+            lambda rows: collate(rows, pad, packed=packed),
+        )
 
     def tokenized(name: str) -> list[dict]:
         # tokenized by data.num_workers processes and cached; the examples are then lists (KTO pairs them up)
-        ds = tokenize_split(data.splits[name], data.fingerprints[name], "pairs" if paired else "unpaired", fmt,
-                            tokenizer, max_len, cfg.data.num_workers, what=f"{cfg.data.path} [{name}]")
+        ds = tokenize_split(
+            data.splits[name],
+            data.fingerprints[name],
+            "pairs" if paired else "unpaired",
+            fmt,
+            tokenizer,
+            max_len,
+            cfg.data.num_workers,
+            what=f"{cfg.data.path} [{name}]",
+        )
         return ds.to_list()
 
     train, evals = tokenized("train"), tokenized("eval")
     if not train:
         raise UserError(f"data.path: {cfg.data.path} has no rows to train on")
-    sets = {"train": split("unpaired", unpaired(train, cfg.seed), cfg.batch_size) if kto
-            else split("paired", train, cfg.batch_size)}
+    sets = {
+        "train": split("unpaired", unpaired(train, cfg.seed), cfg.batch_size)
+        if kto
+        else split("paired", train, cfg.batch_size)
+    }
     if evals and paired:
         sets["eval"] = split("paired", evals, cfg.eval_batch_size)
     if evals and kto:
@@ -198,8 +270,8 @@ def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
 
 def evaluate(engine, strategy, name: str, split: Split, reference, objective, cfg: DPOConfig) -> dict:
     """Mean metrics over one eval split (sharded across ranks); the loss where it applies."""
-    from trainer_lib.models.reference import forward_logps
     from trainer_lib.loop.tracking import means_of, sums_and_counts
+    from trainer_lib.models.reference import forward_logps
 
     with_loss = split.kind == ("unpaired" if cfg.loss == "kto" else "paired")
     keys = PAIRED_METRICS if split.kind == "paired" else UNPAIRED_METRICS
@@ -232,13 +304,17 @@ def evaluate_all(engine, strategy, sets: dict, reference, objective, cfg: DPOCon
 
 
 def run(cfg: DPOConfig) -> dict:
-    from trainer_lib.loop.cadence import Cadence
     from trainer_lib.data.tokenize import count_tokens
-    from trainer_lib.models.load import apply_lora, count_parameters, load_causal_lm, load_tokenizer
-    from trainer_lib.models.reference import (AdapterReference, FrozenModelReference, forward_logps,
-                                              precomputed_reference)
     from trainer_lib.engine.batch_size import resolve_batch_size
     from trainer_lib.engine.strategy import DeepSpeedStrategy
+    from trainer_lib.loop.cadence import Cadence
+    from trainer_lib.models.load import apply_lora, count_parameters, load_causal_lm, load_tokenizer
+    from trainer_lib.models.reference import (
+        AdapterReference,
+        FrozenModelReference,
+        forward_logps,
+        precomputed_reference,
+    )
 
     resolve_batch_size(cfg, sequences_per_row=2)  # a chosen and a rejected sequence per pair
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
@@ -248,30 +324,41 @@ def run(cfg: DPOConfig) -> dict:
     tokenizer = load_tokenizer(cfg.model)
     sets, fmt = build_splits(cfg, tokenizer)
     train = sets["train"]
-    schedule = MicroBatchSchedule(len(train.groups), cfg.engine.gradient_accumulation_steps,
-                                  strategy.world_size, cfg.seed)
+    schedule = MicroBatchSchedule(
+        len(train.groups), cfg.engine.gradient_accumulation_steps, strategy.world_size, cfg.seed
+    )
     steps = total_steps(cfg, len(train.groups), schedule.batches_per_step())
     objective = select_objective(cfg)
 
     # ---- policy engine
     model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
     engine = strategy.prepare(model, total_steps=steps, **cfg.optimizer_args())
-    run = Cadence(cfg, strategy, "dpo", steps, engine, parameters=count_parameters(model),
-                  window_keys=PAIRED_METRICS if train.kind == "paired" else UNPAIRED_METRICS,
-                  evaluate=(lambda: evaluate_all(engine, strategy, sets, reference, objective, cfg))
-                  if len(sets) > 1 else None)
+    run = Cadence(
+        cfg,
+        strategy,
+        "dpo",
+        steps,
+        engine,
+        parameters=count_parameters(model),
+        window_keys=PAIRED_METRICS if train.kind == "paired" else UNPAIRED_METRICS,
+        evaluate=(lambda: evaluate_all(engine, strategy, sets, reference, objective, cfg)) if len(sets) > 1 else None,
+    )
 
     # ---- reference (before the step-0 evaluation, which uses it)
     mode, status = cfg.reference_mode(), None
 
     def frozen_model():
         path = cfg.reference_model_path or cfg.model.path
-        return FrozenModelReference(strategy.prepare_frozen(load_causal_lm(cfg.model, cfg.engine.precision, path)),
-                                    strategy.device)
+        return FrozenModelReference(
+            strategy.prepare_frozen(load_causal_lm(cfg.model, cfg.engine.precision, path)), strategy.device
+        )
 
     def live():
-        return AdapterReference(engine, strategy) if cfg.lora.r > 0 and cfg.reference_model_path in (
-            None, cfg.model.path) else frozen_model()
+        return (
+            AdapterReference(engine, strategy)
+            if cfg.lora.r > 0 and cfg.reference_model_path in (None, cfg.model.path)
+            else frozen_model()
+        )
 
     if mode == "model":
         reference = frozen_model()
@@ -283,8 +370,10 @@ def run(cfg: DPOConfig) -> dict:
         reference, status = precomputed_reference(sets, strategy, live, directory, identity, cfg.eval_batch_size)
     else:  # simpo is reference-free
         reference = None
-    run.restore(f"loss={cfg.loss}, reference={mode}, {len(train.examples)} train examples ({fmt}), "
-                f"{len(train.groups)} micro-batches")
+    run.restore(
+        f"loss={cfg.loss}, reference={mode}, {len(train.examples)} train examples ({fmt}), "
+        f"{len(train.groups)} micro-batches"
+    )
 
     # ---- the loop
     for step in run.steps():
@@ -302,8 +391,9 @@ def run(cfg: DPOConfig) -> dict:
         run.after_step(step, epoch=epoch)
 
     # ---- final evaluation and Hugging Face export (LoRA merged)
-    summary = run.finish({"stage": "dpo", "loss": cfg.loss, "reference": mode,
-                          "train_examples": len(train.examples), "format": fmt})
+    summary = run.finish(
+        {"stage": "dpo", "loss": cfg.loss, "reference": mode, "train_examples": len(train.examples), "format": fmt}
+    )
     if status:
         summary["reference_logps"] = status
     return run.save_model(tokenizer, summary)

@@ -29,14 +29,15 @@ import time
 from dataclasses import dataclass
 
 from trainer_lib.config import opt
-from trainer_lib.errors import ConfigError
 from trainer_lib.config.rl import RLConfig
+from trainer_lib.errors import ConfigError
 
 
 @dataclass
 class GRPOConfig(RLConfig):
-    advantage: str = opt("grpo", "Advantage estimator (and loss averaging, see the stage's docs).",
-                         ("grpo", "dr_grpo", "rloo"))
+    advantage: str = opt(
+        "grpo", "Advantage estimator (and loss averaging, see the stage's docs).", ("grpo", "dr_grpo", "rloo")
+    )
     beta: float = opt(0.04, "Coefficient of the k3 KL(policy || reference) loss term (0: no reference model).")
     epsilon: float = opt(0.2, "Clip range of the probability ratio.")
 
@@ -53,14 +54,15 @@ CONFIG = GRPOConfig
 
 def advantage_and_loss(cfg: GRPOConfig):
     """(rewards (B,) -> advantages (B,), (per-token loss, mask) -> scalar loss) for ``cfg.advantage``."""
-    from trainer_lib.losses import (constant_normalized_sum, grpo_advantages, rloo_advantages,
-                                       sequence_mean)
+    from trainer_lib.losses import constant_normalized_sum, grpo_advantages, rloo_advantages, sequence_mean
 
     n = cfg.rollout.n
     return {
         "grpo": (functools.partial(grpo_advantages, group_size=n, scale=True), sequence_mean),
-        "dr_grpo": (functools.partial(grpo_advantages, group_size=n, scale=False),
-                    functools.partial(constant_normalized_sum, max_tokens=cfg.rollout.max_new_tokens)),
+        "dr_grpo": (
+            functools.partial(grpo_advantages, group_size=n, scale=False),
+            functools.partial(constant_normalized_sum, max_tokens=cfg.rollout.max_new_tokens),
+        ),
         "rloo": (functools.partial(rloo_advantages, group_size=n), sequence_mean),
     }[cfg.advantage]
 
@@ -91,28 +93,50 @@ def run(cfg: GRPOConfig) -> dict:
     advantages_of, aggregate = advantage_and_loss(cfg)
     reuse_logprobs = cfg.updates_per_step() == 1  # one update: pi_old is the policy itself
 
-    run = Cadence(cfg, strategy, "grpo", steps, engine, parameters=count_parameters(policy),
-                  evaluate=rl.held_out_evaluation(engine, strategy, tokenizer, eval_rows, rewards, cfg),
-                  client_state=lambda step: {"rewards": rewards.state_dict()},
-                  restore_state=lambda state: rewards.load_state_dict(state["rewards"]))
+    run = Cadence(
+        cfg,
+        strategy,
+        "grpo",
+        steps,
+        engine,
+        parameters=count_parameters(policy),
+        evaluate=rl.held_out_evaluation(engine, strategy, tokenizer, eval_rows, rewards, cfg),
+        client_state=lambda step: {"rewards": rewards.state_dict()},
+        restore_state=lambda state: rewards.load_state_dict(state["rewards"]),
+    )
     try:
-        run.restore(f"{cfg.advantage} advantages, {len(schedule.prompts)} train / {len(eval_rows)} eval prompts, "
-                    f"{cfg.prompts_per_step} prompts x {n} completions per step")
+        run.restore(
+            f"{cfg.advantage} advantages, {len(schedule.prompts)} train / {len(eval_rows)} eval prompts, "
+            f"{cfg.prompts_per_step} prompts x {n} completions per step"
+        )
 
         # ---- the loop
         for step in run.steps():
             rewards.trainer_state = schedule.trainer_state(step)  # reward functions may read the step
             # 1. rollout: sample, score, group advantages
-            rollout, scores, metrics = rl.sample_and_score(engine, strategy, tokenizer, schedule.rows(step), cfg,
-                                                           rewards, schedule.sampling_seed(step))
+            rollout, scores, metrics = rl.sample_and_score(
+                engine, strategy, tokenizer, schedule.rows(step), cfg, rewards, schedule.sampling_seed(step)
+            )
             advantages = advantages_of(scores)
             # 2. log-probs before the update: pi_old (if it differs from pi) and the reference
             logprob_start = time.perf_counter()
             with torch.no_grad():
-                old_logprobs = None if reuse_logprobs else rl.per_micro_batch(
-                    lambda part: token_logprobs(engine, part, temperature)[0], rollout, cfg.batch_size)
-                ref_logprobs = None if cfg.beta == 0 else rl.per_micro_batch(
-                    lambda part: rl.reference_logprobs(reference, engine, part, temperature), rollout, cfg.batch_size)
+                old_logprobs = (
+                    None
+                    if reuse_logprobs
+                    else rl.per_micro_batch(
+                        lambda part: token_logprobs(engine, part, temperature)[0], rollout, cfg.batch_size
+                    )
+                )
+                ref_logprobs = (
+                    None
+                    if cfg.beta == 0
+                    else rl.per_micro_batch(
+                        lambda part: rl.reference_logprobs(reference, engine, part, temperature),
+                        rollout,
+                        cfg.batch_size,
+                    )
+                )
             # 3. clipped policy-gradient updates over shuffled mini-batches
             train_start = time.perf_counter()
             for micro in schedule.update_micro_batches(step):
@@ -130,10 +154,16 @@ def run(cfg: GRPOConfig) -> dict:
                 loss = aggregate(per_token, mask)
                 strategy.backward(loss, engine)
                 strategy.optimizer_step(engine)
-                run.window.add_all({"loss": loss, "clip_fraction": masked_mean(clipped, mask),
-                                    "entropy": masked_mean(entropy, mask)})
-            run.window.add_all({**metrics, "logprob_time": train_start - logprob_start,
-                                "train_time": time.perf_counter() - train_start})
+                run.window.add_all(
+                    {"loss": loss, "clip_fraction": masked_mean(clipped, mask), "entropy": masked_mean(entropy, mask)}
+                )
+            run.window.add_all(
+                {
+                    **metrics,
+                    "logprob_time": train_start - logprob_start,
+                    "train_time": time.perf_counter() - train_start,
+                }
+            )
             run.window.count(samples=len(rollout), tokens=rl.rollout_tokens(rollout))
             run.after_step(step)
 

@@ -37,8 +37,8 @@ import time
 from dataclasses import dataclass
 
 from trainer_lib.config import opt
-from trainer_lib.errors import ConfigError
 from trainer_lib.config.rl import RLConfig
+from trainer_lib.errors import ConfigError
 
 
 @dataclass
@@ -52,8 +52,11 @@ class KLConfig:
 
 @dataclass
 class CriticConfig:
-    path: str | None = opt(None, "Critic initialization: a reward model or causal LM (default: "
-                                 "reward.model_path, else model.path, with a new scalar head).")
+    path: str | None = opt(
+        None,
+        "Critic initialization: a reward model or causal LM (default: "
+        "reward.model_path, else model.path, with a new scalar head).",
+    )
 
 
 @dataclass
@@ -68,14 +71,19 @@ class PPOConfig(RLConfig):
     vf_coef: float = opt(0.5, "Weight of the value loss.")
     whiten_advantages: bool = opt(True, "Whiten advantages over each step's response tokens.")
     critic_lr: float | None = opt(None, "Critic learning rate (default: lr).")
-    freeze_actor_steps: int = opt(0, "Train only the critic for the first N steps, so a new value head "
-                                     "does not steer the policy with noise (OpenRLHF's freezing_actor_steps).")
+    freeze_actor_steps: int = opt(
+        0,
+        "Train only the critic for the first N steps, so a new value head "
+        "does not steer the policy with noise (OpenRLHF's freezing_actor_steps).",
+    )
 
     def validate(self) -> None:
         super().validate()
         if self.multi_adapter and self.engine.gradient_checkpointing:
-            raise ConfigError("engine.gradient_checkpointing: not supported with multi_adapter=true in PPO (the one "
-                              "backward pass would recompute the policy's and the value's layers under one adapter)")
+            raise ConfigError(
+                "engine.gradient_checkpointing: not supported with multi_adapter=true in PPO (the one "
+                "backward pass would recompute the policy's and the value's layers under one adapter)"
+            )
         if self.clip_range <= 0 or self.value_clip_range < 0 or self.vf_coef < 0:
             raise ConfigError("clip_range: expected > 0; value_clip_range, vf_coef: expected >= 0")
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
@@ -102,7 +110,7 @@ def token_values(critic, rollout):
     finally:
         hook.remove()
     width = rollout.response_ids.shape[1]
-    return outputs[-1][:, -(width + 1):-1, 0].float() * rollout.response_mask.to(outputs[-1].device)
+    return outputs[-1][:, -(width + 1) : -1, 0].float() * rollout.response_mask.to(outputs[-1].device)
 
 
 def load_critic(cfg: PPOConfig, pad_token_id: int, vocab: int):
@@ -112,8 +120,10 @@ def load_critic(cfg: PPOConfig, pad_token_id: int, vocab: int):
     path = cfg.critic.path or cfg.reward.model_path or cfg.model.path
     critic = load_reward_model(cfg.model, pad_token_id, cfg.engine.precision, path=path)  # model.revision: policy only
     if critic.config.vocab_size < vocab:
-        raise UserError(f"critic.path: {path} has a vocabulary of {critic.config.vocab_size} tokens, the policy's "
-                        f"tokenizer {vocab}; the critic must share the policy's tokenizer")
+        raise UserError(
+            f"critic.path: {path} has a vocabulary of {critic.config.vocab_size} tokens, the policy's "
+            f"tokenizer {vocab}; the critic must share the policy's tokenizer"
+        )
     return apply_reward_lora(critic, cfg.lora)
 
 
@@ -130,8 +140,16 @@ def run(cfg: PPOConfig) -> dict:
     import torch
 
     from trainer_lib.loop.cadence import Cadence
-    from trainer_lib.losses import (KLController, explained_variance, gae_advantages, kl_penalty,
-                                       masked_mean, masked_whiten, ppo_policy_loss, ppo_value_loss)
+    from trainer_lib.losses import (
+        KLController,
+        explained_variance,
+        gae_advantages,
+        kl_penalty,
+        masked_mean,
+        masked_whiten,
+        ppo_policy_loss,
+        ppo_value_loss,
+    )
     from trainer_lib.models import multi_adapter
     from trainer_lib.models.load import apply_lora, count_parameters, disable_dropout, load_causal_lm
     from trainer_lib.rl import experience as rl
@@ -159,8 +177,9 @@ def run(cfg: PPOConfig) -> dict:
         for model in (actor, critic):
             disable_dropout(model)
         actor_engine = strategy.prepare(actor, total_steps=actor_updates, **cfg.optimizer_args())
-        critic_engine = strategy.prepare(critic, total_steps=updates,
-                                         **{**cfg.optimizer_args(), "lr": cfg.critic_lr or cfg.lr})
+        critic_engine = strategy.prepare(
+            critic, total_steps=updates, **{**cfg.optimizer_args(), "lr": cfg.critic_lr or cfg.lr}
+        )
         reference = rl.load_reference(cfg, strategy) if use_reference else None
         rewards = rl.build_rewards(cfg, strategy, tokenizer)
 
@@ -173,35 +192,48 @@ def run(cfg: PPOConfig) -> dict:
         rewards.load_state_dict(state["rewards"])
         kl_ctl.load_state_dict(state["kl_controller"])
 
-    run = Cadence(cfg, strategy, "ppo", steps, actor_engine, parameters=count_parameters(actor),
-                  extra_engines={"critic": critic_engine} if critic_engine else {},
-                  evaluate=rl.held_out_evaluation(actor_engine, strategy, tokenizer, eval_rows, rewards, cfg),
-                  client_state=lambda step: {"rewards": rewards.state_dict(), "kl_controller": kl_ctl.state_dict()},
-                  restore_state=restore_state,
-                  log_extra=lambda: critic_log(strategy, actor_engine, critic_engine))
+    run = Cadence(
+        cfg,
+        strategy,
+        "ppo",
+        steps,
+        actor_engine,
+        parameters=count_parameters(actor),
+        extra_engines={"critic": critic_engine} if critic_engine else {},
+        evaluate=rl.held_out_evaluation(actor_engine, strategy, tokenizer, eval_rows, rewards, cfg),
+        client_state=lambda step: {"rewards": rewards.state_dict(), "kl_controller": kl_ctl.state_dict()},
+        restore_state=restore_state,
+        log_extra=lambda: critic_log(strategy, actor_engine, critic_engine),
+    )
     try:
-        run.restore(f"{len(schedule.prompts)} train / {len(eval_rows)} eval prompts, {cfg.prompts_per_step} prompts x "
-                    f"{n} completions per step (trainable params: the actor's"
-                    f"{', the value adapter and head' if shared else ''})")
+        run.restore(
+            f"{len(schedule.prompts)} train / {len(eval_rows)} eval prompts, {cfg.prompts_per_step} prompts x "
+            f"{n} completions per step (trainable params: the actor's"
+            f"{', the value adapter and head' if shared else ''})"
+        )
 
         # ---- the loop
         for step in run.steps():
             rewards.trainer_state = schedule.trainer_state(step)  # reward functions may read the step
             # 1. rollout and scores
-            rollout, scores, metrics = rl.sample_and_score(actor_engine, strategy, tokenizer, schedule.rows(step), cfg,
-                                                           rewards, schedule.sampling_seed(step))
+            rollout, scores, metrics = rl.sample_and_score(
+                actor_engine, strategy, tokenizer, schedule.rows(step), cfg, rewards, schedule.sampling_seed(step)
+            )
 
             # 2-4. log-probs and values of the sampling weights, KL-shaped rewards, GAE
             prep_start = time.perf_counter()
             mask = rollout.response_mask.float()
             with torch.no_grad():
-                old_logprobs = rl.per_micro_batch(lambda part: token_logprobs(actor_engine, part, temperature)[0],
-                                                  rollout, cfg.batch_size)
+                old_logprobs = rl.per_micro_batch(
+                    lambda part: token_logprobs(actor_engine, part, temperature)[0], rollout, cfg.batch_size
+                )
                 old_values = rl.per_micro_batch(values_of, rollout, cfg.batch_size)
                 if use_reference:
                     ref_logprobs = rl.per_micro_batch(
                         lambda part: rl.reference_logprobs(reference, actor_engine, part, temperature),
-                        rollout, cfg.batch_size)
+                        rollout,
+                        cfg.batch_size,
+                    )
                     kl = kl_penalty(old_logprobs, ref_logprobs, cfg.kl.estimator) * mask
                 else:
                     kl = torch.zeros_like(mask)
@@ -220,20 +252,22 @@ def run(cfg: PPOConfig) -> dict:
                 width = part.response_ids.shape[1]
                 part_mask = part.response_mask.to(strategy.device).float()
 
-                def cut(tensor):
+                def cut(tensor, micro=micro, width=width):
                     return tensor[micro, :width].to(strategy.device)
 
                 with torch.set_grad_enabled(train_actor):
                     logprobs, entropy = token_logprobs(actor_engine, part, temperature, with_entropy=True)
-                    policy_loss, policy_stats = ppo_policy_loss(logprobs, cut(old_logprobs), cut(advantages),
-                                                                part_mask, cfg.clip_range)
+                    policy_loss, policy_stats = ppo_policy_loss(
+                        logprobs, cut(old_logprobs), cut(advantages), part_mask, cfg.clip_range
+                    )
                 if train_actor and not shared:
                     strategy.backward(policy_loss, actor_engine)
                     strategy.optimizer_step(actor_engine)
 
                 values = values_of(part)
-                value_loss, value_stats = ppo_value_loss(values, cut(old_values), cut(returns), part_mask,
-                                                         cfg.value_clip_range)
+                value_loss, value_stats = ppo_value_loss(
+                    values, cut(old_values), cut(returns), part_mask, cfg.value_clip_range
+                )
                 if shared:  # one engine over both adapters: one loss, one step (see the module docs)
                     multi_adapter.freeze_policy_group(actor_engine, frozen=not train_actor)
                     strategy.backward(cfg.vf_coef * value_loss + (policy_loss if train_actor else 0.0), actor_engine)
@@ -241,17 +275,30 @@ def run(cfg: PPOConfig) -> dict:
                 else:
                     strategy.backward(cfg.vf_coef * value_loss, critic_engine)
                     strategy.optimizer_step(critic_engine)
-                run.window.add_all({"policy_loss": policy_loss, "value_loss": value_loss,
-                                    "entropy": masked_mean(entropy, part_mask), **policy_stats, **value_stats})
+                run.window.add_all(
+                    {
+                        "policy_loss": policy_loss,
+                        "value_loss": value_loss,
+                        "entropy": masked_mean(entropy, part_mask),
+                        **policy_stats,
+                        **value_stats,
+                    }
+                )
 
             # 6. statistics and KL control
             sequence_kl = float(strategy.all_reduce(kl.sum(1).mean()))
-            run.window.add_all({**metrics, "kl": sequence_kl, "kl_coef": kl_ctl.value,
-                                "non_score_reward": float(token_rewards.sum(1).mean() - scores.mean()),
-                                "explained_variance": float(explained_variance(old_values, returns, mask)),
-                                "value_mean": float(masked_mean(old_values, mask)),
-                                "logprob_time": train_start - prep_start,
-                                "train_time": time.perf_counter() - train_start})
+            run.window.add_all(
+                {
+                    **metrics,
+                    "kl": sequence_kl,
+                    "kl_coef": kl_ctl.value,
+                    "non_score_reward": float(token_rewards.sum(1).mean() - scores.mean()),
+                    "explained_variance": float(explained_variance(old_values, returns, mask)),
+                    "value_mean": float(masked_mean(old_values, mask)),
+                    "logprob_time": train_start - prep_start,
+                    "train_time": time.perf_counter() - train_start,
+                }
+            )
             kl_ctl.update(sequence_kl, cfg.prompts_per_step * n)
             run.window.count(samples=len(rollout), tokens=rl.rollout_tokens(rollout))
             run.after_step(step)

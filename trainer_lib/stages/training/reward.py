@@ -19,19 +19,23 @@ import json
 from dataclasses import dataclass
 
 from trainer_lib.config import TrainingConfig, opt
-from trainer_lib.errors import ConfigError
-from trainer_lib.errors import UserError
+from trainer_lib.errors import ConfigError, UserError
 from trainer_lib.loop.micro_batches import MicroBatchSchedule, total_steps
 
 
 @dataclass
 class RewardConfig(TrainingConfig):
-    center_rewards_coefficient: float = opt(0.0, "Weight of the reward-centering term "
-                                                 "(r_chosen + r_rejected)^2 (Eisenstein et al. 2023); 0 = off.")
-    reference_set: str = opt("eval", "Split whose rewards give the stored mean/std (falls back to "
-                                     "train when eval is empty).", ("eval", "train"))
-    normalize_max_rows: int = opt(1000, "At most this many pairs (both completions scored) for the "
-                                        "reward mean/std; 0 = all.")
+    center_rewards_coefficient: float = opt(
+        0.0, "Weight of the reward-centering term (r_chosen + r_rejected)^2 (Eisenstein et al. 2023); 0 = off."
+    )
+    reference_set: str = opt(
+        "eval",
+        "Split whose rewards give the stored mean/std (falls back to train when eval is empty).",
+        ("eval", "train"),
+    )
+    normalize_max_rows: int = opt(
+        1000, "At most this many pairs (both completions scored) for the reward mean/std; 0 = all."
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -66,8 +70,13 @@ def pair_losses(engine, batch: dict, device):
 def pair_metrics(losses, chosen, rejected) -> dict:
     """Per-pair metric values (1-D tensors, no gradient) of a batch."""
     losses, chosen, rejected = losses.detach(), chosen.detach(), rejected.detach()
-    return {"loss": losses, "accuracy": (chosen > rejected).float(), "margin": chosen - rejected,
-            "rewards/chosen": chosen, "rewards/rejected": rejected}
+    return {
+        "loss": losses,
+        "accuracy": (chosen > rejected).float(),
+        "margin": chosen - rejected,
+        "rewards/chosen": chosen,
+        "rewards/rejected": rejected,
+    }
 
 
 def evaluate(engine, strategy, examples, groups: list[list[int]], collate) -> dict:
@@ -76,7 +85,8 @@ def evaluate(engine, strategy, examples, groups: list[list[int]], collate) -> di
     def sums(group: list[int]) -> dict:
         losses, chosen, rejected = pair_losses(engine, collate([examples[i] for i in group]), strategy.device)
         return {key: float(values.sum()) for key, values in pair_metrics(losses, chosen, rejected).items()} | {
-            "count": float(len(group))}
+            "count": float(len(group))
+        }
 
     totals = strategy.sharded_sums(groups, sums, dict.fromkeys((*METRICS, "count"), 0.0), models=(engine,))
     return {k: totals[k] / max(totals["count"], 1) for k in METRICS}
@@ -90,25 +100,25 @@ def reward_statistics(engine, strategy, examples, groups: list[list[int]], colla
 
     def sums(group: list[int]) -> dict:
         rewards = torch.cat(pair_rewards(engine, collate([examples[i] for i in group]), strategy.device)).double()
-        return {"total": float(rewards.sum()), "squares": float((rewards ** 2).sum()), "count": float(rewards.numel())}
+        return {"total": float(rewards.sum()), "squares": float((rewards**2).sum()), "count": float(rewards.numel())}
 
     totals = strategy.sharded_sums(groups, sums, {"total": 0.0, "squares": 0.0, "count": 0.0}, models=(engine,))
     mean = totals["total"] / max(totals["count"], 1)
-    var = max(totals["squares"] / max(totals["count"], 1) - mean ** 2, 0.0)
+    var = max(totals["squares"] / max(totals["count"], 1) - mean**2, 0.0)
     return {"reward_mean": mean, "reward_std": math.sqrt(var), "count": int(totals["count"])}
 
 
 def run(cfg: RewardConfig) -> dict:
-    from trainer_lib.loop.cadence import Cadence
     from trainer_lib.data.dataset import training_data
     from trainer_lib.data.preference_batches import PAIRED_FORMATS, collate_pairs
     from trainer_lib.data.tokenize import count_tokens, micro_batches
     from trainer_lib.data.tokenized import tokenize_split
+    from trainer_lib.engine.batch_size import resolve_batch_size
+    from trainer_lib.engine.strategy import DeepSpeedStrategy
+    from trainer_lib.loop.cadence import Cadence
     from trainer_lib.losses import reward_centering_penalty
     from trainer_lib.models.heads import STATS_FILE, apply_reward_lora, load_reward_model, store_stats
     from trainer_lib.models.load import count_parameters, load_tokenizer
-    from trainer_lib.engine.batch_size import resolve_batch_size
-    from trainer_lib.engine.strategy import DeepSpeedStrategy
 
     resolve_batch_size(cfg, sequences_per_row=2)  # a chosen and a rejected sequence per pair
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
@@ -116,18 +126,30 @@ def run(cfg: RewardConfig) -> dict:
 
     # ---- data: preference pairs, tokenized as prompt + completion (ending in eos), cached as Arrow
     tokenizer = load_tokenizer(cfg.model)
-    data = training_data(cfg.data, cfg.seed, allowed_formats=PAIRED_FORMATS, tokenizer=tokenizer,
-                         stage="the reward stage")
+    data = training_data(
+        cfg.data, cfg.seed, allowed_formats=PAIRED_FORMATS, tokenizer=tokenizer, stage="the reward stage"
+    )
     fmt = data.format
-    train, evals = (tokenize_split(data.splits[name], data.fingerprints[name], "pairs", fmt, tokenizer,
-                                   cfg.data.max_length, cfg.data.num_workers, what=f"{cfg.data.path} [{name}]")
-                    for name in ("train", "eval"))
+    train, evals = (
+        tokenize_split(
+            data.splits[name],
+            data.fingerprints[name],
+            "pairs",
+            fmt,
+            tokenizer,
+            cfg.data.max_length,
+            cfg.data.num_workers,
+            what=f"{cfg.data.path} [{name}]",
+        )
+        for name in ("train", "eval")
+    )
     if not len(train):
         raise UserError(f"data.path: {cfg.data.path} has no preference pairs to train on")
     train_groups = micro_batches(train, cfg.batch_size, cfg.data.max_length, packing=False)
     eval_groups = micro_batches(evals, cfg.eval_batch_size, cfg.data.max_length, packing=False)
-    schedule = MicroBatchSchedule(len(train_groups), cfg.engine.gradient_accumulation_steps,
-                                  strategy.world_size, cfg.seed)
+    schedule = MicroBatchSchedule(
+        len(train_groups), cfg.engine.gradient_accumulation_steps, strategy.world_size, cfg.seed
+    )
     steps = total_steps(cfg, len(train_groups), schedule.batches_per_step())
 
     def collate(examples):
@@ -137,8 +159,16 @@ def run(cfg: RewardConfig) -> dict:
     model = load_reward_model(cfg.model, tokenizer.pad_token_id, cfg.engine.precision)
     model = apply_reward_lora(model, cfg.lora)
     engine = strategy.prepare(model, total_steps=steps, **cfg.optimizer_args())
-    run = Cadence(cfg, strategy, "reward", steps, engine, parameters=count_parameters(model), window_keys=METRICS,
-                  evaluate=(lambda: evaluate(engine, strategy, evals, eval_groups, collate)) if len(evals) else None)
+    run = Cadence(
+        cfg,
+        strategy,
+        "reward",
+        steps,
+        engine,
+        parameters=count_parameters(model),
+        window_keys=METRICS,
+        evaluate=(lambda: evaluate(engine, strategy, evals, eval_groups, collate)) if len(evals) else None,
+    )
     run.restore(f"{len(train)} train / {len(evals)} eval pairs ({fmt}), {len(train_groups)} micro-batches")
 
     # ---- the loop
@@ -162,9 +192,13 @@ def run(cfg: RewardConfig) -> dict:
     reference, reference_name = (evals, "eval") if use_eval else (train, "train")
     if cfg.normalize_max_rows:
         reference = reference.select(range(min(len(reference), cfg.normalize_max_rows)))
-    stats = reward_statistics(engine, strategy, reference,
-                              micro_batches(reference, cfg.eval_batch_size, cfg.data.max_length, packing=False),
-                              collate)
+    stats = reward_statistics(
+        engine,
+        strategy,
+        reference,
+        micro_batches(reference, cfg.eval_batch_size, cfg.data.max_length, packing=False),
+        collate,
+    )
     stats["reference_set"] = reference_name
     summary["reward_stats"] = stats
     store_stats(strategy.unwrap(engine), stats)

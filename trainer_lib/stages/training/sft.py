@@ -49,13 +49,13 @@ def evaluate_loss(engine, strategy, examples, groups: list[list[int]], collate) 
 
 
 def run(cfg: SFTConfig) -> dict:
-    from trainer_lib.loop.cadence import Cadence
     from trainer_lib.data.dataset import training_data
     from trainer_lib.data.tokenize import count_tokens, micro_batches
     from trainer_lib.data.tokenized import tokenize_split
-    from trainer_lib.models.load import apply_lora, count_parameters, load_causal_lm, load_tokenizer
     from trainer_lib.engine.batch_size import resolve_batch_size
     from trainer_lib.engine.strategy import DeepSpeedStrategy
+    from trainer_lib.loop.cadence import Cadence
+    from trainer_lib.models.load import apply_lora, count_parameters, load_causal_lm, load_tokenizer
 
     resolve_batch_size(cfg)
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
@@ -68,8 +68,16 @@ def run(cfg: SFTConfig) -> dict:
     fmt, max_len = data.format, cfg.data.max_length
 
     def tokenized(name: str):
-        return tokenize_split(data.splits[name], data.fingerprints[name], "sft", fmt, tokenizer, max_len,
-                              cfg.data.num_workers, what=f"{cfg.data.path} [{name}]")
+        return tokenize_split(
+            data.splits[name],
+            data.fingerprints[name],
+            "sft",
+            fmt,
+            tokenizer,
+            max_len,
+            cfg.data.num_workers,
+            what=f"{cfg.data.path} [{name}]",
+        )
 
     train = tokenized("train")
     evals = tokenized("eval")
@@ -77,8 +85,9 @@ def run(cfg: SFTConfig) -> dict:
         raise UserError(f"data.path: {cfg.data.path} has no trainable rows (every completion is empty or truncated)")
     train_groups = micro_batches(train, cfg.batch_size, max_len, cfg.data.packing)
     eval_groups = micro_batches(evals, cfg.eval_batch_size, max_len, cfg.data.packing) if len(evals) else []
-    schedule = MicroBatchSchedule(len(train_groups), cfg.engine.gradient_accumulation_steps,
-                                  strategy.world_size, cfg.seed)
+    schedule = MicroBatchSchedule(
+        len(train_groups), cfg.engine.gradient_accumulation_steps, strategy.world_size, cfg.seed
+    )
     steps = total_steps(cfg, len(train_groups), schedule.batches_per_step())
     collate = make_collate(cfg, tokenizer.pad_token_id)
 
@@ -86,8 +95,15 @@ def run(cfg: SFTConfig) -> dict:
     model = load_causal_lm(cfg.model, cfg.engine.precision)
     model = apply_lora(model, cfg.lora)
     engine = strategy.prepare(model, total_steps=steps, **cfg.optimizer_args())
-    run = Cadence(cfg, strategy, "sft", steps, engine, parameters=count_parameters(model), evaluate=(
-        lambda: evaluate_loss(engine, strategy, evals, eval_groups, collate)) if len(evals) else None)
+    run = Cadence(
+        cfg,
+        strategy,
+        "sft",
+        steps,
+        engine,
+        parameters=count_parameters(model),
+        evaluate=(lambda: evaluate_loss(engine, strategy, evals, eval_groups, collate)) if len(evals) else None,
+    )
     run.restore(f"{len(train)} train / {len(evals)} eval examples ({fmt}), {len(train_groups)} micro-batches")
 
     # ---- the loop
@@ -107,4 +123,3 @@ def run(cfg: SFTConfig) -> dict:
     if "eval" in summary:
         summary["eval_loss"] = summary["eval"]["loss"]
     return run.save_model(tokenizer, summary)
-
