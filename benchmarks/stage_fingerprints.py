@@ -65,7 +65,7 @@ def evaluation(directory: str) -> dict:
     return {"models": metrics.get("models"), "gate": metrics.get("gate"), "samples": hashes}
 
 
-def run_all(root: str) -> dict:
+def run_all(root: str, only: set[str] | None = None) -> dict:
     data, model = os.path.join(root, "data"), os.path.join(root, "tiny")
     common = ["seed=0", "max_length=128", "logging_steps=1", "save_steps=0"]
     posttrain(
@@ -177,7 +177,10 @@ def run_all(root: str) -> dict:
             "critic_lr=2e-4",
         ],
     }
+    needed = None if only is None else only | {"sft", "reward"}  # every later stage starts from these two
     for name, (stage, *keys) in runs.items():
+        if needed is not None and name not in needed:
+            continue
         keys = [
             k.replace("@sft", os.path.join(root, "sft")).replace("@reward", os.path.join(root, "reward")) for k in keys
         ]
@@ -185,6 +188,8 @@ def run_all(root: str) -> dict:
         posttrain(stage, *common, *keys, f"output_dir={target}")
         out[name] = fingerprint(target)
         print(f"{name}: {len(out[name]['files'])} files, {len(out[name]['metrics'])} metric records", flush=True)
+    if only is not None and "evaluate" not in only:
+        return out
     models = ",".join([f"base={model}"] + [f"{m}={os.path.join(root, m)}" for m in ("sft", "dpo", "grpo")])
     posttrain(
         "evaluate",
@@ -208,9 +213,11 @@ def run_all(root: str) -> dict:
 
 
 def compare(before: dict, after: dict) -> int:
-    differ = [name for name in sorted(set(before) | set(after)) if before.get(name) != after.get(name)]
+    """Stages run on both sides compared; those run on one side only are listed as such."""
+    both = sorted(set(before) & set(after))
+    differ = [name for name in both if before[name] != after[name]]
     for name in sorted(set(before) | set(after)):
-        print(f"{name:22s} {'DIFFERS' if name in differ else 'same'}")
+        print(f"{name:22s} {'DIFFERS' if name in differ else 'same' if name in both else 'run on one side only'}")
     return 1 if differ else 0
 
 
@@ -219,16 +226,22 @@ def main() -> int:
     parser.add_argument("--out", help="write the fingerprints here (JSON)")
     parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"))
     parser.add_argument("--keep", help="run in this directory and keep it")
+    parser.add_argument(
+        "--only",
+        help="comma-separated runs (sft and reward always run: the others start from them; "
+        "evaluate runs only when named)",
+    )
     args = parser.parse_args()
     if args.compare:
         loaded = [json.load(open(path, encoding="utf-8")) for path in args.compare]
         return compare(*loaded)
+    only = set(args.only.split(",")) if args.only else None
     if args.keep:
         os.makedirs(args.keep, exist_ok=True)
-        result = run_all(args.keep)
+        result = run_all(args.keep, only)
     else:
         with tempfile.TemporaryDirectory() as root:
-            result = run_all(root)
+            result = run_all(root, only)
     text = json.dumps(result, indent=1, sort_keys=True)
     if args.out:
         with open(args.out, "w", encoding="utf-8") as fh:

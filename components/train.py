@@ -69,9 +69,10 @@ def train(
     )
     from trainer_lib.engine.checkpoint import stable_checkpoint_dir
     from trainer_lib.stage_api import run_config, stage_config
+    from trainer_lib.stages import TRAINING_STAGES
 
-    if stage not in ("sft", "reward", "dpo", "ppo", "grpo"):
-        raise ValueError(f"stage: expected a training stage (sft, reward, dpo, ppo, grpo), got {stage!r}")
+    if stage not in TRAINING_STAGES:
+        raise ValueError(f"stage: expected a training stage ({', '.join(TRAINING_STAGES)}), got {stage!r}")
     store = store_prefix(data) if stage == "dpo" else None
     if store:  # below the user's overrides: they may put the cache elsewhere
         params = {"reference_logps_path": store + "/reference_logps", **params}

@@ -13,6 +13,7 @@ as ``extra_commands``; this module never imports them.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import json
 import os
@@ -20,8 +21,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 
-from trainer_lib.config import describe, load_config
-from trainer_lib.errors import ConfigError
+from trainer_lib.config import describe
 from trainer_lib.stages import STAGES, stage_module
 
 Command = tuple[str, Callable[[list[str]], int]]  # (one-line help, main(argv) -> exit code)
@@ -36,20 +36,30 @@ def one_line(exc: BaseException) -> str:
     return " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
 
 
-def run_command(command: Callable[[list[str]], int], argv: list[str]) -> int:
-    """Run a command's ``main``; a user's mistake (bad file, path or value) is one line and exit code 2,
-    an object store that failed after its retries one line and exit code 1."""
+def exit_code(exc: BaseException) -> int | None:
+    """What a command exits with when ``exc`` stops it: 2 for a user's mistake (a bad file, path, setting
+    or row), 1 for an object store that failed after its retries (a retried pod may succeed); None for
+    anything else, which is a bug and keeps its traceback."""
     from trainer_lib.errors import UserError
     from trainer_lib.storage import StorageError
 
+    if isinstance(exc, (UserError, FileNotFoundError)):
+        return 2
+    if isinstance(exc, StorageError):  # (its message names the location, with credentials redacted)
+        return 1
+    return None
+
+
+def run_command(command: Callable[[list[str]], int], argv: list[str]) -> int:
+    """Run a command's ``main``; an error with an :func:`exit_code` is printed as one line."""
     try:
         return command(argv)
-    except (UserError, FileNotFoundError, ValueError) as exc:
+    except Exception as exc:
+        code = exit_code(exc)
+        if code is None:
+            raise
         print(f"error: {one_line(exc)}", file=sys.stderr)
-        return 2
-    except StorageError as exc:  # (its message names the location, with credentials redacted)
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return 1
+        return code
 
 
 #: Library commands that are not stages: name -> (help, main).
@@ -68,7 +78,7 @@ def _stage_help(name: str, module) -> str:
     lines = [
         f"usage: posttrain {name} [--config FILE ...] [--nproc N] [key=value ...]",
         "",
-        STAGES[name][1],
+        STAGES[name].help,
         "",
         "options (YAML keys, or key=value on the command line):",
     ]
@@ -87,12 +97,10 @@ def _stage_help(name: str, module) -> str:
 
 
 def stage_main(name: str, argv: list[str]) -> int:
-    """``posttrain <stage> ...``: parse, validate, then run in this process or in N workers."""
-    from trainer_lib.errors import UserError
-    from trainer_lib.stage_api import run_config
-    from trainer_lib.storage import StorageError
+    """``posttrain <stage> ...``: parse, validate, then run in this process or in N workers; the config is
+    built as for a component (:func:`trainer_lib.stage_api.stage_config`)."""
+    from trainer_lib.stage_api import run_config, stage_config
 
-    module = stage_module(name)
     parser = argparse.ArgumentParser(prog=f"posttrain {name}", add_help=False)
     parser.add_argument("-h", "--help", action="store_true")
     parser.add_argument("--config", action="append", default=[])
@@ -100,17 +108,13 @@ def stage_main(name: str, argv: list[str]) -> int:
     parser.add_argument("--print-config", action="store_true")
     args, overrides = parser.parse_known_args(argv)
     if args.help:
-        print(_stage_help(name, module))
+        print(_stage_help(name, stage_module(name)))
         return 0
     bad = [o for o in overrides if o.startswith("-")]
     if bad:
         print(f"error: unknown option {bad[0]} (see posttrain {name} --help)", file=sys.stderr)
         return 2
-    try:
-        cfg = load_config(module.CONFIG, args.config, overrides, stage=name)
-    except ConfigError as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return 2
+    cfg = stage_config(name, overrides, config_files=args.config)
     if args.print_config:
         import yaml
 
@@ -125,14 +129,7 @@ def stage_main(name: str, argv: list[str]) -> int:
         return launch_workers(
             args.nproc, ["-m", "trainer_lib.cli", name, *argv_without_nproc(argv)], env={ANNOUNCED_ENV: "1"}
         )
-    try:
-        summary = run_config(name, cfg)
-    except (UserError, FileNotFoundError) as exc:
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return 2
-    except StorageError as exc:  # after bounded retries; a retried pod may succeed
-        print(f"error: {one_line(exc)}", file=sys.stderr)
-        return 1
+    summary = run_config(name, cfg)
     if summary and int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(summary, indent=2, default=str))
     return 0
@@ -159,8 +156,8 @@ def main(argv: list[str] | None = None, extra_commands: dict[str, Command] | Non
     if not argv or argv[0] in ("-h", "--help", "help"):
         print("usage: posttrain <command> [--config FILE] [--nproc N] [key=value ...]\n")
         print("LLM post-training stages (each also runs as a Kubeflow component):\n")
-        for name, (_, text) in STAGES.items():
-            print(f"  {name:<12}{text}")
+        for name, stage in STAGES.items():
+            print(f"  {name:<12}{stage.help}")
         for name, (text, _) in commands.items():
             print(f"  {name:<12}{text}")
         print("\nRun 'posttrain <command> --help' for every option of a command.")
@@ -171,7 +168,7 @@ def main(argv: list[str] | None = None, extra_commands: dict[str, Command] | Non
     if command not in STAGES:
         print(f"error: unknown command '{command}' (see posttrain --help)", file=sys.stderr)
         return 2
-    return stage_main(command, rest)
+    return run_command(functools.partial(stage_main, command), rest)
 
 
 if __name__ == "__main__":

@@ -15,23 +15,30 @@ Nothing here imports kfp or torch.
 from __future__ import annotations
 
 from trainer_lib import storage
-from trainer_lib.config import load_config
+from trainer_lib.config import load_config, read_yaml
 from trainer_lib.config.layers import Layer, build_values
 from trainer_lib.errors import ConfigError
 from trainer_lib.loop.tracking import check_reporters
 from trainer_lib.stages import STAGES, stage_module
 
 
-def stage_config(name: str, overrides: dict | list[Layer] | None = None, config_yaml: str = ""):
+def stage_config(
+    name: str,
+    overrides: dict | list[Layer] | None = None,
+    config_yaml: str = "",
+    config_files: list[str] | tuple[str, ...] = (),
+):
     """The validated config of stage ``name`` (a ConfigError naming the key otherwise).
 
-    ``config_yaml`` stays a layer of its own, so TRL's or LLaMA-Factory's key names in it are
-    translated before the overrides are laid over it (a component's typed ``lr`` then wins over
-    the file's ``learning_rate``, as it would over the file's ``lr``)."""
+    ``config_files`` (``posttrain <stage> --config F ...``), then ``config_yaml``, each stay a layer of
+    their own, so TRL's or LLaMA-Factory's key names in them are translated before the overrides are
+    laid over them (a component's typed ``lr`` then wins over the file's ``learning_rate``, as it
+    would over the file's ``lr``)."""
     if name not in STAGES:
         raise ConfigError(f"unknown stage '{name}'; expected one of {sorted(STAGES)}")
+    files = [read_yaml(path) for path in config_files]
     return load_config(
-        stage_module(name).CONFIG, [build_values(None, config_yaml)], build_values(overrides), stage=name
+        stage_module(name).CONFIG, [*files, build_values(None, config_yaml)], build_values(overrides), stage=name
     )
 
 

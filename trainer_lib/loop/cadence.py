@@ -3,15 +3,15 @@
 OpenRLHF keeps logging, evaluation and checkpointing in one ``save_logs_and_checkpoints``; here it
 is one small object, and each stage keeps its algorithm and loop body in its own file::
 
-    run = Cadence(cfg, strategy, "sft", steps, engine, parameters=count_parameters(model),
-                  evaluate=lambda: {"loss": ...})
-    run.restore("1000 train / 50 eval examples")   # checkpoint, tracker, step-0 eval, a banner
-    for step in run.steps():
-        ...                            # the stage's own forward / backward / step
-        run.window.add("loss", loss)   # its metrics, plus run.window.count(samples, tokens)
-        run.after_step(step, epoch=epoch)   # log, evaluate, checkpoint on their schedules
-    summary = run.finish({...})        # final evaluation, last checkpoint, tracker closed
-    run.save_model(tokenizer, summary) # HF model + summary.json at output_dir, published
+    cadence = Cadence(cfg, strategy, "sft", steps, engine, parameters=count_parameters(model),
+                      evaluate=lambda: {"loss": ...})
+    cadence.restore("1000 train / 50 eval examples")  # checkpoint, tracker, step-0 eval, a banner
+    for step in cadence.steps():
+        ...                                  # the stage's own forward / backward / step
+        cadence.window.add("loss", loss)     # its metrics, plus cadence.window.count(samples, tokens)
+        cadence.after_step(step, epoch=epoch)  # log, evaluate, checkpoint on their schedules
+    summary = cadence.finish({...})          # final evaluation, last checkpoint, tracker closed
+    cadence.save_model(tokenizer, summary)   # HF model + summary.json at output_dir, published
 
 Schedules come from the shared training keys (``logging_steps``, ``eval_steps``, ``save_steps``,
 ``save_total_limit``, ``checkpoint_dir``, ``resume``; trackers from ``report_to``). A log record

@@ -333,7 +333,7 @@ def run(cfg: DPOConfig) -> dict:
     # ---- policy engine
     model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
     engine = strategy.prepare(model, total_steps=steps, **cfg.optimizer_args())
-    run = Cadence(
+    cadence = Cadence(
         cfg,
         strategy,
         "dpo",
@@ -370,13 +370,13 @@ def run(cfg: DPOConfig) -> dict:
         reference, status = precomputed_reference(sets, strategy, live, directory, identity, cfg.eval_batch_size)
     else:  # simpo is reference-free
         reference = None
-    run.restore(
+    cadence.restore(
         f"loss={cfg.loss}, reference={mode}, {len(train.examples)} train examples ({fmt}), "
         f"{len(train.groups)} micro-batches"
     )
 
     # ---- the loop
-    for step in run.steps():
+    for step in cadence.steps():
         for slot in range(schedule.accumulation):
             epoch, group = schedule.index(step, slot, strategy.rank)
             ids = train.groups[group]
@@ -386,14 +386,14 @@ def run(cfg: DPOConfig) -> dict:
             losses = objective(policy, ref, batch)
             strategy.backward(losses.mean(), engine)
             strategy.optimizer_step(engine)
-            run.window.add_all({"loss": losses, **batch_metrics(train.kind, policy, ref, cfg.beta, batch)})
-            run.window.count(samples=len(ids), tokens=count_tokens(batch))
-        run.after_step(step, epoch=epoch)
+            cadence.window.add_all({"loss": losses, **batch_metrics(train.kind, policy, ref, cfg.beta, batch)})
+            cadence.window.count(samples=len(ids), tokens=count_tokens(batch))
+        cadence.after_step(step, epoch=epoch)
 
     # ---- final evaluation and Hugging Face export (LoRA merged)
-    summary = run.finish(
+    summary = cadence.finish(
         {"stage": "dpo", "loss": cfg.loss, "reference": mode, "train_examples": len(train.examples), "format": fmt}
     )
     if status:
         summary["reference_logps"] = status
-    return run.save_model(tokenizer, summary)
+    return cadence.save_model(tokenizer, summary)

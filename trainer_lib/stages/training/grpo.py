@@ -93,7 +93,7 @@ def run(cfg: GRPOConfig) -> dict:
     advantages_of, aggregate = advantage_and_loss(cfg)
     reuse_logprobs = cfg.updates_per_step() == 1  # one update: pi_old is the policy itself
 
-    run = Cadence(
+    cadence = Cadence(
         cfg,
         strategy,
         "grpo",
@@ -105,13 +105,13 @@ def run(cfg: GRPOConfig) -> dict:
         restore_state=lambda state: rewards.load_state_dict(state["rewards"]),
     )
     try:
-        run.restore(
+        cadence.restore(
             f"{cfg.advantage} advantages, {len(schedule.prompts)} train / {len(eval_rows)} eval prompts, "
             f"{cfg.prompts_per_step} prompts x {n} completions per step"
         )
 
         # ---- the loop
-        for step in run.steps():
+        for step in cadence.steps():
             rewards.trainer_state = schedule.trainer_state(step)  # reward functions may read the step
             # 1. rollout: sample, score, group advantages
             rollout, scores, metrics = rl.sample_and_score(
@@ -150,29 +150,29 @@ def run(cfg: GRPOConfig) -> dict:
                 if ref_logprobs is not None:
                     kl = kl_k3(logprobs, ref_logprobs[micro, :width].to(logprobs.device))
                     per_token = per_token + cfg.beta * kl
-                    run.window.add("kl", masked_mean(kl.detach(), mask))
+                    cadence.window.add("kl", masked_mean(kl.detach(), mask))
                 loss = aggregate(per_token, mask)
                 strategy.backward(loss, engine)
                 strategy.optimizer_step(engine)
-                run.window.add_all(
+                cadence.window.add_all(
                     {"loss": loss, "clip_fraction": masked_mean(clipped, mask), "entropy": masked_mean(entropy, mask)}
                 )
-            run.window.add_all(
+            cadence.window.add_all(
                 {
                     **metrics,
                     "logprob_time": train_start - logprob_start,
                     "train_time": time.perf_counter() - train_start,
                 }
             )
-            run.window.count(samples=len(rollout), tokens=rl.rollout_tokens(rollout))
-            run.after_step(step)
+            cadence.window.count(samples=len(rollout), tokens=rl.rollout_tokens(rollout))
+            cadence.after_step(step)
 
         # ---- final evaluation and Hugging Face export
-        summary = run.finish({"stage": "grpo", "advantage": cfg.advantage, "train_prompts": len(schedule.prompts)})
+        summary = cadence.finish({"stage": "grpo", "advantage": cfg.advantage, "train_prompts": len(schedule.prompts)})
     finally:
         rewards.close()
     if "eval" in summary:
         summary["eval_reward"] = summary["eval"]["reward"]
     if shared:
         shared.keep_policy_only()  # the output is the policy (merged per lora.merge), as without multi_adapter
-    return run.save_model(tokenizer, summary)
+    return cadence.save_model(tokenizer, summary)

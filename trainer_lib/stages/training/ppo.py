@@ -192,7 +192,7 @@ def run(cfg: PPOConfig) -> dict:
         rewards.load_state_dict(state["rewards"])
         kl_ctl.load_state_dict(state["kl_controller"])
 
-    run = Cadence(
+    cadence = Cadence(
         cfg,
         strategy,
         "ppo",
@@ -206,14 +206,14 @@ def run(cfg: PPOConfig) -> dict:
         log_extra=lambda: critic_log(strategy, actor_engine, critic_engine),
     )
     try:
-        run.restore(
+        cadence.restore(
             f"{len(schedule.prompts)} train / {len(eval_rows)} eval prompts, {cfg.prompts_per_step} prompts x "
             f"{n} completions per step (trainable params: the actor's"
             f"{', the value adapter and head' if shared else ''})"
         )
 
         # ---- the loop
-        for step in run.steps():
+        for step in cadence.steps():
             rewards.trainer_state = schedule.trainer_state(step)  # reward functions may read the step
             # 1. rollout and scores
             rollout, scores, metrics = rl.sample_and_score(
@@ -275,7 +275,7 @@ def run(cfg: PPOConfig) -> dict:
                 else:
                     strategy.backward(cfg.vf_coef * value_loss, critic_engine)
                     strategy.optimizer_step(critic_engine)
-                run.window.add_all(
+                cadence.window.add_all(
                     {
                         "policy_loss": policy_loss,
                         "value_loss": value_loss,
@@ -287,7 +287,7 @@ def run(cfg: PPOConfig) -> dict:
 
             # 6. statistics and KL control
             sequence_kl = float(strategy.all_reduce(kl.sum(1).mean()))
-            run.window.add_all(
+            cadence.window.add_all(
                 {
                     **metrics,
                     "kl": sequence_kl,
@@ -300,11 +300,11 @@ def run(cfg: PPOConfig) -> dict:
                 }
             )
             kl_ctl.update(sequence_kl, cfg.prompts_per_step * n)
-            run.window.count(samples=len(rollout), tokens=rl.rollout_tokens(rollout))
-            run.after_step(step)
+            cadence.window.count(samples=len(rollout), tokens=rl.rollout_tokens(rollout))
+            cadence.after_step(step)
 
         # ---- final evaluation and Hugging Face export (the policy)
-        summary = run.finish({"stage": "ppo", "train_prompts": len(schedule.prompts)})
+        summary = cadence.finish({"stage": "ppo", "train_prompts": len(schedule.prompts)})
     finally:
         rewards.close()
     summary["kl_coef"] = kl_ctl.value
@@ -312,4 +312,4 @@ def run(cfg: PPOConfig) -> dict:
         summary["eval_reward"] = summary["eval"]["reward"]
     if shared:
         shared.keep_policy_only()  # the output is the policy (merged per lora.merge), as without multi_adapter
-    return run.save_model(tokenizer, summary)
+    return cadence.save_model(tokenizer, summary)

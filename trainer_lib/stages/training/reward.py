@@ -159,7 +159,7 @@ def run(cfg: RewardConfig) -> dict:
     model = load_reward_model(cfg.model, tokenizer.pad_token_id, cfg.engine.precision)
     model = apply_reward_lora(model, cfg.lora)
     engine = strategy.prepare(model, total_steps=steps, **cfg.optimizer_args())
-    run = Cadence(
+    cadence = Cadence(
         cfg,
         strategy,
         "reward",
@@ -169,10 +169,10 @@ def run(cfg: RewardConfig) -> dict:
         window_keys=METRICS,
         evaluate=(lambda: evaluate(engine, strategy, evals, eval_groups, collate)) if len(evals) else None,
     )
-    run.restore(f"{len(train)} train / {len(evals)} eval pairs ({fmt}), {len(train_groups)} micro-batches")
+    cadence.restore(f"{len(train)} train / {len(evals)} eval pairs ({fmt}), {len(train_groups)} micro-batches")
 
     # ---- the loop
-    for step in run.steps():
+    for step in cadence.steps():
         for slot in range(schedule.accumulation):
             epoch, group = schedule.index(step, slot, strategy.rank)
             batch = collate([train[i] for i in train_groups[group]])
@@ -182,12 +182,12 @@ def run(cfg: RewardConfig) -> dict:
                 loss = loss + cfg.center_rewards_coefficient * reward_centering_penalty(chosen, rejected).mean()
             strategy.backward(loss, engine)
             strategy.optimizer_step(engine)
-            run.window.add_all(pair_metrics(losses, chosen, rejected))
-            run.window.count(samples=len(train_groups[group]), tokens=count_tokens(batch))
-        run.after_step(step, epoch=epoch)
+            cadence.window.add_all(pair_metrics(losses, chosen, rejected))
+            cadence.window.count(samples=len(train_groups[group]), tokens=count_tokens(batch))
+        cadence.after_step(step, epoch=epoch)
 
     # ---- final evaluation, reward statistics, Hugging Face export
-    summary = run.finish({"stage": "reward", "train_pairs": len(train), "format": fmt})
+    summary = cadence.finish({"stage": "reward", "train_pairs": len(train), "format": fmt})
     use_eval = cfg.reference_set == "eval" and len(evals)
     reference, reference_name = (evals, "eval") if use_eval else (train, "train")
     if cfg.normalize_max_rows:
@@ -202,4 +202,4 @@ def run(cfg: RewardConfig) -> dict:
     stats["reference_set"] = reference_name
     summary["reward_stats"] = stats
     store_stats(strategy.unwrap(engine), stats)
-    return run.save_model(tokenizer, summary, extra_files={STATS_FILE: json.dumps(stats, indent=2)})
+    return cadence.save_model(tokenizer, summary, extra_files={STATS_FILE: json.dumps(stats, indent=2)})

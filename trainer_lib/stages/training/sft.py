@@ -95,7 +95,7 @@ def run(cfg: SFTConfig) -> dict:
     model = load_causal_lm(cfg.model, cfg.engine.precision)
     model = apply_lora(model, cfg.lora)
     engine = strategy.prepare(model, total_steps=steps, **cfg.optimizer_args())
-    run = Cadence(
+    cadence = Cadence(
         cfg,
         strategy,
         "sft",
@@ -104,22 +104,22 @@ def run(cfg: SFTConfig) -> dict:
         parameters=count_parameters(model),
         evaluate=(lambda: evaluate_loss(engine, strategy, evals, eval_groups, collate)) if len(evals) else None,
     )
-    run.restore(f"{len(train)} train / {len(evals)} eval examples ({fmt}), {len(train_groups)} micro-batches")
+    cadence.restore(f"{len(train)} train / {len(evals)} eval examples ({fmt}), {len(train_groups)} micro-batches")
 
     # ---- the loop
-    for step in run.steps():
+    for step in cadence.steps():
         for slot in range(schedule.accumulation):
             epoch, group = schedule.index(step, slot, strategy.rank)
             batch = {k: v.to(strategy.device) for k, v in collate([train[i] for i in train_groups[group]]).items()}
             out = engine(**batch, use_cache=False)
             strategy.backward(out.loss, engine)
             strategy.optimizer_step(engine)
-            run.window.add("loss", out.loss)
-            run.window.count(samples=len(train_groups[group]), tokens=count_tokens(batch))
-        run.after_step(step, epoch=epoch)
+            cadence.window.add("loss", out.loss)
+            cadence.window.count(samples=len(train_groups[group]), tokens=count_tokens(batch))
+        cadence.after_step(step, epoch=epoch)
 
     # ---- final evaluation and Hugging Face export
-    summary = run.finish({"stage": "sft", "train_examples": len(train), "format": fmt})
+    summary = cadence.finish({"stage": "sft", "train_examples": len(train), "format": fmt})
     if "eval" in summary:
         summary["eval_loss"] = summary["eval"]["loss"]
-    return run.save_model(tokenizer, summary)
+    return cadence.save_model(tokenizer, summary)
