@@ -7,12 +7,13 @@ TORCH  ?= torch==2.13.0
 # pytest-xdist is not used: the suite already starts worker processes of its own.
 PYTEST_ARGS ?=
 
-.PHONY: setup triton-env test test-all test-fast demo demo-weak compile clean help bench lock lock-check image-cpu image-cuda
+.PHONY: setup triton-env lint format test test-all test-fast demo demo-weak compile clean help bench lock lock-check image-cpu image-cuda
 
 help:
 	@echo "make demo     set up .venv and run the whole pipeline locally (kfp.local, tiny model)"
 	@echo "make demo-weak  after make demo: the gate turns down a 10-step SFT candidate"
-	@echo "make test     set up .venv and run the test suite"
+	@echo "make test     set up .venv, check lint and format (ruff), run the test suite"
+	@echo "make format   let ruff fix what it can and format the tree"
 	@echo "make compile  recompile pipelines/compiled/*.yaml"
 
 # One lock file pins every package (requirements.lock, used as pip constraints here and in both images).
@@ -65,7 +66,16 @@ triton-env: $(TRITON_STAMP)
 setup:
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(TRITON_STAMP)
 
-test: setup
+# ruff (pyproject.toml [tool.ruff]): the linter and the formatter's check; make test runs it first.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: setup
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test: lint
 	$(BIN)/python -m pytest -q --durations=20 -m "not extended" $(PYTEST_ARGS)
 
 test-all: setup

@@ -114,29 +114,41 @@ def documented(summary: str):
     return decorate
 
 
-def step_settings(params: dict) -> tuple[dict, dict, dict, dict]:
-    """A gated DAG's parameters as the keyword groups its steps take: every training step's
-    (batch, length, seed), the cluster's (accelerators, nodes), the evaluation's and the serving's."""
-    p = params
-    return (
-        dict(batch_size=p["batch_size"], max_length=p["max_length"], seed=p["seed"]),
-        dict(accelerator_type=p["accelerator_type"], gpus=p["gpus_per_step"], nodes=p["nodes_per_step"]),
-        dict(
-            gate_rules=p["gate_rules"],
-            humaneval_limit=p["humaneval_limit"],
-            seed=p["seed"],
-            overrides=p["evaluate_overrides"],
-            tasks_path=p["eval_tasks"],
-            safety_path=p["eval_safety"],
-        ),
-        dict(
-            model_name=p["model_name"],
-            deploy_variant=p["deploy_variant"],
-            model_repository=p["model_repository"],
-            triton_url=p["triton_url"],
-            export_overrides=p["export_overrides"],
-        ),
-    )
+class Training(NamedTuple):
+    """What every training step of a DAG shares."""
+
+    batch_size: int
+    max_length: int
+    seed: int
+
+
+class Cluster(NamedTuple):
+    """Where a training step runs: ``gpus`` accelerators (and processes) of ``accelerator_type`` per node."""
+
+    accelerator_type: str
+    gpus: int
+    nodes: int
+
+
+class Judging(NamedTuple):
+    """The evaluate step's settings: gate rules, evaluation sets, seed and overrides."""
+
+    gate_rules: list
+    humaneval_limit: int
+    seed: int
+    overrides: list
+    tasks_path: str
+    safety_path: str
+
+
+class Serving(NamedTuple):
+    """What the export and deploy steps publish and where."""
+
+    model_name: str
+    deploy_variant: str
+    model_repository: str
+    triton_url: str
+    export_overrides: list
 
 
 def start(base_model: str, dataset: str, seed: int, demo_overrides: list, tiny_model_overrides: list, **datasets):
@@ -165,24 +177,22 @@ def prepare_and_train(
     title: str,
     model,
     data,
+    training: Training,
+    cluster: Cluster,
     *,
-    max_length,
-    seed,
-    accelerator_type,
-    gpus,
     prepare_overrides=[],
     eval_fraction: float = 0.05,
-    **training,
+    **settings,
 ):
     """Validate, normalize and split ``data`` for ``stage`` (``prepare``), then train ``model`` on it
-    with ``gpus`` accelerators (and processes) of ``accelerator_type``."""
+    where ``cluster`` says; ``settings`` are the train component's own (max_steps, lr, overrides...)."""
     prepared = configure(
         prepare(
             data=data,
             model=model,
-            max_length=max_length,
+            max_length=training.max_length,
             eval_fraction=eval_fraction,
-            seed=seed,
+            seed=training.seed,
             overrides=prepare_overrides,
         ),
         f"prepare {title} data",
@@ -192,30 +202,49 @@ def prepare_and_train(
             stage=stage,
             model=model,
             data=prepared.outputs["prepared"],
-            max_length=max_length,
             checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
-            gpus=gpus,
-            seed=seed,
-            **training,
+            gpus=cluster.gpus,
+            nodes=cluster.nodes,
+            **training._asdict(),
+            **settings,
         ),
         title,
-        accelerator=accelerator_type,
-        gpus=gpus,
+        accelerator=cluster.accelerator_type,
+        gpus=cluster.gpus,
     )
 
 
-def export_and_deploy(
-    model, gate_passed, label: str, model_name, deploy_variant, model_repository, triton_url, export_overrides
-):
+def train_policy(algorithm: str, model, prompts, training: Training, cluster: Cluster, **settings):
+    """An RL step (ppo or grpo) on the prepared prompts: no prepare task, the prompts are already split."""
+    return configure(
+        train(
+            stage=algorithm,
+            model=model,
+            data=prompts,
+            checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
+            gpus=cluster.gpus,
+            nodes=cluster.nodes,
+            **training._asdict(),
+            **settings,
+        ),
+        algorithm.upper(),
+        accelerator=cluster.accelerator_type,
+        gpus=cluster.gpus,
+    )
+
+
+def export_and_deploy(model, gate_passed, label: str, serving: Serving):
     """ONNX export, INT8 and parity (only when the gate passed), then the next Triton version."""
-    exported = configure(export(model=model, gate_passed=gate_passed, overrides=export_overrides), f"export {label}")
+    exported = configure(
+        export(model=model, gate_passed=gate_passed, overrides=serving.export_overrides), f"export {label}"
+    )
     configure(
         deploy(
             exported=exported.outputs["exported"],
-            model_name=model_name,
-            variant=deploy_variant,
-            repository_uri=model_repository,
-            triton_url=triton_url,
+            model_name=serving.model_name,
+            variant=serving.deploy_variant,
+            repository_uri=serving.model_repository,
+            triton_url=serving.triton_url,
         ),
         f"deploy {label}",
     )
@@ -226,17 +255,16 @@ def evaluate_and_release(
     candidate,
     baseline,
     candidate_label: str,
-    judging: dict,
+    judging: Judging,
     release_uri,
-    serving: dict,
+    serving: Serving,
     extra=None,
     extra_label: str = "extra",
     reward_model=None,
 ):
     """Evaluate candidate vs baseline (and the base model); if the gate passed, release, export and deploy it.
 
-    ``judging``: the evaluate task's settings (gate rules, eval sets, seed, overrides). A plain function,
-    not a sub-pipeline, so it can sit inside a ``dsl.If`` branch locally too.
+    A plain function, not a sub-pipeline, so it can sit inside a ``dsl.If`` branch locally too.
     """
     optional = {"extra_model": extra, "reward_model": reward_model}
     judged = configure(
@@ -248,7 +276,7 @@ def evaluate_and_release(
             candidate_label=candidate_label,
             baseline_label="sft",
             extra_label=extra_label,
-            **judging,
+            **judging._asdict(),
             **{k: v for k, v in optional.items() if v is not None},
         ),
         f"evaluate {candidate_label}",
@@ -262,7 +290,7 @@ def evaluate_and_release(
         ),
         f"release {candidate_label}",
     )
-    export_and_deploy(candidate, judged.outputs["gate_passed"], candidate_label, **serving)
+    export_and_deploy(candidate, judged.outputs["gate_passed"], candidate_label, serving)
     return judged
 
 
@@ -295,34 +323,24 @@ def posttrain_sft(
     tiny_model_overrides: list = [],
 ) -> Outputs:
     boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides)
+    training = Training(batch_size, max_length, seed)
+    cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step)
+    serving = Serving(model_name, deploy_variant, model_repository, triton_url, export_overrides)
     tuned = prepare_and_train(
         "sft",
         "SFT",
         boot.outputs["model"],
         boot.outputs["data"],
+        training,
+        cluster,
         max_steps=sft_max_steps,
         lr=lr,
-        batch_size=batch_size,
-        max_length=max_length,
         eval_fraction=eval_fraction,
-        seed=seed,
         config_yaml=sft_config_yaml,
         overrides=sft_overrides,
         prepare_overrides=prepare_overrides,
-        accelerator_type=accelerator_type,
-        gpus=gpus_per_step,
-        nodes=nodes_per_step,
     )
-    export_and_deploy(
-        tuned.outputs["output_model"],
-        True,
-        "SFT",
-        model_name=model_name,
-        deploy_variant=deploy_variant,
-        model_repository=model_repository,
-        triton_url=triton_url,
-        export_overrides=export_overrides,
-    )
+    export_and_deploy(tuned.outputs["output_model"], True, "SFT", serving)
     return Outputs(model=tuned.outputs["output_model"], metrics=tuned.outputs["metrics"])
 
 
@@ -361,29 +379,32 @@ def posttrain_dpo(
     tiny_model_overrides: list = [],
 ):
     boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides, preference_dataset=preference_dataset)
-    common, cluster, judging, serving = step_settings(locals())
+    training = Training(batch_size, max_length, seed)
+    cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step)
+    judging = Judging(gate_rules, humaneval_limit, seed, evaluate_overrides, eval_tasks, eval_safety)
+    serving = Serving(model_name, deploy_variant, model_repository, triton_url, export_overrides)
     sft = prepare_and_train(
         "sft",
         "SFT",
         boot.outputs["model"],
         boot.outputs["data"],
+        training,
+        cluster,
         max_steps=sft_max_steps,
         lr=sft_lr,
         overrides=sft_overrides,
-        **common,
-        **cluster,
     ).outputs["output_model"]
     dpo = prepare_and_train(
         "dpo",
         "DPO",
         sft,
         boot.outputs["preferences"],
+        training,
+        cluster,
         max_steps=dpo_max_steps,
         lr=dpo_lr,
         params={"loss": dpo_loss, "beta": dpo_beta},
         overrides=dpo_overrides,
-        **common,
-        **cluster,
     ).outputs["output_model"]
     evaluate_and_release(boot, dpo, sft, "dpo", judging, release_uri, serving)
 
@@ -438,53 +459,49 @@ def posttrain_rlhf(
         preference_dataset=preference_dataset,
         prompt_dataset=prompt_dataset,
     )
-    common, cluster, judging, serving = step_settings(locals())
+    training = Training(batch_size, max_length, seed)
+    cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step)
+    judging = Judging(gate_rules, humaneval_limit, seed, evaluate_overrides, eval_tasks, eval_safety)
+    serving = Serving(model_name, deploy_variant, model_repository, triton_url, export_overrides)
     sft = prepare_and_train(
         "sft",
         "SFT",
         boot.outputs["model"],
         boot.outputs["data"],
+        training,
+        cluster,
         max_steps=sft_max_steps,
         lr=sft_lr,
         overrides=sft_overrides,
-        **common,
-        **cluster,
     ).outputs["output_model"]
     scorer = prepare_and_train(
         "reward",
         "reward model",
         sft,
         boot.outputs["preferences"],
+        training,
+        cluster,
         max_steps=reward_max_steps,
         overrides=reward_overrides,
-        **common,
-        **cluster,
     ).outputs["output_model"]
     rollouts = {"rollout.n": rollout_n, "rollout.max_new_tokens": max_new_tokens}
 
     def rl_then_release(algorithm: str, reward_model=None):
         """One RL branch: train the policy from SFT, evaluate it against SFT, release if it passed."""
         sources = {"reward_model": reward_model} if reward_model is not None else {}
-        policy = configure(
-            train(
-                stage=algorithm,
-                model=sft,
-                data=boot.outputs["prompts"],
-                max_steps=rl_max_steps,
-                checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
-                gpus=gpus_per_step,
-                nodes=nodes_per_step,
-                lr=rl_lr,
-                params=rollouts,
-                reward_functions=reward_functions,
-                reward_weights=reward_weights,
-                overrides=rl_overrides,
-                **sources,
-                **common,
-            ),
-            algorithm.upper(),
-            accelerator=accelerator_type,
-            gpus=gpus_per_step,
+        policy = train_policy(
+            algorithm,
+            sft,
+            boot.outputs["prompts"],
+            training,
+            cluster,
+            max_steps=rl_max_steps,
+            lr=rl_lr,
+            params=rollouts,
+            reward_functions=reward_functions,
+            reward_weights=reward_weights,
+            overrides=rl_overrides,
+            **sources,
         )
         evaluate_and_release(
             boot, policy.outputs["output_model"], sft, algorithm, judging, release_uri, serving, reward_model=scorer
@@ -552,62 +569,58 @@ def posttrain_all(
         preference_dataset=preference_dataset,
         prompt_dataset=prompt_dataset,
     )
-    common, cluster, judging, serving = step_settings(locals())
+    training = Training(batch_size, max_length, seed)
+    cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step)
+    judging = Judging(gate_rules, humaneval_limit, seed, evaluate_overrides, eval_tasks, eval_safety)
+    serving = Serving(model_name, deploy_variant, model_repository, triton_url, export_overrides)
     sft = prepare_and_train(
         "sft",
         "SFT",
         boot.outputs["model"],
         boot.outputs["data"],
+        training,
+        cluster,
         max_steps=sft_max_steps,
         lr=sft_lr,
         overrides=sft_overrides,
-        **common,
-        **cluster,
     ).outputs["output_model"]
     dpo = prepare_and_train(
         "dpo",
         "DPO",
         sft,
         boot.outputs["preferences"],
+        training,
+        cluster,
         max_steps=dpo_max_steps,
         lr=dpo_lr,
         params={"loss": dpo_loss},
         overrides=dpo_overrides,
-        **common,
-        **cluster,
     ).outputs["output_model"]
     scorer = prepare_and_train(
         "reward",
         "reward model",
         sft,
         boot.outputs["preferences"],
+        training,
+        cluster,
         max_steps=reward_max_steps,
         overrides=reward_overrides,
-        **common,
-        **cluster,
     ).outputs["output_model"]
     rollouts = {"rollout.n": rollout_n, "rollout.max_new_tokens": max_new_tokens}
     # RL continues from the DPO model (SFT -> DPO -> RL with a verifiable reward, as Tulu 3 orders them):
     # the policy keeps the refusals preference training taught, and RL adds what only running the code can
-    policy = configure(
-        train(
-            stage="grpo",
-            model=dpo,
-            data=boot.outputs["prompts"],
-            reward_model=scorer,
-            checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
-            gpus=gpus_per_step,
-            nodes=nodes_per_step,
-            reward_functions=reward_functions,
-            max_steps=rl_max_steps,
-            lr=rl_lr,
-            params=rollouts,
-            overrides=rl_overrides,
-            **common,
-        ),
-        "GRPO",
-        accelerator=accelerator_type,
-        gpus=gpus_per_step,
+    policy = train_policy(
+        "grpo",
+        dpo,
+        boot.outputs["prompts"],
+        training,
+        cluster,
+        reward_model=scorer,
+        reward_functions=reward_functions,
+        max_steps=rl_max_steps,
+        lr=rl_lr,
+        params=rollouts,
+        overrides=rl_overrides,
     )
     evaluate_and_release(
         boot,

@@ -1,4 +1,9 @@
-"""The house's dependency rules (DESIGN.md): imports point down the layers and never form a circle."""
+"""The house's dependency rules (docs/architecture.md): imports point down the layers and never form a circle.
+
+The layers, lowest first: the package root's errors, pure math (losses/), the core folders (one
+concern each), the stages (training recipes and lifecycle stages), what runs a stage (stage_api, the
+CLI, the TrainJob launcher in cluster/), then components/ and pipelines/ above the library.
+"""
 
 import ast
 import os
@@ -47,6 +52,52 @@ def _imports(path: str, module: str, known: dict) -> set[str]:
 def _graph() -> dict[str, set[str]]:
     known = _modules()
     return {module: _imports(path, module, known) for module, path in known.items()}
+
+
+CORE = (
+    "config",
+    "storage",
+    "data",
+    "models",
+    "engine",
+    "loop",
+    "rl",
+    "rewards",
+    "sandbox",
+    "eval",
+    "export",
+    "serving",
+    "demo",
+)
+RUNNERS = ("stage_api", "cli", "cluster")  # build a stage's config and run it: here, in N processes or on N nodes
+
+
+def layer(module: str) -> int:
+    """0 errors (and the package itself), 1 losses, 2 core, 3 stages, 4 runners, 5 components, 6 pipelines."""
+    parts = module.split(".")
+    if parts[0] != "trainer_lib":
+        return {"components": 5, "pipelines": 6}[parts[0]]
+    if len(parts) == 1 or parts[1] == "errors":
+        return 0
+    if parts[1] == "losses":
+        return 1
+    if parts[1] in CORE:
+        return 2
+    if parts[1] == "stages":
+        return 3
+    assert parts[1] in RUNNERS, f"{module}: a folder or root module in no layer (add it to CORE or RUNNERS)"
+    return 4
+
+
+def test_every_module_imports_only_its_own_layer_or_those_below():
+    upward = sorted(
+        f"{m} ({layer(m)}) -> {d} ({layer(d)})" for m, deps in _graph().items() for d in deps if layer(d) > layer(m)
+    )
+    assert not upward, "\n".join(upward)
+
+
+def test_losses_import_nothing_of_ours_but_losses():
+    assert not {(m, d) for m, deps in _graph().items() if layer(m) == 1 for d in deps if layer(d) != 1}
 
 
 def test_the_library_never_imports_the_layers_above_it():

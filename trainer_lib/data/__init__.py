@@ -1,0 +1,14 @@
+"""Datasets: read any source, normalize to TRL's formats, validate every row, tokenize, cache.
+
+* :mod:`~trainer_lib.data.sources`: raw rows from files, ``datasets`` directories, hub ids and URLs, each
+  row with its location (``file:line``) for error messages.
+* :mod:`~trainer_lib.data.formats`: the formats TRL users have (text, prompt/completion, messages,
+  preference, unpaired), detected and normalized; :mod:`~trainer_lib.data.llamafactory`: alpaca and sharegpt.
+* :mod:`~trainer_lib.data.dataset`: train/eval splits with filtering; :mod:`~trainer_lib.data.arrow_rows`:
+  normalized rows streamed to Arrow files.
+* :mod:`~trainer_lib.data.tokenize`, :mod:`~trainer_lib.data.tokenized`, :mod:`~trainer_lib.data.cache`:
+  tokenization with prompt masks, packing and collation, built once and cached by content fingerprint.
+* :mod:`~trainer_lib.data.preference_batches`: preference pairs and unpaired rows for the reward and DPO stages.
+
+Nothing is imported here, so importing the package stays cheap.
+"""

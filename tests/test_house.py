@@ -1,0 +1,80 @@
+"""The house's shape (docs/architecture.md): folders are the layers, names are unique, functions stay short,
+and modules that moved still import from their old paths."""
+
+import ast
+import importlib
+import os
+import sys
+import warnings
+
+import pytest
+
+from tests.conftest import REPO
+
+LIBRARY = os.path.join(REPO, "trainer_lib")
+MAX_ROOT_MODULES = 4
+MAX_FUNCTION_LINES = 90
+#: Functions allowed to be longer: the sandbox's isolation closures keep their locals out of the program's
+#: reach, so their steps cannot be split into functions the program could find (see the comment at each).
+LONG_BY_DESIGN = {("trainer_lib/sandbox/_zygote.py", "_make_hook")}
+
+
+def _python_files(top: str):
+    for folder, dirs, files in os.walk(top):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        yield from (os.path.join(folder, name) for name in files if name.endswith(".py"))
+
+
+def test_few_modules_at_the_package_root():
+    root = sorted(n for n in os.listdir(LIBRARY) if n.endswith(".py") and n != "__init__.py")
+    assert len(root) <= MAX_ROOT_MODULES, root
+
+
+def test_no_module_name_twice_in_the_library():
+    seen: dict[str, list[str]] = {}
+    for path in _python_files(LIBRARY):
+        name = os.path.basename(path)
+        if name != "__init__.py":
+            seen.setdefault(name, []).append(os.path.relpath(path, REPO))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
+
+
+def test_every_folder_of_the_library_says_what_it_holds():
+    for folder, dirs, files in os.walk(LIBRARY):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        if folder == LIBRARY or not any(f.endswith(".py") for f in files):
+            continue
+        init = os.path.join(folder, "__init__.py")
+        assert os.path.exists(init), f"{folder}: no __init__.py"
+        with open(init, encoding="utf-8") as fh:
+            assert ast.get_docstring(ast.parse(fh.read())), f"{init}: no docstring saying what the folder holds"
+
+
+def test_functions_are_short():
+    long = []
+    for path in _python_files(LIBRARY):
+        rel = os.path.relpath(path, REPO)
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read())
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES and (rel, node.name) not in LONG_BY_DESIGN:
+                    long.append(f"{rel}:{node.lineno} {node.name}: {lines} lines")
+    assert not long, "\n".join(long)
+
+
+def test_a_moved_module_imports_from_its_old_path_with_a_warning():
+    moved = importlib.import_module("trainer_lib").MOVED
+    for old, new in moved.items():
+        sys.modules.pop(old, None)
+        with pytest.warns(DeprecationWarning, match=f"^{old} moved to {new}; import it from there$"):
+            module = importlib.import_module(old)
+        assert module is importlib.import_module(new)
+
+
+def test_the_moved_modules_keep_their_own_spec():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        old = importlib.import_module("trainer_lib.rollout")
+    assert old.__name__ == old.__spec__.name == "trainer_lib.rl.rollout"
