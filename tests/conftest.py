@@ -130,10 +130,11 @@ def tiny_model_dir(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory) -> str:
     """The bundled demo datasets at small sizes."""
+    from trainer_lib.demo.demo_spec import DemoSpec
     from trainer_lib.demo.generator import generate_demo_data
 
     out = tmp_path_factory.mktemp("demo")
-    generate_demo_data(str(out), seed=0, n_code_train=200, n_code_eval=20, n_safety_train=60, n_safety_eval=20)
+    generate_demo_data(str(out), DemoSpec(n_code_train=200, n_code_eval=20, n_safety_train=60, n_safety_eval=20))
     return str(out)
 
 

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from trainer_lib.demo.generator import REFUSAL_PREFIX
+from trainer_lib.demo.safety_prompts import REFUSAL_PREFIX
 from trainer_lib.errors import DataError, UserError
 from trainer_lib.eval.harmless import (
     ClassifierJudge,
