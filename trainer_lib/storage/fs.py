@@ -24,16 +24,8 @@ import posixpath
 import re
 import uuid
 
-from trainer_lib.storage.base import (
-    SHA_KEY,
-    StorageError,
-    atomic_path,
-    option,
-    redact,
-    sha256_file,
-    sleep_before_retry,
-    verify,
-)
+from trainer_lib.storage import base
+from trainer_lib.storage.base import StorageError
 
 _INTERNAL = re.compile(r"^\..+\.(sha256|tmp-[0-9a-f]{8,})$")
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
@@ -57,7 +49,7 @@ def filesystem(url: str):
                 f"{url!r}: unsupported path scheme {scheme}:// (no fsspec filesystem has this "
                 f"name; use a local path, s3://, gs://, az://, hf://, file://, ...)"
             ) from None
-        raise ValueError(redact(f"{url!r}: {exc}")) from None
+        raise ValueError(base.redact(f"{url!r}: {exc}")) from None
 
 
 def is_local(fs) -> bool:
@@ -73,7 +65,7 @@ def shared(url: str) -> bool:
 
 def _call(op: str, url: str, fn):
     """``fn()``, its failures as FileNotFoundError / StorageError naming ``url``; transient ones retried."""
-    attempts = int(option("max_attempts"))
+    attempts = int(base.option("max_attempts"))
     for attempt in range(1, attempts + 1):
         try:
             return fn()
@@ -81,22 +73,22 @@ def _call(op: str, url: str, fn):
             raise FileNotFoundError(f"{url}: not found") from None
         except PermissionError as e:
             raise StorageError(
-                redact(f"{url}: could not {op}: permission denied ({e}); check the credentials of this store")
+                base.redact(f"{url}: could not {op}: permission denied ({e}); check the credentials of this store")
             ) from None
         except (StorageError, ValueError, TypeError, *_PERMANENT):
             raise
         except OSError as e:  # connection reset, timeout, a 5xx turned into OSError by the filesystem
             reason = e
             if attempt < attempts:
-                sleep_before_retry(attempt)
+                base.sleep_before_retry(attempt)
         except Exception as e:
-            raise StorageError(redact(f"{url}: could not {op}: {type(e).__name__}: {e}")) from None
-    raise StorageError(redact(f"{url}: could not {op} after {attempts} attempts: {reason}")) from None
+            raise StorageError(base.redact(f"{url}: could not {op}: {type(e).__name__}: {e}")) from None
+    raise StorageError(base.redact(f"{url}: could not {op} after {attempts} attempts: {reason}")) from None
 
 
 def _sidecar(path: str) -> str:
     parent, name = posixpath.split(path)
-    return posixpath.join(parent, f".{name}.{SHA_KEY}")
+    return posixpath.join(parent, f".{name}.{base.SHA_KEY}")
 
 
 def _temp(path: str) -> str:
@@ -207,7 +199,7 @@ def local_path(url: str) -> str | None:
 def read_bytes(url: str) -> bytes:
     fs, path = filesystem(url)
     data = _call("read", url, lambda: fs.cat_file(path))
-    verify(url, _stored_sha(fs, path), hashlib.sha256(data).hexdigest())
+    base.verify(url, _stored_sha(fs, path), hashlib.sha256(data).hexdigest())
     return data
 
 
@@ -220,7 +212,7 @@ def write_bytes(url: str, data: bytes) -> None:
 def upload_file(src: str, url: str) -> None:
     """Upload the local file ``src`` (already checked to exist)."""
     fs, path = filesystem(url)
-    _commit(fs, url, path, lambda tmp: fs.put_file(src, tmp), sha256_file(src))
+    _commit(fs, url, path, lambda tmp: fs.put_file(src, tmp), base.sha256_file(src))
 
 
 def download_file(url: str, local: str) -> None:
@@ -228,9 +220,9 @@ def download_file(url: str, local: str) -> None:
     if not _call("stat", url, lambda: fs.isfile(path)):
         raise FileNotFoundError(f"{url}: not found")
     expected = _stored_sha(fs, path)
-    with atomic_path(local) as tmp:
+    with base.atomic_path(local) as tmp:
         _call("download", url, lambda: fs.get_file(path, tmp))
-        verify(url, expected, sha256_file(tmp))
+        base.verify(url, expected, base.sha256_file(tmp))
 
 
 def copy_object(src: str, dest: str) -> bool:
