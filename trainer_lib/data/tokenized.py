@@ -203,6 +203,24 @@ def tokenize_split(
     return cache.load_arrow(entry, manifest, "tokenized")
 
 
+def tokenize_train_eval(data, kind: str, tokenizer, data_cfg) -> tuple:
+    """``(train, eval)``: both splits of ``data`` (a :class:`trainer_lib.data.dataset.TrainingData`) through
+    :func:`tokenize_split`, with ``data_cfg``'s max_length and num_workers."""
+    return tuple(
+        tokenize_split(
+            data.splits[name],
+            data.fingerprints[name],
+            kind,
+            data.format,
+            tokenizer,
+            data_cfg.max_length,
+            data_cfg.num_workers,
+            what=f"{data_cfg.path} [{name}]",
+        )
+        for name in ("train", "eval")
+    )
+
+
 def _empty_features(columns: dict, kind: str) -> dict:
     """Features of a tokenized split with no rows (token id lists, and the scalars of the kind)."""
     import datasets

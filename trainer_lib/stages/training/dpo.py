@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from trainer_lib import storage
 from trainer_lib.config import TrainingConfig, opt
 from trainer_lib.errors import ConfigError, UserError
-from trainer_lib.loop.micro_batches import MicroBatchSchedule, total_steps
+from trainer_lib.stages.training.split_batches import SplitBatches, TrainOrder
 
 LOSSES = ("sigmoid", "ipo", "hinge", "robust", "simpo", "kto")
 REFERENCES = ("auto", "model", "precomputed", "adapter")
@@ -43,25 +43,22 @@ class DPOConfig(TrainingConfig):
     simpo_gamma: float = opt(1.0, "SimPO target reward margin gamma.")
     rpo_alpha: float = opt(
         0.0,
-        "Weight alpha of RPO's NLL term on the chosen completion (Pang et al. 2024): "
-        "loss + alpha * (-log pi(y_w|x) / |y_w|); keeps chosen answers likely while "
-        "the margin grows. 0: off; the paper uses 1.0. Paired losses only.",
+        "Weight alpha of RPO's NLL term -log pi(y_w|x) / |y_w| on the chosen completion (Pang et al. 2024), "
+        "which keeps chosen answers likely while the margin grows; 0: off, the paper uses 1.0. Paired losses only.",
     )
     kto_desirable_weight: float = opt(1.0, "KTO lambda_D, weight of desirable completions.")
     kto_undesirable_weight: float = opt(1.0, "KTO lambda_U, weight of undesirable completions.")
     reference: str = opt(
         "auto",
-        "Reference log-probs: a frozen copy of reference_model_path ('model'), "
-        "a table computed once before training and cached ('precomputed'), or the "
-        "LoRA policy with adapters disabled ('adapter'). auto: adapter when "
-        "lora.r > 0, else model. Ignored by simpo.",
+        "Reference log-probs: a frozen copy of reference_model_path ('model'), a table computed once before "
+        "training and cached ('precomputed'), or the LoRA policy with adapters disabled ('adapter'); "
+        "auto: adapter when lora.r > 0, else model. Ignored by simpo.",
         REFERENCES,
     )
     reference_model_path: str | None = opt(None, "Reference model; default model.path.")
     reference_logps_path: str | None = opt(
         None,
-        "Directory (local or URL) caching precomputed reference "
-        "log-probs, one file per reference+data fingerprint; "
+        "Directory (local or URL) caching precomputed reference log-probs, one file per reference model and data; "
         "default <output_dir>/reference_logps.",
     )
 
@@ -143,17 +140,20 @@ def select_objective(cfg: DPOConfig) -> Callable:
     return lambda p, r, b: objective(p, r, b) + alpha * rpo_nll_term(p.chosen, p.chosen_tokens)
 
 
-PAIRED_METRICS = (
-    "loss",
-    "rewards/chosen",
-    "rewards/rejected",
-    "rewards/margins",
-    "rewards/accuracy",
-    "logps/chosen",
-    "logps/rejected",
-    "logps/accuracy",
-)
-UNPAIRED_METRICS = ("loss", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected", "kl")
+#: metric keys of paired (preference) and unpaired (KTO) batches
+METRICS = {
+    "paired": (
+        "loss",
+        "rewards/chosen",
+        "rewards/rejected",
+        "rewards/margins",
+        "rewards/accuracy",
+        "logps/chosen",
+        "logps/rejected",
+        "logps/accuracy",
+    ),
+    "unpaired": ("loss", "rewards/chosen", "rewards/rejected", "logps/chosen", "logps/rejected", "kl"),
+}
 
 
 def batch_metrics(kind: str, policy, reference, beta: float, batch: dict) -> dict:
@@ -192,11 +192,8 @@ def batch_metrics(kind: str, policy, reference, beta: float, batch: dict) -> dic
 
 
 @dataclass
-class Split:
-    kind: str  # "paired" or "unpaired"
-    examples: list[dict]
-    groups: list[list[int]]
-    collate: Callable
+class Split(SplitBatches):
+    kind: str  # "paired", or "unpaired" (KTO's rows, each with a mismatched KL completion)
 
 
 def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
@@ -208,7 +205,7 @@ def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
     from trainer_lib.data import preference_batches as pref
     from trainer_lib.data.dataset import training_data
     from trainer_lib.data.tokenize import micro_batches
-    from trainer_lib.data.tokenized import tokenize_split
+    from trainer_lib.data.tokenized import tokenize_train_eval
 
     kto = cfg.loss == "kto"
     allowed = pref.PAIRED_FORMATS + (pref.UNPAIRED_FORMATS if kto else ())
@@ -219,9 +216,8 @@ def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
         tokenizer=tokenizer,
         stage=f"dpo loss={cfg.loss}" + ("" if kto else " (unpaired data needs loss=kto)"),
     )
-    fmt = data.format
     max_len, pad = cfg.data.max_length, tokenizer.pad_token_id
-    paired = fmt in pref.PAIRED_FORMATS
+    paired = data.format in pref.PAIRED_FORMATS
 
     def unpaired(examples: list[dict], seed: int) -> list[dict]:
         return pref.assign_kl_completions(pref.unpair(examples) if paired else examples, seed, max_len)
@@ -232,28 +228,12 @@ def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
 
     def split(kind: str, examples: list[dict], batch_size: int) -> Split:
         collate = pref.collate_pairs if kind == "paired" else pref.collate_unpaired
-        return Split(
-            kind,
-            examples,
-            micro_batches(examples, batch_size, max_len, packing=False),
-            lambda rows: collate(rows, pad, packed=packed),
-        )
+        groups = micro_batches(examples, batch_size, max_len, packing=False)
+        return Split(examples, groups, lambda rows: collate(rows, pad, packed=packed), kind)
 
-    def tokenized(name: str) -> list[dict]:
-        # tokenized by data.num_workers processes and cached; the examples are then lists (KTO pairs them up)
-        ds = tokenize_split(
-            data.splits[name],
-            data.fingerprints[name],
-            "pairs" if paired else "unpaired",
-            fmt,
-            tokenizer,
-            max_len,
-            cfg.data.num_workers,
-            what=f"{cfg.data.path} [{name}]",
-        )
-        return ds.to_list()
-
-    train, evals = tokenized("train"), tokenized("eval")
+    # tokenized by data.num_workers processes and cached; the examples are then lists (KTO pairs them up)
+    kind = "pairs" if paired else "unpaired"
+    train, evals = (ds.to_list() for ds in tokenize_train_eval(data, kind, tokenizer, cfg.data))
     if not train:
         raise UserError(f"data.path: {cfg.data.path} has no rows to train on")
     sets = {
@@ -265,7 +245,7 @@ def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
         sets["eval"] = split("paired", evals, cfg.eval_batch_size)
     if evals and kto:
         sets["eval_unpaired"] = split("unpaired", unpaired(evals, cfg.seed + 1), cfg.eval_batch_size)
-    return sets, fmt
+    return sets, data.format
 
 
 def evaluate(engine, strategy, name: str, split: Split, reference, objective, cfg: DPOConfig) -> dict:
@@ -274,10 +254,10 @@ def evaluate(engine, strategy, name: str, split: Split, reference, objective, cf
     from trainer_lib.models.reference import forward_logps
 
     with_loss = split.kind == ("unpaired" if cfg.loss == "kto" else "paired")
-    keys = PAIRED_METRICS if split.kind == "paired" else UNPAIRED_METRICS
+    keys = METRICS[split.kind]
 
     def sums(group: list[int]) -> dict:
-        batch = split.collate([split.examples[i] for i in group])
+        batch = split.collated(group)
         policy = forward_logps(engine, batch, strategy.device)
         ref = reference(name, group, batch) if reference is not None else None
         values = batch_metrics(split.kind, policy, ref, cfg.beta, batch)
@@ -300,6 +280,40 @@ def evaluate_all(engine, strategy, sets: dict, reference, objective, cfg: DPOCon
     return metrics
 
 
+# --------------------------------------------------------------------------- reference
+
+
+def build_reference(cfg: DPOConfig, strategy, engine, sets: dict) -> tuple[Callable | None, str | None]:
+    """``(reference, status)`` for ``cfg.reference_mode()``: a frozen model, the LoRA policy with its adapters
+    disabled, a precomputed table (status "loaded" or "computed"), or None (SimPO is reference-free)."""
+    from trainer_lib.models.load import load_causal_lm
+    from trainer_lib.models.reference import AdapterReference, FrozenModelReference, precomputed_reference
+
+    def frozen_model():
+        path = cfg.reference_model_path or cfg.model.path
+        return FrozenModelReference(
+            strategy.prepare_frozen(load_causal_lm(cfg.model, cfg.engine.precision, path)), strategy.device
+        )
+
+    def live():  # what a precomputed table is computed with, once
+        return (
+            AdapterReference(engine, strategy)
+            if cfg.lora.r > 0 and cfg.reference_model_path in (None, cfg.model.path)
+            else frozen_model()
+        )
+
+    mode = cfg.reference_mode()
+    if mode == "model":
+        return frozen_model(), None
+    if mode == "adapter":
+        return AdapterReference(engine, strategy), None
+    if mode == "precomputed":
+        directory = cfg.reference_logps_path or storage.join(cfg.output_dir, "reference_logps")
+        identity = [cfg.reference_model_path or cfg.model.path, cfg.engine.precision]
+        return precomputed_reference(sets, strategy, live, directory, identity, cfg.eval_batch_size)
+    return None, None
+
+
 # --------------------------------------------------------------------------- run
 
 
@@ -309,67 +323,36 @@ def run(cfg: DPOConfig) -> dict:
     from trainer_lib.engine.strategy import DeepSpeedStrategy
     from trainer_lib.loop.cadence import Cadence
     from trainer_lib.models.load import apply_lora, count_parameters, load_causal_lm, load_tokenizer
-    from trainer_lib.models.reference import (
-        AdapterReference,
-        FrozenModelReference,
-        forward_logps,
-        precomputed_reference,
-    )
+    from trainer_lib.models.reference import forward_logps
 
     resolve_batch_size(cfg, sequences_per_row=2)  # a chosen and a rejected sequence per pair
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
     strategy.setup_distributed()
 
-    # ---- data
+    # ---- data, and the order training takes its micro-batches in
     tokenizer = load_tokenizer(cfg.model)
     sets, fmt = build_splits(cfg, tokenizer)
     train = sets["train"]
-    schedule = MicroBatchSchedule(
-        len(train.groups), cfg.engine.gradient_accumulation_steps, strategy.world_size, cfg.seed
-    )
-    steps = total_steps(cfg, len(train.groups), schedule.batches_per_step())
+    order = TrainOrder(cfg, train, strategy.world_size, strategy.rank)
     objective = select_objective(cfg)
 
     # ---- policy engine
     model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
-    engine = strategy.prepare(model, total_steps=steps, **cfg.optimizer_args())
+    engine = strategy.prepare(model, total_steps=order.steps, **cfg.optimizer_args())
     cadence = Cadence(
         cfg,
         strategy,
         "dpo",
-        steps,
+        order.steps,
         engine,
         parameters=count_parameters(model),
-        window_keys=PAIRED_METRICS if train.kind == "paired" else UNPAIRED_METRICS,
+        window_keys=METRICS[train.kind],
         evaluate=(lambda: evaluate_all(engine, strategy, sets, reference, objective, cfg)) if len(sets) > 1 else None,
     )
 
     # ---- reference (before the step-0 evaluation, which uses it)
-    mode, status = cfg.reference_mode(), None
-
-    def frozen_model():
-        path = cfg.reference_model_path or cfg.model.path
-        return FrozenModelReference(
-            strategy.prepare_frozen(load_causal_lm(cfg.model, cfg.engine.precision, path)), strategy.device
-        )
-
-    def live():
-        return (
-            AdapterReference(engine, strategy)
-            if cfg.lora.r > 0 and cfg.reference_model_path in (None, cfg.model.path)
-            else frozen_model()
-        )
-
-    if mode == "model":
-        reference = frozen_model()
-    elif mode == "adapter":
-        reference = AdapterReference(engine, strategy)
-    elif mode == "precomputed":
-        directory = cfg.reference_logps_path or storage.join(cfg.output_dir, "reference_logps")
-        identity = [cfg.reference_model_path or cfg.model.path, cfg.engine.precision]
-        reference, status = precomputed_reference(sets, strategy, live, directory, identity, cfg.eval_batch_size)
-    else:  # simpo is reference-free
-        reference = None
+    mode = cfg.reference_mode()
+    reference, status = build_reference(cfg, strategy, engine, sets)
     cadence.restore(
         f"loss={cfg.loss}, reference={mode}, {len(train.examples)} train examples ({fmt}), "
         f"{len(train.groups)} micro-batches"
@@ -377,10 +360,7 @@ def run(cfg: DPOConfig) -> dict:
 
     # ---- the loop
     for step in cadence.steps():
-        for slot in range(schedule.accumulation):
-            epoch, group = schedule.index(step, slot, strategy.rank)
-            ids = train.groups[group]
-            batch = train.collate([train.examples[i] for i in ids])
+        for ids, batch in order.micro_batches(step):
             policy = forward_logps(engine, batch, strategy.device)
             ref = reference("train", ids, batch) if reference is not None else None
             losses = objective(policy, ref, batch)
@@ -388,7 +368,7 @@ def run(cfg: DPOConfig) -> dict:
             strategy.optimizer_step(engine)
             cadence.window.add_all({"loss": losses, **batch_metrics(train.kind, policy, ref, cfg.beta, batch)})
             cadence.window.count(samples=len(ids), tokens=count_tokens(batch))
-        cadence.after_step(step, epoch=epoch)
+        cadence.after_step(step, epoch=order.epoch(step))
 
     # ---- final evaluation and Hugging Face export (LoRA merged)
     summary = cadence.finish(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from trainer_lib.config import TrainingConfig, opt
 from trainer_lib.errors import ConfigError, UserError
-from trainer_lib.loop.micro_batches import MicroBatchSchedule, total_steps
+from trainer_lib.stages.training.split_batches import SplitBatches, TrainOrder
 
 
 @dataclass
@@ -79,40 +79,75 @@ def pair_metrics(losses, chosen, rejected) -> dict:
     }
 
 
-def evaluate(engine, strategy, examples, groups: list[list[int]], collate) -> dict:
-    """Mean loss, pairwise accuracy, margin and rewards over ``examples`` (sharded across ranks)."""
+def load_data(cfg: RewardConfig, tokenizer) -> tuple[SplitBatches, SplitBatches, str]:
+    """``(train, eval, format)``: preference pairs tokenized as prompt + completion (ending in eos), cached
+    as memory-mapped Arrow, in micro-batches of ``batch_size`` pairs."""
+    from trainer_lib.data.dataset import training_data
+    from trainer_lib.data.preference_batches import PAIRED_FORMATS, collate_pairs
+    from trainer_lib.data.tokenize import micro_batches
+    from trainer_lib.data.tokenized import tokenize_train_eval
+
+    data = training_data(
+        cfg.data, cfg.seed, allowed_formats=PAIRED_FORMATS, tokenizer=tokenizer, stage="the reward stage"
+    )
+    train, evals = tokenize_train_eval(data, "pairs", tokenizer, cfg.data)
+    if not len(train):
+        raise UserError(f"data.path: {cfg.data.path} has no preference pairs to train on")
+
+    def collate(examples):
+        return collate_pairs(examples, tokenizer.pad_token_id)
+
+    return (
+        SplitBatches(train, micro_batches(train, cfg.batch_size, cfg.data.max_length, packing=False), collate),
+        SplitBatches(evals, micro_batches(evals, cfg.eval_batch_size, cfg.data.max_length, packing=False), collate),
+        data.format,
+    )
+
+
+def evaluate(engine, strategy, evals: SplitBatches) -> dict:
+    """Mean loss, pairwise accuracy, margin and rewards over ``evals`` (sharded across ranks)."""
 
     def sums(group: list[int]) -> dict:
-        losses, chosen, rejected = pair_losses(engine, collate([examples[i] for i in group]), strategy.device)
+        losses, chosen, rejected = pair_losses(engine, evals.collated(group), strategy.device)
         return {key: float(values.sum()) for key, values in pair_metrics(losses, chosen, rejected).items()} | {
             "count": float(len(group))
         }
 
-    totals = strategy.sharded_sums(groups, sums, dict.fromkeys((*METRICS, "count"), 0.0), models=(engine,))
+    totals = strategy.sharded_sums(evals.groups, sums, dict.fromkeys((*METRICS, "count"), 0.0), models=(engine,))
     return {k: totals[k] / max(totals["count"], 1) for k in METRICS}
 
 
-def reward_statistics(engine, strategy, examples, groups: list[list[int]], collate) -> dict:
-    """Mean and std of the rewards of every completion (chosen and rejected) in ``examples``."""
+def reference_batches(cfg: RewardConfig, train: SplitBatches, evals: SplitBatches) -> tuple[SplitBatches, str]:
+    """``(batches, "eval" | "train")``: the pairs the stored reward mean/std come from, ``reference_set`` (train
+    when eval is empty), at most ``normalize_max_rows`` of them."""
+    from trainer_lib.data.tokenize import micro_batches
+
+    use_eval = cfg.reference_set == "eval" and len(evals.examples)
+    reference, name = (evals.examples, "eval") if use_eval else (train.examples, "train")
+    if cfg.normalize_max_rows:
+        reference = reference.select(range(min(len(reference), cfg.normalize_max_rows)))
+    groups = micro_batches(reference, cfg.eval_batch_size, cfg.data.max_length, packing=False)
+    return SplitBatches(reference, groups, train.collate), name
+
+
+def reward_statistics(engine, strategy, batches: SplitBatches) -> dict:
+    """Mean and std of the rewards of every completion (chosen and rejected) in ``batches``."""
     import math
 
     import torch
 
     def sums(group: list[int]) -> dict:
-        rewards = torch.cat(pair_rewards(engine, collate([examples[i] for i in group]), strategy.device)).double()
+        rewards = torch.cat(pair_rewards(engine, batches.collated(group), strategy.device)).double()
         return {"total": float(rewards.sum()), "squares": float((rewards**2).sum()), "count": float(rewards.numel())}
 
-    totals = strategy.sharded_sums(groups, sums, {"total": 0.0, "squares": 0.0, "count": 0.0}, models=(engine,))
+    totals = strategy.sharded_sums(batches.groups, sums, {"total": 0.0, "squares": 0.0, "count": 0.0}, models=(engine,))
     mean = totals["total"] / max(totals["count"], 1)
     var = max(totals["squares"] / max(totals["count"], 1) - mean**2, 0.0)
     return {"reward_mean": mean, "reward_std": math.sqrt(var), "count": int(totals["count"])}
 
 
 def run(cfg: RewardConfig) -> dict:
-    from trainer_lib.data.dataset import training_data
-    from trainer_lib.data.preference_batches import PAIRED_FORMATS, collate_pairs
-    from trainer_lib.data.tokenize import count_tokens, micro_batches
-    from trainer_lib.data.tokenized import tokenize_split
+    from trainer_lib.data.tokenize import count_tokens
     from trainer_lib.engine.batch_size import resolve_batch_size
     from trainer_lib.engine.strategy import DeepSpeedStrategy
     from trainer_lib.loop.cadence import Cadence
@@ -124,58 +159,32 @@ def run(cfg: RewardConfig) -> dict:
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
     strategy.setup_distributed()
 
-    # ---- data: preference pairs, tokenized as prompt + completion (ending in eos), cached as Arrow
+    # ---- data, and the order training takes its micro-batches in
     tokenizer = load_tokenizer(cfg.model)
-    data = training_data(
-        cfg.data, cfg.seed, allowed_formats=PAIRED_FORMATS, tokenizer=tokenizer, stage="the reward stage"
-    )
-    fmt = data.format
-    train, evals = (
-        tokenize_split(
-            data.splits[name],
-            data.fingerprints[name],
-            "pairs",
-            fmt,
-            tokenizer,
-            cfg.data.max_length,
-            cfg.data.num_workers,
-            what=f"{cfg.data.path} [{name}]",
-        )
-        for name in ("train", "eval")
-    )
-    if not len(train):
-        raise UserError(f"data.path: {cfg.data.path} has no preference pairs to train on")
-    train_groups = micro_batches(train, cfg.batch_size, cfg.data.max_length, packing=False)
-    eval_groups = micro_batches(evals, cfg.eval_batch_size, cfg.data.max_length, packing=False)
-    schedule = MicroBatchSchedule(
-        len(train_groups), cfg.engine.gradient_accumulation_steps, strategy.world_size, cfg.seed
-    )
-    steps = total_steps(cfg, len(train_groups), schedule.batches_per_step())
-
-    def collate(examples):
-        return collate_pairs(examples, tokenizer.pad_token_id)
+    train, evals, fmt = load_data(cfg, tokenizer)
+    order = TrainOrder(cfg, train, strategy.world_size, strategy.rank)
 
     # ---- model: backbone + scalar head (LoRA keeps the head fully trainable)
     model = load_reward_model(cfg.model, tokenizer.pad_token_id, cfg.engine.precision)
     model = apply_reward_lora(model, cfg.lora)
-    engine = strategy.prepare(model, total_steps=steps, **cfg.optimizer_args())
+    engine = strategy.prepare(model, total_steps=order.steps, **cfg.optimizer_args())
     cadence = Cadence(
         cfg,
         strategy,
         "reward",
-        steps,
+        order.steps,
         engine,
         parameters=count_parameters(model),
         window_keys=METRICS,
-        evaluate=(lambda: evaluate(engine, strategy, evals, eval_groups, collate)) if len(evals) else None,
+        evaluate=(lambda: evaluate(engine, strategy, evals)) if len(evals.examples) else None,
     )
-    cadence.restore(f"{len(train)} train / {len(evals)} eval pairs ({fmt}), {len(train_groups)} micro-batches")
+    cadence.restore(
+        f"{len(train.examples)} train / {len(evals.examples)} eval pairs ({fmt}), {len(train.groups)} micro-batches"
+    )
 
     # ---- the loop
     for step in cadence.steps():
-        for slot in range(schedule.accumulation):
-            epoch, group = schedule.index(step, slot, strategy.rank)
-            batch = collate([train[i] for i in train_groups[group]])
+        for ids, batch in order.micro_batches(step):
             losses, chosen, rejected = pair_losses(engine, batch, strategy.device)
             loss = losses.mean()
             if cfg.center_rewards_coefficient:
@@ -183,23 +192,13 @@ def run(cfg: RewardConfig) -> dict:
             strategy.backward(loss, engine)
             strategy.optimizer_step(engine)
             cadence.window.add_all(pair_metrics(losses, chosen, rejected))
-            cadence.window.count(samples=len(train_groups[group]), tokens=count_tokens(batch))
-        cadence.after_step(step, epoch=epoch)
+            cadence.window.count(samples=len(ids), tokens=count_tokens(batch))
+        cadence.after_step(step, epoch=order.epoch(step))
 
     # ---- final evaluation, reward statistics, Hugging Face export
-    summary = cadence.finish({"stage": "reward", "train_pairs": len(train), "format": fmt})
-    use_eval = cfg.reference_set == "eval" and len(evals)
-    reference, reference_name = (evals, "eval") if use_eval else (train, "train")
-    if cfg.normalize_max_rows:
-        reference = reference.select(range(min(len(reference), cfg.normalize_max_rows)))
-    stats = reward_statistics(
-        engine,
-        strategy,
-        reference,
-        micro_batches(reference, cfg.eval_batch_size, cfg.data.max_length, packing=False),
-        collate,
-    )
-    stats["reference_set"] = reference_name
+    summary = cadence.finish({"stage": "reward", "train_pairs": len(train.examples), "format": fmt})
+    reference, reference_name = reference_batches(cfg, train, evals)
+    stats = reward_statistics(engine, strategy, reference) | {"reference_set": reference_name}
     summary["reward_stats"] = stats
     store_stats(strategy.unwrap(engine), stats)
     return cadence.save_model(tokenizer, summary, extra_files={STATS_FILE: json.dumps(stats, indent=2)})

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from trainer_lib.config import TrainingConfig
 from trainer_lib.errors import UserError
-from trainer_lib.loop.micro_batches import MicroBatchSchedule, total_steps
+from trainer_lib.stages.training.split_batches import SplitBatches, TrainOrder
 
 SFT_FORMATS = ("text", "prompt_completion", "messages")
 
@@ -26,32 +26,53 @@ class SFTConfig(TrainingConfig):
 CONFIG = SFTConfig
 
 
-def make_collate(cfg: TrainingConfig, pad_token_id: int):
+def make_collate(cfg: TrainingConfig, pad_token_id: int, device):
+    """Tokenized examples -> one micro-batch on ``device``: a packed row (``data.packing``) or padded rows."""
     from trainer_lib.data.tokenize import collate_packed, collate_padded
 
-    if cfg.data.packing:
-        return collate_packed
-    return lambda examples: collate_padded(examples, pad_token_id)
+    def collate(examples: list[dict]) -> dict:
+        batch = collate_packed(examples) if cfg.data.packing else collate_padded(examples, pad_token_id)
+        return {k: v.to(device) for k, v in batch.items()}
+
+    return collate
 
 
-def evaluate_loss(engine, strategy, examples, groups: list[list[int]], collate) -> dict:
-    """``{"loss": x}``: token-weighted mean loss over ``groups`` (sharded across ranks)."""
+def load_data(cfg: SFTConfig, tokenizer, device) -> tuple[SplitBatches, SplitBatches, str]:
+    """``(train, eval, format)``: rows normalized (or loaded prepared), tokenized with prompt masking
+    (``data.num_workers`` processes, cached as memory-mapped Arrow) and grouped into micro-batches."""
+    from trainer_lib.data.dataset import training_data
+    from trainer_lib.data.tokenize import micro_batches
+    from trainer_lib.data.tokenized import tokenize_train_eval
+
+    data = training_data(cfg.data, cfg.seed, allowed_formats=SFT_FORMATS, tokenizer=tokenizer)
+    train, evals = tokenize_train_eval(data, "sft", tokenizer, cfg.data)
+    if not len(train):
+        raise UserError(f"data.path: {cfg.data.path} has no trainable rows (every completion is empty or truncated)")
+    max_len, packing = cfg.data.max_length, cfg.data.packing
+    collate = make_collate(cfg, tokenizer.pad_token_id, device)
+    return (
+        SplitBatches(train, micro_batches(train, cfg.batch_size, max_len, packing), collate),
+        SplitBatches(evals, micro_batches(evals, cfg.eval_batch_size, max_len, packing) if len(evals) else [], collate),
+        data.format,
+    )
+
+
+def evaluate_loss(engine, strategy, evals: SplitBatches) -> dict:
+    """``{"loss": x}``: token-weighted mean loss over ``evals`` (sharded across ranks)."""
 
     def sums(group: list[int]) -> dict:
-        batch = {k: v.to(strategy.device) for k, v in collate([examples[i] for i in group]).items()}
+        batch = evals.collated(group)
         n = int((batch["labels"][:, 1:] != -100).sum())
         if n == 0:
             return {"total": 0.0, "count": 0.0}
         return {"total": float(engine(**batch, use_cache=False).loss) * n, "count": float(n)}
 
-    totals = strategy.sharded_sums(groups, sums, {"total": 0.0, "count": 0.0}, models=(engine,))
+    totals = strategy.sharded_sums(evals.groups, sums, {"total": 0.0, "count": 0.0}, models=(engine,))
     return {"loss": totals["total"] / max(totals["count"], 1)}
 
 
 def run(cfg: SFTConfig) -> dict:
-    from trainer_lib.data.dataset import training_data
-    from trainer_lib.data.tokenize import count_tokens, micro_batches
-    from trainer_lib.data.tokenized import tokenize_split
+    from trainer_lib.data.tokenize import count_tokens
     from trainer_lib.engine.batch_size import resolve_batch_size
     from trainer_lib.engine.strategy import DeepSpeedStrategy
     from trainer_lib.loop.cadence import Cadence
@@ -61,65 +82,34 @@ def run(cfg: SFTConfig) -> dict:
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
     strategy.setup_distributed()
 
-    # ---- data: normalize (or load prepared), tokenize with prompt masking (data.num_workers processes,
-    # cached: memory-mapped Arrow), group into micro-batches
+    # ---- data, and the order training takes its micro-batches in
     tokenizer = load_tokenizer(cfg.model)
-    data = training_data(cfg.data, cfg.seed, allowed_formats=SFT_FORMATS, tokenizer=tokenizer)
-    fmt, max_len = data.format, cfg.data.max_length
-
-    def tokenized(name: str):
-        return tokenize_split(
-            data.splits[name],
-            data.fingerprints[name],
-            "sft",
-            fmt,
-            tokenizer,
-            max_len,
-            cfg.data.num_workers,
-            what=f"{cfg.data.path} [{name}]",
-        )
-
-    train = tokenized("train")
-    evals = tokenized("eval")
-    if not len(train):
-        raise UserError(f"data.path: {cfg.data.path} has no trainable rows (every completion is empty or truncated)")
-    train_groups = micro_batches(train, cfg.batch_size, max_len, cfg.data.packing)
-    eval_groups = micro_batches(evals, cfg.eval_batch_size, max_len, cfg.data.packing) if len(evals) else []
-    schedule = MicroBatchSchedule(
-        len(train_groups), cfg.engine.gradient_accumulation_steps, strategy.world_size, cfg.seed
-    )
-    steps = total_steps(cfg, len(train_groups), schedule.batches_per_step())
-    collate = make_collate(cfg, tokenizer.pad_token_id)
+    train, evals, fmt = load_data(cfg, tokenizer, strategy.device)
+    order = TrainOrder(cfg, train, strategy.world_size, strategy.rank)
 
     # ---- model and engine
-    model = load_causal_lm(cfg.model, cfg.engine.precision)
-    model = apply_lora(model, cfg.lora)
-    engine = strategy.prepare(model, total_steps=steps, **cfg.optimizer_args())
+    model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
+    engine = strategy.prepare(model, total_steps=order.steps, **cfg.optimizer_args())
+    evaluation = (lambda: evaluate_loss(engine, strategy, evals)) if len(evals.examples) else None
     cadence = Cadence(
-        cfg,
-        strategy,
-        "sft",
-        steps,
-        engine,
-        parameters=count_parameters(model),
-        evaluate=(lambda: evaluate_loss(engine, strategy, evals, eval_groups, collate)) if len(evals) else None,
+        cfg, strategy, "sft", order.steps, engine, parameters=count_parameters(model), evaluate=evaluation
     )
-    cadence.restore(f"{len(train)} train / {len(evals)} eval examples ({fmt}), {len(train_groups)} micro-batches")
+    cadence.restore(
+        f"{len(train.examples)} train / {len(evals.examples)} eval examples ({fmt}), {len(train.groups)} micro-batches"
+    )
 
     # ---- the loop
     for step in cadence.steps():
-        for slot in range(schedule.accumulation):
-            epoch, group = schedule.index(step, slot, strategy.rank)
-            batch = {k: v.to(strategy.device) for k, v in collate([train[i] for i in train_groups[group]]).items()}
+        for ids, batch in order.micro_batches(step):
             out = engine(**batch, use_cache=False)
             strategy.backward(out.loss, engine)
             strategy.optimizer_step(engine)
             cadence.window.add("loss", out.loss)
-            cadence.window.count(samples=len(train_groups[group]), tokens=count_tokens(batch))
-        cadence.after_step(step, epoch=epoch)
+            cadence.window.count(samples=len(ids), tokens=count_tokens(batch))
+        cadence.after_step(step, epoch=order.epoch(step))
 
     # ---- final evaluation and Hugging Face export
-    summary = cadence.finish({"stage": "sft", "train_examples": len(train), "format": fmt})
+    summary = cadence.finish({"stage": "sft", "train_examples": len(train.examples), "format": fmt})
     if "eval" in summary:
         summary["eval_loss"] = summary["eval"]["loss"]
     return cadence.save_model(tokenizer, summary)
