@@ -119,13 +119,17 @@ class DeepSpeedStrategy:
             dist.barrier()
 
     def all_reduce(self, value: Any, op: str = "mean") -> Any:
-        """Reduce a float, a tensor or a dict of floats across processes."""
+        """Reduce a float, a tensor or a dict across processes.
+
+        A dict's values are floats or one-element tensors: they travel as one float64 vector, in one
+        all-reduce, and come back as a dict of floats (one read from the device for the whole dict).
+        """
         import torch
         import torch.distributed as dist
 
         if isinstance(value, dict):
             keys = sorted(value)
-            reduced = self.all_reduce(torch.tensor([float(value[k]) for k in keys], dtype=torch.float64), op)
+            reduced = self.all_reduce(_float64_vector([value[k] for k in keys], self.device), op)
             return {k: float(v) for k, v in zip(keys, reduced.tolist())}
         is_tensor = isinstance(value, torch.Tensor)
         tensor = (
@@ -448,6 +452,26 @@ class DeepSpeedStrategy:
                 extra_files=extra_files,
             )
             self.barrier()
+
+
+def _float64_vector(values: list, device) -> Any:
+    """A float64 vector of floats and one-element tensors, without reading a tensor back to the host.
+
+    Floats (and ints) go to ``device`` in one copy; tensors stay where they are computed, and one
+    ``stack`` puts the lot together there. With no tensors among ``values`` it is a CPU tensor.
+    """
+    import torch
+
+    host = torch.tensor([0.0 if isinstance(v, torch.Tensor) else float(v) for v in values], dtype=torch.float64)
+    if not any(isinstance(v, torch.Tensor) for v in values):
+        return host
+    host = host.to(device)
+    return torch.stack(
+        [
+            v.detach().to(device, torch.float64).reshape(()) if isinstance(v, torch.Tensor) else host[i]
+            for i, v in enumerate(values)
+        ]
+    )
 
 
 def _local_grad_norm(module) -> float:

@@ -30,7 +30,8 @@ from collections.abc import Callable
 from trainer_lib.config import flat_dict
 from trainer_lib.engine.checkpoint import CheckpointManager
 from trainer_lib.errors import NonFiniteLossError
-from trainer_lib.loop.tracking import MetricsWindow, Tracker
+from trainer_lib.loop.metrics import MetricsWindow
+from trainer_lib.loop.tracking import Tracker
 
 
 class Cadence:
@@ -142,15 +143,17 @@ class Cadence:
         here at its own step; a non-finite gradient norm means this step's update already spoiled
         the weights (the loss only shows it a step later). All ranks take part in one all-reduce
         and raise together; nothing of this step is logged or saved, so the newest checkpoint is
-        the last good one."""
-        bad = {
-            k: v for k, v in self.window.sums.items() if (k == "loss" or k.endswith("_loss")) and not math.isfinite(v)
-        }
+        the last good one. The losses' sums stay on the device: one flag for all of them travels in
+        that all-reduce, and reading it back is this check's one wait for the device."""
+        losses = [k for k in self.window.sums if k == "loss" or k.endswith("_loss")]
         norm = self.strategy.recorded_grad_norm(self.engine)
-        if norm is not None and not math.isfinite(norm):
-            bad["grad_norm"] = norm
-        if self.strategy.all_reduce(1.0 if bad else 0.0, op="max") == 0.0:
+        bad_norm = norm is not None and not math.isfinite(norm)
+        flag = self.window.nonfinite(losses) + (1.0 if bad_norm else 0.0)
+        if float(self.strategy.all_reduce(flag, op="max")) == 0.0:
             return
+        bad = {k: v for k, v in self.window.totals(losses).items() if not math.isfinite(v)}
+        if bad_norm:
+            bad["grad_norm"] = norm
         found = ", ".join(f"{k}={v}" for k, v in bad.items()) or "on another rank"
         latest = self.ckpt.latest_step()
         kept = (

@@ -250,7 +250,7 @@ def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
 
 def evaluate(engine, strategy, name: str, split: Split, reference, objective, cfg: DPOConfig) -> dict:
     """Mean metrics over one eval split (sharded across ranks); the loss where it applies."""
-    from trainer_lib.loop.tracking import means_of, sums_and_counts
+    from trainer_lib.loop.metrics import means_of, sums_and_counts
     from trainer_lib.models.reference import forward_logps
 
     with_loss = split.kind == ("unpaired" if cfg.loss == "kto" else "paired")
