@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from trainer_lib import storage
 from trainer_lib.config import TrainingConfig, opt
 from trainer_lib.errors import ConfigError, UserError
-from trainer_lib.stages.training.split_batches import SplitBatches, TrainOrder
+from trainer_lib.loop.micro_batches import SplitBatches, TrainOrder
 
 LOSSES = ("sigmoid", "ipo", "hinge", "robust", "simpo", "kto")
 REFERENCES = ("auto", "model", "precomputed", "adapter")

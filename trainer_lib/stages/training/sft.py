@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from trainer_lib.config import TrainingConfig
 from trainer_lib.errors import UserError
-from trainer_lib.stages.training.split_batches import SplitBatches, TrainOrder
+from trainer_lib.loop.micro_batches import SplitBatches, TrainOrder
 
 SFT_FORMATS = ("text", "prompt_completion", "messages")
 
