@@ -259,17 +259,18 @@ def test_hub_dataset_and_revision_keys(tmp_path, capsys):
         load_config(SFTConfig, [{**layer, "eval_dataset": "gsm_test"}], stage="sft")
 
 
-def test_the_readme_table_lists_every_mapped_key():
+def test_the_documented_table_lists_every_mapped_key():
     import os
     import re
 
     from trainer_lib.config import aliases as config_aliases
 
-    readme = open(os.path.join(REPO, "README.md"), encoding="utf-8").read()
-    block = re.search(r"<!-- aliases:start[^>]*-->\n(.*?)\n<!-- aliases:end -->", readme, re.S)
-    assert block, "README.md lost its <!-- aliases:start --> ... <!-- aliases:end --> table"
+    doc = open(os.path.join(REPO, "docs", "configuration.md"), encoding="utf-8").read()
+    block = re.search(r"<!-- aliases:start[^>]*-->\n(.*?)\n<!-- aliases:end -->", doc, re.S)
+    assert block, "docs/configuration.md lost its <!-- aliases:start --> ... <!-- aliases:end --> table"
     assert block.group(1) == config_aliases.alias_table(), (
-        "README's alias table is stale: paste trainer_lib.config.aliases.alias_table() between the markers"
+        "docs/configuration.md's alias table is stale: paste trainer_lib.config.aliases.alias_table() between "
+        "the markers"
     )
     listed = set(re.findall(r"^\| `([^`]+)` \|", block.group(1), re.M))
     assert listed == set(config_aliases.RENAMES) | set(config_aliases.RULES) | set(config_aliases.DEFERRED)

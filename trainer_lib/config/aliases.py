@@ -380,8 +380,8 @@ def resolve_warmup_ratio(cfg: Any, ratio: Any, warmup_steps_given: bool) -> str:
 
 
 def alias_table() -> str:
-    """Markdown rows of every key this module reads, and what it becomes: README's "Coming from TRL /
-    LLaMA-Factory" table (a test keeps the two equal)."""
+    """Markdown rows of every key this module reads, and what it becomes: the table in
+    docs/configuration.md, "Coming from TRL / LLaMA-Factory" (a test keeps the two equal)."""
     rows = {}
     for key, targets in RENAMES.items():
         values = "".join(f" (`{theirs}` -> `{ours}`)" for theirs, ours in VALUE_RENAMES.get(key, {}).items())

@@ -34,31 +34,29 @@ class RolloutConfig:
 class RewardSourcesConfig:
     functions: list[str] = opt(
         [],
-        "Reward functions: built-ins (code_execution, code_style, "
-        "length_penalty, refusal) or module:function / path/file.py:function "
-        "(comma-separated on the CLI).",
+        "Reward functions: built-ins (code_execution, code_style, length_penalty, refusal) or module:function / "
+        "path/file.py:function (comma-separated on the CLI).",
     )
     weights: list[float] = opt(
         [],
-        "One weight per source: the functions in order, then the reward "
-        "model if reward.model_path is set, then the classifier if "
-        "reward.classifier_path is set (empty: all 1.0).",
+        "One weight per source: the functions in order, then the reward model if reward.model_path is set, "
+        "then the classifier if reward.classifier_path is set (empty: all 1.0).",
     )
     model_path: str | None = opt(None, "Reward model (from `posttrain reward`), normalized with its stored mean/std.")
     classifier_path: str | None = opt(
         None,
-        "A sequence classifier (HF id, dir or URL: a sentiment, toxicity or "
-        "safety model) scoring each completion's text as a reward source.",
+        "A sequence classifier (HF id, dir or URL: a sentiment, toxicity or safety model) scoring each "
+        "completion's text as a reward source.",
     )
     classifier_label: str = opt(
         "",
-        "The classifier's label (name from id2label, or index) whose score is the "
-        "reward; required when it has several labels.",
+        "The classifier's label (name from id2label, or index) whose score is the reward; required when it has "
+        "several labels.",
     )
     classifier_score: str = opt(
         "probability",
-        "probability: softmax over the labels (sigmoid for multi-label "
-        "models) of classifier_label; logit: its raw logit.",
+        "probability: softmax over the labels (sigmoid for multi-label models) of classifier_label; logit: its raw "
+        "logit.",
         ("probability", "logit"),
     )
     clip: float = opt(0.0, "Clip the combined reward to [-clip, clip] after normalization (0: off).")
@@ -71,8 +69,8 @@ class RewardSourcesConfig:
     sandbox_workers: int = opt(4, "code_execution: sandbox processes running tests in parallel.")
     length_free_tokens: int = opt(
         0,
-        "length_penalty: completions up to this many tokens are not "
-        "penalized; the penalty reaches -1 at rollout.max_new_tokens.",
+        "length_penalty: completions up to this many tokens are not penalized; the penalty reaches -1 at "
+        "rollout.max_new_tokens.",
     )
 
 
@@ -87,10 +85,9 @@ class RLConfig(TrainingConfig):
     mini_batch_size: int = opt(0, "Completions per optimizer step, all ranks together (0: all of a step).")
     multi_adapter: bool = opt(
         False,
-        "One frozen base model shared by the roles as LoRA adapters (needs lora.r > 0): "
-        "the policy adapter, PPO's value adapter and head, the reference as the base "
-        "with adapters disabled, and a LoRA reward model of the same base (saved with "
-        "lora.merge=false) as a frozen adapter; one engine trains policy and value.",
+        "One frozen base model shared by the roles as LoRA adapters (needs lora.r > 0): the policy adapter, PPO's "
+        "value adapter and head, the reference as the base with adapters disabled, and a LoRA reward model of the "
+        "same base (saved with lora.merge=false) as a frozen adapter; one engine trains policy and value.",
     )
 
     def validate(self) -> None:

@@ -54,14 +54,12 @@ class ModelConfig:
     tokenizer_path: str | None = opt(None, "Tokenizer location if different from model.path.")
     chat_template: str = opt(
         "",
-        "Chat template replacing the tokenizer's own (or giving a base model one): "
-        "chatml, llama3 or zephyr (built in), Jinja text, or a Jinja file; empty: "
-        "the tokenizer's own.",
+        "Chat template replacing the tokenizer's own (or giving a base model one): chatml, llama3 or zephyr "
+        "(built in), Jinja text, or a Jinja file; empty: the tokenizer's own.",
     )
     attn_implementation: str = opt(
         "sdpa",
-        "Attention kernel passed to transformers; sdpa attends each "
-        "sequence of a packed row on its own (models/attention.py).",
+        "Attention kernel; sdpa attends each sequence of a packed row on its own.",
         ("sdpa", "eager", "flash_attention_2"),
     )
     trust_remote_code: bool = opt(False, "Allow custom modelling code from the model repo.")
@@ -71,13 +69,13 @@ class ModelConfig:
 class DataConfig:
     path: str | None = opt(
         None,
-        "Dataset: prepared dataset dir, JSONL/JSON/Parquet/CSV file, "
-        "datasets saved dir or hub id; local or a URL (s3://, gs://, az://, hf://, ...).",
+        "Dataset: prepared dataset dir, JSONL/JSON/Parquet/CSV file, datasets saved dir or hub id; "
+        "local or a URL (s3://, gs://, az://, hf://, ...).",
     )
     format: str = opt(
         "auto",
-        "Dataset format; 'auto' detects it from the columns. alpaca and sharegpt "
-        "(LLaMA-Factory's) are converted to messages.",
+        "Dataset format; 'auto' detects it from the columns. alpaca and sharegpt (LLaMA-Factory's) "
+        "are converted to messages.",
         (
             "auto",
             "text",
@@ -92,10 +90,9 @@ class DataConfig:
     )
     columns: dict[str, str] = opt(
         {},
-        "Renamed columns of alpaca/sharegpt data, named like the columns and "
-        "tags of LLaMA-Factory's dataset_info.json, e.g. "
-        "{prompt: question, response: answer} or {messages: dialog, role_tag: "
-        "role, content_tag: text, user_tag: user, assistant_tag: assistant}.",
+        "Renamed columns of alpaca/sharegpt data, named like the columns and tags of LLaMA-Factory's "
+        "dataset_info.json, e.g. {prompt: question, response: answer} or {messages: dialog, role_tag: role, "
+        "content_tag: text, user_tag: user, assistant_tag: assistant}.",
     )
     subset: str = opt(
         "",
@@ -109,9 +106,7 @@ class DataConfig:
         "valid, test that exists, else data.eval_fraction of the training split.",
     )
     revision: str = opt(
-        "",
-        "Hub dataset revision to read: a branch, tag or commit sha (pin one for a "
-        "reproducible run); default the main branch.",
+        "", "Hub dataset revision: a branch, tag or commit sha (pin one for a reproducible run); default main."
     )
     eval_path: str | None = opt(None, "Separate eval dataset (otherwise split off data.path).")
     eval_fraction: float = opt(0.05, "Fraction of rows held out for eval when no eval split exists.")
@@ -121,10 +116,8 @@ class DataConfig:
     packing: bool = opt(True, "Pack several examples per row (padding-free, no cross-attention).")
     num_workers: int = opt(
         1,
-        "Processes that tokenize (datasets.map num_proc), in prepare (token lengths) and "
-        "the training stages. The tokenized data is cached as memory-mapped Arrow under "
-        "$POSTTRAIN_CACHE/data (default ~/.cache/posttrain/data; delete it to clear), built "
-        "once by local rank 0 and reused by the other ranks, reruns and resumed runs.",
+        "Processes that tokenize (datasets.map num_proc), in prepare and the training stages; the result "
+        "is cached under $POSTTRAIN_CACHE/data (default ~/.cache/posttrain/data; delete it to clear).",
     )
 
     def validate(self) -> None:
@@ -157,11 +150,10 @@ class EngineConfig:
     max_grad_norm: float = opt(1.0, "Gradient clipping norm (0 disables).")
     deepspeed_config: str = opt(
         "",
-        "A DeepSpeed JSON file (local path or URL) laid over the config posttrain "
-        "builds: every key it sets wins (ZeRO++, overlap_comm, bucket sizes, "
-        'zero_optimization.stage...), "auto" takes ours; its batch keys must agree '
-        "with batch_size and engine.gradient_accumulation_steps; its optimizer and "
-        "scheduler are left out. Empty: ours alone.",
+        "A DeepSpeed JSON file (local path or URL) laid over the config posttrain builds: every key it sets "
+        'wins (ZeRO++, overlap_comm, bucket sizes, zero_optimization.stage...), "auto" takes ours; its batch '
+        "keys must agree with batch_size and engine.gradient_accumulation_steps; its optimizer and scheduler "
+        "are left out. Empty: ours alone.",
     )
 
 
@@ -172,14 +164,13 @@ class LoraConfig:
     dropout: float = opt(0.0, "LoRA dropout.")
     target_modules: list[str] = opt(
         ["q_proj", "k_proj", "v_proj", "o_proj"],
-        "Module names that get adapters (comma-separated on the CLI); "
-        "all-linear: every linear layer but the output head.",
+        "Module names that get adapters (comma-separated on the CLI); all-linear: every linear layer but the "
+        "output head.",
     )
     merge: bool = opt(
         True,
-        "Save the model with the adapters merged in (a plain HF model); false saves "
-        "only the PEFT adapter (adapter_config.json, adapter_model.safetensors), "
-        "loadable with PeftModel.from_pretrained(base, output_dir).",
+        "Save the model with the adapters merged in (a plain HF model); false saves only the PEFT adapter "
+        "(adapter_config.json, adapter_model.safetensors), loadable with PeftModel.from_pretrained(base, output_dir).",
     )
 
 
@@ -202,9 +193,8 @@ class TrainingConfig:
     output_dir: str | None = opt(None, "Where logs and the final HF model go (local or URL).")
     checkpoint_dir: str | None = opt(
         None,
-        "Where resumable checkpoints go (local or URL); default "
-        "<output_dir>/checkpoints. Use a stable s3:// prefix on a cluster "
-        "so a retried pod resumes.",
+        "Where resumable checkpoints go (local or URL); default <output_dir>/checkpoints. Use a stable s3:// "
+        "prefix on a cluster so a retried pod resumes.",
     )
     max_steps: int = opt(100, "Optimizer steps to train for.")
     num_epochs: float = opt(0.0, "If > 0, train for this many epochs instead of max_steps.")
@@ -219,41 +209,30 @@ class TrainingConfig:
     )
     lr_scheduler_kwargs: dict = opt(
         {},
-        "Extra arguments of the schedule, as in transformers, e.g. "
-        "{min_lr_rate: 0.1} for cosine_with_min_lr or {num_cycles: 2} for "
-        "cosine_with_restarts.",
+        "Extra arguments of the schedule, as in transformers, e.g. {min_lr_rate: 0.1} for cosine_with_min_lr "
+        "or {num_cycles: 2} for cosine_with_restarts.",
     )
     warmup_steps: int = opt(0, "Linear warmup steps.")
     weight_decay: float = opt(0.0, "AdamW weight decay.")
     adam_beta1: float = opt(0.9, "AdamW beta1 (Hugging Face's default too).")
-    adam_beta2: float = opt(
-        0.95,
-        "AdamW beta2. Ours is 0.95 (steadier for LLM fine-tuning, and what "
-        "posttrain always used); Hugging Face's (TRL's, LLaMA-Factory's) is 0.999.",
-    )
+    adam_beta2: float = opt(0.95, "AdamW beta2; Hugging Face's default (TRL's, LLaMA-Factory's) is 0.999.")
     adam_epsilon: float = opt(1e-8, "AdamW epsilon (Hugging Face's default too).")
     batch_size: int | Literal["auto"] = opt(
         8,
-        "Per-process micro-batch size (rows; packed rows when packing); "
-        "auto: the largest that fits in memory, found by a probe "
-        "before training (trainer_lib/engine/batch_size.py), with "
-        "engine.gradient_accumulation_steps raised to keep "
-        "global_batch_size.",
+        "Per-process micro-batch size (rows; packed rows when packing); auto: the largest that fits in memory, "
+        "found by a probe before training, with engine.gradient_accumulation_steps raised to keep global_batch_size.",
     )
     global_batch_size: int = opt(
         0,
-        "With batch_size=auto: rows per optimizer step, all ranks together, kept "
-        "while the micro-batch shrinks to fit (0: 8 x engine.gradient_accumulation_"
-        "steps x world size, what batch_size's default gives). RL stages keep "
-        "mini_batch_size instead.",
+        "With batch_size=auto: rows per optimizer step, all ranks together, kept while the micro-batch shrinks "
+        "to fit (0: 8 x engine.gradient_accumulation_steps x world size). RL stages keep mini_batch_size instead.",
     )
     eval_batch_size: int = opt(16, "Per-process batch size for evaluation.")
     resume: bool = opt(True, "Resume from the latest complete checkpoint in output_dir if one exists.")
     report_to: list[str] = opt(
         ["tensorboard"],
-        "Trackers besides metrics.jsonl (comma-separated): tensorboard, "
-        "mlflow ($MLFLOW_TRACKING_URI, default sqlite:///<output_dir>/"
-        "mlflow.db), wandb (offline; needs wandb installed), none.",
+        "Trackers besides metrics.jsonl (comma-separated): tensorboard, mlflow ($MLFLOW_TRACKING_URI, default "
+        "sqlite:///<output_dir>/mlflow.db), wandb (offline; needs wandb installed), none.",
     )
 
     def validate(self) -> None:

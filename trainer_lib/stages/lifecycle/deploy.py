@@ -37,8 +37,8 @@ HISTORY = "deploy.json"
 class ExportSource:
     path: str | None = opt(
         None,
-        "The export stage's output_dir (local or URL): onnx/<variant>/model.onnx, "
-        "tokenizer/ and export.json (eos/pad ids; else the tokenizer's).",
+        "The export stage's output_dir (local or URL): onnx/<variant>/model.onnx, tokenizer/ and export.json "
+        "(eos/pad ids; else the tokenizer's).",
     )
 
 
@@ -46,8 +46,8 @@ class ExportSource:
 class TritonTarget:
     url: str = opt(
         "",
-        "The Triton server's HTTP endpoint (http://host:port), running with "
-        "--model-control-mode=explicit on this repository; empty: only publish.",
+        "The Triton server's HTTP endpoint (http://host:port), running with --model-control-mode=explicit on "
+        "this repository; empty: only publish.",
     )
 
 
@@ -64,27 +64,25 @@ class DeployConfig:
     max_batch_size: int = opt(8, "Requests the dynamic batcher may decode together.")
     instance_kind: str = opt(
         "cpu",
-        "Where the model's ONNX Runtime session runs (gpu needs onnxruntime-gpu "
-        "in the server's Python-backend environment).",
+        "Where the model's ONNX Runtime session runs (gpu needs onnxruntime-gpu in the server's Python backend).",
         ("cpu", "gpu"),
     )
     execution_env: str = opt(
         "",
-        "The Python-backend environment as the server sees it (EXECUTION_ENV_PATH: a "
-        "conda-pack tarball or a venv with numpy<2, onnxruntime, tokenizers), for images "
-        "whose python3 lacks them; empty: the server's own python3.",
+        "The Python-backend environment as the server sees it (EXECUTION_ENV_PATH: a conda-pack tarball or a "
+        "venv with numpy<2, onnxruntime, tokenizers), for images whose python3 lacks them; empty: the server's "
+        "own python3.",
     )
     default_max_tokens: int = opt(64, "New tokens per request when the request gives no max_tokens.")
     publish_onnx: bool = opt(
         False,
-        "Also publish the raw decoder as '<model_name>_onnx' (platform "
-        "onnxruntime_onnx, one decode step per request) for servers with the ONNX "
-        "Runtime backend, such as NVIDIA's images; it is not loaded here.",
+        "Also publish the raw decoder as '<model_name>_onnx' (platform onnxruntime_onnx, one decode step per "
+        "request) for servers with the ONNX Runtime backend, such as NVIDIA's images; it is not loaded here.",
     )
     tensorrt_fp16: bool = opt(
         False,
-        "In that raw model's config, ask for the TensorRT execution accelerator "
-        "with FP16 engines (needs publish_onnx and instance_kind=gpu; use variant=fp32).",
+        "In that raw model's config, ask for the TensorRT execution accelerator with FP16 engines (needs "
+        "publish_onnx and instance_kind=gpu; use variant=fp32).",
     )
     smoke_prompt: str = opt("Hello", "Prompt of the smoke request sent to the new version.")
     smoke_max_tokens: int = opt(4, "max_tokens of the smoke request.")

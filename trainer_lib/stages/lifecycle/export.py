@@ -47,8 +47,8 @@ DEFAULT_PROMPTS = [
 class ParityConfig:
     prompts: str | None = opt(
         None,
-        "JSONL of eval prompts (local or URL): a 'prompt' (text or chat "
-        "messages) or 'messages' per row; default: a few built-in short prompts.",
+        "JSONL of eval prompts (local or URL): a 'prompt' (text or chat messages) or 'messages' per row; "
+        "default: a few built-in short prompts.",
     )
     num_prompts: int = opt(8, "Use the first N prompts.")
     max_new_tokens: int = opt(16, "Greedy generation length for the exact-match check.")
@@ -57,15 +57,12 @@ class ParityConfig:
     )
     int8_min_top1_agreement: float = opt(
         0.9,
-        "Fail when INT8 next-token top-1 agreement with PyTorch is "
-        "below this (0 disables). A tiny trained model scores ~0.97-1.0; "
-        "random-weight models have flat logits and score lower.",
+        "Fail when INT8 next-token top-1 agreement with PyTorch is below this (0 disables). A tiny trained "
+        "model scores ~0.97-1.0; random-weight models have flat logits and score lower.",
     )
     latency_tokens: int = opt(32, "Decode steps timed per model for the latency figures (batch 1).")
     threads: int = opt(
-        1,
-        "CPU threads for PyTorch and onnxruntime during the latency run (0: their "
-        "defaults); 1 is comparable across machines.",
+        1, "CPU threads for PyTorch and onnxruntime in the latency run (0: their defaults; 1 compares across machines)."
     )
 
 
