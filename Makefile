@@ -86,7 +86,7 @@ test-fast: setup
 
 # The embedded default: SFT, then DPO (and a reward model), then GRPO from the DPO model, one evaluation
 # of base/SFT/DPO/GRPO and a gated release, on a tiny model trained from scratch (settings measured,
-# see README "Results on the embedded default"). What each stage has to add (trainer_lib/demo/code_tasks.py, safety_prompts.py):
+# see docs/results.md). What each stage has to add (trainer_lib/demo/code_tasks.py and safety_prompts.py):
 # - SFT's code demonstrations come from a "teacher" with consistent mistakes on six task families
 #   (teacher_mistakes=0.7 of their demonstrations: dropped parentheses, >= for "greater than", no abs());
 #   SFT imitates them. The preference pairs come from the same teacher, so DPO cannot fix them either.

@@ -165,7 +165,7 @@ def check_spec(spec: dict, params: dict) -> int:
 
 
 def _token() -> str | None:
-    """The pod's KFP API token, where the cluster projects one (multi-user Kubeflow; see README)."""
+    """The pod's KFP API token, where the cluster projects one (multi-user Kubeflow; see docs/pipelines.md)."""
     import os
 
     path = os.environ.get("KF_PIPELINES_SA_TOKEN_PATH", "/var/run/secrets/kubeflow/pipelines/token")

@@ -1,10 +1,11 @@
 """The top-level pipelines, and the registry the CLI compiles, runs and submits.
 
-    posttrain-sft    bootstrap -> prepare -> SFT
-    posttrain-dpo    bootstrap -> prepare -> SFT -> prepare -> DPO -> evaluate -> release
-    posttrain-rlhf   bootstrap -> prepare -> SFT -> prepare -> reward model -> PPO | GRPO -> evaluate -> release
+    posttrain-sft    bootstrap -> prepare -> SFT -> export -> deploy
+    posttrain-dpo    bootstrap -> prepare -> SFT -> prepare -> DPO -> evaluate -> release, export -> deploy
+    posttrain-rlhf   bootstrap -> prepare -> SFT -> prepare -> reward model -> PPO | GRPO -> evaluate -> release,
+                     export -> deploy
     posttrain-all    bootstrap -> prepare -> SFT -> prepare -> DPO -> GRPO (from DPO; prepare -> reward
-                     model beside it) -> evaluate (all) -> release
+                     model beside it) -> evaluate (all) -> release, export -> deploy
                      (the embedded default of ``make demo``: each stage measured against SFT)
 
 ``release`` publishes the candidate only when the evaluation gate passed. The RL algorithm of

@@ -73,7 +73,7 @@ RETRIES = {
 NOT_CACHED = {"check-config", "fingerprint", "release", "deploy"}
 
 #: Pod labels by component. ``check-config`` reads its run from the KFP API: on multi-user Kubeflow the
-#: ``access-ml-pipeline`` PodDefault (see README) projects the API token into pods with this label.
+#: ``access-ml-pipeline`` PodDefault (see docs/pipelines.md) projects the API token into pods with this label.
 POD_LABELS = {"check-config": {"access-ml-pipeline": "true"}}
 
 #: Optional Secret with a Hugging Face token (key HF_TOKEN) for gated hub models and datasets.

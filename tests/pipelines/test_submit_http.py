@@ -236,7 +236,7 @@ def test_server_errors_and_unreachable_hosts_are_one_line_and_exit_1(kfp_server,
 
 
 def test_the_readme_kfp_cli_line_submits_the_committed_pipeline_with_typed_parameters(kfp_server):
-    """README's ``kfp run create`` (the kfp CLI, for CI without posttrain installed) does what submit does."""
+    """The ``kfp run create`` of docs/pipelines.md (the kfp CLI, for CI without posttrain) does what submit does."""
     from click.testing import CliRunner
     from kfp.cli.cli import cli
 
