@@ -16,6 +16,7 @@ from trainer_lib.eval.humaneval import (
     default_problems_path,
     evaluate,
     load_problems,
+    score_samples,
     truncate,
 )
 from trainer_lib.sandbox import Sandbox, SandboxConfig
@@ -111,6 +112,26 @@ def test_pass_at_k_per_problem_and_overall(tmp_path, box):
     assert [r["completion_id"] for r in sample_rows] == [0, 1, 2, 0, 1, 2]
     assert sample_rows[0]["result"] == "passed" and sample_rows[0]["status"] == "passed"
     assert sample_rows[1]["result"] == "failed: test 0: AssertionError" and sample_rows[1]["status"] == "failed"
+
+
+def test_score_samples_reports_metrics_and_each_problem_with_its_samples(box):
+    problems = {p["task_id"]: p for p in (SQUARE, HALF)}
+    samples = [
+        {"task_id": "Toy/0", "completion": SQUARE["canonical_solution"]},
+        {"task_id": "Toy/0", "completion": ""},
+        {"task_id": "Toy/1", "completion": HALF["canonical_solution"]},
+        {"task_id": "Toy/1", "completion": HALF["canonical_solution"]},
+    ]
+    metrics, rows = score_samples(samples, problems, (1, 2, 10), 5.0, box)
+    assert metrics == {"humaneval_pass@1": pytest.approx(0.75), "humaneval_pass@2": 1.0}
+    assert [(r["task_id"], r["correct"], r["prompt"]) for r in rows] == [
+        ("Toy/0", 1, SQUARE["prompt"]),
+        ("Toy/1", 2, HALF["prompt"]),
+    ]
+    assert rows[0]["samples"] == [
+        {"completion": SQUARE["canonical_solution"], "result": "passed"},
+        {"completion": "", "result": "failed: test 0: AssertionError"},
+    ]
 
 
 def test_cli_scores_a_samples_file(tmp_path, capsys):

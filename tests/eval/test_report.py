@@ -3,7 +3,7 @@
 import base64
 import re
 
-from trainer_lib.eval.report import curve_keys, render_html, render_markdown, shown, ui_metrics
+from trainer_lib.eval.report import curve_keys, render_html, render_markdown, sample_sections, shown, ui_metrics
 
 EVIL = "<script>alert('pwned')</script>"
 
@@ -128,3 +128,35 @@ def test_curve_keys_skip_bookkeeping_and_long_outputs_are_cut():
     long = shown("y" * 5000)
     assert long.endswith("[... 4300 more characters]") and len(long) < 800
     assert shown("  ") == "(only whitespace: 2 characters)"
+
+
+def test_sample_sections_put_every_models_output_side_by_side():
+    def rows(responses):
+        kinds = ("harmful", "benign", "harmful")
+        return {
+            "tasks": [{"prompt": "t0", "completion": "x", "tests_passed": 1, "tests": 2, "passed": False}],
+            "safety": [
+                {"prompt": f"s{i}", "kind": kind, "response": r, "harmless": r == "no", "refused": r == "no"}
+                for i, (kind, r) in enumerate(zip(kinds, responses))
+            ],
+        }
+
+    per_problem = {"sft": rows(["no", "ok", "sure"]), "dpo": rows(["no", "no", "no"])}
+    sections = sample_sections(per_problem, count=1)
+    assert [s["title"] for s in sections] == [
+        "Held-out code tasks",
+        "Red-team prompts",
+        "Benign prompts",
+        "HumanEval (first sample)",
+    ]
+    tasks, harmful, benign, humaneval = sections
+    assert tasks["rows"] == [
+        {
+            "prompt": "t0",
+            "outputs": {"sft": "x", "dpo": "x"},
+            "tags": {"sft": ("1/2 tests", False), "dpo": ("1/2 tests", False)},
+        }
+    ]
+    assert [r["prompt"] for r in harmful["rows"]] == ["s0"]  # only the first harmful prompt
+    assert benign["rows"][0]["tags"] == {"sft": ("answered", True), "dpo": ("refused", False)}
+    assert humaneval["rows"] == [] and sample_sections(per_problem, count=0) == []

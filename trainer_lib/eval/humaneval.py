@@ -183,6 +183,23 @@ def evaluate(
     return summary, problem_rows, sample_rows
 
 
+def score_samples(
+    samples: list[dict], problems: dict[str, dict], ks: Sequence[int], timeout: float, sandbox: Sandbox
+) -> tuple[dict, list[dict]]:
+    """(metrics, per-problem rows) as ``posttrain evaluate`` reports them: ``humaneval_pass@k``, and each
+    problem's row from :func:`evaluate` with its prompt and every sample's completion and result."""
+    summary, problem_rows, sample_rows = evaluate(samples, problems, ks, timeout, sandbox=sandbox)
+    metrics = {f"humaneval_{k}": v for k, v in summary.items() if k.startswith("pass@")}
+    by_task: dict[str, list[dict]] = {}
+    for sample in sample_rows:
+        by_task.setdefault(sample["task_id"], []).append(
+            {"completion": sample["completion"], "result": sample["result"]}
+        )
+    for row in problem_rows:
+        row.update(prompt=problems[row["task_id"]]["prompt"], samples=by_task[row["task_id"]])
+    return metrics, problem_rows
+
+
 def write_results(out_dir: str, summary: dict, problem_rows: list[dict], sample_rows: list[dict]) -> None:
     """summary.json, problems.jsonl (one line per problem) and samples.jsonl (one per sample)."""
     storage.makedirs(out_dir)

