@@ -93,7 +93,7 @@ class SharedBase:
 
     def token_values(self, rollout):
         """Values ``(N, R)`` with the value adapter and head, read at the positions that predict each
-        response token (as ``ppo.token_values`` reads a critic model)."""
+        response token (as :func:`trainer_lib.rl.actor_critic.critic_token_values` reads a critic model)."""
         device = next(self.model.parameters()).device
         with self.use(VALUE):
             hidden = self.hidden_states(rollout.model_inputs(device))

@@ -4,6 +4,9 @@
   engine settings derived from them (gradient accumulation from the mini-batch size).
 * :mod:`trainer_lib.rl.experience`: experience making: prompts, sampling, scoring with the
   reward sources, reference log-probs, per-micro-batch forward passes, held-out evaluation.
+* :mod:`trainer_lib.rl.actor_critic`: the stage's models (actor, PPO's critic, reference, reward
+  sources) in one of two layouts with the same methods: separate engines, or one shared base with
+  adapters (``multi_adapter=true``).
 * :mod:`trainer_lib.rl.prompts`: which prompts each rank takes at each step, the sampling seed,
   and the walk over shuffled mini-batches of micro-batches in the update phase.
 """

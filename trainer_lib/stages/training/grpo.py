@@ -17,9 +17,11 @@ averaged:
     dr_grpo  r - mean per group                        sum over tokens / (completions * max_new_tokens)
     rloo     r - mean of the other n - 1 completions   mean over tokens, then over completions
 
-With ``multi_adapter=true`` (and LoRA) policy, reference and a LoRA reward model of the same base
-share one frozen base (:mod:`trainer_lib.models.multi_adapter`): the policy adapter, the base with
-adapters disabled, and the reward adapter with its score head.
+The models are built as in PPO, without a critic (:mod:`trainer_lib.rl.actor_critic`): by default
+the policy is its own engine and the reference a frozen copy of ``model.path`` (under LoRA: the
+policy with its adapters disabled). With ``multi_adapter=true`` (and LoRA) policy, reference and a
+LoRA reward model of the same base share one frozen base (:mod:`trainer_lib.models.multi_adapter`):
+the policy adapter, the base with adapters disabled, and the reward adapter with its score head.
 """
 
 from __future__ import annotations
@@ -72,24 +74,16 @@ def run(cfg: GRPOConfig) -> dict:
 
     from trainer_lib.loop.cadence import Cadence
     from trainer_lib.losses import clipped_surrogate, kl_k3, masked_mean
-    from trainer_lib.models import multi_adapter
-    from trainer_lib.models.load import apply_lora, count_parameters, disable_dropout, load_causal_lm
+    from trainer_lib.models.load import count_parameters
     from trainer_lib.rl import experience as rl
+    from trainer_lib.rl.actor_critic import build_models
     from trainer_lib.rl.rollout import token_logprobs
 
-    # ---- prompts, schedule, models, rewards
+    # ---- prompts, schedule; policy, reference and rewards in the configured layout (no critic)
     strategy, tokenizer, eval_rows, schedule = rl.start(cfg)
     steps, n, temperature = schedule.steps, cfg.rollout.n, cfg.rollout.temperature
-    shared = multi_adapter.build(cfg, strategy, with_value=False) if cfg.multi_adapter else None
-    policy = shared.model if shared else apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
-    disable_dropout(policy)
-    engine = strategy.prepare(policy, total_steps=steps * cfg.updates_per_step(), **cfg.optimizer_args())
-    if shared:  # the reference is the shared base with adapters off, the reward model (if a LoRA of it) an adapter
-        reference = shared.reference() if cfg.beta > 0 else None
-        rewards = rl.build_rewards(cfg, strategy, tokenizer, reward_model=shared.reward_model())
-    else:
-        reference = rl.load_reference(cfg, strategy) if cfg.beta > 0 else None
-        rewards = rl.build_rewards(cfg, strategy, tokenizer)
+    models = build_models(cfg, strategy, tokenizer, steps * cfg.updates_per_step(), use_reference=cfg.beta > 0)
+    engine, rewards = models.actor_engine, models.rewards
     advantages_of, aggregate = advantage_and_loss(cfg)
     reuse_logprobs = cfg.updates_per_step() == 1  # one update: pi_old is the policy itself
 
@@ -99,7 +93,7 @@ def run(cfg: GRPOConfig) -> dict:
         "grpo",
         steps,
         engine,
-        parameters=count_parameters(policy),
+        parameters=count_parameters(models.actor),
         evaluate=rl.held_out_evaluation(engine, strategy, tokenizer, eval_rows, rewards, cfg),
         client_state=lambda step: {"rewards": rewards.state_dict()},
         restore_state=lambda state: rewards.load_state_dict(state["rewards"]),
@@ -121,22 +115,8 @@ def run(cfg: GRPOConfig) -> dict:
             # 2. log-probs before the update: pi_old (if it differs from pi) and the reference
             logprob_start = time.perf_counter()
             with torch.no_grad():
-                old_logprobs = (
-                    None
-                    if reuse_logprobs
-                    else rl.per_micro_batch(
-                        lambda part: token_logprobs(engine, part, temperature)[0], rollout, cfg.batch_size
-                    )
-                )
-                ref_logprobs = (
-                    None
-                    if cfg.beta == 0
-                    else rl.per_micro_batch(
-                        lambda part: rl.reference_logprobs(reference, engine, part, temperature),
-                        rollout,
-                        cfg.batch_size,
-                    )
-                )
+                old_logprobs = None if reuse_logprobs else models.actor_logprobs(rollout, temperature, cfg.batch_size)
+                ref_logprobs = models.reference_logprobs(rollout, temperature, cfg.batch_size)
             # 3. clipped policy-gradient updates over shuffled mini-batches
             train_start = time.perf_counter()
             for micro in schedule.update_micro_batches(step):
@@ -173,6 +153,5 @@ def run(cfg: GRPOConfig) -> dict:
         rewards.close()
     if "eval" in summary:
         summary["eval_reward"] = summary["eval"]["reward"]
-    if shared:
-        shared.keep_policy_only()  # the output is the policy (merged per lora.merge), as without multi_adapter
+    models.keep_policy_only()
     return cadence.save_model(tokenizer, summary)

@@ -2,8 +2,7 @@
 
     posttrain ppo model.path=SFT data.path=PROMPTS output_dir=OUT reward.model_path=RM
 
-Actor and critic are separate DeepSpeed engines; the reference policy is a frozen copy of
-``model.path`` (under LoRA: the actor with its adapters disabled). Every step:
+Every step:
 
 1. sample ``rollout.n`` completions for each of ``prompts_per_step`` prompts and score them;
 2. with the weights that sampled them, compute per-token log-probs (actor, reference) and
@@ -12,33 +11,40 @@ Actor and critic are separate DeepSpeed engines; the reference policy is a froze
        r_t = -beta * KL_t  (+ score on the final token),   KL_t by ``kl.estimator``
 4. GAE advantages and returns (``gamma``, ``lam``), advantages optionally whitened;
 5. ``ppo_epochs`` passes over shuffled mini-batches: clipped policy loss on the actor,
-   clipped value loss on the critic, one optimizer step each per mini-batch (the actor's
-   only after ``freeze_actor_steps``);
+   clipped value loss on the critic, an update per mini-batch (the actor's only after
+   ``freeze_actor_steps``);
 6. adapt beta towards ``kl.target`` if ``kl.adaptive``.
 
-The critic is a sequence-classification model (scalar head ``score``) read at every token:
-it starts from ``critic.path`` (default: the reward model, else the policy with a new head)
-and must share the policy's tokenizer.
+The models come in one of two layouts with the same methods (:mod:`trainer_lib.rl.actor_critic`),
+so the loop above is the same for both:
 
-With ``multi_adapter=true`` (and LoRA) the four models are one frozen base with adapters
-(:mod:`trainer_lib.models.multi_adapter`): policy and value adapters (plus the value head) in one
-engine, the reference as the base with adapters disabled, a LoRA reward model of the same base as
-a frozen adapter. Step 5 then takes ONE optimizer step per mini-batch on
-``policy_loss + vf_coef * value_loss``, the value adapter and head in a parameter group at
-``critic_lr``. Unlike two engines: the gradient is clipped as one vector, and the policy's LR
-schedule counts from step 0 (during ``freeze_actor_steps`` the policy term is left out and its
-group's lr is 0 for the step).
+* by default, actor and critic are separate DeepSpeed engines, each stepped once per mini-batch;
+  the reference policy is a frozen copy of ``model.path`` (under LoRA: the actor with its adapters
+  disabled). The critic is a sequence-classification model (scalar head ``score``) read at every
+  token: it starts from ``critic.path`` (default: the reward model, else the policy with a new
+  head) and must share the policy's tokenizer.
+* with ``multi_adapter=true`` (and LoRA) the four models are one frozen base with adapters
+  (:mod:`trainer_lib.models.multi_adapter`): policy and value adapters (plus the value head) in one
+  engine, the reference as the base with adapters disabled, a LoRA reward model of the same base as
+  a frozen adapter. Step 5 then takes ONE optimizer step per mini-batch on
+  ``policy_loss + vf_coef * value_loss``, the value adapter and head in a parameter group at
+  ``critic_lr``. Unlike two engines: the gradient is clipped as one vector, and the policy's LR
+  schedule counts from step 0 (during ``freeze_actor_steps`` the policy term is left out and its
+  group's lr is 0 for the step).
 """
 
 from __future__ import annotations
 
-import functools
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from trainer_lib.config import opt
 from trainer_lib.config.rl import RLConfig
 from trainer_lib.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -99,93 +105,112 @@ class PPOConfig(RLConfig):
 CONFIG = PPOConfig
 
 
-def token_values(critic, rollout):
-    """Critic values ``(N, R)``: the scalar head read at the positions that predict each response
-    token, i.e. V(prompt, response_<t)."""
-    outputs = []
-    head = next(m for name, m in critic.named_modules() if name.rsplit(".", 1)[-1] == "score")
-    hook = head.register_forward_hook(lambda module, args, out: outputs.append(out))
-    try:
-        critic(**rollout.model_inputs(next(critic.parameters()).device), use_cache=False)
-    finally:
-        hook.remove()
-    width = rollout.response_ids.shape[1]
-    return outputs[-1][:, -(width + 1) : -1, 0].float() * rollout.response_mask.to(outputs[-1].device)
+@dataclass
+class Experience:
+    """What the update phase needs from one step's rollout, every tensor ``(N, R)`` on the CPU."""
+
+    mask: torch.Tensor  # 1.0 on response tokens
+    old_logprobs: torch.Tensor  # the actor's, with the weights that sampled the rollout
+    old_values: torch.Tensor  # the critic's, likewise
+    kl: torch.Tensor  # per-token KL estimate towards the reference (zeros without one)
+    token_rewards: torch.Tensor  # -beta * KL_t, plus the score on the last token
+    advantages: torch.Tensor
+    returns: torch.Tensor
+
+    def statistics(self, scores) -> dict:
+        """The KL part of the reward, and how well the critic's values predicted the returns."""
+        from trainer_lib.losses import explained_variance, masked_mean
+
+        return {
+            "non_score_reward": float(self.token_rewards.sum(1).mean() - scores.mean()),
+            "explained_variance": float(explained_variance(self.old_values, self.returns, self.mask)),
+            "value_mean": float(masked_mean(self.old_values, self.mask)),
+        }
 
 
-def load_critic(cfg: PPOConfig, pad_token_id: int, vocab: int):
-    from trainer_lib.errors import UserError
-    from trainer_lib.models.heads import apply_reward_lora, load_reward_model
+def make_experience(models, rollout, scores, kl_coef: float, cfg: PPOConfig) -> Experience:
+    """Steps 2-4: log-probs (actor, reference) and values (critic) of the weights that sampled the
+    rollout, KL-shaped per-token rewards with the score on each completion's last token, GAE."""
+    import torch
 
-    path = cfg.critic.path or cfg.reward.model_path or cfg.model.path
-    critic = load_reward_model(cfg.model, pad_token_id, cfg.engine.precision, path=path)  # model.revision: policy only
-    if critic.config.vocab_size < vocab:
-        raise UserError(
-            f"critic.path: {path} has a vocabulary of {critic.config.vocab_size} tokens, the policy's "
-            f"tokenizer {vocab}; the critic must share the policy's tokenizer"
+    from trainer_lib.losses import gae_advantages, kl_penalty, masked_whiten
+    from trainer_lib.rl import experience as rl
+
+    temperature = cfg.rollout.temperature
+    mask = rollout.response_mask.float()
+    with torch.no_grad():
+        old_logprobs = models.actor_logprobs(rollout, temperature, cfg.batch_size)
+        old_values = rl.per_micro_batch(models.token_values, rollout, cfg.batch_size)
+        reference_logprobs = models.reference_logprobs(rollout, temperature, cfg.batch_size)
+        if reference_logprobs is None:  # kl.coef=0: no reference, no penalty
+            kl = torch.zeros_like(mask)
+        else:
+            kl = kl_penalty(old_logprobs, reference_logprobs, cfg.kl.estimator) * mask
+    token_rewards = -kl_coef * kl
+    last = (rollout.response_lengths() - 1).clamp(min=0)
+    token_rewards[torch.arange(len(rollout)), last] += scores
+    advantages, returns = gae_advantages(token_rewards, old_values, mask, cfg.gamma, cfg.lam)
+    if cfg.whiten_advantages:
+        advantages = masked_whiten(advantages, mask) * mask
+    return Experience(mask, old_logprobs, old_values, kl, token_rewards, advantages, returns)
+
+
+def mini_batch_update(models, part, rows, experience: Experience, cfg: PPOConfig, train_actor: bool) -> dict:
+    """Step 5 on one mini-batch ``part`` (the rollout's ``rows``): clipped policy and value losses, then
+    the layout's update on ``policy_loss + vf_coef * value_loss``. Returns the mini-batch's metrics."""
+    import torch
+
+    from trainer_lib.losses import masked_mean, ppo_policy_loss, ppo_value_loss
+    from trainer_lib.rl.rollout import token_logprobs
+
+    device = models.strategy.device
+    width = part.response_ids.shape[1]
+    mask = part.response_mask.to(device).float()
+
+    def cut(tensor):  # the step's (N, R) tensor, cut to these rows and this part's width
+        return tensor[rows, :width].to(device)
+
+    with torch.set_grad_enabled(train_actor):  # a frozen actor needs no graph
+        logprobs, entropy = token_logprobs(models.actor_engine, part, cfg.rollout.temperature, with_entropy=True)
+        policy_loss, policy_stats = ppo_policy_loss(
+            logprobs, cut(experience.old_logprobs), cut(experience.advantages), mask, cfg.clip_range
         )
-    return apply_reward_lora(critic, cfg.lora)
+    value_loss = value_stats = None
 
+    def weighted_value_loss():  # the layout calls it when the critic may run: after a separate actor's step
+        nonlocal value_loss, value_stats
+        values = models.token_values(part)
+        value_loss, value_stats = ppo_value_loss(
+            values, cut(experience.old_values), cut(experience.returns), mask, cfg.value_clip_range
+        )
+        return cfg.vf_coef * value_loss
 
-def critic_log(strategy, actor_engine, critic_engine) -> dict:
-    """The critic's lr and gradient norm (multi_adapter: its parameter group's lr; the norm is the actor's)."""
-    if critic_engine is not None:
-        return {"critic_lr": critic_engine.get_lr()[0], "critic_grad_norm": strategy.grad_norm(critic_engine)}
-    from trainer_lib.models.multi_adapter import VALUE
-
-    return {"critic_lr": next(g["lr"] for g in actor_engine.optimizer.param_groups if g.get("name") == VALUE)}
+    models.update(policy_loss, weighted_value_loss, train_actor)
+    return {
+        "policy_loss": policy_loss,
+        "value_loss": value_loss,
+        "entropy": masked_mean(entropy, mask),
+        **policy_stats,
+        **value_stats,
+    }
 
 
 def run(cfg: PPOConfig) -> dict:
-    import torch
-
     from trainer_lib.loop.cadence import Cadence
-    from trainer_lib.losses import (
-        KLController,
-        explained_variance,
-        gae_advantages,
-        kl_penalty,
-        masked_mean,
-        masked_whiten,
-        ppo_policy_loss,
-        ppo_value_loss,
-    )
-    from trainer_lib.models import multi_adapter
-    from trainer_lib.models.load import apply_lora, count_parameters, disable_dropout, load_causal_lm
+    from trainer_lib.losses import KLController
+    from trainer_lib.models.load import count_parameters
     from trainer_lib.rl import experience as rl
-    from trainer_lib.rl.rollout import token_logprobs
+    from trainer_lib.rl.actor_critic import build_models
 
-    # ---- prompts, schedule, actor, critic, reference, rewards
+    # ---- prompts, schedule; actor, critic, reference and rewards in the configured layout
     strategy, tokenizer, eval_rows, schedule = rl.start(cfg)
-    steps, n, temperature = schedule.steps, cfg.rollout.n, cfg.rollout.temperature
+    steps, n = schedule.steps, cfg.rollout.n
     updates = steps * cfg.updates_per_step()
     actor_updates = (steps - min(cfg.freeze_actor_steps, steps - 1)) * cfg.updates_per_step()
-    use_reference = cfg.kl.coef > 0
-    shared = None
-    if cfg.multi_adapter:  # one frozen base; the actor engine also trains the value adapter and head
-        shared = multi_adapter.build(cfg, strategy, with_value=True)
-        actor = shared.model
-        disable_dropout(actor)
-        groups = functools.partial(multi_adapter.param_group, lr=cfg.lr, critic_lr=cfg.critic_lr or cfg.lr)
-        actor_engine = strategy.prepare(actor, total_steps=updates, **cfg.optimizer_args(), param_group=groups)
-        critic_engine = None
-        reference = shared.reference() if use_reference else None
-        rewards = rl.build_rewards(cfg, strategy, tokenizer, reward_model=shared.reward_model())
-    else:
-        actor = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
-        critic = load_critic(cfg, tokenizer.pad_token_id, len(tokenizer))
-        for model in (actor, critic):
-            disable_dropout(model)
-        actor_engine = strategy.prepare(actor, total_steps=actor_updates, **cfg.optimizer_args())
-        critic_engine = strategy.prepare(
-            critic, total_steps=updates, **{**cfg.optimizer_args(), "lr": cfg.critic_lr or cfg.lr}
-        )
-        reference = rl.load_reference(cfg, strategy) if use_reference else None
-        rewards = rl.build_rewards(cfg, strategy, tokenizer)
-
-    def values_of(part):
-        return shared.token_values(part) if shared else token_values(critic_engine, part)
-
+    models = build_models(
+        cfg, strategy, tokenizer, updates, use_reference=cfg.kl.coef > 0, with_critic=True, actor_updates=actor_updates
+    )
+    actor_engine, rewards = models.actor_engine, models.rewards
     kl_ctl = KLController(cfg.kl.coef, cfg.kl.target if cfg.kl.adaptive else None, cfg.kl.horizon)
 
     def restore_state(state: dict) -> None:
@@ -198,18 +223,17 @@ def run(cfg: PPOConfig) -> dict:
         "ppo",
         steps,
         actor_engine,
-        parameters=count_parameters(actor),
-        extra_engines={"critic": critic_engine} if critic_engine else {},
+        parameters=count_parameters(models.actor),
+        extra_engines=models.extra_engines,
         evaluate=rl.held_out_evaluation(actor_engine, strategy, tokenizer, eval_rows, rewards, cfg),
         client_state=lambda step: {"rewards": rewards.state_dict(), "kl_controller": kl_ctl.state_dict()},
         restore_state=restore_state,
-        log_extra=lambda: critic_log(strategy, actor_engine, critic_engine),
+        log_extra=models.log_extra,
     )
     try:
         cadence.restore(
             f"{len(schedule.prompts)} train / {len(eval_rows)} eval prompts, {cfg.prompts_per_step} prompts x "
-            f"{n} completions per step (trainable params: the actor's"
-            f"{', the value adapter and head' if shared else ''})"
+            f"{n} completions per step (trainable params: {models.trainable})"
         )
 
         # ---- the loop
@@ -222,79 +246,24 @@ def run(cfg: PPOConfig) -> dict:
 
             # 2-4. log-probs and values of the sampling weights, KL-shaped rewards, GAE
             prep_start = time.perf_counter()
-            mask = rollout.response_mask.float()
-            with torch.no_grad():
-                old_logprobs = rl.per_micro_batch(
-                    lambda part: token_logprobs(actor_engine, part, temperature)[0], rollout, cfg.batch_size
-                )
-                old_values = rl.per_micro_batch(values_of, rollout, cfg.batch_size)
-                if use_reference:
-                    ref_logprobs = rl.per_micro_batch(
-                        lambda part: rl.reference_logprobs(reference, actor_engine, part, temperature),
-                        rollout,
-                        cfg.batch_size,
-                    )
-                    kl = kl_penalty(old_logprobs, ref_logprobs, cfg.kl.estimator) * mask
-                else:
-                    kl = torch.zeros_like(mask)
-            token_rewards = -kl_ctl.value * kl
-            last = (rollout.response_lengths() - 1).clamp(min=0)
-            token_rewards[torch.arange(len(rollout)), last] += scores
-            advantages, returns = gae_advantages(token_rewards, old_values, mask, cfg.gamma, cfg.lam)
-            if cfg.whiten_advantages:
-                advantages = masked_whiten(advantages, mask) * mask
+            experience = make_experience(models, rollout, scores, kl_ctl.value, cfg)
 
             # 5. clipped policy and value updates over shuffled mini-batches
             train_start = time.perf_counter()
             train_actor = step >= cfg.freeze_actor_steps
             for micro in schedule.update_micro_batches(step):
-                part = rollout.select(micro)
-                width = part.response_ids.shape[1]
-                part_mask = part.response_mask.to(strategy.device).float()
-
-                def cut(tensor, micro=micro, width=width):
-                    return tensor[micro, :width].to(strategy.device)
-
-                with torch.set_grad_enabled(train_actor):
-                    logprobs, entropy = token_logprobs(actor_engine, part, temperature, with_entropy=True)
-                    policy_loss, policy_stats = ppo_policy_loss(
-                        logprobs, cut(old_logprobs), cut(advantages), part_mask, cfg.clip_range
-                    )
-                if train_actor and not shared:
-                    strategy.backward(policy_loss, actor_engine)
-                    strategy.optimizer_step(actor_engine)
-
-                values = values_of(part)
-                value_loss, value_stats = ppo_value_loss(
-                    values, cut(old_values), cut(returns), part_mask, cfg.value_clip_range
-                )
-                if shared:  # one engine over both adapters: one loss, one step (see the module docs)
-                    multi_adapter.freeze_policy_group(actor_engine, frozen=not train_actor)
-                    strategy.backward(cfg.vf_coef * value_loss + (policy_loss if train_actor else 0.0), actor_engine)
-                    strategy.optimizer_step(actor_engine)
-                else:
-                    strategy.backward(cfg.vf_coef * value_loss, critic_engine)
-                    strategy.optimizer_step(critic_engine)
                 cadence.window.add_all(
-                    {
-                        "policy_loss": policy_loss,
-                        "value_loss": value_loss,
-                        "entropy": masked_mean(entropy, part_mask),
-                        **policy_stats,
-                        **value_stats,
-                    }
+                    mini_batch_update(models, rollout.select(micro), micro, experience, cfg, train_actor)
                 )
 
             # 6. statistics and KL control
-            sequence_kl = float(strategy.all_reduce(kl.sum(1).mean()))
+            sequence_kl = float(strategy.all_reduce(experience.kl.sum(1).mean()))
             cadence.window.add_all(
                 {
                     **metrics,
                     "kl": sequence_kl,
                     "kl_coef": kl_ctl.value,
-                    "non_score_reward": float(token_rewards.sum(1).mean() - scores.mean()),
-                    "explained_variance": float(explained_variance(old_values, returns, mask)),
-                    "value_mean": float(masked_mean(old_values, mask)),
+                    **experience.statistics(scores),
                     "logprob_time": train_start - prep_start,
                     "train_time": time.perf_counter() - train_start,
                 }
@@ -310,6 +279,5 @@ def run(cfg: PPOConfig) -> dict:
     summary["kl_coef"] = kl_ctl.value
     if "eval" in summary:
         summary["eval_reward"] = summary["eval"]["reward"]
-    if shared:
-        shared.keep_policy_only()  # the output is the policy (merged per lora.merge), as without multi_adapter
+    models.keep_policy_only()
     return cadence.save_model(tokenizer, summary)
