@@ -86,104 +86,32 @@ def run_all(root: str, only: set[str] | None = None) -> dict:
             for name in sorted(os.listdir(data))
         }
     }
-    runs = {
-        "sft": [
-            "sft",
-            f"model.path={model}",
-            f"data.path={data}/sft.jsonl",
-            "max_steps=8",
-            "lr=1e-3",
-            "batch_size=4",
-            "eval_steps=4",
-        ],
-        "reward": [
-            "reward",
-            f"model.path={model}",
-            f"data.path={data}/preferences.jsonl",
-            "max_steps=6",
-            "batch_size=4",
-        ],
-        "dpo": [
-            "dpo",
-            "model.path=@sft",
-            f"data.path={data}/preferences.jsonl",
-            "max_steps=6",
-            "batch_size=4",
-            "rpo_alpha=0.5",
-        ],
-        "dpo-ipo-precomputed": [
-            "dpo",
-            "model.path=@sft",
-            f"data.path={data}/preferences.jsonl",
-            "max_steps=4",
-            "batch_size=4",
-            "loss=ipo",
-            "reference=precomputed",
-        ],
-        "grpo": [
-            "grpo",
-            "model.path=@sft",
-            f"data.path={data}/code_tasks.jsonl",
-            "max_steps=3",
-            "prompts_per_step=2",
-            "rollout.n=4",
-            "rollout.max_new_tokens=12",
-            "batch_size=4",
-            "reward.functions=length_penalty,code_execution",
-            "reward.sandbox_workers=1",
-        ],
-        "rloo": [
-            "grpo",
-            "model.path=@sft",
-            f"data.path={data}/code_tasks.jsonl",
-            "max_steps=2",
-            "advantage=rloo",
-            "prompts_per_step=2",
-            "rollout.n=4",
-            "rollout.max_new_tokens=12",
-            "batch_size=4",
-            "ppo_epochs=2",
-            "mini_batch_size=4",
-            "reward.model_path=@reward",
-            "reward.functions=length_penalty",
-        ],
-        "ppo": [
-            "ppo",
-            "model.path=@sft",
-            f"data.path={data}/code_tasks.jsonl",
-            "max_steps=3",
-            "prompts_per_step=2",
-            "rollout.n=2",
-            "rollout.max_new_tokens=12",
-            "batch_size=2",
-            "ppo_epochs=2",
-            "reward.model_path=@reward",
-            "freeze_actor_steps=1",
-            "kl.adaptive=true",
-        ],
-        "ppo-multi-adapter": [
-            "ppo",
-            "model.path=@sft",
-            f"data.path={data}/code_tasks.jsonl",
-            "max_steps=3",
-            "prompts_per_step=2",
-            "rollout.n=2",
-            "rollout.max_new_tokens=12",
-            "batch_size=2",
-            "multi_adapter=true",
-            "lora.r=4",
-            "reward.functions=length_penalty",
-            "freeze_actor_steps=1",
-            "critic_lr=2e-4",
-        ],
+    rl = "model.path=@sft data.path=@data/code_tasks.jsonl prompts_per_step=2 rollout.max_new_tokens=12"
+    runs = {  # the stage, then its keys; @data, @tiny, @sft and @reward stand for those directories
+        "sft": "sft model.path=@tiny data.path=@data/sft.jsonl max_steps=8 lr=1e-3 batch_size=4 eval_steps=4",
+        "reward": "reward model.path=@tiny data.path=@data/preferences.jsonl max_steps=6 batch_size=4",
+        "dpo": "dpo model.path=@sft data.path=@data/preferences.jsonl max_steps=6 batch_size=4 rpo_alpha=0.5",
+        "dpo-ipo-precomputed": "dpo model.path=@sft data.path=@data/preferences.jsonl max_steps=4 batch_size=4 "
+        "loss=ipo reference=precomputed",
+        "grpo": f"grpo {rl} max_steps=3 rollout.n=4 batch_size=4 reward.functions=length_penalty,code_execution "
+        "reward.sandbox_workers=1",
+        "rloo": f"grpo {rl} max_steps=2 advantage=rloo rollout.n=4 batch_size=4 ppo_epochs=2 mini_batch_size=4 "
+        "reward.model_path=@reward reward.functions=length_penalty",
+        "ppo": f"ppo {rl} max_steps=3 rollout.n=2 batch_size=2 ppo_epochs=2 reward.model_path=@reward "
+        "freeze_actor_steps=1 kl.adaptive=true",
+        "ppo-multi-adapter": f"ppo {rl} max_steps=3 rollout.n=2 batch_size=2 multi_adapter=true lora.r=4 "
+        "reward.functions=length_penalty freeze_actor_steps=1 critic_lr=2e-4",
     }
+    places = {"@data": data, "@tiny": model, "@sft": os.path.join(root, "sft"), "@reward": os.path.join(root, "reward")}
     needed = None if only is None else only | {"sft", "reward"}  # every later stage starts from these two
-    for name, (stage, *keys) in runs.items():
+    if needed is not None and "evaluate" in needed:
+        needed |= {"dpo", "grpo"}  # the models it evaluates
+    for name, line in runs.items():
         if needed is not None and name not in needed:
             continue
-        keys = [
-            k.replace("@sft", os.path.join(root, "sft")).replace("@reward", os.path.join(root, "reward")) for k in keys
-        ]
+        for place, path in places.items():
+            line = line.replace(place, path)
+        stage, *keys = line.split()
         target = os.path.join(root, name)
         posttrain(stage, *common, *keys, f"output_dir={target}")
         out[name] = fingerprint(target)
@@ -229,7 +157,7 @@ def main() -> int:
     parser.add_argument(
         "--only",
         help="comma-separated runs (sft and reward always run: the others start from them; "
-        "evaluate runs only when named)",
+        "evaluate, which also needs dpo and grpo, runs only when named)",
     )
     args = parser.parse_args()
     if args.compare:

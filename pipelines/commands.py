@@ -450,22 +450,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compile", help="Write <name>.yaml (KFP IR) for every pipeline.")
     p.add_argument("--out", default=COMPILED_DIR, help="output directory (default: %(default)s)")
-    p.add_argument(
-        "--check", action="store_true", help="compile to a temp dir and exit 1 if the files in --out differ (for CI)"
-    )
+    p.add_argument("--check", action="store_true", help="exit 1 if the files in --out differ from a fresh compile")
 
     p = sub.add_parser("run", help="Run a pipeline locally with kfp.local (subprocesses, this venv).")
     p.add_argument("--pipeline", default=DEFAULT_PIPELINE, help="pipeline name (default: %(default)s)")
     p.add_argument(
-        "--root",
-        default=DEFAULT_ROOT,
-        help="pipeline root; outputs go to ROOT/<pipeline>-<timestamp>/<task>/<output> (default: %(default)s)",
+        "--root", default=DEFAULT_ROOT, help="outputs go to ROOT/<pipeline>-<time>/<task> (default: %(default)s)"
     )
-    p.add_argument(
-        "--latest",
-        help="directory refreshed with run.json and links to this run's outputs "
-        "(default: 'latest' next to --root, e.g. runs/latest)",
-    )
+    p.add_argument("--latest", help="directory linking this run's outputs (default: 'latest' next to --root)")
     p.add_argument("params", nargs="*", metavar="param=value", help=PARAMS_HELP)
 
     for command, text in (

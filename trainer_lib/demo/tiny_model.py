@@ -92,40 +92,24 @@ def build_tiny_llama(
     return model
 
 
-def make_tiny_model(
-    out_dir: str,
-    texts: Iterable[str],
-    vocab_size: int = 2048,
-    num_layers: int = 2,
-    hidden_size: int = 64,
-    num_heads: int = 4,
-    num_kv_heads: int = 2,
-    max_positions: int = 1024,
-    seed: int = 0,
-) -> str:
-    """Train a tokenizer on ``texts``, build a tiny Llama and save both to ``out_dir``."""
+def make_tiny_model(out_dir: str, texts: Iterable[str], vocab_size: int = 2048, **shape) -> str:
+    """Train a tokenizer of ``vocab_size`` on ``texts``, build a tiny Llama of ``shape`` (the keywords of
+    :func:`build_tiny_llama`: num_layers, hidden_size, num_heads, num_kv_heads, max_positions, seed) and
+    save both to ``out_dir``."""
     tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
-    model = build_tiny_llama(
-        tokenizer,
-        num_layers=num_layers,
-        hidden_size=hidden_size,
-        num_heads=num_heads,
-        num_kv_heads=num_kv_heads,
-        max_positions=max_positions,
-        seed=seed,
-    )
+    model = build_tiny_llama(tokenizer, **shape)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     return out_dir
 
 
+#: The keys of ``posttrain tiny-model`` that :func:`make_tiny_model` takes.
+MODEL_KEYS = ("vocab_size", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "max_positions", "seed")
+
+
 @dataclass
 class TinyModelConfig:
-    corpus: str | None = opt(
-        None,
-        "Text corpus: a .txt file (one document per line) or a JSONL file "
-        "(every string value is used); local or a URL (s3://, gs://, az://, hf://, ...).",
-    )
+    corpus: str | None = opt(None, "Text corpus, local or a URL: .txt (a document per line) or JSONL (every string).")
     output_dir: str | None = opt(None, "Where the Hugging Face model directory goes (local or URL).")
     vocab_size: int = opt(1024, "BPE vocabulary size.")
     num_layers: int = opt(2, "Transformer layers.")
@@ -140,7 +124,7 @@ class TinyModelConfig:
         for key in ("corpus", "output_dir"):
             if not getattr(self, key):
                 raise ConfigError(f"{key}: required")
-        for key in ("vocab_size", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "max_positions"):
+        for key in MODEL_KEYS[:-1]:  # every size; the seed may be anything
             if getattr(self, key) <= 0:
                 raise ConfigError(f"{key}: expected a positive integer, got {getattr(self, key)}")
         if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
@@ -186,17 +170,7 @@ def run(cfg: TinyModelConfig) -> dict:
     parent = tempfile.mkdtemp() if remote else os.path.dirname(os.path.abspath(cfg.output_dir))
     os.makedirs(parent, exist_ok=True)
     work = tempfile.mkdtemp(dir=parent, prefix=".tiny-")  # renamed into place when complete
-    make_tiny_model(
-        work,
-        texts,
-        vocab_size=cfg.vocab_size,
-        num_layers=cfg.num_layers,
-        hidden_size=cfg.hidden_size,
-        num_heads=cfg.num_heads,
-        num_kv_heads=cfg.num_kv_heads,
-        max_positions=cfg.max_positions,
-        seed=cfg.seed,
-    )
+    make_tiny_model(work, texts, **{key: getattr(cfg, key) for key in MODEL_KEYS})
     if remote:
         storage.upload_dir(work, cfg.output_dir)
     else:

