@@ -20,34 +20,15 @@ class DemoSpec:
     seed: int = opt(0, "Generator seed; the same seed and settings write byte-identical files.")
     n_code_train: int = opt(3000, "Training code tasks: SFT demonstrations and code preference pairs.")
     n_code_eval: int = opt(150, "Held-out code tasks: combinations of a family and constants never trained on.")
-    n_code_rl: int = opt(
-        0,
-        "Code tasks of their own for RL (code_tasks.jsonl), new to SFT and disjoint from the "
-        "held-out ones; 0: the RL prompts are the SFT tasks.",
-    )
-    n_code_pairs: int = opt(
-        0, "Code preference pairs in preferences.jsonl next to the safety pairs (0: one per SFT task)."
-    )
-    teacher_mistakes: float = opt(
-        0.0,
-        "Share of the demonstrations (SFT rows, chosen code answers) of the families in "
-        "trainer_lib.demo.code_tasks.TEACHER_MISTAKES that carry the teacher's consistent mistake, "
-        "which only the unit tests catch.",
-    )
+    n_code_rl: int = opt(0, "RL code tasks of their own (code_tasks.jsonl), unseen in SFT and eval; 0: the SFT tasks.")
+    n_code_pairs: int = opt(0, "Code preference pairs (preferences.jsonl, with the safety pairs); 0: one per SFT task.")
+    teacher_mistakes: float = opt(0.0, "Share of six families' demonstrations with a mistake only the tests catch.")
     n_safety_train: int = opt(500, "Safety preference pairs (harmful and benign prompts), over every topic.")
     n_safety_eval: int = opt(100, "Held-out safety prompts: phrasings of a topic that no training row uses.")
     n_safety_sft: int = opt(100, "Safety rows in the SFT data, over sft_topics of the topics.")
-    sft_refusals: float = opt(
-        0.0,
-        "Share of the SFT safety rows that are harmful prompts refused; 0 keeps SFT helpful-only, "
-        "so preference training teaches the refusals.",
-    )
+    sft_refusals: float = opt(0.0, "Share of SFT safety rows that refuse a harmful prompt; 0: SFT is helpful-only.")
     sft_topics: float = opt(1 / 3, "Share of the topics (harmful and benign) SFT's safety rows use.")
-    n_safety_rl: int = opt(
-        0,
-        "Labelled safety prompts (from the preference pairs) added to the RL prompts "
-        "(rl_prompts.jsonl), for the refusal reward.",
-    )
+    n_safety_rl: int = opt(0, "Labelled safety prompts from the pairs added to rl_prompts.jsonl (refusal reward).")
 
     def validate(self) -> None:
         """A ConfigError naming the first setting out of its range."""

@@ -32,35 +32,16 @@ REFERENCES = ("auto", "model", "precomputed", "adapter")
 
 @dataclass
 class DPOConfig(TrainingConfig):
-    loss: str = opt(
-        "sigmoid",
-        "Preference loss: sigmoid (DPO; with label_smoothing: cDPO), ipo, hinge "
-        "(SLiC), robust (robust DPO), simpo (reference-free), kto (unpaired).",
-        LOSSES,
-    )
+    loss: str = opt("sigmoid", "Preference loss; simpo needs no reference, kto takes unpaired rows.", LOSSES)
     beta: float = opt(0.1, "Inverse temperature of the implicit reward (IPO: tau). SimPO wants ~2-2.5.")
     label_smoothing: float = opt(0.0, "Assumed label-flip rate eps for sigmoid (cDPO) and robust (0 <= eps < 0.5).")
     simpo_gamma: float = opt(1.0, "SimPO target reward margin gamma.")
-    rpo_alpha: float = opt(
-        0.0,
-        "Weight alpha of RPO's NLL term -log pi(y_w|x) / |y_w| on the chosen completion (Pang et al. 2024), "
-        "which keeps chosen answers likely while the margin grows; 0: off, the paper uses 1.0. Paired losses only.",
-    )
+    rpo_alpha: float = opt(0.0, "Weight of an NLL term that keeps chosen answers likely (RPO); 0: off; not with kto.")
     kto_desirable_weight: float = opt(1.0, "KTO lambda_D, weight of desirable completions.")
     kto_undesirable_weight: float = opt(1.0, "KTO lambda_U, weight of undesirable completions.")
-    reference: str = opt(
-        "auto",
-        "Reference log-probs: a frozen copy of reference_model_path ('model'), a table computed once before "
-        "training and cached ('precomputed'), or the LoRA policy with adapters disabled ('adapter'); "
-        "auto: adapter when lora.r > 0, else model. Ignored by simpo.",
-        REFERENCES,
-    )
+    reference: str = opt("auto", "Reference: frozen model, cached table, LoRA off; auto: adapter if LoRA.", REFERENCES)
     reference_model_path: str | None = opt(None, "Reference model; default model.path.")
-    reference_logps_path: str | None = opt(
-        None,
-        "Directory (local or URL) caching precomputed reference log-probs, one file per reference model and data; "
-        "default <output_dir>/reference_logps.",
-    )
+    reference_logps_path: str | None = opt(None, "Precomputed log-probs' cache; default <output_dir>/reference_logps.")
 
     def reference_mode(self) -> str:
         if self.loss == "simpo":

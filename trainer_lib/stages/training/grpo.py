@@ -34,12 +34,12 @@ from trainer_lib.config import opt
 from trainer_lib.config.rl import RLConfig
 from trainer_lib.errors import ConfigError
 
+ADVANTAGES = ("grpo", "dr_grpo", "rloo")
+
 
 @dataclass
 class GRPOConfig(RLConfig):
-    advantage: str = opt(
-        "grpo", "Advantage estimator (and loss averaging, see the stage's docs).", ("grpo", "dr_grpo", "rloo")
-    )
+    advantage: str = opt("grpo", "Advantage in a group: z-score, r - mean (dr_grpo), leave-one-out (rloo).", ADVANTAGES)
     beta: float = opt(0.04, "Coefficient of the k3 KL(policy || reference) loss term (0: no reference model).")
     epsilon: float = opt(0.2, "Clip range of the probability ratio.")
 

@@ -58,11 +58,7 @@ class KLConfig:
 
 @dataclass
 class CriticConfig:
-    path: str | None = opt(
-        None,
-        "Critic initialization: a reward model or causal LM (default: "
-        "reward.model_path, else model.path, with a new scalar head).",
-    )
+    path: str | None = opt(None, "Critic init (reward model or causal LM); default reward.model_path, else model.path.")
 
 
 @dataclass
@@ -77,11 +73,7 @@ class PPOConfig(RLConfig):
     vf_coef: float = opt(0.5, "Weight of the value loss.")
     whiten_advantages: bool = opt(True, "Whiten advantages over each step's response tokens.")
     critic_lr: float | None = opt(None, "Critic learning rate (default: lr).")
-    freeze_actor_steps: int = opt(
-        0,
-        "Train only the critic for the first N steps, so a new value head "
-        "does not steer the policy with noise (OpenRLHF's freezing_actor_steps).",
-    )
+    freeze_actor_steps: int = opt(0, "Train only the critic for the first N steps, so a new value head settles first.")
 
     def validate(self) -> None:
         super().validate()

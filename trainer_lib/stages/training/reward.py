@@ -25,17 +25,9 @@ from trainer_lib.loop.micro_batches import SplitBatches, TrainOrder
 
 @dataclass
 class RewardConfig(TrainingConfig):
-    center_rewards_coefficient: float = opt(
-        0.0, "Weight of the reward-centering term (r_chosen + r_rejected)^2 (Eisenstein et al. 2023); 0 = off."
-    )
-    reference_set: str = opt(
-        "eval",
-        "Split whose rewards give the stored mean/std (falls back to train when eval is empty).",
-        ("eval", "train"),
-    )
-    normalize_max_rows: int = opt(
-        1000, "At most this many pairs (both completions scored) for the reward mean/std; 0 = all."
-    )
+    center_rewards_coefficient: float = opt(0.0, "Weight of the centering term (r_chosen + r_rejected)^2; 0: off.")
+    reference_set: str = opt("eval", "Split for the stored reward mean/std; train if eval is empty.", ("eval", "train"))
+    normalize_max_rows: int = opt(1000, "At most this many pairs (both answers) for the reward mean/std; 0: all.")
 
     def validate(self) -> None:
         super().validate()
