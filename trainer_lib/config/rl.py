@@ -24,54 +24,23 @@ class RolloutConfig:
     temperature: float = opt(1.0, "Sampling temperature (0: greedy). Log-probs use the same temperature.")
     top_p: float = opt(1.0, "Nucleus sampling threshold (1: off).")
     top_k: int = opt(0, "Sample among the k most likely tokens (0: off).")
-    stop: list[str] = opt(
-        [], "Stop strings; the completion text ends before the first one (comma-separated on the CLI)."
-    )
+    stop: list[str] = opt([], "Stop strings; the completion ends before the first one (comma-separated on the CLI).")
     batch_size: int = opt(64, "Sequences per generate call (per rank).")
 
 
 @dataclass
 class RewardSourcesConfig:
-    functions: list[str] = opt(
-        [],
-        "Reward functions: built-ins (code_execution, code_style, length_penalty, refusal) or module:function / "
-        "path/file.py:function (comma-separated on the CLI).",
-    )
-    weights: list[float] = opt(
-        [],
-        "One weight per source: the functions in order, then the reward model if reward.model_path is set, "
-        "then the classifier if reward.classifier_path is set (empty: all 1.0).",
-    )
+    functions: list[str] = opt([], "Reward functions: built-in names or module:function (docs/configuration.md).")
+    weights: list[float] = opt([], "Weights of the functions, then reward model, then classifier (empty: all 1.0).")
     model_path: str | None = opt(None, "Reward model (from `posttrain reward`), normalized with its stored mean/std.")
-    classifier_path: str | None = opt(
-        None,
-        "A sequence classifier (HF id, dir or URL: a sentiment, toxicity or safety model) scoring each "
-        "completion's text as a reward source.",
-    )
-    classifier_label: str = opt(
-        "",
-        "The classifier's label (name from id2label, or index) whose score is the reward; required when it has "
-        "several labels.",
-    )
-    classifier_score: str = opt(
-        "probability",
-        "probability: softmax over the labels (sigmoid for multi-label models) of classifier_label; logit: its raw "
-        "logit.",
-        ("probability", "logit"),
-    )
+    classifier_path: str | None = opt(None, "Sequence classifier (HF id, dir or URL) scoring completions as a reward.")
+    classifier_label: str = opt("", "Classifier label (name or index) scored as reward; required if it has several.")
+    classifier_score: str = opt("probability", "The label's probability, or its raw logit.", ("probability", "logit"))
     clip: float = opt(0.0, "Clip the combined reward to [-clip, clip] after normalization (0: off).")
-    normalize: str = opt(
-        "none",
-        "Normalize the combined reward: with this step's statistics, with running statistics, or not.",
-        ("none", "batch", "running"),
-    )
+    normalize: str = opt("none", "Normalize the reward by this step's or running stats.", ("none", "batch", "running"))
     code_timeout: float = opt(3.0, "code_execution: wall-clock seconds per program in the sandbox.")
     sandbox_workers: int = opt(4, "code_execution: sandbox processes running tests in parallel.")
-    length_free_tokens: int = opt(
-        0,
-        "length_penalty: completions up to this many tokens are not penalized; the penalty reaches -1 at "
-        "rollout.max_new_tokens.",
-    )
+    length_free_tokens: int = opt(0, "length_penalty: tokens without penalty; it reaches -1 at rollout.max_new_tokens.")
 
 
 @dataclass
@@ -83,12 +52,7 @@ class RLConfig(TrainingConfig):
     prompts_per_step: int = opt(8, "Prompts per step, all ranks together (each gets rollout.n completions).")
     ppo_epochs: int = opt(1, "Passes over each step's completions (TRL's num_iterations).")
     mini_batch_size: int = opt(0, "Completions per optimizer step, all ranks together (0: all of a step).")
-    multi_adapter: bool = opt(
-        False,
-        "One frozen base model shared by the roles as LoRA adapters (needs lora.r > 0): the policy adapter, PPO's "
-        "value adapter and head, the reference as the base with adapters disabled, and a LoRA reward model of the "
-        "same base (saved with lora.merge=false) as a frozen adapter; one engine trains policy and value.",
-    )
+    multi_adapter: bool = opt(False, "All RL roles as LoRA adapters on one frozen base; needs lora.r > 0.")
 
     def validate(self) -> None:
         super().validate()

@@ -42,83 +42,45 @@ SCHEDULERS = (
 )
 METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
 
+#: The values of ``model.attn_implementation`` and ``data.format``.
+ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
+DATA_FORMATS = (
+    "auto",
+    "text",
+    "prompt_completion",
+    "messages",
+    "preference",
+    "unpaired_preference",
+    "prompt_only",
+    "alpaca",
+    "sharegpt",
+)
+
 
 @dataclass
 class ModelConfig:
     path: str | None = opt(None, "Base model: Hugging Face hub id, local directory or URL (s3://, gs://, hf://...).")
-    revision: str = opt(
-        "",
-        "Hub revision of model.path (and of its tokenizer): a branch, tag or commit sha; "
-        "default the main branch. Ignored for local directories and URLs.",
-    )
+    revision: str = opt("", "Hub revision of model.path and its tokenizer: branch, tag or commit sha; default main.")
     tokenizer_path: str | None = opt(None, "Tokenizer location if different from model.path.")
-    chat_template: str = opt(
-        "",
-        "Chat template replacing the tokenizer's own (or giving a base model one): chatml, llama3 or zephyr "
-        "(built in), Jinja text, or a Jinja file; empty: the tokenizer's own.",
-    )
-    attn_implementation: str = opt(
-        "sdpa",
-        "Attention kernel; sdpa attends each sequence of a packed row on its own.",
-        ("sdpa", "eager", "flash_attention_2"),
-    )
+    chat_template: str = opt("", "Chat template: chatml, llama3, zephyr, Jinja text or file (empty: the tokenizer's).")
+    attn_implementation: str = opt("sdpa", "Attention kernel of transformers (docs/configuration.md).", ATTENTIONS)
     trust_remote_code: bool = opt(False, "Allow custom modelling code from the model repo.")
 
 
 @dataclass
 class DataConfig:
-    path: str | None = opt(
-        None,
-        "Dataset: prepared dataset dir, JSONL/JSON/Parquet/CSV file, datasets saved dir or hub id; "
-        "local or a URL (s3://, gs://, az://, hf://, ...).",
-    )
-    format: str = opt(
-        "auto",
-        "Dataset format; 'auto' detects it from the columns. alpaca and sharegpt (LLaMA-Factory's) "
-        "are converted to messages.",
-        (
-            "auto",
-            "text",
-            "prompt_completion",
-            "messages",
-            "preference",
-            "unpaired_preference",
-            "prompt_only",
-            "alpaca",
-            "sharegpt",
-        ),
-    )
-    columns: dict[str, str] = opt(
-        {},
-        "Renamed columns of alpaca/sharegpt data, named like the columns and tags of LLaMA-Factory's "
-        "dataset_info.json, e.g. {prompt: question, response: answer} or {messages: dialog, role_tag: role, "
-        "content_tag: text, user_tag: user, assistant_tag: assistant}.",
-    )
-    subset: str = opt(
-        "",
-        "Configuration of a hub dataset (datasets.load_dataset's name, e.g. main for gsm8k); "
-        "also of a local or URL directory laid out like a hub dataset repo.",
-    )
+    path: str | None = opt(None, "Dataset: JSONL/JSON/Parquet/CSV file, datasets dir or hub id; local or URL.")
+    format: str = opt("auto", "Dataset format; auto detects it from the columns (docs/data-formats.md).", DATA_FORMATS)
+    columns: dict[str, str] = opt({}, "Alpaca/sharegpt column renames, e.g. {prompt: question} (docs/data-formats.md).")
+    subset: str = opt("", "Configuration of a hub dataset (load_dataset's name), e.g. main for openai/gsm8k.")
     split: str = opt("", "Split of data.path to train on; default train, else the first split.")
-    eval_split: str = opt(
-        "",
-        "Split of data.path held out for eval; default the first of eval, validation, "
-        "valid, test that exists, else data.eval_fraction of the training split.",
-    )
-    revision: str = opt(
-        "", "Hub dataset revision: a branch, tag or commit sha (pin one for a reproducible run); default main."
-    )
+    eval_split: str = opt("", "Split of data.path held out for eval; default eval, validation, valid or test, if any.")
+    revision: str = opt("", "Hub dataset revision: a branch, tag or commit sha; default main.")
     eval_path: str | None = opt(None, "Separate eval dataset (otherwise split off data.path).")
     eval_fraction: float = opt(0.05, "Fraction of rows held out for eval when no eval split exists.")
-    max_length: int = opt(
-        512, "Maximum tokens per example (longer ones are dropped in prepare, truncated in training)."
-    )
+    max_length: int = opt(512, "Maximum tokens per example; longer ones are dropped in prepare, truncated in training.")
     packing: bool = opt(True, "Pack several examples per row (padding-free, no cross-attention).")
-    num_workers: int = opt(
-        1,
-        "Processes that tokenize (datasets.map num_proc), in prepare and the training stages; the result "
-        "is cached under $POSTTRAIN_CACHE/data (default ~/.cache/posttrain/data; delete it to clear).",
-    )
+    num_workers: int = opt(1, "Processes that tokenize (num_proc); results are cached (docs/data-formats.md).")
 
     def validate(self) -> None:
         if self.eval_split and self.eval_path:
@@ -148,13 +110,7 @@ class EngineConfig:
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
     gradient_accumulation_steps: int = opt(1, "Micro-batches per optimizer step.")
     max_grad_norm: float = opt(1.0, "Gradient clipping norm (0 disables).")
-    deepspeed_config: str = opt(
-        "",
-        "A DeepSpeed JSON file (local path or URL) laid over the config posttrain builds: every key it sets "
-        'wins (ZeRO++, overlap_comm, bucket sizes, zero_optimization.stage...), "auto" takes ours; its batch '
-        "keys must agree with batch_size and engine.gradient_accumulation_steps; its optimizer and scheduler "
-        "are left out. Empty: ours alone.",
-    )
+    deepspeed_config: str = opt("", "DeepSpeed JSON file (path or URL) laid over posttrain's (docs/configuration.md).")
 
 
 @dataclass
@@ -163,15 +119,9 @@ class LoraConfig:
     alpha: int = opt(16, "LoRA scaling alpha.")
     dropout: float = opt(0.0, "LoRA dropout.")
     target_modules: list[str] = opt(
-        ["q_proj", "k_proj", "v_proj", "o_proj"],
-        "Module names that get adapters (comma-separated on the CLI); all-linear: every linear layer but the "
-        "output head.",
+        ["q_proj", "k_proj", "v_proj", "o_proj"], "Modules given adapters; all-linear: every linear layer but the head."
     )
-    merge: bool = opt(
-        True,
-        "Save the model with the adapters merged in (a plain HF model); false saves only the PEFT adapter "
-        "(adapter_config.json, adapter_model.safetensors), loadable with PeftModel.from_pretrained(base, output_dir).",
-    )
+    merge: bool = opt(True, "Merge the adapters into the saved model; false: save the PEFT adapter alone.")
 
 
 @dataclass
@@ -191,11 +141,7 @@ class TrainingConfig:
     lora: LoraConfig = opt(LoraConfig, "LoRA adapters.")
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
     output_dir: str | None = opt(None, "Where logs and the final HF model go (local or URL).")
-    checkpoint_dir: str | None = opt(
-        None,
-        "Where resumable checkpoints go (local or URL); default <output_dir>/checkpoints. Use a stable s3:// "
-        "prefix on a cluster so a retried pod resumes.",
-    )
+    checkpoint_dir: str | None = opt(None, "Where checkpoints go (local or URL); default <output_dir>/checkpoints.")
     max_steps: int = opt(100, "Optimizer steps to train for.")
     num_epochs: float = opt(0.0, "If > 0, train for this many epochs instead of max_steps.")
     seed: int = opt(0, "Random seed (data order, init, sampling).")
@@ -204,36 +150,18 @@ class TrainingConfig:
     eval_steps: int = opt(50, "Evaluate every N steps (0: only at the end).")
     logging_steps: int = opt(5, "Log metrics every N steps.")
     lr: float = opt(1e-4, "Peak learning rate.")
-    lr_scheduler: str = opt(
-        "cosine", "Schedule after warmup, by its transformers.get_scheduler name: " + ", ".join(SCHEDULERS) + "."
-    )
-    lr_scheduler_kwargs: dict = opt(
-        {},
-        "Extra arguments of the schedule, as in transformers, e.g. {min_lr_rate: 0.1} for cosine_with_min_lr "
-        "or {num_cycles: 2} for cosine_with_restarts.",
-    )
+    lr_scheduler: str = opt("cosine", f"Schedule after warmup, a transformers name: {', '.join(SCHEDULERS)}.")
+    lr_scheduler_kwargs: dict = opt({}, "Extra schedule arguments, e.g. {min_lr_rate: 0.1} for cosine_with_min_lr.")
     warmup_steps: int = opt(0, "Linear warmup steps.")
     weight_decay: float = opt(0.0, "AdamW weight decay.")
     adam_beta1: float = opt(0.9, "AdamW beta1 (Hugging Face's default too).")
     adam_beta2: float = opt(0.95, "AdamW beta2; Hugging Face's default (TRL's, LLaMA-Factory's) is 0.999.")
     adam_epsilon: float = opt(1e-8, "AdamW epsilon (Hugging Face's default too).")
-    batch_size: int | Literal["auto"] = opt(
-        8,
-        "Per-process micro-batch size (rows; packed rows when packing); auto: the largest that fits in memory, "
-        "found by a probe before training, with engine.gradient_accumulation_steps raised to keep global_batch_size.",
-    )
-    global_batch_size: int = opt(
-        0,
-        "With batch_size=auto: rows per optimizer step, all ranks together, kept while the micro-batch shrinks "
-        "to fit (0: 8 x engine.gradient_accumulation_steps x world size). RL stages keep mini_batch_size instead.",
-    )
+    batch_size: int | Literal["auto"] = opt(8, "Micro-batch rows per process; auto: the largest that fits in memory.")
+    global_batch_size: int = opt(0, "batch_size=auto: rows per optimizer step, all ranks; 0: what batch_size=8 gives.")
     eval_batch_size: int = opt(16, "Per-process batch size for evaluation.")
     resume: bool = opt(True, "Resume from the latest complete checkpoint in output_dir if one exists.")
-    report_to: list[str] = opt(
-        ["tensorboard"],
-        "Trackers besides metrics.jsonl (comma-separated): tensorboard, mlflow ($MLFLOW_TRACKING_URI, default "
-        "sqlite:///<output_dir>/mlflow.db), wandb (offline; needs wandb installed), none.",
-    )
+    report_to: list[str] = opt(["tensorboard"], "Trackers besides metrics.jsonl: tensorboard, mlflow, wandb, none.")
 
     def validate(self) -> None:
         _require(self.output_dir, "output_dir", "a local path or URL (s3://, gs://...)")
