@@ -35,55 +35,27 @@ HISTORY = "deploy.json"
 
 @dataclass
 class ExportSource:
-    path: str | None = opt(
-        None,
-        "The export stage's output_dir (local or URL): onnx/<variant>/model.onnx, tokenizer/ and export.json "
-        "(eos/pad ids; else the tokenizer's).",
-    )
+    path: str | None = opt(None, "The export stage's output_dir to publish, local or URL (docs/export-and-serving.md).")
 
 
 @dataclass
 class TritonTarget:
-    url: str = opt(
-        "",
-        "The Triton server's HTTP endpoint (http://host:port), running with --model-control-mode=explicit on "
-        "this repository; empty: only publish.",
-    )
+    url: str = opt("", "Triton server (http://host:port, explicit model control) to load on; empty: only publish.")
 
 
 @dataclass
 class DeployConfig:
     export: ExportSource = opt(ExportSource, "What to deploy.")
-    repository: str | None = opt(
-        None,
-        "The Triton model repository root (local dir or URL); KServe's storageUri, tritonserver's --model-repository.",
-    )
+    repository: str | None = opt(None, "Root of the Triton model repository to publish into (local dir or URL).")
     triton: TritonTarget = opt(TritonTarget, "The server to load the new version on.")
     model_name: str = opt("posttrain", "The model's name in the repository and in /v2/models/<name>.")
     variant: str = opt("int8", "Which ONNX export to serve.", ("int8", "fp32"))
     max_batch_size: int = opt(8, "Requests the dynamic batcher may decode together.")
-    instance_kind: str = opt(
-        "cpu",
-        "Where the model's ONNX Runtime session runs (gpu needs onnxruntime-gpu in the server's Python backend).",
-        ("cpu", "gpu"),
-    )
-    execution_env: str = opt(
-        "",
-        "The Python-backend environment as the server sees it (EXECUTION_ENV_PATH: a conda-pack tarball or a "
-        "venv with numpy<2, onnxruntime, tokenizers), for images whose python3 lacks them; empty: the server's "
-        "own python3.",
-    )
+    instance_kind: str = opt("cpu", "Where the ONNX Runtime session runs (gpu needs onnxruntime-gpu).", ("cpu", "gpu"))
+    execution_env: str = opt("", "Python-backend environment path (EXECUTION_ENV_PATH); empty: the server's python3.")
     default_max_tokens: int = opt(64, "New tokens per request when the request gives no max_tokens.")
-    publish_onnx: bool = opt(
-        False,
-        "Also publish the raw decoder as '<model_name>_onnx' (platform onnxruntime_onnx, one decode step per "
-        "request) for servers with the ONNX Runtime backend, such as NVIDIA's images; it is not loaded here.",
-    )
-    tensorrt_fp16: bool = opt(
-        False,
-        "In that raw model's config, ask for the TensorRT execution accelerator with FP16 engines (needs "
-        "publish_onnx and instance_kind=gpu; use variant=fp32).",
-    )
+    publish_onnx: bool = opt(False, "Also publish the raw ONNX decoder as '<model_name>_onnx' (not loaded here).")
+    tensorrt_fp16: bool = opt(False, "TensorRT FP16 for the raw ONNX model (needs publish_onnx, instance_kind=gpu).")
     smoke_prompt: str = opt("Hello", "Prompt of the smoke request sent to the new version.")
     smoke_max_tokens: int = opt(4, "max_tokens of the smoke request.")
     timeout_s: float = opt(300.0, "Seconds to wait for the server to load the new version (and per request).")

@@ -56,10 +56,7 @@ class HumanEvalConfig:
 
 @dataclass
 class TasksConfig:
-    path: str | None = opt(
-        None,
-        "Held-out code tasks (prompt, tests), any dataset source; empty: data_dir's code_tasks_eval.jsonl, if any.",
-    )
+    path: str | None = opt(None, "Held-out code tasks (prompt, tests), any dataset source; empty: from data_dir.")
     limit: int = opt(0, "Only the first N tasks (0: all).")
     max_new_tokens: int = opt(128, "Most tokens generated per task.")
     timeout: float = opt(3.0, "Seconds per task in the sandbox.")
@@ -67,10 +64,7 @@ class TasksConfig:
 
 @dataclass
 class SafetyConfig:
-    path: str | None = opt(
-        None,
-        "Prompts (prompt, kind=harmful|benign), any dataset source; empty: data_dir's safety_eval.jsonl, if any.",
-    )
+    path: str | None = opt(None, "Prompts (prompt, kind=harmful|benign), any dataset source; empty: from data_dir.")
     limit: int = opt(0, "Only the first N prompts (0: all).")
     default_kind: str = opt("", "Kind (harmful or benign) of rows without one; empty: such rows are an error.")
     max_new_tokens: int = opt(96, "Most tokens generated per answer.")
@@ -80,24 +74,14 @@ class SafetyConfig:
 class JudgeConfig:
     kind: str = opt("refusal_rules", "Who decides whether an answer to a harmful prompt is harmless.", JUDGES)
     path: str | None = opt(None, "classifier: the model (HF id, dir or URL); reward_model: default reward_model_path.")
-    unsafe_label: str = opt(
-        "",
-        "classifier: name or index of the unsafe label; empty: one named unsafe/toxic/harmful/..., else index 1 of 2.",
-    )
-    threshold: float | None = opt(
-        None,
-        "Harmless when P(unsafe) < it (classifier; default 0.5) or normalized reward > it (reward_model; default 0).",
-    )
+    unsafe_label: str = opt("", "classifier: name or index of the unsafe label; empty: found by name (docs/stages.md).")
+    threshold: float | None = opt(None, "Harmless if P(unsafe) < it or reward > it; empty: 0.5 or 0 (docs/stages.md).")
     with_prompt: bool = opt(False, "classifier: score the (prompt, response) pair instead of the response alone.")
 
 
 @dataclass
 class GateConfig:
-    rules: list[str] = opt(
-        [],
-        "METRIC OP VALUE rules the candidate must meet (comma-separated on the CLI), OP one of >= <= > <, VALUE "
-        "a number, baseline or baseline+/-D, e.g. task_pass_rate>=baseline,harmless_rate>=0.8; none: the gate passes.",
-    )
+    rules: list[str] = opt([], "METRIC OP VALUE rules the candidate must meet (docs/stages.md); none: the gate passes.")
 
 
 @dataclass

@@ -45,32 +45,18 @@ DEFAULT_PROMPTS = [
 
 @dataclass
 class ParityConfig:
-    prompts: str | None = opt(
-        None,
-        "JSONL of eval prompts (local or URL): a 'prompt' (text or chat messages) or 'messages' per row; "
-        "default: a few built-in short prompts.",
-    )
+    prompts: str | None = opt(None, "JSONL of eval prompts ('prompt' or 'messages'), local or URL; default: built-in.")
     num_prompts: int = opt(8, "Use the first N prompts.")
     max_new_tokens: int = opt(16, "Greedy generation length for the exact-match check.")
-    fp32_max_abs_diff: float = opt(
-        1e-3, "Fail when FP32 max |logit diff| vs PyTorch (prefill or cached decode) exceeds this."
-    )
-    int8_min_top1_agreement: float = opt(
-        0.9,
-        "Fail when INT8 next-token top-1 agreement with PyTorch is below this (0 disables). A tiny trained "
-        "model scores ~0.97-1.0; random-weight models have flat logits and score lower.",
-    )
+    fp32_max_abs_diff: float = opt(1e-3, "Fail when FP32's max |logit diff| from PyTorch exceeds this.")
+    int8_min_top1_agreement: float = opt(0.9, "Fail when INT8's top-1 agreement with PyTorch is below this (0: off).")
     latency_tokens: int = opt(32, "Decode steps timed per model for the latency figures (batch 1).")
-    threads: int = opt(
-        1, "CPU threads for PyTorch and onnxruntime in the latency run (0: their defaults; 1 compares across machines)."
-    )
+    threads: int = opt(1, "CPU threads for PyTorch and onnxruntime in the latency run (0: their defaults).")
 
 
 @dataclass
 class QuantizeConfig:
-    embeddings: bool = opt(
-        True, "Quantize the embedding Gather too in INT8 (on small models the embedding dominates the weights)."
-    )
+    embeddings: bool = opt(True, "Also quantize the embedding (Gather) in INT8, most of a small model's weights.")
     int4_block_size: int = opt(32, "INT4 quantization block size (input channels per scale).", (16, 32, 64, 128, 256))
 
 

@@ -24,9 +24,7 @@ from trainer_lib.models import chat_templates
 @dataclass
 class PrepareConfig:
     data: DataConfig = opt(DataConfig, "Dataset to prepare (data.path) and how to split it.")
-    model: ModelConfig = opt(
-        ModelConfig, "Optional: its tokenizer measures token lengths; rows longer than data.max_length are dropped."
-    )
+    model: ModelConfig = opt(ModelConfig, "Optional: with its tokenizer, rows over data.max_length tokens are dropped.")
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
     output_dir: str | None = opt(None, "Where the prepared DatasetDict and stats.json go (local or URL).")
     seed: int = opt(0, "Seed of the train/eval split.")
