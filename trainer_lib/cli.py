@@ -83,7 +83,7 @@ def _stage_help(name: str, module) -> str:
         "options (YAML keys, or key=value on the command line):",
     ]
     for key, default, text in rows:
-        wrapped = textwrap.wrap(f"{text} [default: {default}]", 100 - width) or [""]
+        wrapped = textwrap.wrap(f"{text} [default: {default}]", 100 - width, break_on_hyphens=False) or [""]
         lines.append(f"  {key.ljust(width)}{wrapped[0]}")
         lines.extend(" " * (width + 2) + w for w in wrapped[1:])
     lines += [

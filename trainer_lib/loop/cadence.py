@@ -3,8 +3,7 @@
 OpenRLHF keeps logging, evaluation and checkpointing in one ``save_logs_and_checkpoints``; here it
 is one small object, and each stage keeps its algorithm and loop body in its own file::
 
-    cadence = Cadence(cfg, strategy, "sft", steps, engine, parameters=count_parameters(model),
-                      evaluate=lambda: {"loss": ...})
+    cadence = Cadence(cfg, strategy, "sft", steps, engine, evaluate=lambda: {"loss": ...})
     cadence.restore("1000 train / 50 eval examples")  # checkpoint, tracker, step-0 eval, a banner
     for step in cadence.steps():
         ...                                  # the stage's own forward / backward / step
@@ -32,6 +31,7 @@ from trainer_lib.engine.checkpoint import CheckpointManager
 from trainer_lib.errors import NonFiniteLossError
 from trainer_lib.loop.metrics import MetricsWindow
 from trainer_lib.loop.tracking import Tracker
+from trainer_lib.models.load import count_parameters
 
 
 class Cadence:
@@ -43,25 +43,22 @@ class Cadence:
         total_steps: int,
         engine,
         *,
-        parameters: tuple[int, int] = (0, 0),
         evaluate: Callable[[], dict] | None = None,
+        stateful: dict | None = None,
         extra_engines: dict | None = None,
-        client_state: Callable[[int], dict] | None = None,
-        restore_state: Callable[[dict], None] | None = None,
         log_extra: Callable[[], dict] | None = None,
         window_keys: tuple[str, ...] = (),
     ):
-        """``parameters`` is (trainable, total) of the main model, for the start banner;
-        ``evaluate()`` returns eval metrics (None: the stage has no eval data);
-        ``extra_engines`` are checkpointed with the main one (PPO's critic);
-        ``client_state(step)`` adds the stage's own state to a checkpoint and ``restore_state(state)``
-        puts it back; ``log_extra()`` adds keys to each train log record."""
+        """``engine`` trains the main model (its parameters are counted for the start banner);
+        ``evaluate()`` returns eval metrics (None: the stage has no eval data); ``stateful`` names the
+        stage's own objects with ``state_dict()`` / ``load_state_dict()`` (the reward sources' running
+        statistics, PPO's KL controller), saved in every checkpoint and restored from it;
+        ``extra_engines`` are checkpointed with the main one (PPO's critic); ``log_extra()`` adds keys to
+        each train log record; ``window_keys`` are metrics a rank may see no value of."""
         self.cfg, self.strategy, self.stage, self.total = cfg, strategy, stage, total_steps
-        self.parameters = parameters
         self.engine, self.extra_engines = engine, extra_engines or {}
         self.evaluate = evaluate
-        self.client_state = client_state or (lambda step: {})
-        self.restore_state = restore_state
+        self.stateful = stateful or {}
         self.log_extra = log_extra or (lambda: {})
         self.ckpt = CheckpointManager.for_stage(cfg, strategy)
         self.window = MetricsWindow(window_keys)
@@ -80,9 +77,9 @@ class Cadence:
         state, or None."""
         state = self.ckpt.restore(self.engine, self.extra_engines) if self.cfg.resume else None
         self.start = int(state["step"]) if state else 0
-        if state and self.restore_state:
-            self.restore_state(state)
-        trainable, total = self.parameters
+        for name, owner in self.stateful.items() if state else ():
+            owner.load_state_dict(state[name])
+        trainable, total = count_parameters(self.strategy.unwrap(self.engine))
         self.strategy.print(
             f"{self.stage}: {what}, {self.total} steps, {trainable:,}/{total:,} trainable params, "
             f"world size {self.strategy.world_size}" + (f", resuming at step {self.start}" if self.start else "")
@@ -167,7 +164,8 @@ class Cadence:
         )
 
     def save_checkpoint(self, step: int) -> None:
-        self.ckpt.save(self.engine, step, {"step": step, **self.client_state(step)}, self.extra_engines)
+        own = {name: owner.state_dict() for name, owner in self.stateful.items()}
+        self.ckpt.save(self.engine, step, {"step": step, **own}, self.extra_engines)
 
     def finish(self, summary: dict) -> dict:
         """Final evaluation (``summary["eval"]``), the last checkpoint, tracker closed."""

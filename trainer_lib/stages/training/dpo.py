@@ -303,7 +303,7 @@ def run(cfg: DPOConfig) -> dict:
     from trainer_lib.engine.batch_size import resolve_batch_size
     from trainer_lib.engine.strategy import DeepSpeedStrategy
     from trainer_lib.loop.cadence import Cadence
-    from trainer_lib.models.load import apply_lora, count_parameters, load_causal_lm, load_tokenizer
+    from trainer_lib.models.load import apply_lora, load_causal_lm, load_tokenizer
     from trainer_lib.models.reference import forward_logps
 
     resolve_batch_size(cfg, sequences_per_row=2)  # a chosen and a rejected sequence per pair
@@ -320,16 +320,8 @@ def run(cfg: DPOConfig) -> dict:
     # ---- policy engine
     model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
     engine = strategy.prepare(model, total_steps=order.steps, **cfg.optimizer_args())
-    cadence = Cadence(
-        cfg,
-        strategy,
-        "dpo",
-        order.steps,
-        engine,
-        parameters=count_parameters(model),
-        window_keys=METRICS[train.kind],
-        evaluate=(lambda: evaluate_all(engine, strategy, sets, reference, objective, cfg)) if len(sets) > 1 else None,
-    )
+    evaluation = (lambda: evaluate_all(engine, strategy, sets, reference, objective, cfg)) if len(sets) > 1 else None
+    cadence = Cadence(cfg, strategy, "dpo", order.steps, engine, evaluate=evaluation, window_keys=METRICS[train.kind])
 
     # ---- reference (before the step-0 evaluation, which uses it)
     mode = cfg.reference_mode()

@@ -74,7 +74,6 @@ def run(cfg: GRPOConfig) -> dict:
 
     from trainer_lib.loop.cadence import Cadence
     from trainer_lib.losses import clipped_surrogate, kl_k3, masked_mean
-    from trainer_lib.models.load import count_parameters
     from trainer_lib.rl import experience as rl
     from trainer_lib.rl.actor_critic import build_models
     from trainer_lib.rl.rollout import token_logprobs
@@ -87,17 +86,8 @@ def run(cfg: GRPOConfig) -> dict:
     advantages_of, aggregate = advantage_and_loss(cfg)
     reuse_logprobs = cfg.updates_per_step() == 1  # one update: pi_old is the policy itself
 
-    cadence = Cadence(
-        cfg,
-        strategy,
-        "grpo",
-        steps,
-        engine,
-        parameters=count_parameters(models.actor),
-        evaluate=rl.held_out_evaluation(engine, strategy, tokenizer, eval_rows, rewards, cfg),
-        client_state=lambda step: {"rewards": rewards.state_dict()},
-        restore_state=lambda state: rewards.load_state_dict(state["rewards"]),
-    )
+    evaluation = rl.held_out_evaluation(engine, strategy, tokenizer, eval_rows, rewards, cfg)
+    cadence = Cadence(cfg, strategy, "grpo", steps, engine, evaluate=evaluation, stateful={"rewards": rewards})
     try:
         cadence.restore(
             f"{cfg.advantage} advantages, {len(schedule.prompts)} train / {len(eval_rows)} eval prompts, "

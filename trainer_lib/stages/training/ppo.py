@@ -190,7 +190,6 @@ def mini_batch_update(models, part, rows, experience: Experience, cfg: PPOConfig
 def run(cfg: PPOConfig) -> dict:
     from trainer_lib.loop.cadence import Cadence
     from trainer_lib.losses import KLController
-    from trainer_lib.models.load import count_parameters
     from trainer_lib.rl import experience as rl
     from trainer_lib.rl.actor_critic import build_models
 
@@ -205,21 +204,15 @@ def run(cfg: PPOConfig) -> dict:
     actor_engine, rewards = models.actor_engine, models.rewards
     kl_ctl = KLController(cfg.kl.coef, cfg.kl.target if cfg.kl.adaptive else None, cfg.kl.horizon)
 
-    def restore_state(state: dict) -> None:
-        rewards.load_state_dict(state["rewards"])
-        kl_ctl.load_state_dict(state["kl_controller"])
-
     cadence = Cadence(
         cfg,
         strategy,
         "ppo",
         steps,
         actor_engine,
-        parameters=count_parameters(models.actor),
-        extra_engines=models.extra_engines,
         evaluate=rl.held_out_evaluation(actor_engine, strategy, tokenizer, eval_rows, rewards, cfg),
-        client_state=lambda step: {"rewards": rewards.state_dict(), "kl_controller": kl_ctl.state_dict()},
-        restore_state=restore_state,
+        stateful={"rewards": rewards, "kl_controller": kl_ctl},
+        extra_engines=models.extra_engines,
         log_extra=models.log_extra,
     )
     try:

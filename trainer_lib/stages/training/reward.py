@@ -145,7 +145,7 @@ def run(cfg: RewardConfig) -> dict:
     from trainer_lib.loop.cadence import Cadence
     from trainer_lib.losses import reward_centering_penalty
     from trainer_lib.models.heads import STATS_FILE, apply_reward_lora, load_reward_model, store_stats
-    from trainer_lib.models.load import count_parameters, load_tokenizer
+    from trainer_lib.models.load import load_tokenizer
 
     resolve_batch_size(cfg, sequences_per_row=2)  # a chosen and a rejected sequence per pair
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
@@ -160,16 +160,8 @@ def run(cfg: RewardConfig) -> dict:
     model = load_reward_model(cfg.model, tokenizer.pad_token_id, cfg.engine.precision)
     model = apply_reward_lora(model, cfg.lora)
     engine = strategy.prepare(model, total_steps=order.steps, **cfg.optimizer_args())
-    cadence = Cadence(
-        cfg,
-        strategy,
-        "reward",
-        order.steps,
-        engine,
-        parameters=count_parameters(model),
-        window_keys=METRICS,
-        evaluate=(lambda: evaluate(engine, strategy, evals)) if len(evals.examples) else None,
-    )
+    evaluation = (lambda: evaluate(engine, strategy, evals)) if len(evals.examples) else None
+    cadence = Cadence(cfg, strategy, "reward", order.steps, engine, evaluate=evaluation, window_keys=METRICS)
     cadence.restore(
         f"{len(train.examples)} train / {len(evals.examples)} eval pairs ({fmt}), {len(train.groups)} micro-batches"
     )

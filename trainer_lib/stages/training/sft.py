@@ -76,7 +76,7 @@ def run(cfg: SFTConfig) -> dict:
     from trainer_lib.engine.batch_size import resolve_batch_size
     from trainer_lib.engine.strategy import DeepSpeedStrategy
     from trainer_lib.loop.cadence import Cadence
-    from trainer_lib.models.load import apply_lora, count_parameters, load_causal_lm, load_tokenizer
+    from trainer_lib.models.load import apply_lora, load_causal_lm, load_tokenizer
 
     resolve_batch_size(cfg)
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
@@ -91,9 +91,7 @@ def run(cfg: SFTConfig) -> dict:
     model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
     engine = strategy.prepare(model, total_steps=order.steps, **cfg.optimizer_args())
     evaluation = (lambda: evaluate_loss(engine, strategy, evals)) if len(evals.examples) else None
-    cadence = Cadence(
-        cfg, strategy, "sft", order.steps, engine, parameters=count_parameters(model), evaluate=evaluation
-    )
+    cadence = Cadence(cfg, strategy, "sft", order.steps, engine, evaluate=evaluation)
     cadence.restore(
         f"{len(train.examples)} train / {len(evals.examples)} eval examples ({fmt}), {len(train.groups)} micro-batches"
     )
