@@ -63,16 +63,7 @@ def request(url: str, model: str, prompt: str, max_tokens: int, timeout_s: float
         return time.perf_counter() - start, None, f"{type(exc).__name__}: {exc}"[:300]
 
 
-def run_load(
-    url: str,
-    model: str,
-    *,
-    requests: int = 200,
-    concurrency: int = 16,
-    max_tokens: int = 16,
-    prompts: list[str] = PROMPTS,
-    timeout_s: float = 120.0,
-) -> dict:
+def run_load(url: str, model: str, *, requests=200, concurrency=16, max_tokens=16, prompts=PROMPTS, timeout_s=120.0):
     """Send ``requests`` requests, ``concurrency`` at a time; the figures, plus every answer by prompt
     index (``answers``: list of (prompt index, text or None)) so callers can check them."""
     jobs = [i % len(prompts) for i in range(requests)]

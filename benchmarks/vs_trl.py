@@ -224,11 +224,7 @@ def parse_args(argv):
     p.add_argument("--trl-python", default=os.path.join(ROOT, ".venv-bench", "bin", "python"))
     p.add_argument("--ours-only", action="store_true", help="skip TRL's side (no ratio line)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
-    p.add_argument(
-        "--profile",
-        action="store_true",
-        help="after the timed rounds, one profiled run per side: where its step time goes",
-    )
+    p.add_argument("--profile", action="store_true", help="then one profiled run per side: where step time goes")
     args = p.parse_args(argv)
     args.size = args.size or ("0.5b" if args.device == "cuda" else "small")
     if args.algo == "grpo":

@@ -166,8 +166,11 @@ def score_rollout(rewards, strategy, rollout, prompts: list, columns: dict, n: i
     return rewards.combine(table), metrics
 
 
-def sample_and_score(engine, strategy, tokenizer, rows: list[dict], cfg, rewards, seed: int):
-    """One step's experience: ``(rollout, rewards for training (N,), metrics)`` for ``rows``."""
+def sample_and_score(engine, strategy, tokenizer, schedule, step: int, cfg, rewards):
+    """Step ``step``'s experience: ``(rollout, rewards for training (N,), metrics)`` for the prompts the
+    ``schedule`` gives this rank, sampled with the step's seed; reward functions may read the step."""
+    rewards.trainer_state = schedule.trainer_state(step)
+    rows, seed = schedule.rows(step), schedule.sampling_seed(step)
     rollout, prompts, columns = sample(engine, strategy, tokenizer, rows, cfg.rollout, seed)
     scores, metrics = score_rollout(rewards, strategy, rollout, prompts, columns, cfg.rollout.n)
     return rollout, scores, metrics

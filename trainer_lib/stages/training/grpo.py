@@ -96,11 +96,8 @@ def run(cfg: GRPOConfig) -> dict:
 
         # ---- the loop
         for step in cadence.steps():
-            rewards.trainer_state = schedule.trainer_state(step)  # reward functions may read the step
             # 1. rollout: sample, score, group advantages
-            rollout, scores, metrics = rl.sample_and_score(
-                engine, strategy, tokenizer, schedule.rows(step), cfg, rewards, schedule.sampling_seed(step)
-            )
+            rollout, scores, metrics = rl.sample_and_score(engine, strategy, tokenizer, schedule, step, cfg, rewards)
             advantages = advantages_of(scores)
             # 2. log-probs before the update: pi_old (if it differs from pi) and the reference
             logprob_start = time.perf_counter()

@@ -223,10 +223,9 @@ def run(cfg: PPOConfig) -> dict:
 
         # ---- the loop
         for step in cadence.steps():
-            rewards.trainer_state = schedule.trainer_state(step)  # reward functions may read the step
             # 1. rollout and scores
             rollout, scores, metrics = rl.sample_and_score(
-                actor_engine, strategy, tokenizer, schedule.rows(step), cfg, rewards, schedule.sampling_seed(step)
+                actor_engine, strategy, tokenizer, schedule, step, cfg, rewards
             )
 
             # 2-4. log-probs and values of the sampling weights, KL-shaped rewards, GAE
