@@ -170,22 +170,25 @@ def _pad(prompts: list[list[int]], completions: list[list[int]], pad_token_id: i
 
 def _pack(prompts: list[list[int]], completions: list[list[int]]) -> dict:
     """The ``N`` sequences as ONE padding-free row: ``position_ids`` restart at each sequence (so each
-    attends only to itself, see ``models/attention.py``) and ``segment_ids`` says which sequence a
-    token belongs to. Every sequence starts with a prompt token, so no completion token is ever
-    predicted across a boundary."""
+    attends only to itself, see ``models/attention.py``), ``segment_ids`` says which sequence a
+    token belongs to and ``cu_seq_lens`` (int32 ``[N + 1]``) where each starts, then the row's length.
+    Every sequence starts with a prompt token, so no completion token is ever predicted across a
+    boundary."""
     import torch
 
-    ids, positions, completion, segments = [], [], [], []
+    ids, positions, completion, segments, bounds = [], [], [], [], [0]
     for row, (p, c) in enumerate(zip(prompts, completions)):
         ids += p + c
         positions += range(len(p) + len(c))
         completion += [False] * len(p) + [True] * len(c)
         segments += [row] * (len(p) + len(c))
+        bounds.append(len(ids))
     return {
         "input_ids": torch.tensor([ids], dtype=torch.long),
         "position_ids": torch.tensor([positions], dtype=torch.long),
         "completion_mask": torch.tensor([completion], dtype=torch.bool),
         "segment_ids": torch.tensor([segments], dtype=torch.long),
+        "cu_seq_lens": torch.tensor(bounds, dtype=torch.int32),
     }
 
 
@@ -214,9 +217,21 @@ def collate_unpaired(examples: list[dict], pad_token_id: int, packed: bool = Fal
 
 
 def model_inputs(batch: dict, device) -> dict:
-    """The tensors a model's forward takes, moved to ``device`` (a packed row: ids and positions)."""
-    second = "position_ids" if "segment_ids" in batch else "attention_mask"
-    return {"input_ids": batch["input_ids"].to(device), second: batch[second].to(device)}
+    """The tensors a model's forward takes, moved to ``device``. A packed row: ids, positions and the
+    sequence boundaries as transformers' flash-attention kwargs, so that no attention layer has to find
+    them (``models/attention.py``); the longest sequence is read from the collated (host) tensor."""
+    if "segment_ids" not in batch:
+        return {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
+    bounds = batch["cu_seq_lens"]
+    bounds_on_device, longest = bounds.to(device), int((bounds[1:] - bounds[:-1]).max())
+    return {
+        "input_ids": batch["input_ids"].to(device),
+        "position_ids": batch["position_ids"].to(device),
+        "cu_seq_lens_q": bounds_on_device,
+        "cu_seq_lens_k": bounds_on_device,
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }
 
 
 # --------------------------------------------------------------------------- log-probs

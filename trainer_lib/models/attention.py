@@ -6,25 +6,64 @@ mask, so a row of N tokens costs N^2 attention (and an N x N mask) however short
 and SDPA cannot use its fused causal kernel: on CPU packing made SFT 7x slower per token than not
 packing. ``flash_attention_2`` has a variable-length path for this; where it is missing (CPU, most
 setups without the flash-attn package) this implementation, registered with transformers as
-``posttrain_sdpa``, splits the row where the positions restart and runs causal SDPA on each sequence
+``posttrain_sdpa``, splits the row at the sequence boundaries and runs causal SDPA on each sequence
 (cost sum n_i^2). Anything else (padded batches, generation with a cache, sliding windows) goes to
 transformers' own sdpa unchanged, so it is a drop-in for ``sdpa`` everywhere.
+
+Sequence boundaries, once per forward. The per-sequence loop slices with Python ints, and reading a
+tensor on a GPU is a device-to-host sync, so the boundaries (the row's cumulative sequence lengths
+``[0, n_1, n_1 + n_2, ..., N]``) are read once per forward, not once per layer. They come from
+
+* ``cu_seq_lens_q`` when the caller passes it: transformers' own flash-attention kwargs (with
+  ``cu_seq_lens_k`` and ``max_length_q``/``max_length_k``, as its
+  ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` makes them), which every decoder
+  hands from its forward to every attention call. With them ``flash_attention_2`` takes its varlen
+  path with no sync in the layers. DPO's packed batches carry them (``data/preference_batches.py``).
+* ``position_ids`` otherwise: SFT's packed rows, whose batch is the forward's kwargs as it is and so
+  gains no keys (remote modelling code with a fixed ``forward`` signature would reject them), and any
+  other caller.
+
+The first layer reads the tensor and caches the list under that very tensor object (a weak
+reference, checked against the tensor's version counter); the later layers, and the recomputation
+under gradient checkpointing, are handed the same object and find the list. So the bookkeeping stays
+in this module: no stage passes anything extra to get it. transformers' mask builder reads the
+position ids once per forward too (to see that the row is packed), whatever the attention.
 """
 
 from __future__ import annotations
 
+import functools
+
 NAME = "posttrain_sdpa"
 
 
-def sequence_starts(position_ids) -> list[int]:
-    """Where each packed sequence starts in a ``[1, n]`` row: wherever a position does not follow the one before."""
-    import torch
+def sequence_bounds(position_ids) -> list[int]:
+    """``[0, ..., n]``: where each sequence of a packed ``[1, n]`` row starts (wherever a position does not follow
+    the one before), then ``n``; one read of the row."""
+    row = position_ids[0].tolist()
+    return [0, *(i for i in range(1, len(row)) if row[i] != row[i - 1] + 1), len(row)]
 
-    row = position_ids[0]
-    follows = torch.ones_like(row, dtype=torch.bool)
-    follows[1:] = row[1:] == row[:-1] + 1
-    follows[0] = False
-    return torch.nonzero(~follows).flatten().tolist()
+
+@functools.cache
+def _bounds_by_tensor():
+    """Boundary lists by the tensor they were read from; an entry goes when its tensor does."""
+    from torch.utils.weak import WeakIdKeyDictionary
+
+    return WeakIdKeyDictionary()
+
+
+def forward_bounds(cu_seq_lens, position_ids) -> list[int]:
+    """The row's cumulative sequence lengths as a list: ``cu_seq_lens`` read, or derived from ``position_ids``;
+    read once per tensor (inference-mode tensors, which have no version counter, every time)."""
+    source = cu_seq_lens if cu_seq_lens is not None else position_ids
+    if source.is_inference():
+        return cu_seq_lens.tolist() if cu_seq_lens is not None else sequence_bounds(position_ids)
+    cache = _bounds_by_tensor()
+    version, bounds = cache.get(source, (None, None))
+    if version != source._version:
+        bounds = cu_seq_lens.tolist() if cu_seq_lens is not None else sequence_bounds(position_ids)
+        cache[source] = (source._version, bounds)
+    return bounds
 
 
 def packed_sdpa(
@@ -35,23 +74,24 @@ def packed_sdpa(
     import torch.nn.functional as F
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    position_ids = kwargs.get("position_ids")
+    position_ids, cu_seq_lens = kwargs.get("position_ids"), kwargs.get("cu_seq_lens_q")
     n = query.shape[2]
     packed = (
         attention_mask is None
-        and position_ids is not None
+        and (position_ids is not None or cu_seq_lens is not None)
         and query.shape[0] == 1
         and n > 1
         and key.shape[2] == n
         and not getattr(module, "sliding_window", None)
     )
-    starts = sequence_starts(position_ids) if packed else []
-    if len(starts) <= 1:
+    bounds = forward_bounds(cu_seq_lens, position_ids) if packed else []
+    if len(bounds) <= 2:
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
+    if bounds[0] != 0 or bounds[-1] != n:
+        raise ValueError(f"cu_seq_lens_q runs from {bounds[0]} to {bounds[-1]}, but the packed row has {n} tokens")
     grouped = key.shape[1] != query.shape[1]
-    bounds = [*starts, n]
     out = torch.cat(
         [
             F.scaled_dot_product_attention(
