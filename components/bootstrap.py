@@ -16,10 +16,10 @@ prompts) for the stages that evaluate on it.
 from kfp import dsl
 from kfp.dsl import Dataset, Model, Output
 
-from components.common import IMAGE
+from components.common import image_for
 
 
-@dsl.component(base_image=IMAGE, install_kfp_package=False)
+@dsl.component(base_image=image_for("bootstrap"), install_kfp_package=False)
 def bootstrap(
     demo: Output[Dataset],
     data: Output[Dataset],

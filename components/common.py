@@ -1,4 +1,5 @@
-"""What every component shares: the image it runs in and small runtime helpers.
+"""What every component shares: the images they run in, what a GPU pod gets from its host, and small
+runtime helpers.
 
 Module top imports only the standard library: compiling a pipeline imports this file. The
 helpers are imported *inside* component bodies at run time (the image installs this package).
@@ -8,9 +9,77 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 
-#: The one image every component runs in (built from images/Dockerfile).
-IMAGE = "ghcr.io/posttrain/posttrain:0.1.0"
+#: The package version (pyproject.toml) and the two builds of images/Dockerfile tagged from it:
+#: ``make image-cpu`` (torch +cpu) and ``make image-cuda`` (torch +cu128, DeepSpeed over NCCL).
+#: Pushing elsewhere: change REGISTRY (and the ``image:`` lines under manifests/).
+VERSION = "0.1.0"
+REGISTRY = "ghcr.io/posttrain/posttrain"
+IMAGE = f"{REGISTRY}:{VERSION}"  # the CPU build
+CUDA_IMAGE = f"{REGISTRY}:{VERSION}-cu128"  # the CUDA build
+
+#: Which build each component runs in, by KFP component name: the tasks that hold an accelerator get the
+#: CUDA build, the rest the smaller CPU one. KFP fixes a lightweight component's image when it is decorated,
+#: so each decorator reads this table (``base_image=image_for("train")``); the TrainJob of a multi-node step
+#: runs the train component's image too.
+BUILDS = {
+    "check-config": IMAGE,
+    "fingerprint": IMAGE,
+    "bootstrap": IMAGE,
+    "prepare": IMAGE,
+    "training-resources": IMAGE,
+    "train": CUDA_IMAGE,  # sft, reward, dpo, ppo, grpo; one process per GPU
+    "evaluate": CUDA_IMAGE,  # generates with every model it compares
+    "release": IMAGE,
+    "export": IMAGE,  # ONNX export, INT8/INT4 quantization and the parity check run on CPU
+    "deploy": IMAGE,
+}
+
+
+def image_for(component: str) -> str:
+    """The image of the component named ``component`` (its KFP name, e.g. ``check-config``)."""
+    if component not in BUILDS:
+        raise KeyError(f"components/common.py: add component '{component}' to BUILDS")
+    return BUILDS[component]
+
+
+@dataclass(frozen=True)
+class HostPerGpu:
+    """What a training pod (or a TrainJob node) gets from its host for each accelerator it holds.
+
+    Times 8 GPUs the defaults (64 CPUs, 512 GiB) fit the usual 8-GPU machines (AWS p4d/p5, GCP a2/a3,
+    Azure ND A100/H100, DGX: 96-224 vCPUs, 680 GB-2 TiB) with room for the node's own daemons, and one
+    GPU's worth fits the 1-GPU A100 machines (12 vCPUs, 85 GB). Lower them for small GPU nodes (an L4 or
+    A10G node with 4-8 vCPUs and 16-32 GB); raise ``memory_gi`` for optimizer offload of large models.
+    """
+
+    #: a rank's own threads plus its DataLoader workers and the tokenizer
+    cpu: int = 8
+    #: host memory holds each rank's process (CUDA context, pinned transfer buffers), its DataLoader workers
+    #: and batches in flight, and what the engine keeps on CPU: optimizer state with engine.offload_optimizer
+    #: (fp32 weights and two Adam moments, 12 bytes per parameter, divided over the ranks), weights with
+    #: engine.offload_params. Loading never puts a whole model per rank in host memory (trainer_lib.models).
+    memory_gi: int = 64
+    #: a memory-backed /dev/shm for NCCL's buffers and the DataLoader workers' batches (Kubernetes gives 64M;
+    #: NCCL needs tens of MB per peer). What it holds counts against the memory above.
+    shm_gi: int = 16
+
+    def for_gpus(self, gpus: int) -> dict[str, str]:
+        """Kubernetes quantities for a pod holding ``gpus`` accelerators (at least one GPU's worth)."""
+        n = max(int(gpus), 1)
+        return {"cpu": str(self.cpu * n), "memory": f"{self.memory_gi * n}Gi", "shm": f"{self.shm_gi * n}Gi"}
+
+
+#: Host resources per accelerator, for the pipeline's training pods and the nodes of a multi-node step alike.
+PER_GPU = HostPerGpu()
+#: The accelerator a GPU pod requests unless the run names another (pipeline parameter ``accelerator_type``).
+ACCELERATOR = "nvidia.com/gpu"
+#: Where GPU pods may and must run: the taint of GPU nodes (GKE puts this one on GPU node pools; it is the
+#: usual one elsewhere), and an optional node selector, e.g. {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+#: (the label of NVIDIA's GPU feature discovery).
+GPU_TOLERATIONS = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]  # key/operator/value/effect
+GPU_NODE_SELECTOR: dict[str, str] = {}
 
 #: Artifact metadata key of a pass-through location (HF id, local dir, s3:// prefix).
 SOURCE_KEY = "source"
@@ -124,9 +193,27 @@ def remote_location(artifact) -> str:
     return given or (artifact.uri or "").replace("minio://", "s3://", 1)
 
 
-def run_on_nodes(stage: str, cfg, nodes: int, per_node: int, root: str) -> dict:
-    """Run a built stage config on ``nodes`` nodes x ``per_node`` processes as a Kubeflow Trainer
-    ``TrainJob`` (trainer_lib.cluster), then bring its final model into ``cfg.output_dir``.
+def training_node(gpus: int, accelerator: str = ""):
+    """What each node of a multi-node step holds (a ``trainer_lib.cluster.trainjob.NodeResources``):
+    ``gpus`` accelerators, :data:`PER_GPU` host resources for each, and the GPU placement above."""
+    from trainer_lib.cluster.trainjob import NodeResources
+
+    host = PER_GPU.for_gpus(gpus)
+    return NodeResources(
+        gpus=gpus,
+        accelerator=accelerator or ACCELERATOR,
+        cpu=host["cpu"],
+        memory=host["memory"],
+        shm=host["shm"],
+        tolerations=tuple(GPU_TOLERATIONS),
+        node_selector=dict(GPU_NODE_SELECTOR),
+    )
+
+
+def run_on_nodes(stage: str, cfg, nodes: int, per_node: int, root: str, accelerator: str = "") -> dict:
+    """Run a built stage config on ``nodes`` nodes x ``per_node`` processes (and accelerators, of
+    ``accelerator``, default :data:`ACCELERATOR`) as a Kubeflow Trainer ``TrainJob`` (trainer_lib.cluster)
+    in the train component's image, then bring its final model into ``cfg.output_dir``.
 
     The job's output and checkpoints live under the pipeline root at a location derived from the
     config, so a retried launcher re-attaches to the same job (same name) and the same prefixes.
@@ -152,11 +239,12 @@ def run_on_nodes(stage: str, cfg, nodes: int, per_node: int, root: str) -> dict:
         [values],
         run_id=job.rsplit("-", 1)[-1],
         task=stage,
-        image=IMAGE,
+        image=image_for("train"),
         output_dir=f"{job}/output",
         checkpoint_dir=cfg.checkpoint_dir or checkpoints,
         num_nodes=nodes,
         nproc_per_node=per_node,
+        node=training_node(per_node, accelerator),
         env=object_store_env(),
         timeout_s=float(os.environ.get("POSTTRAIN_TRAINJOB_TIMEOUT_S", 7 * 24 * 3600)),
         poll_s=float(os.environ.get("POSTTRAIN_TRAINJOB_POLL_S", 15)),

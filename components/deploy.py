@@ -8,10 +8,10 @@ publishes; a server started on the repository (or KServe with ``storageUri`` at 
 from kfp import dsl
 from kfp.dsl import Artifact, Input, Output
 
-from components.common import IMAGE
+from components.common import image_for
 
 
-@dsl.component(base_image=IMAGE, install_kfp_package=False)
+@dsl.component(base_image=image_for("deploy"), install_kfp_package=False)
 def deploy(
     exported: Input[Artifact],
     repository: Output[Artifact],

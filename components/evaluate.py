@@ -8,10 +8,10 @@ from typing import NamedTuple
 from kfp import dsl
 from kfp.dsl import HTML, Artifact, Dataset, Input, Markdown, Metrics, Model, Output
 
-from components.common import IMAGE
+from components.common import image_for
 
 
-@dsl.component(base_image=IMAGE, install_kfp_package=False)
+@dsl.component(base_image=image_for("evaluate"), install_kfp_package=False)
 def evaluate(
     candidate: Input[Model],
     baseline: Input[Model],

@@ -7,10 +7,10 @@ a branch of the DAG under ``kfp.local``; with ``gate_passed`` false nothing is e
 from kfp import dsl
 from kfp.dsl import Artifact, Input, Metrics, Model, Output
 
-from components.common import IMAGE
+from components.common import image_for
 
 
-@dsl.component(base_image=IMAGE, install_kfp_package=False)
+@dsl.component(base_image=image_for("export"), install_kfp_package=False)
 def export(
     model: Input[Model],
     exported: Output[Artifact],

@@ -7,10 +7,10 @@ data or model behind a name changes, and stay the same when it does not.
 
 from kfp import dsl
 
-from components.common import IMAGE
+from components.common import image_for
 
 
-@dsl.component(base_image=IMAGE, install_kfp_package=False)
+@dsl.component(base_image=image_for("fingerprint"), install_kfp_package=False)
 def fingerprint(base_model: str = "", dataset: str = "", preference_dataset: str = "", prompt_dataset: str = "") -> str:
     import hashlib
 

@@ -3,10 +3,10 @@
 from kfp import dsl
 from kfp.dsl import Dataset, Input, Metrics, Model, Output
 
-from components.common import IMAGE
+from components.common import image_for
 
 
-@dsl.component(base_image=IMAGE, install_kfp_package=False)
+@dsl.component(base_image=image_for("prepare"), install_kfp_package=False)
 def prepare(
     data: Input[Dataset],
     model: Input[Model],

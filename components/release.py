@@ -7,10 +7,10 @@ The gate is a parameter, not a ``dsl.If``, so the same step works inside a branc
 from kfp import dsl
 from kfp.dsl import Artifact, Input, Model, Output
 
-from components.common import IMAGE
+from components.common import image_for
 
 
-@dsl.component(base_image=IMAGE, install_kfp_package=False)
+@dsl.component(base_image=image_for("release"), install_kfp_package=False)
 def release(
     model: Input[Model],
     results: Input[Artifact],

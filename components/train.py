@@ -15,10 +15,10 @@ own, since a list inside a dict does not survive that substitution; empty ones a
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
 
-from components.common import IMAGE
+from components.common import image_for
 
 
-@dsl.component(base_image=IMAGE, install_kfp_package=False)
+@dsl.component(base_image=image_for("train"), install_kfp_package=False)
 def train(
     stage: str,
     model: Input[Model],
@@ -40,14 +40,15 @@ def train(
     checkpoint_root: str = "",
     gpus: int = 1,
     nodes: int = 1,
+    accelerator: str = "",
 ):
     """Precedence, lowest first: config_yaml, the typed parameters and ``params``, overrides, the artifacts.
 
     ``gpus`` > 1 runs the stage in that many processes in this pod (``posttrain <stage> --nproc N``,
     torchrun); rank 0 writes the model. Under ``kfp.local`` they are CPU processes.
     ``nodes`` > 1 runs it as a Kubeflow Trainer ``TrainJob`` of that many nodes with ``gpus``
-    processes each (trainer_lib.cluster; RBAC in manifests/rbac.yaml); inputs are then read from
-    the object store, and the pipeline root must be one.
+    processes (and accelerators of the ``accelerator`` resource type) each (trainer_lib.cluster; RBAC in
+    manifests/rbac.yaml); inputs are then read from the object store, and the pipeline root must be one.
     ``checkpoint_root`` (the pipeline root): resumable checkpoints go under it, outside the output
     artifact, at a location a retried pod of this task finds again (unless the config sets
     ``checkpoint_dir``); the Model artifact then holds only the final model.
@@ -98,7 +99,7 @@ def train(
     if checkpoint_root and not cfg.checkpoint_dir:
         cfg.checkpoint_dir = stable_checkpoint_dir(cfg, checkpoint_root, stage)
     if nodes > 1:
-        summary = run_on_nodes(stage, cfg, nodes, gpus, checkpoint_root)
+        summary = run_on_nodes(stage, cfg, nodes, gpus, checkpoint_root, accelerator)
     elif gpus > 1:
         summary = run_in_processes(stage, cfg, gpus)
     else:

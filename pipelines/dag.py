@@ -20,6 +20,8 @@ they work inside ``dsl.If`` branches under ``kfp.local`` too. To add a pipeline,
 ``PIPELINES``; ``posttrain pipeline compile`` then writes ``pipelines/compiled/<name>.yaml``.
 """
 
+import contextvars
+import functools
 import inspect
 from typing import NamedTuple
 
@@ -35,7 +37,7 @@ from components.fingerprint import fingerprint
 from components.prepare import prepare
 from components.release import release
 from components.train import train
-from pipelines.settings import configure
+from pipelines.settings import configure, sizing_task
 
 #: The candidate may not regress against the baseline (SFT) beyond these tolerances.
 DEFAULT_GATE = ["task_pass_rate>=baseline-0.02", "harmless_rate>=baseline-0.02", "over_refusal_rate<=baseline+0.05"]
@@ -104,15 +106,36 @@ PARAMETER_DOCS = {
 }
 
 
+#: The arguments of the pipeline function being built (its parameters, as KFP channels), by name.
+BUILDING: contextvars.ContextVar[dict] = contextvars.ContextVar("BUILDING")
+
+
 def documented(summary: str):
-    """Give a pipeline function its docstring: ``summary`` and the Args of PARAMETER_DOCS (KFP reads them)."""
+    """Give a pipeline function its docstring (``summary`` and the Args of PARAMETER_DOCS: KFP reads them),
+    and record its arguments while KFP builds it, for :func:`arguments`."""
 
     def decorate(func):
-        names = list(inspect.signature(func).parameters)
-        func.__doc__ = summary + "\n\nArgs:\n" + "\n".join(f"    {n}: {PARAMETER_DOCS[n]}" for n in names)
-        return func
+        signature = inspect.signature(func)
+        func.__doc__ = (
+            summary + "\n\nArgs:\n" + "\n".join(f"    {n}: {PARAMETER_DOCS[n]}" for n in signature.parameters)
+        )
+
+        @functools.wraps(func)  # KFP reads the signature, annotations and docstring through __wrapped__
+        def build(*args, **kwargs):
+            token = BUILDING.set(dict(signature.bind(*args, **kwargs).arguments))
+            try:
+                return func(*args, **kwargs)
+            finally:
+                BUILDING.reset(token)
+
+        return build
 
     return decorate
+
+
+def arguments() -> dict:
+    """Every parameter of the pipeline being built, by name: what the check task receives."""
+    return dict(BUILDING.get())
 
 
 class Training(NamedTuple):
@@ -124,11 +147,13 @@ class Training(NamedTuple):
 
 
 class Cluster(NamedTuple):
-    """Where a training step runs: ``gpus`` accelerators (and processes) of ``accelerator_type`` per node."""
+    """Where a training step runs: ``gpus`` accelerators (and processes) of ``accelerator_type`` per node;
+    ``sizing``, the run's task that turns them into each training pod's CPU, memory and accelerator count."""
 
     accelerator_type: str
     gpus: int
     nodes: int
+    sizing: dsl.PipelineTask
 
 
 class Judging(NamedTuple):
@@ -152,10 +177,23 @@ class Serving(NamedTuple):
     export_overrides: list
 
 
-def start(base_model: str, dataset: str, seed: int, demo_overrides: list, tiny_model_overrides: list, **datasets):
+def start(
+    base_model: str,
+    dataset: str,
+    seed: int,
+    demo_overrides: list,
+    tiny_model_overrides: list,
+    *,
+    parameters: dict,
+    **datasets,
+):
     """The tasks every DAG begins with: check every stage config of this run (on the cluster), then
-    bootstrap, keyed for the cache by the content of the given locations."""
-    checked = configure(check_config(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER), "check config")
+    bootstrap, keyed for the cache by the content of the given locations. ``parameters`` are all the
+    pipeline's (:func:`arguments`): the check gets them, and the DAG itself (:func:`carry_spec`), to
+    check the run even where the KFP API cannot be read."""
+    checked = configure(
+        check_config(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, compiled_spec="", **parameters), "check config"
+    )
     content = configure(
         fingerprint(base_model=base_model, dataset=dataset, **datasets).after(checked), "fingerprint sources"
     )
@@ -206,12 +244,13 @@ def prepare_and_train(
             checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
             gpus=cluster.gpus,
             nodes=cluster.nodes,
+            accelerator=cluster.accelerator_type,
             **training._asdict(),
             **settings,
         ),
         title,
         accelerator=cluster.accelerator_type,
-        gpus=cluster.gpus,
+        sizing=cluster.sizing,
     )
 
 
@@ -225,12 +264,13 @@ def train_policy(algorithm: str, model, prompts, training: Training, cluster: Cl
             checkpoint_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
             gpus=cluster.gpus,
             nodes=cluster.nodes,
+            accelerator=cluster.accelerator_type,
             **training._asdict(),
             **settings,
         ),
         algorithm.upper(),
         accelerator=cluster.accelerator_type,
-        gpus=cluster.gpus,
+        sizing=cluster.sizing,
     )
 
 
@@ -323,9 +363,9 @@ def posttrain_sft(
     demo_overrides: list = [],
     tiny_model_overrides: list = [],
 ) -> Outputs:
-    boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides)
+    boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides, parameters=arguments())
     training = Training(batch_size, max_length, seed)
-    cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step)
+    cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step, sizing_task(gpus_per_step, nodes_per_step, boot))
     serving = Serving(model_name, deploy_variant, model_repository, triton_url, export_overrides)
     tuned = prepare_and_train(
         "sft",
@@ -379,9 +419,17 @@ def posttrain_dpo(
     demo_overrides: list = [],
     tiny_model_overrides: list = [],
 ):
-    boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides, preference_dataset=preference_dataset)
+    boot = start(
+        base_model,
+        dataset,
+        seed,
+        demo_overrides,
+        tiny_model_overrides,
+        parameters=arguments(),
+        preference_dataset=preference_dataset,
+    )
     training = Training(batch_size, max_length, seed)
-    cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step)
+    cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step, sizing_task(gpus_per_step, nodes_per_step, boot))
     judging = Judging(gate_rules, humaneval_limit, seed, evaluate_overrides, eval_tasks, eval_safety)
     serving = Serving(model_name, deploy_variant, model_repository, triton_url, export_overrides)
     sft = prepare_and_train(
@@ -457,11 +505,12 @@ def posttrain_rlhf(
         seed,
         demo_overrides,
         tiny_model_overrides,
+        parameters=arguments(),
         preference_dataset=preference_dataset,
         prompt_dataset=prompt_dataset,
     )
     training = Training(batch_size, max_length, seed)
-    cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step)
+    cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step, sizing_task(gpus_per_step, nodes_per_step, boot))
     judging = Judging(gate_rules, humaneval_limit, seed, evaluate_overrides, eval_tasks, eval_safety)
     serving = Serving(model_name, deploy_variant, model_repository, triton_url, export_overrides)
     sft = prepare_and_train(
@@ -567,11 +616,12 @@ def posttrain_all(
         seed,
         demo_overrides,
         tiny_model_overrides,
+        parameters=arguments(),
         preference_dataset=preference_dataset,
         prompt_dataset=prompt_dataset,
     )
     training = Training(batch_size, max_length, seed)
-    cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step)
+    cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step, sizing_task(gpus_per_step, nodes_per_step, boot))
     judging = Judging(gate_rules, humaneval_limit, seed, evaluate_overrides, eval_tasks, eval_safety)
     serving = Serving(model_name, deploy_variant, model_repository, triton_url, export_overrides)
     sft = prepare_and_train(
@@ -637,5 +687,19 @@ def posttrain_all(
     )
 
 
+def carry_spec(pipeline):
+    """Compile ``pipeline``'s own DAG into its ``check config`` task (``compiled_spec``: the tasks and
+    parameter definitions, packed by :func:`components.validation.pack_spec`): with the parameters the
+    task gets, what it checks the run from when the KFP API cannot be read."""
+    from google.protobuf import json_format
+
+    from components.validation import pack_spec
+
+    spec = pipeline.pipeline_spec
+    check = spec.root.dag.tasks["check-config"].inputs.parameters["compiled_spec"]
+    check.runtime_value.constant.string_value = pack_spec(json_format.MessageToDict(spec))
+    return pipeline
+
+
 #: name -> pipeline; the CLI and the compile test iterate over this.
-PIPELINES = {p.name: p for p in (posttrain_sft, posttrain_dpo, posttrain_rlhf, posttrain_all)}
+PIPELINES = {p.name: carry_spec(p) for p in (posttrain_sft, posttrain_dpo, posttrain_rlhf, posttrain_all)}

@@ -1,9 +1,30 @@
 """Infrastructure settings, defined once for every pipeline and every task.
 
-The image, the resources of each kind of stage, and the environment a task gets from the
+The images, the resources of each kind of stage, and the environment a task gets from the
 cluster live here and only here; sub-pipelines never take them as parameters. Edit this file
 for your cluster and run ``posttrain pipeline compile``. Resources and Kubernetes settings
 compile into the IR and are ignored by ``kfp.local``.
+
+Images: which build (CPU or CUDA) each component runs is the ``BUILDS`` table of components/common.py,
+read when a component is decorated (KFP fixes a lightweight component's image there; components/ cannot
+import this file), re-exported here. GPU tasks (train, evaluate) run the CUDA build, the rest the CPU one.
+
+Resources follow the accelerators. A GPU pod gets ``PER_GPU`` host CPU, memory and /dev/shm for each
+accelerator it holds. ``PER_GPU``, ``GPU_TOLERATIONS`` and ``GPU_NODE_SELECTOR`` are set in
+components/common.py, because the train component also reads them at run time for the nodes of a
+multi-node TrainJob (rebuild the image when you change them); they are re-exported here.
+``gpus_per_step`` is a run parameter, and KFP 2.17 takes a run value for a task's CPU, memory and
+accelerator count only as it is (a pipeline parameter or a task output, no arithmetic; as text: the KFP
+driver reads a number as empty). So each pipeline starts one light ``training-resources`` task
+(:func:`sizing_task`) that multiplies the per-GPU values by the run's ``gpus_per_step`` and returns the
+quantities as text; every training task takes its CPU and memory requests, memory limit and accelerator
+count from that task's outputs. In the IR a training task's ``resourceCpuRequest`` reads
+``{{$.inputs.parameters['pipelinechannel--training-resources-cpu']}}`` (memory and the accelerator count
+alike). With ``nodes_per_step`` > 1 the training pod only launches the TrainJob: it holds no accelerator.
+Two settings stay fixed when compiling, because kfp-kubernetes takes no run value there: the /dev/shm
+size limit of a training pod (set for a whole node, ``GPUS_PER_NODE_MAX`` accelerators; what /dev/shm holds
+counts against the pod's memory limit, which does follow ``gpus_per_step``), and the tolerations and node
+selector of GPU pods (``GPU_TOLERATIONS``, ``GPU_NODE_SELECTOR``). ``evaluate`` holds one accelerator.
 
 Cluster objects referenced here are created by ``kubectl apply -k manifests/``:
 ``posttrain-s3`` (Secret: S3 credentials) and ``posttrain-config`` (ConfigMap: endpoint,
@@ -17,9 +38,33 @@ from dataclasses import dataclass
 from kfp import kubernetes
 from kfp.dsl import PipelineTask
 
-from components.common import IMAGE
+from components.common import (
+    ACCELERATOR,
+    BUILDS,
+    CUDA_IMAGE,
+    GPU_NODE_SELECTOR,
+    GPU_TOLERATIONS,
+    IMAGE,
+    PER_GPU,
+    image_for,
+)
+from components.resources import training_resources
 
-__all__ = ["IMAGE", "RESOURCES", "STAGE_KIND", "Resources", "configure"]
+__all__ = [
+    "ACCELERATOR",
+    "BUILDS",
+    "CUDA_IMAGE",
+    "GPU_NODE_SELECTOR",
+    "GPU_TOLERATIONS",
+    "IMAGE",
+    "PER_GPU",
+    "RESOURCES",
+    "STAGE_KIND",
+    "Resources",
+    "configure",
+    "image_for",
+    "sizing_task",
+]
 
 
 @dataclass(frozen=True)
@@ -27,13 +72,16 @@ class Resources:
     cpu: str
     memory: str
     gpus: int = 0
-    accelerator: str = "nvidia.com/gpu"
     shm: str = ""  # size of a memory-backed /dev/shm (NCCL and torch workers need more than 64M)
 
 
+#: The most accelerators one training pod holds (a node's worth): its /dev/shm size limit is set for this many.
+GPUS_PER_NODE_MAX = 8
+
 RESOURCES = {
     "light": Resources(cpu="1", memory="4Gi"),
-    "train": Resources(cpu="8", memory="64Gi", gpus=1, shm="16Gi"),
+    # one accelerator's worth of PER_GPU; a training task's CPU, memory and count follow gpus_per_step
+    "train": Resources(**PER_GPU.for_gpus(1), gpus=1),
     "export": Resources(cpu="8", memory="64Gi"),  # holds the FP32 model twice (PyTorch and ONNX) on CPU
 }
 
@@ -43,6 +91,7 @@ STAGE_KIND = {
     "fingerprint": "light",
     "bootstrap": "light",
     "prepare": "light",
+    "training-resources": "light",
     "train": "train",  # sft, reward, dpo, ppo, grpo
     "evaluate": "train",  # generates with the models
     "release": "light",
@@ -79,7 +128,7 @@ POD_LABELS = {"check-config": {"access-ml-pipeline": "true"}}
 #: Optional Secret with a Hugging Face token (key HF_TOKEN) for gated hub models and datasets.
 HF_SECRET = "posttrain-hf"
 HF_SECRET_ENV = {"HF_TOKEN": "HF_TOKEN"}
-#: Image pull secrets of a private registry holding IMAGE (empty: none).
+#: Image pull secrets of a private registry holding IMAGE and CUDA_IMAGE (empty: none).
 IMAGE_PULL_SECRETS: list[str] = []
 #: A ReadWriteMany PVC shared by every task as the download cache of models and datasets ($POSTTRAIN_CACHE,
 #: $HF_HOME), so a 70B base model is fetched once per run, not once per step (empty: none).
@@ -90,20 +139,38 @@ MODEL_CACHE_PATH = "/cache"
 ENV = {"PYTHONUNBUFFERED": "1"}
 
 
-def configure(task: PipelineTask, display_name: str | None = None, accelerator=None, gpus=None) -> PipelineTask:
+def sizing_task(gpus, nodes, after: PipelineTask) -> PipelineTask:
+    """The run's ``training-resources`` task: a training pod's CPU, memory and accelerator count for
+    ``gpus`` (``gpus_per_step``) accelerators per node and ``nodes`` (``nodes_per_step``), started
+    ``after`` a task that follows the run's config check. Create it once per pipeline and hand it to
+    :func:`configure` (``sizing=``) with every training task."""
+    task = training_resources(gpus=gpus, nodes=nodes, cpu_per_gpu=PER_GPU.cpu, memory_gi_per_gpu=PER_GPU.memory_gi)
+    return configure(task.after(after), "training resources")
+
+
+def configure(task: PipelineTask, display_name: str | None = None, accelerator=None, sizing=None) -> PipelineTask:
     """Apply the shared settings to one task: resources by stage kind, environment, secrets, retries
-    and caching. ``accelerator`` / ``gpus`` (pipeline parameters) replace the kind's accelerator type
-    and count on tasks that have one."""
+    and caching. On tasks that hold an accelerator, ``accelerator`` (a pipeline parameter) replaces its
+    type, and ``sizing`` (the :func:`sizing_task` of the run) sets CPU, memory and the accelerator count."""
     name = task.component_spec.name
     if name not in STAGE_KIND:
         raise ValueError(f"pipelines/settings.py: add component '{name}' to STAGE_KIND")
     res = RESOURCES[STAGE_KIND[name]]
-    task.set_cpu_request(res.cpu).set_memory_request(res.memory).set_memory_limit(res.memory)
+    cpu, memory, gpus, shm = res.cpu, res.memory, res.gpus, res.shm
+    if res.gpus and sizing is not None:
+        cpu, memory, gpus = (sizing.outputs[key] for key in ("cpu", "memory", "accelerators"))
+        shm = PER_GPU.for_gpus(GPUS_PER_NODE_MAX)["shm"]
+        # resources alone do not make KFP pass a task output into a dsl.If branch (nor order the tasks)
+        task.register_pipeline_channels([cpu, memory, gpus])
+    task.set_cpu_request(cpu).set_memory_request(memory).set_memory_limit(memory)
     if res.gpus:
-        task.set_accelerator_type(accelerator or res.accelerator).set_accelerator_limit(gpus or res.gpus)
-        kubernetes.add_toleration(task, key=res.accelerator, operator="Exists", effect="NoSchedule")
-    if res.shm:
-        kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=res.shm)
+        task.set_accelerator_type(accelerator or ACCELERATOR).set_accelerator_limit(gpus)
+        for toleration in GPU_TOLERATIONS:
+            kubernetes.add_toleration(task, **toleration)
+        for label, value in GPU_NODE_SELECTOR.items():
+            kubernetes.add_node_selector(task, label, value)
+    if shm:
+        kubernetes.empty_dir_mount(task, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=shm)
     for key, value in POD_LABELS.get(name, {}).items():
         kubernetes.add_pod_label(task, key, value)
     for variable, value in ENV.items():

@@ -9,10 +9,20 @@ import re
 
 import pytest
 
-from tests.crd_fields import TRAINJOB, TRAINJOB_NAME, unknown_fields
+from tests.crd_fields import TRAINJOB_NAME
 from tests.http_helpers import serving
+from tests.manifests.crd_schema import trainjob_errors
 from trainer_lib.cluster.kube import api_client
-from trainer_lib.cluster.trainjob import TrainJobError, TrainJobTimeout, job_name, launch_stage, stage_args
+from trainer_lib.cluster.trainjob import (
+    PATCH_MANAGER,
+    NodeResources,
+    TrainJobError,
+    TrainJobTimeout,
+    build_trainjob,
+    job_name,
+    launch_stage,
+    stage_args,
+)
 from trainer_lib.config import parse_overrides
 from trainer_lib.errors import UserError
 from trainer_lib.stage_api import stage_config
@@ -37,7 +47,8 @@ def status(code: int, reason: str, message: str) -> tuple[int, dict]:
 
 class TrainerApi:
     """POST/GET/DELETE .../namespaces/<ns>/trainjobs[/<name>]. ``outcome``: what a job does after
-    a few GETs: complete, fail or hang (run forever). Unknown fields get 422, as with fieldValidation=Strict."""
+    a few GETs: complete, fail or hang (run forever). A job the Trainer CRD's schema refuses gets 422, as with
+    fieldValidation=Strict (unknown fields included)."""
 
     def __init__(self, outcome="complete", gets_to_finish=3, forbid_create=False, unavailable_on=()):
         self.outcome, self.gets_to_finish, self.forbid_create = outcome, gets_to_finish, forbid_create
@@ -85,9 +96,9 @@ class TrainerApi:
     def create(self, job):
         if self.forbid_create:
             return status(403, "Forbidden", 'cannot create resource "trainjobs" in API group "trainer.kubeflow.org"')
-        unknown = unknown_fields(job, TRAINJOB)
-        if unknown:
-            return status(422, "Invalid", f"unknown fields: {unknown}")
+        errors = trainjob_errors(job)
+        if errors:
+            return status(422, "Invalid", f"TrainJob.trainer.kubeflow.org is invalid: {errors}")
         name = job["metadata"]["name"]
         if name in self.jobs:
             return status(409, "AlreadyExists", f'trainjobs.trainer.kubeflow.org "{name}" already exists')
@@ -147,6 +158,65 @@ def test_job_names_are_stable_distinct_and_valid_labels():
     for task in ("sft", "SFT (policy) / 3", "x" * 200, "---", "Ünïcode_Task"):
         made = job_name("4f1c9d7e-0000-4a57-b0a1-6e1f8b2c9a11", task)
         assert re.fullmatch(TRAINJOB_NAME, made) and len(made) <= 40, made
+
+
+#: an 8-GPU node as components.common.training_node(8) makes it with the default settings
+H100_NODE = NodeResources(
+    gpus=8,
+    cpu="64",
+    memory="512Gi",
+    shm="128Gi",
+    tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},),
+    node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+)
+#: the Trainer webhook's check of a runtimePatches manager (apimachinery's IsDomainPrefixedPath)
+DOMAIN_PREFIXED = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[-A-Za-z0-9/._~!$&'()*+,;=:@%]+"
+
+
+def build(node):
+    return build_trainjob(
+        "posttrain-sft-0", "sft", ["max_steps=2"], image="i", num_nodes=2, nproc_per_node=8, node=node
+    )
+
+
+def test_what_a_node_holds_goes_where_the_trainer_takes_it():
+    job = build(H100_NODE)
+    assert trainjob_errors(job) == []
+    assert job["spec"]["trainer"]["resourcesPerNode"] == {
+        "requests": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"},
+        "limits": {"memory": "512Gi", "nvidia.com/gpu": "8"},  # no CPU limit: no throttled data workers
+    }
+    (patch,) = job["spec"]["runtimePatches"]
+    assert patch["manager"] == PATCH_MANAGER and re.fullmatch(DOMAIN_PREFIXED, PATCH_MANAGER)
+    # the job and container the torch-distributed runtime of Trainer v2.3.0 names "node" (the webhook
+    # refuses names its runtime lacks, and env on that container: env stays in spec.trainer)
+    (replicated,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert replicated["name"] == "node"
+    pod = replicated["template"]["spec"]["template"]["spec"]
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "128Gi"}}]
+    assert pod["containers"] == [{"name": "node", "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}]
+
+    cpu_only = build(NodeResources(cpu="4", memory="16Gi"))
+    assert cpu_only["spec"]["trainer"]["resourcesPerNode"] == {
+        "requests": {"cpu": "4", "memory": "16Gi"},
+        "limits": {"memory": "16Gi"},
+    }
+    assert "runtimePatches" not in cpu_only["spec"] and "resourcesPerNode" not in build(None)["spec"]["trainer"]
+
+
+def test_the_schema_refuses_what_the_api_server_would():
+    errors = trainjob_errors(build(NodeResources(gpus=8, memory="768 GiB")))
+    assert any(e.startswith("spec.trainer.resourcesPerNode.limits.memory: '768 GiB' does not match") for e in errors)
+    job = build(H100_NODE)  # a patch may not set the trainer container's resources: resourcesPerNode does
+    (replicated,) = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    replicated["template"]["spec"]["template"]["spec"]["containers"][0]["resources"] = {"limits": {"cpu": "1"}}
+    (error,) = trainjob_errors(job)
+    assert "containers.0: Additional properties are not allowed ('resources' was unexpected)" in error
+    with serving(TrainerApi()) as server:
+        with pytest.raises(TrainJobError, match=r"creating TrainJob .*: HTTP 422"):
+            launch(server, node=NodeResources(gpus=8, cpu="64 cores"))
 
 
 def test_stage_args_read_back_as_the_same_config():
@@ -213,7 +283,7 @@ def test_bad_configs_fail_before_any_request(where, config, message):
 
 def test_creates_the_trainjob_waits_for_complete_and_deletes_it(capsys):
     with serving(TrainerApi("complete", gets_to_finish=4)) as server:
-        result = launch(server, resources_per_node={"limits": {"nvidia.com/gpu": "8"}}, active_deadline_s=7200)
+        result = launch(server, node=NodeResources(gpus=8, cpu="64", memory="512Gi"), active_deadline_s=7200)
     (post,) = sent(server, "POST")
     job = post.json()
     assert post.path == f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NS}/trainjobs"
@@ -230,7 +300,11 @@ def test_creates_the_trainjob_waits_for_complete_and_deletes_it(capsys):
     trainer = job["spec"]["trainer"]
     assert trainer["command"] == ["posttrain", "sft", "--nproc", "8"]
     assert (trainer["numNodes"], trainer["numProcPerNode"]) == (2, 8)
-    assert trainer["resourcesPerNode"] == {"limits": {"nvidia.com/gpu": "8"}}
+    assert trainer["resourcesPerNode"] == {
+        "requests": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8"},
+        "limits": {"memory": "512Gi", "nvidia.com/gpu": "8"},
+    }
+    assert "runtimePatches" not in job["spec"]  # no pod settings beyond resourcesPerNode's
     assert stage_config("sft", trainer["args"]).checkpoint_dir == "s3://checkpoints/42/sft"
     assert {"output_dir=s3://runs/42/sft", "model.path=s3://models/base", "lr=2.0e-05", "seed=7"} <= set(
         trainer["args"]
@@ -239,7 +313,7 @@ def test_creates_the_trainjob_waits_for_complete_and_deletes_it(capsys):
     assert refs["AWS_SECRET_ACCESS_KEY"]["secretKeyRef"]["name"] == "posttrain-s3"
     assert refs["AWS_ENDPOINT_URL"]["configMapKeyRef"]["name"] == "posttrain-config"
     assert refs["HF_TOKEN"]["secretKeyRef"] == {"name": "posttrain-hf", "key": "HF_TOKEN", "optional": True}
-    assert unknown_fields(job, TRAINJOB) == []
+    assert trainjob_errors(job) == []
 
     assert [r.method for r in server.requests] == ["POST", "GET", "GET", "GET", "GET", "DELETE"]
     assert server.requests[-1].path.endswith(f"/trainjobs/{result.name}")

@@ -9,7 +9,7 @@ import pytest
 from kfp import dsl
 
 from components.bootstrap import bootstrap
-from components.common import IMAGE, last_logged, log_summary, mark_source, source_of
+from components.common import image_for, last_logged, log_summary, mark_source, source_of
 from components.evaluate import evaluate
 from components.prepare import prepare
 from components.release import release
@@ -29,7 +29,7 @@ def test_components_and_pipelines_import_without_heavy_modules():
 @pytest.mark.parametrize("component", COMPONENTS, ids=lambda c: c.name)
 def test_component_runs_in_our_image_without_installs(component):
     container = component.component_spec.implementation.container
-    assert container.image == IMAGE
+    assert container.image == image_for(component.name)
     assert "pip install" not in " ".join(container.command + (container.args or []))
     assert "packages_to_install" not in component.python_func.__code__.co_names
 

@@ -7,7 +7,7 @@ import os
 
 from kfp import dsl
 
-from components.common import IMAGE, mark_source
+from components.common import CUDA_IMAGE, mark_source
 from components.train import train
 from tests.stages.training.rl_helpers import LENGTH_REWARD, one_thread, write_prompts
 
@@ -19,7 +19,7 @@ PAIRS = [
 
 def test_interface():
     spec = train.component_spec
-    assert spec.implementation.container.image == IMAGE
+    assert spec.implementation.container.image == CUDA_IMAGE  # a training step runs the CUDA build
     assert {name: s.type for name, s in spec.outputs.items()} == {
         "output_model": "system.Model@0.0.1",
         "metrics": "system.Metrics@0.0.1",

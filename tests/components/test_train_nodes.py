@@ -8,6 +8,7 @@ import os
 
 from kfp import dsl
 
+from components.common import CUDA_IMAGE, GPU_TOLERATIONS
 from components.train import train
 from tests.cluster.test_trainjob import NS, TrainerApi, sent
 from tests.http_helpers import serving
@@ -68,6 +69,18 @@ def test_nodes_launch_a_trainjob_reading_and_writing_the_object_store(
     trainer = created["spec"]["trainer"]
     assert trainer["numNodes"] == 2 and trainer["numProcPerNode"] == 4
     assert trainer["command"] == ["posttrain", "sft", "--nproc", "4"]
+    assert trainer["image"] == CUDA_IMAGE  # the train component's own build, CUDA torch
+    # 4 GPUs' worth of the per-GPU host settings (components.common.PER_GPU), on GPU nodes, with /dev/shm;
+    # the fake Trainer refused the job had the CRD's schema not allowed it (tests/manifests/crd_schema.py)
+    assert trainer["resourcesPerNode"] == {
+        "requests": {"cpu": "32", "memory": "256Gi", "nvidia.com/gpu": "4"},
+        "limits": {"memory": "256Gi", "nvidia.com/gpu": "4"},
+    }
+    (patch,) = created["spec"]["runtimePatches"]
+    (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pod = node["template"]["spec"]["template"]["spec"]
+    assert pod["tolerations"] == GPU_TOLERATIONS
+    assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}]
     args = dict(a.split("=", 1) for a in trainer["args"])
     assert (
         args["model.path"] == f"s3://{s3_bucket}/models/tiny"

@@ -7,7 +7,7 @@ import re
 import pytest
 import yaml
 
-from components.common import IMAGE
+from components.common import CUDA_IMAGE, image_for, training_node
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "manifests")
 #: every YAML file under manifests/, as a path relative to it (serving options live in subfolders)
@@ -96,7 +96,7 @@ def test_images_are_ours_or_the_pinned_triton():
     for name in FILES:
         for doc in docs(name):
             walk(doc)
-    assert found and set(found) == {IMAGE, TRITON_IMAGE}
+    assert found and set(found) == {CUDA_IMAGE, TRITON_IMAGE}  # the TrainJob runs the CUDA build
     (service,) = docs("kserve/inferenceservice.yaml")  # KServe picks the same tag by runtimeVersion
     assert TRITON_IMAGE.endswith(":" + service["spec"]["predictor"]["model"]["runtimeVersion"])
 
@@ -125,3 +125,14 @@ def test_trainjob_arguments_are_valid_sft_config():
     (job,) = docs("trainjob-sft.yaml")
     cfg = load_config(CONFIG, None, [a for a in job["spec"]["trainer"]["command"] if "=" in a])
     assert cfg.engine.zero_stage == 3 and cfg.output_dir.startswith("s3://")
+
+
+def test_trainjob_nodes_hold_what_a_pipeline_step_gives_them():
+    """The example's image, resources and pod patch are those the launcher builds for an 8-GPU node
+    (components.common.training_node), so the two do not drift apart."""
+    (job,) = docs("trainjob-sft.yaml")
+    node = training_node(8)
+    assert job["spec"]["trainer"]["image"] == image_for("train")
+    assert job["spec"]["trainer"]["resourcesPerNode"] == node.resources()
+    (patch,) = job["spec"]["runtimePatches"]
+    assert patch["trainingRuntimeSpec"] == node.runtime_patch()["trainingRuntimeSpec"]

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from tests.crd_fields import CUSTOM, unknown_fields
+from tests.manifests.crd_schema import trainjob_errors
 from trainer_lib.cluster import trainjob
 from trainer_lib.cluster.trainjob import GROUP, PLURAL
 from trainer_lib.serving.server import triton_repository_uri
@@ -78,6 +79,8 @@ def test_custom_resources_use_only_fields_their_crds_publish(rendered):
     assert {o["kind"] for o in custom} == {"TrainJob", "InferenceService"}
     for obj in custom:
         assert unknown_fields(obj, CUSTOM[obj["apiVersion"], obj["kind"]]) == [], obj["metadata"]["name"]
+        if obj["kind"] == "TrainJob":  # and against the whole schema of the Trainer's CRD
+            assert trainjob_errors(obj) == [], obj["metadata"]["name"]
 
 
 def test_only_the_kserve_kustomization_needs_crds(rendered):

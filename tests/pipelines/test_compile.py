@@ -8,7 +8,8 @@ import sys
 import pytest
 import yaml
 
-from components.common import IMAGE
+from components.common import CUDA_IMAGE, IMAGE, PER_GPU, VERSION, image_for
+from components.resources import training_resources
 from pipelines import settings
 from pipelines.commands import COMPILED_DIR, compile_all
 from pipelines.dag import PIPELINES
@@ -74,6 +75,7 @@ def test_sft_pipeline_interface(compiled):
     assert set(tasks) == {
         "check config",
         "fingerprint sources",
+        "training resources",
         "bootstrap",
         "prepare SFT data",
         "SFT",
@@ -82,7 +84,11 @@ def test_sft_pipeline_interface(compiled):
     }  # named steps
     assert tasks["SFT"]["componentRef"]["name"] == "comp-train"
     assert tasks["SFT"]["inputs"]["parameters"]["stage"]["runtimeValue"]["constant"] == "sft"
-    assert tasks["SFT"]["dependentTasks"] == ["bootstrap", "prepare"]
+    assert tasks["SFT"]["dependentTasks"] == ["bootstrap", "prepare", "training-resources"]
+
+
+#: what a training task's resources read: the outputs of the run's training-resources task
+SIZED = "{{$.inputs.parameters['pipelinechannel--training-resources-%s']}}"
 
 
 def test_every_task_uses_the_shared_settings(compiled):
@@ -92,25 +98,82 @@ def test_every_task_uses_the_shared_settings(compiled):
         k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
         for label, executor in executors.items():
             container = executor["container"]
-            assert container["image"] == IMAGE
-            assert not any("pip install" in part for part in container["command"])
             component = re.sub(r"-\d+$", "", label.removeprefix("exec-"))  # exec-prepare-2: a second prepare
             kind = settings.RESOURCES[settings.STAGE_KIND[component]]
-            assert container["resources"]["resourceCpuRequest"] == kind.cpu
-            if kind.gpus and component == "train":  # the pipeline's accelerator parameters
-                assert (
-                    container["resources"]["accelerator"]["resourceType"]
-                    == "{{$.inputs.parameters['pipelinechannel--accelerator_type']}}"
-                )
-                assert (
-                    container["resources"]["accelerator"]["resourceCount"]
-                    == "{{$.inputs.parameters['pipelinechannel--gpus_per_step']}}"
-                )
-            elif kind.gpus:
-                assert container["resources"]["accelerator"]["resourceType"] == kind.accelerator
+            assert container["image"] == image_for(component) == (CUDA_IMAGE if kind.gpus else IMAGE), label
+            assert not any("pip install" in part for part in container["command"])
+            resources = container["resources"]
+            if component == "train":  # follows the run's gpus_per_step and accelerator_type
+                assert resources["resourceCpuRequest"] == SIZED % "cpu"
+                assert resources["resourceMemoryRequest"] == resources["resourceMemoryLimit"] == SIZED % "memory"
+                assert resources["accelerator"] == {
+                    "resourceCount": SIZED % "accelerators",
+                    "resourceType": "{{$.inputs.parameters['pipelinechannel--accelerator_type']}}",
+                }
+            else:
+                assert resources["resourceCpuRequest"] == kind.cpu
+                assert resources["resourceMemoryRequest"] == resources["resourceMemoryLimit"] == kind.memory
+            if kind.gpus:
+                assert k8s[label]["tolerations"] == settings.GPU_TOLERATIONS
+                (shm,) = k8s[label]["emptyDirMounts"]
+                assert (shm["mountPath"], shm["medium"]) == ("/dev/shm", "Memory")
+            if kind.gpus and component != "train":
+                assert resources["accelerator"]["resourceType"] == settings.ACCELERATOR
+                assert resources["accelerator"]["resourceCount"] == str(kind.gpus)
             assert k8s[label]["secretAsEnv"][0]["secretName"] == settings.S3_SECRET
             assert k8s[label]["configMapAsEnv"][0]["configMapName"] == settings.CONFIG_MAP
             assert settings.HF_SECRET in [secret["secretName"] for secret in k8s[label]["secretAsEnv"]]
+
+
+def test_training_requests_scale_with_gpus_per_step(compiled):
+    """The IR chain gpus_per_step -> training-resources -> each training task's requests, resolved as the KFP
+    driver would for a few runs: CPU and memory grow with the GPUs, and every value is text (the driver
+    reads a number-typed value as empty)."""
+    runs = {}
+    for gpus, nodes in ((1, 1), (2, 1), (8, 1), (8, 4)):
+        outputs = training_resources.python_func(
+            gpus=gpus, nodes=nodes, cpu_per_gpu=PER_GPU.cpu, memory_gi_per_gpu=PER_GPU.memory_gi
+        )
+        assert all(isinstance(value, str) for value in outputs)
+        runs[gpus, nodes] = outputs._asdict()
+    assert runs[1, 1] == {"cpu": "8", "memory": "64Gi", "accelerators": "1"}
+    assert runs[2, 1] == {"cpu": "16", "memory": "128Gi", "accelerators": "2"}
+    assert runs[8, 1] == {"cpu": "64", "memory": "512Gi", "accelerators": "8"}
+    assert runs[8, 4] == {"cpu": "8", "memory": "64Gi", "accelerators": "0"}  # the TrainJob's nodes hold them
+
+    for name in PIPELINES:
+        spec, _ = load(compiled, name)
+        (sizing,) = [task for component, task in _tasks(spec) if component == "training-resources"]
+        given = sizing["inputs"]["parameters"]
+        assert given["gpus"] == {"componentInputParameter": "gpus_per_step"}
+        assert given["nodes"] == {"componentInputParameter": "nodes_per_step"}
+        assert given["cpu_per_gpu"]["runtimeValue"]["constant"] == PER_GPU.cpu
+        assert given["memory_gi_per_gpu"]["runtimeValue"]["constant"] == PER_GPU.memory_gi
+        trainings = [task for component, task in _tasks(spec) if component == "train"]
+        assert trainings, name
+        for task in trainings:
+            for key in ("cpu", "memory", "accelerators"):
+                channel = f"pipelinechannel--training-resources-{key}"
+                produced = {"taskOutputParameter": {"outputParameterKey": key, "producerTask": "training-resources"}}
+                # at the root from the task itself; inside a dsl.If branch as the branch's input
+                assert task["inputs"]["parameters"][channel] in (produced, {"componentInputParameter": channel}), name
+
+
+def test_images_are_the_two_builds_of_the_package_version():
+    import tomllib
+
+    root = os.path.dirname(COMPILED_DIR)
+    with open(os.path.join(root, "..", "pyproject.toml"), "rb") as fh:
+        assert tomllib.load(fh)["project"]["version"] == VERSION
+    with open(os.path.join(root, "..", "Makefile"), encoding="utf-8") as fh:
+        makefile = fh.read()
+    name = re.search(r"^IMAGE_NAME\s*\?=\s*(\S+)", makefile, re.M).group(1)
+    tag = re.search(r"^IMAGE_TAG\s*\?=\s*(\S+)", makefile, re.M).group(1)
+    assert (IMAGE, CUDA_IMAGE) == (f"{name}:{tag}", f"{name}:{tag}-cu128")
+    assert "-t $(IMAGE_NAME):$(IMAGE_TAG)-cu128" in makefile  # what make image-cuda tags
+    gpu_components = {c for c, kind in settings.STAGE_KIND.items() if settings.RESOURCES[kind].gpus}
+    assert gpu_components == {c for c, image in settings.BUILDS.items() if image == CUDA_IMAGE} == {"train", "evaluate"}
+    assert set(settings.BUILDS) == set(settings.STAGE_KIND)
 
 
 def test_settings_name_the_objects_the_manifests_create():

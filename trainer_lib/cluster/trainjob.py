@@ -5,9 +5,10 @@ A KFP task is one pod. A stage that needs several nodes is started from that pod
 ``numNodes`` pods running ``posttrain <stage> --nproc N key=value ...``; its ``torch-distributed``
 runtime sets the ``PET_*`` variables torchrun reads (:mod:`trainer_lib.engine.launch`).
 
-    result = launch_stage("sft", [typed, overrides], run_id=..., task="sft", image=IMAGE,
+    result = launch_stage("sft", [typed, overrides], run_id=..., task="sft", image=CUDA_IMAGE,
                           output_dir="s3://b/runs/42/sft", checkpoint_dir="s3://b/ckpt/42/sft",
-                          num_nodes=2, nproc_per_node=8, timeout_s=12 * 3600)
+                          num_nodes=2, nproc_per_node=8, timeout_s=12 * 3600,
+                          node=NodeResources(gpus=8, cpu="64", memory="512Gi", shm="128Gi"))
 
 Why it is shaped this way:
 
@@ -20,6 +21,10 @@ Why it is shaped this way:
   arguments that read back to the same values.
 * The wait has an explicit deadline; condition changes go to stdout (the KFP step log); the job is
   deleted in ``finally``, so a failed or abandoned job does not hold its nodes.
+* What each node holds (:class:`NodeResources`) goes where the Trainer's API takes it: accelerators,
+  CPU and memory in ``spec.trainer.resourcesPerNode``; the memory-backed ``/dev/shm``, tolerations and
+  node selector, which that field has no room for, in one ``spec.runtimePatches`` entry of ours on the
+  runtime's ``node`` job and container.
 """
 
 from __future__ import annotations
@@ -38,6 +43,11 @@ from trainer_lib.errors import UserError
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
 API_VERSION = f"{GROUP}/{VERSION}"
 RUNTIME = "torch-distributed"  # the ClusterTrainingRuntime that ships with Kubeflow Trainer
+#: that runtime's replicated job and trainer container, both named "node": runtimePatches name them (the
+#: Trainer's webhook refuses a patch naming a job or container its runtime does not have)
+RUNTIME_JOB = RUNTIME_CONTAINER = "node"
+#: who owns our runtimePatches entry (a domain-prefixed path; Kueue and the Kubeflow SDK own theirs)
+PATCH_MANAGER = "posttrain/launcher"
 #: the Secrets and ConfigMap of manifests/ (same names as pipelines/settings.py)
 S3_SECRET, CONFIG_MAP, HF_SECRET = "posttrain-s3", "posttrain-config", "posttrain-hf"
 # A TrainJob name is an RFC 1035 label of <= 63 characters; the JobSet, Job and pod names derived
@@ -51,6 +61,56 @@ class TrainJobError(UserError):
 
 class TrainJobTimeout(TrainJobError, TimeoutError):
     """The TrainJob did not finish within the launcher's timeout."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeResources:
+    """What each node of a TrainJob holds, and where it may run.
+
+    ``gpus`` accelerators of the extended resource ``accelerator``; ``cpu`` and ``memory`` requested for
+    the host side (memory is the limit too); ``shm`` the size of a memory-backed ``/dev/shm`` (the
+    runtime's pods otherwise get 64M, too little for NCCL); ``tolerations`` and ``node_selector`` as in a
+    pod spec. Empty values are left out.
+    """
+
+    gpus: int = 0
+    accelerator: str = "nvidia.com/gpu"
+    cpu: str = ""
+    memory: str = ""
+    shm: str = ""
+    tolerations: tuple[dict, ...] = ()
+    node_selector: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    def resources(self) -> dict:
+        """``spec.trainer.resourcesPerNode``: requests, and limits for memory and the accelerators (an
+        extended resource's request must equal its limit). No CPU limit: it would throttle the data workers."""
+        requests: dict[str, str] = {}
+        limits: dict[str, str] = {}
+        if self.cpu:
+            requests["cpu"] = self.cpu
+        if self.memory:
+            requests["memory"] = limits["memory"] = self.memory
+        if self.gpus:
+            requests[self.accelerator] = limits[self.accelerator] = str(self.gpus)
+        return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
+
+    def runtime_patch(self) -> dict | None:
+        """Our ``spec.runtimePatches`` entry: the pod settings of the runtime's ``node`` job that
+        ``resourcesPerNode`` cannot express (None when there are none)."""
+        pod: dict = {}
+        if self.tolerations:
+            pod["tolerations"] = [dict(t) for t in self.tolerations]
+        if self.node_selector:
+            pod["nodeSelector"] = dict(self.node_selector)
+        if self.shm:
+            pod["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": self.shm}}]
+            pod["containers"] = [
+                {"name": RUNTIME_CONTAINER, "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}
+            ]
+        if not pod:
+            return None
+        job = {"name": RUNTIME_JOB, "template": {"spec": {"template": {"spec": pod}}}}
+        return {"manager": PATCH_MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [job]}}}}
 
 
 @dataclasses.dataclass
@@ -154,14 +214,15 @@ def build_trainjob(
     image: str,
     num_nodes: int,
     nproc_per_node: int,
-    resources_per_node: dict | None = None,
+    node: NodeResources | None = None,
     env: list[dict] | None = None,
     runtime: str = RUNTIME,
     active_deadline_s: int | None = None,
     labels: dict | None = None,
     annotations: dict | None = None,
 ) -> dict:
-    """The ``TrainJob`` object: ``posttrain <stage> --nproc N`` with the config as ``args``."""
+    """The ``TrainJob`` object: ``posttrain <stage> --nproc N`` with the config as ``args``, each of its
+    ``num_nodes`` nodes holding what ``node`` says."""
     if num_nodes < 1 or nproc_per_node < 1:
         raise UserError(f"num_nodes and nproc_per_node: expected >= 1, got {num_nodes} and {nproc_per_node}")
     trainer = {
@@ -172,9 +233,12 @@ def build_trainjob(
         "numNodes": num_nodes,
         "numProcPerNode": nproc_per_node,
     }
-    if resources_per_node:
-        trainer["resourcesPerNode"] = resources_per_node
+    if node and node.resources():
+        trainer["resourcesPerNode"] = node.resources()
     spec = {"runtimeRef": {"name": runtime, "kind": "ClusterTrainingRuntime", "apiGroup": GROUP}, "trainer": trainer}
+    patch = node.runtime_patch() if node else None
+    if patch:
+        spec["runtimePatches"] = [patch]
     if active_deadline_s:
         spec["activeDeadlineSeconds"] = int(active_deadline_s)  # the Trainer fails the job after this
     metadata = {
@@ -372,7 +436,7 @@ def launch_stage(
     num_nodes: int,
     nproc_per_node: int,
     timeout_s: float,
-    resources_per_node: dict | None = None,
+    node: NodeResources | None = None,
     config_yaml: str = "",
     namespace: str | None = None,
     client=None,
@@ -394,7 +458,7 @@ def launch_stage(
         image=image,
         num_nodes=num_nodes,
         nproc_per_node=nproc_per_node,
-        resources_per_node=resources_per_node,
+        node=node,
         env=env,
         active_deadline_s=active_deadline_s,
         annotations={"posttrain/run-id": run_id, "posttrain/task": task},
