@@ -33,6 +33,25 @@ def stages() -> list[list[str]]:
     return out
 
 
+def named_stages() -> dict[str, list[str]]:
+    """:func:`stages` by their ``AS`` name; the last one (the image) is ``runtime``."""
+    found = stages()
+    named = {}
+    for stage in found[:-1]:
+        words = stage[0].split()
+        assert len(words) == 4 and words[2].upper() == "AS", f"every stage but the last is named: {stage[0]}"
+        named[words[3]] = stage
+    assert len(found[-1][0].split()) == 2, "the last stage (the image) has no name"
+    return {**named, "runtime": found[-1]}
+
+
+def global_args() -> dict[str, str]:
+    """The ARGs before the first FROM, with their defaults."""
+    with open(DOCKERFILE, encoding="utf-8") as fh:
+        head = fh.read().split("\nFROM ", 1)[0]
+    return dict(re.findall(r'^ARG (\w+)="?([^"\n]*)"?$', head, re.MULTILINE))
+
+
 def locked() -> dict[str, str]:
     with open(LOCK, encoding="utf-8") as fh:
         pins = [line.strip() for line in fh if line.strip() and not line.startswith("#")]
@@ -56,8 +75,9 @@ def test_every_file_the_build_copies_from_the_context_exists():
 
 
 def test_the_runtime_stage_has_no_compiler_and_runs_as_a_user():
-    build, runtime = stages()
-    assert any("g++" in line for line in build)  # DeepSpeed's op is compiled here...
+    named = named_stages()
+    runtime = named["runtime"]
+    assert any("g++" in line for line in named["toolchain-cpu"])  # DeepSpeed's ops are compiled after this...
     assert not any(
         re.search(r"apt-get install|apk add|\bg\+\+|gcc|build-essential", line)
         for line in runtime
@@ -73,6 +93,8 @@ def test_make_and_both_builds_install_with_the_lock():
         makefile = fh.read()
     installs = [line for line in makefile.splitlines() if "pip install" in line and "-e '." in line]
     assert installs and all("-c $(LOCK)" in line for line in installs)
+    ds_build = re.search(r"^DS_BUILD\s*:=((?:.*\\\n)*.*)", makefile, re.MULTILINE).group(1)
+    assert "pip install" in ds_build and "-c $(LOCK)" in ds_build  # deepspeed, with its ops: the lock too
     assert "LOCK := requirements.lock" in makefile
     pip_lines = [line for stage in stages() for line in stage if "pip install" in line]
     assert pip_lines and all(
@@ -146,3 +168,136 @@ def test_the_lock_resolves_and_leaves_nothing_unpinned(tmp_path):
     unpinned = sorted(set(chosen) - set(pins))
     assert not unpinned, f"resolved but not in requirements.lock (run 'make lock'): {unpinned}"
     assert all(version.split("+")[0] == pins[name] for name, version in chosen.items())
+
+
+# --------------------------------------------------------------------------------- DeepSpeed's ops
+
+#: DeepSpeed's optimizer classes and the op (DS_BUILD_<OP>) each one loads when constructed.
+OP_OF_OPTIMIZER = {
+    "DeepSpeedCPUAdam": "CPU_ADAM",
+    "DeepSpeedCPUAdagrad": "CPU_ADAGRAD",
+    "DeepSpeedCPULion": "CPU_LION",
+    "FusedAdam": "FUSED_ADAM",
+    "FusedLamb": "FUSED_LAMB",
+    "FusedLion": "FUSED_LION",
+}
+
+
+def build_vars(accelerator: str) -> set[str]:
+    """The <OP> of every DS_BUILD_<OP> the installed deepspeed knows for ``accelerator`` (its builders'
+    BUILD_VAR; the CUDA accelerator takes the host-side optimizers' builders from the CPU ones)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(importlib.util.find_spec("deepspeed").origin).parent / "ops" / "op_builder"
+    host_side = [root / "cpu" / f"{name}.py" for name in ("cpu_adam", "cpu_adagrad", "cpu_lion")]
+    files = list((root / "cpu").glob("*.py")) if accelerator == "cpu" else [*root.glob("*.py"), *host_side]
+    pattern = r"BUILD_VAR = [\"']DS_BUILD_(\w+)[\"']"
+    return {name for path in files for name in re.findall(pattern, path.read_text(encoding="utf-8"))}
+
+
+def ds_ops() -> dict[str, list[str]]:
+    """Each build's DS_OPS (the ENV of its toolchain stage)."""
+    named = named_stages()
+    found = {}
+    for accelerator in ("cpu", "cuda"):
+        values = [re.search(r'DS_OPS="([^"]*)"', line) for line in named[f"toolchain-{accelerator}"]]
+        found[accelerator] = [match.group(1).split() for match in values if match][-1]
+    return found
+
+
+def test_both_builds_prebuild_every_op_posttrain_can_load():
+    ops = ds_ops()
+    for accelerator, names in ops.items():
+        unknown = set(names) - build_vars(accelerator)
+        assert not unknown, f"the installed deepspeed has no DS_BUILD_{unknown} for {accelerator}"
+    # the engine's optimizers: DeepSpeedCPUAdam (engine.offload_optimizer) runs on the host in both builds
+    used = set()
+    for folder, _, files in os.walk(os.path.join(ROOT, "trainer_lib")):
+        for name in (f for f in files if f.endswith(".py")):
+            with open(os.path.join(folder, name), encoding="utf-8") as fh:
+                used |= {cls for cls in OP_OF_OPTIMIZER if re.search(rf"\b{cls}\b", fh.read())}
+    assert "DeepSpeedCPUAdam" in used
+    for cls in used:
+        op = OP_OF_OPTIMIZER[cls]
+        assert op in ops["cuda"] and (op in ops["cpu"] or not op.startswith("CPU_")), f"{cls} needs {op}"
+    assert "SHM_COMM" in ops["cpu"]  # DeepSpeed loads it in every CPU run (deepspeed.comm.torch)
+    assert "FUSED_ADAM" in ops["cuda"]
+    # make setup builds the CPU image's set into .venv: the tests run what the image ships
+    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as fh:
+        assert re.search(r"^DS_OPS\s*:=(.*)$", fh.read(), re.MULTILINE).group(1).split() == ops["cpu"]
+
+
+def test_the_build_compiles_the_ops_and_fails_unless_each_one_loads():
+    named = named_stages()
+    build, runtime = named["build"], named["runtime"]
+    assert global_args()["DS_ACCELERATOR"] == "cpu"
+    assert build[0] == "FROM toolchain-${DS_ACCELERATOR} AS build"
+    (install,) = [line for line in build if "DS_BUILD_${op}=1" in line]
+    assert "for op in ${DS_OPS}" in install and "--no-build-isolation" in install  # setup.py sees our torch
+    assert "DS_ACCELERATOR=${DS_ACCELERATOR}" in install and "PATH=/opt/portable-cc:$PATH" in install
+    assert "CC=/opt/portable-cc/gcc CXX=/opt/portable-cc/g++" in install  # torch's and distutils' compilers
+    (gate,) = [line for line in build if "check_ds_ops.py ${DS_OPS}" in line]
+    assert build.index(gate) > build.index(install) and "ds_report" in gate
+    assert "DS_ACCELERATOR=${DS_ACCELERATOR}" in gate
+    assert "COPY images/check_ds_ops.py /opt/posttrain/bin/check_ds_ops.py" in build  # ships in the venv
+    # the runtime stage, which has no compiler, loads every prebuilt op again
+    (smoke,) = [line for line in runtime if line.startswith("RUN python3 -c")]
+    assert "check_ds_ops.py --installed" in smoke and "DS_ACCELERATOR=${DS_ACCELERATOR}" in smoke
+    assert all(f"! command -v {cc}" in smoke for cc in ("gcc", "g++", "cc", "c++", "nvcc"))
+    assert "ARG DS_ACCELERATOR" in runtime
+
+
+def test_the_cuda_build_compiles_with_nvcc_into_the_runtime_python():
+    named, args = named_stages(), global_args()
+    cuda = named["toolchain-cuda"]
+    # the venv's Python and the ops' libstdc++ are BASE_IMAGE's, the one the runtime stage runs
+    assert named["toolchain-cpu"][0] == "FROM ${BASE_IMAGE} AS toolchain-cpu"
+    assert named["runtime"][0] == "FROM ${BASE_IMAGE}"
+    assert cuda[0] == "FROM toolchain-cpu AS toolchain-cuda"
+    # nvcc, headers and libcudart from a CUDA devel image of torch's CUDA version (cu128 <-> 12.8)
+    assert named["cuda-devel"][0] == "FROM ${CUDA_DEVEL_IMAGE} AS cuda-devel"
+    version = re.fullmatch(r"nvidia/cuda:(\d+)\.(\d+)\.\d+-devel-ubuntu[\d.]+", args["CUDA_DEVEL_IMAGE"]).groups()
+    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as fh:
+        assert f"whl/cu{''.join(version)} " in fh.read()
+    copied = [line.split()[2] for line in cuda if line.startswith("COPY --from=cuda-devel")]
+    assert "/usr/local/cuda/bin" in copied and any("libcudart.so" in path for path in copied)
+    assert any("nvcc --version" in line for line in cuda) and any("CUDA_HOME=/usr/local/cuda" in line for line in cuda)
+    # every GPU arch >= 8.0: an op built for any 7.x loses bf16 (DeepSpeed's builder)
+    archs = args["CUDA_ARCHS"].split(";")
+    assert "9.0" in archs and all(float(arch.removesuffix("+PTX")) >= 8.0 for arch in archs)
+    assert any("TORCH_CUDA_ARCH_LIST=${CUDA_ARCHS}" in line for line in cuda)
+    # the runtime stage takes the venv, nothing of the toolchains
+    assert [line for line in named["runtime"] if line.startswith("COPY")] == [
+        "COPY --from=build /opt/posttrain /opt/posttrain"
+    ]
+
+
+def test_the_cpu_ops_are_compiled_for_a_fixed_cpu_not_the_build_machine(tmp_path):
+    """images/portable-cc swaps DeepSpeed's -march=native and SIMD width for DS_CPU_MARCH/DS_CPU_SIMD."""
+    wrapper_src = os.path.join(ROOT, "images", "portable-cc")
+    assert os.access(wrapper_src, os.X_OK)
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "g++").write_text('#!/bin/sh\nfor arg in "$@"; do echo "$arg"; done\n', encoding="utf-8")
+    (real / "g++").chmod(0o755)
+    wrapper = tmp_path / "g++"
+    wrapper.write_bytes(open(wrapper_src, "rb").read())
+    wrapper.chmod(0o755)
+    args = ["-O3", "-march=native", "-fopenmp", "-D__AVX512__", "-DBF16_AVAILABLE", "my file.cpp"]
+    env = {"PATH": os.environ["PATH"], "PORTABLE_CC_REAL_DIR": str(real)}
+
+    def run(**extra) -> list[str]:
+        out = subprocess.run([str(wrapper), *args], env={**env, **extra}, capture_output=True, text=True, check=True)
+        return out.stdout.splitlines()
+
+    swapped = ["-O3", "-march=x86-64-v3", "-fopenmp", "-D__AVX256__", "-DBF16_AVAILABLE", "my file.cpp"]
+    assert run(DS_CPU_MARCH="x86-64-v3", DS_CPU_SIMD="__AVX256__") == swapped
+    assert run() == args  # unset: the compiler gets what DeepSpeed asked for
+    build = named_stages()["build"]
+    assert "ARG DS_CPU_MARCH=x86-64-v3" in build and "ARG DS_CPU_SIMD=__AVX256__" in build
+    toolchain = named_stages()["toolchain-cpu"]
+    assert "COPY images/portable-cc /opt/portable-cc/gcc" in toolchain
+    assert any(
+        'for name in g++ cc c++; do cp /opt/portable-cc/gcc "/opt/portable-cc/$name"' in line for line in toolchain
+    )
