@@ -1,4 +1,5 @@
-"""Loading models and tokenizers: model.revision picks the hub commit (read offline from a hub cache)."""
+"""Loading models and tokenizers: model.revision picks the hub commit (read offline from a hub cache), also
+for a model built partitioned under ZeRO-3."""
 
 import json
 import os
@@ -12,7 +13,7 @@ import json, sys
 from trainer_lib.config import ModelConfig
 from trainer_lib.errors import UserError
 from trainer_lib.models.load import load_causal_lm, load_tokenizer
-for revision in sys.argv[1:]:
+for revision in sys.argv[1:-1]:  # (the last: the v2 snapshot directory)
     cfg = ModelConfig(path="org/tiny", revision=revision)
     try:
         model, tokenizer = load_causal_lm(cfg), load_tokenizer(cfg)
@@ -20,6 +21,20 @@ for revision in sys.argv[1:]:
                           "vocab": len(tokenizer)}))
     except UserError as exc:
         print(json.dumps({"revision": revision, "error": str(exc)}))
+
+# ZeRO-3: built partitioned, each weight read from the v2 snapshot in the hub cache
+from safetensors.torch import load_file
+from trainer_lib.config import EngineConfig
+from trainer_lib.engine.strategy import DeepSpeedStrategy
+strategy = DeepSpeedStrategy(EngineConfig(zero_stage=3), micro_batch_size=1)
+strategy.setup_distributed()
+model = load_causal_lm(ModelConfig(path="org/tiny", revision="v2"), placement=strategy.placement())
+snapshot = load_file(sys.argv[-1] + "/model.safetensors")
+same = []
+for name, param in model.named_parameters():
+    with strategy.gathered([param]):
+        same.append(name in snapshot and bool((param == snapshot[name]).all()) and param.ds_tensor.numel() > 0)
+print(json.dumps({"zero3_layers": model.config.num_hidden_layers, "partitioned_and_same": all(same)}))
 """
 
 
@@ -44,9 +59,10 @@ def hub_cache(tmp_path_factory):
 
 
 def test_model_revision_picks_the_commit(hub_cache):
+    snapshot = os.path.join(hub_cache, "models--org--tiny", "snapshots", "b2" * 20)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": hub_cache}
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, "", "v2", "b2" * 20, "nope"],
+        [sys.executable, "-c", SCRIPT, "", "v2", "b2" * 20, "nope", snapshot],
         env=env,
         capture_output=True,
         text=True,
@@ -57,6 +73,7 @@ def test_model_revision_picks_the_commit(hub_cache):
     assert [r.get("layers") for r in results[:3]] == [1, 2, 2]  # main, the v2 tag, its commit sha
     assert results[0]["vocab"] == results[1]["vocab"]
     assert results[3]["error"].startswith("model.path: could not load a causal LM from org/tiny at revision 'nope'")
+    assert results[4] == {"zero3_layers": 2, "partitioned_and_same": True}
 
 
 def test_a_revision_does_not_follow_the_model_to_another_path():

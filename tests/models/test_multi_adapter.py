@@ -35,7 +35,9 @@ def _shared(tiny_model_dir, reward_adapter, with_value=True):
     from trainer_lib.models import multi_adapter
 
     cfg = _config(tiny_model_dir, "lora.r=4", "multi_adapter=true", f"reward.model_path={reward_adapter}")
-    return multi_adapter.build(cfg, DeepSpeedStrategy(EngineConfig(), 1), with_value=with_value)
+    strategy = DeepSpeedStrategy(EngineConfig(), 1)
+    strategy.setup_distributed()  # (where the stages build it: the strategy knows its device)
+    return multi_adapter.build(cfg, strategy, with_value=with_value)
 
 
 def test_roles_match_their_separate_models(tiny_model_dir, reward_adapter):

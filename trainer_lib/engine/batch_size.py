@@ -195,9 +195,11 @@ class Probe:
 
 
 def load_probe_model(cfg, device):
-    from trainer_lib.models.load import apply_lora, load_causal_lm
+    """The stage's model, whole on ``device`` (loaded straight onto an accelerator, not through host memory)."""
+    from trainer_lib.models.load import Placement, apply_lora, load_causal_lm
 
-    model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
+    placement = Placement(device=None if device.type == "cpu" else str(device))
+    model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision, placement=placement), cfg.lora)
     if cfg.engine.gradient_checkpointing and hasattr(model, "gradient_checkpointing_enable"):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.to(device).train()

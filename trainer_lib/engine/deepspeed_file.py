@@ -125,11 +125,11 @@ def model_states_estimate(
     and Adam. Stages 0 and 1 use the ZeRO-2 estimator: stage 0 as if on one rank (nothing is
     partitioned), stage 1 as stage 2 (it partitions the optimizer states but keeps full gradients)."""
     gpus, nodes = max(local_world_size, 1), max(world_size // max(local_world_size, 1), 1)
-    total = sum(p.numel() for p in model.parameters())
+    total = sum(_numel(p) for p in model.parameters())
     if stage == 3:
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
-        largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+        largest = max((sum(_numel(p) for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
         cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
             total,
             largest,
@@ -155,6 +155,11 @@ def model_states_estimate(
         f"{size(gpu)} per accelerator and {size(cpu)} CPU per node for their states"
     )
     return int(cpu), int(gpu), line
+
+
+def _numel(param) -> int:
+    """A parameter's whole size, also when ZeRO-3 built it partitioned (``ds_numel``; ``numel()`` is this rank's)."""
+    return getattr(param, "ds_numel", param.numel())
 
 
 def size(n: float) -> str:

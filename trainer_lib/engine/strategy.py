@@ -197,6 +197,17 @@ class DeepSpeedStrategy:
 
         return deepspeed_file.effective(self._own_config(train), self.user_config, self.cfg.deepspeed_config, train)
 
+    def placement(self, train: bool = True):
+        """Where a model for one of this strategy's engines loads (a :class:`trainer_lib.models.load.Placement`):
+        under ZeRO-3 built partitioned with the config its engine gets (``train``: :meth:`prepare`'s, else
+        :meth:`prepare_frozen`'s), else straight onto this rank's accelerator (host memory on CPU). Call it
+        after :meth:`setup_distributed`, before loading."""
+        from trainer_lib.models.load import Placement
+
+        if self.partitions_parameters:
+            return Placement(zero3_config=self.ds_config(train))
+        return Placement(device=None if self.device.type == "cpu" else str(self.device))
+
     def _own_config(self, train: bool) -> dict:
         pin = getattr(self, "device", None) is not None and self.device.type != "cpu"
         zero: dict[str, Any] = {"stage": self.zero_stage}
@@ -230,7 +241,8 @@ class DeepSpeedStrategy:
             if not param.requires_grad:
                 continue
             group, group_lr = param_group(name) if param_group else ("", lr)
-            decays = not (param.ndim < 2 or "norm" in name.lower())
+            ndim = len(getattr(param, "ds_shape", param.shape))  # (a ZeRO-3 partition is flat: its whole shape)
+            decays = not (ndim < 2 or "norm" in name.lower())
             buckets.setdefault((group, group_lr, decays), []).append(param)
         groups = [
             {
@@ -372,11 +384,11 @@ class DeepSpeedStrategy:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, engine, save_dir: str, tag: str, client_state: dict) -> None:
-        """Model, optimizer, scheduler (DeepSpeed) plus this rank's RNG states."""
+        """Model, optimizer, scheduler (DeepSpeed) plus this rank's RNG states (:func:`rng_state`)."""
         import torch
 
         engine.save_checkpoint(save_dir, tag=tag, client_state=client_state, save_latest=False)
-        torch.save(_rng_state(), os.path.join(save_dir, tag, f"rng_state_rank{self.rank}.pt"))
+        torch.save(rng_state(), os.path.join(save_dir, tag, f"rng_state_rank{self.rank}.pt"))
         self.barrier()
 
     def load_checkpoint(self, engine, save_dir: str, tag: str) -> dict:
@@ -403,7 +415,7 @@ class DeepSpeedStrategy:
                 f"tensors and plain data" + (f" ({found.group(1)})" if found else "")
             ) from None
         if rng is not None:
-            _set_rng_state(rng)
+            restore_rng_state(rng)
         return client_state or {}
 
     # ------------------------------------------------------------------ export
@@ -481,21 +493,28 @@ def _local_grad_norm(module) -> float:
     return float(torch.stack(norms).norm()) if norms else 0.0
 
 
-def _rng_state() -> dict:
-    """This process's RNG states as tensors and plain values (so they load with weights_only=True)."""
+def rng_state() -> dict:
+    """This process's RNG states as tensors and plain values (so they load with weights_only=True):
+    Python's, NumPy's, torch's CPU generator and, once CUDA is initialised, every CUDA device's."""
     import numpy as np
     import torch
 
     version, keys, gauss = random.getstate()
     kind, words, pos, has_gauss, cached = np.random.get_state()
-    return {
+    state = {
         "python": [version, torch.tensor(keys, dtype=torch.int64), gauss],
         "torch": torch.get_rng_state(),
         "numpy": [kind, torch.from_numpy(words.astype(np.int64)), pos, has_gauss, cached],
     }
+    if torch.cuda.is_initialized():  # (asking a CPU-only run would initialise CUDA for nothing)
+        state["cuda"] = torch.cuda.get_rng_state_all()  # a list of uint8 tensors, one per visible device
+    return state
 
 
-def _set_rng_state(state: dict) -> None:
+def restore_rng_state(state: dict) -> None:
+    """Put back what :func:`rng_state` saved. A checkpoint without CUDA states (written on CPU, or
+    before they were saved) leaves the CUDA generators as seeded; CUDA states are skipped without CUDA,
+    and restored device by device for the devices both runs see."""
     import numpy as np
     import torch
 
@@ -504,6 +523,9 @@ def _set_rng_state(state: dict) -> None:
     kind, words, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((kind, words.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        for device, device_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(device_state, device)
 
 
 def checkpoint_globals() -> list:

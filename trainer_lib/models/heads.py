@@ -22,16 +22,21 @@ STATS_FILE = "reward_stats.json"
 HEAD_MODULES = ["score"]
 
 
-def load_reward_model(cfg: ModelConfig, pad_token_id: int, precision: str = "fp32", path: str | None = None):
-    """A causal-LM checkpoint (new, randomly initialised head) or an existing reward model."""
+def load_reward_model(
+    cfg: ModelConfig, pad_token_id: int, precision: str = "fp32", path: str | None = None, placement=None
+):
+    """A causal-LM checkpoint (new, randomly initialised head) or an existing reward model, its weights
+    where ``placement`` says (:class:`trainer_lib.models.load.Placement`: partitioned under ZeRO-3)."""
     from transformers import AutoModelForSequenceClassification
 
-    from trainer_lib.models.load import hub_revision, resolve_model_path, torch_dtype
+    from trainer_lib.models.load import hub_revision, load_pretrained, resolve_model_path, torch_dtype
 
     source = path or cfg.path
     try:
-        model = AutoModelForSequenceClassification.from_pretrained(
+        model = load_pretrained(
+            AutoModelForSequenceClassification,
             resolve_model_path(source),
+            placement,
             revision=hub_revision(cfg, source),
             num_labels=1,
             dtype=torch_dtype(precision),

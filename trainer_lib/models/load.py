@@ -2,11 +2,27 @@
 
 Hub downloads authenticate with ``$HF_TOKEN`` (gated and private repos), which transformers reads
 from the environment itself: nothing here takes a token, so none can end up in a config or a log.
+
+Where the weights go is a :class:`Placement` (``DeepSpeedStrategy.placement()`` builds it for the engine
+the model is for), so that N ranks never hold N whole copies in host memory:
+
+* ZeRO-3: the model is built partitioned (``deepspeed.zero.Init`` with the engine's config, in the
+  contexts transformers' ZeRO-3 loading uses, weights left uninitialised), then each rank reads only the
+  rows of every weight that hold its own slice, through safetensors' lazy slices of the checkpoint (a
+  local directory, or a hub id's snapshot in the hub cache), into its partition: no rank holds a whole
+  copy and nothing travels between ranks. Weights the checkpoint lacks (a new reward head) are
+  initialised as ``from_pretrained`` initialises them. Other checkpoints (``.bin`` files, names only
+  transformers' conversions map) load through transformers' own ZeRO-3 path (an ``HfDeepSpeedConfig``
+  alive while ``from_pretrained`` runs), also partitioned, where rank 0 maps the checkpoint's files;
+* ZeRO 0-2 on an accelerator: straight onto the rank's device, not through host memory;
+* no placement, or ZeRO 0-2 on CPU: host memory, as ``from_pretrained`` does by itself.
 """
 
 from __future__ import annotations
 
+import json
 import os
+from dataclasses import dataclass
 
 from trainer_lib import storage
 from trainer_lib.config import LoraConfig, ModelConfig
@@ -66,7 +82,19 @@ def torch_dtype(precision: str):
     return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
-def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None = None):
+@dataclass(frozen=True)
+class Placement:
+    """Where a loaded model's weights go (see the module docstring).
+
+    ``zero3_config``: the DeepSpeed config of the ZeRO-3 engine the model is for (the same dict that
+    engine gets), to build the model partitioned; ``device``: else an accelerator to load straight onto."""
+
+    device: str | None = None
+    zero3_config: dict | None = None
+
+
+def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None = None, placement=None):
+    """``model.path`` (or ``path``) as a causal LM in ``precision``, placed by ``placement`` (a :class:`Placement`)."""
     from transformers import AutoModelForCausalLM
 
     source = path or cfg.path
@@ -79,8 +107,10 @@ def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None =
 
         attention = register()
     try:
-        return AutoModelForCausalLM.from_pretrained(
+        return load_pretrained(
+            AutoModelForCausalLM,
             resolve_model_path(source),
+            placement,
             revision=revision,
             dtype=torch_dtype(precision),
             attn_implementation=attention,
@@ -88,6 +118,194 @@ def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None =
         )
     except (OSError, ValueError) as exc:  # not a model directory, unknown hub id, missing weights or config
         raise _failed("model.path", "a causal LM", source, revision, exc) from None
+
+
+def load_pretrained(auto_class, source: str, placement=None, **kwargs):
+    """``auto_class.from_pretrained(source, **kwargs)`` with the weights where ``placement`` says."""
+    if placement is not None and placement.zero3_config is not None:
+        return _load_partitioned(auto_class, source, placement.zero3_config, kwargs)
+    if placement is not None and placement.device is not None:
+        kwargs["device_map"] = {"": placement.device}  # every weight straight onto this rank's device
+    return auto_class.from_pretrained(source, **kwargs)
+
+
+# --------------------------------------------------------------------------- ZeRO-3: built partitioned
+
+
+def _load_partitioned(auto_class, source: str, ds_config: dict, kwargs: dict):
+    """The model built partitioned, then filled from a local safetensors checkpoint a slice at a time
+    (:func:`_stream_checkpoint`); anything else through transformers' own ZeRO-3 loading."""
+    import torch
+
+    files = _safetensors_files(_local_checkpoint(source, kwargs.get("revision")))
+    if files is not None:
+        model = _build_partitioned(auto_class, source, ds_config, kwargs)
+        planned = _checkpoint_plan(model, files)
+        if planned is not None:
+            _stream_checkpoint(model, planned[0])
+            _init_missing(model, planned[1])
+            return model.eval()  # as from_pretrained leaves it
+        del model  # names or shapes that only transformers' conversions map
+    # transformers builds under zero.Init while an HfDeepSpeedConfig is alive (it keeps a weak reference): only
+    # for this call, so models loaded elsewhere (a reward classifier) stay whole. It initialises missing weights
+    # on rank 0 alone: every rank's generators are put back, so they stay in step.
+    from transformers.integrations.deepspeed import HfDeepSpeedConfig, unset_hf_deepspeed_config
+
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() else []):
+        keep_alive = HfDeepSpeedConfig(ds_config)
+        try:
+            return auto_class.from_pretrained(source, **kwargs)
+        finally:
+            unset_hf_deepspeed_config()
+            del keep_alive
+
+
+def _build_partitioned(auto_class, source: str, ds_config: dict, kwargs: dict):
+    """The model of ``source``'s config built under ``deepspeed.zero.Init``, so each rank allocates only its
+    slice of every weight (a module at a time), in the contexts transformers' ZeRO-3 ``from_pretrained``
+    builds in, but without initialising any weight: the checkpoint fills them. Its generation config too."""
+    import deepspeed
+    from transformers import AutoConfig, GenerationConfig
+    from transformers.initialization import no_init_weights
+    from transformers.integrations.deepspeed import prevent_arange_dtype_change
+
+    kwargs = dict(kwargs)  # (the caller may still need them whole)
+    loading = {key: kwargs.pop(key) for key in ("revision", "trust_remote_code") if key in kwargs}
+    dtype, attention = kwargs.pop("dtype", None), kwargs.pop("attn_implementation", None)
+    config = AutoConfig.from_pretrained(source, **loading, **kwargs)  # what is left are config keys (num_labels)
+    with no_init_weights(), prevent_arange_dtype_change(), deepspeed.zero.Init(config_dict_or_path=ds_config):
+        model = auto_class.from_config(
+            config,
+            dtype=dtype,
+            attn_implementation=attention,
+            trust_remote_code=loading.get("trust_remote_code", False),
+        )
+    model.tie_weights()  # (skipped with the initialisation)
+    if model.can_generate():
+        try:
+            model.generation_config = GenerationConfig.from_pretrained(source, revision=loading.get("revision"))
+        except OSError:  # none saved: the one built from the config stays, as from_pretrained keeps it
+            pass
+    return model
+
+
+def _local_checkpoint(source: str, revision: str | None) -> str:
+    """A local directory with ``source``'s weights: ``source`` itself, or a hub id's snapshot in the hub
+    cache (its config and safetensors files, fetched now as from_pretrained would fetch them)."""
+    if os.path.isdir(source):
+        return source
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(source, revision=revision, allow_patterns=["*.json", "*.safetensors"])
+
+
+def _safetensors_files(source: str) -> list[str] | None:
+    """The safetensors files of a local checkpoint directory (sharded or not), else None."""
+    index = os.path.join(source, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as fh:
+            return sorted({os.path.join(source, name) for name in json.load(fh)["weight_map"].values()})
+    single = os.path.join(source, "model.safetensors")
+    return [single] if os.path.isfile(single) else None
+
+
+def _checkpoint_plan(model, files: list[str]) -> tuple[list, set] | None:
+    """``([(file, [(checkpoint key, model name), ...]), ...], ids of the model tensors covered)`` for every
+    checkpoint tensor the model has (a key may lack the base model's prefix); None when a backbone weight
+    is missing or has another shape."""
+    from safetensors import safe_open
+
+    names = {**dict(model.named_buffers()), **dict(model.named_parameters(remove_duplicate=False))}
+    prefix = model.base_model_prefix
+    plan, covered = [], set()
+    for path in files:
+        entries = []
+        with safe_open(path, framework="pt") as checkpoint:
+            for key in checkpoint.keys():
+                name = key if key in names else f"{prefix}.{key}" if f"{prefix}.{key}" in names else None
+                if name is None:
+                    continue  # e.g. a causal LM's lm_head read as a reward model
+                shape = tuple(getattr(names[name], "ds_shape", names[name].shape))
+                if tuple(checkpoint.get_slice(key).get_shape()) != shape:
+                    return None
+                entries.append((key, name))
+                covered.add(id(names[name]))
+        plan.append((path, entries))
+    backbone = model.base_model.parameters()
+    return (plan, covered) if all(id(param) in covered for param in backbone) else None
+
+
+def _stream_checkpoint(model, plan: list) -> None:
+    """Copy every planned checkpoint tensor into the partitioned ``model``.
+
+    Each rank reads only the rows of each weight that hold its own flat slice (safetensors' lazy slices of
+    the mapped file, :func:`_flat_slice`) and copies that slice into the partition it keeps: no rank holds
+    a whole weight and nothing is sent between ranks; the file is mapped for one tensor at a time, so the
+    pages a rank touched do not add up in its memory. A weight whose partition is not a plain tensor in
+    memory (offloaded to NVMe, quantized) is gathered alone instead, rank 0 copies it in and DeepSpeed
+    hands out the slices; buffers are not partitioned, every rank reads them whole."""
+    import deepspeed
+    import torch
+    import torch.distributed as dist
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+    from safetensors import safe_open
+
+    params, buffers = dict(model.named_parameters(remove_duplicate=False)), dict(model.named_buffers())
+    with torch.no_grad():
+        for path, entries in plan:
+            for key, name in entries:
+                # opened per tensor: the mapped pages it touched leave this process's memory when it closes
+                with safe_open(path, framework="pt") as checkpoint:
+                    if name in buffers:
+                        buffers[name].copy_(checkpoint.get_tensor(key))
+                        continue
+                    param, local = params[name], getattr(params[name], "ds_tensor", None)
+                    if param.ds_status == ZeroParamStatus.NOT_AVAILABLE and _plain_partition(local):
+                        first = dist.get_rank(param.ds_process_group) * local.numel()  # DeepSpeed's layout
+                        count = max(min(local.numel(), param.ds_numel - first), 0)  # (the last one padded)
+                        if count:
+                            local.narrow(0, 0, count).copy_(_flat_slice(checkpoint.get_slice(key), first, count))
+                        continue
+                    with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+                        if dist.get_rank() == 0:
+                            param.data.copy_(checkpoint.get_tensor(key))
+
+
+def _flat_slice(tensor_slice, first: int, count: int):
+    """Elements ``[first, first + count)`` of a checkpoint tensor seen flat, reading only the rows (along
+    its first dimension) that hold them."""
+    import math
+
+    shape = tensor_slice.get_shape()
+    row = math.prod(shape[1:]) if len(shape) > 1 else 1
+    top, bottom = first // row, -(-(first + count) // row)
+    rows = tensor_slice[top:bottom].reshape(-1)
+    return rows.narrow(0, first - top * row, count)
+
+
+def _plain_partition(local) -> bool:
+    """A ZeRO-3 partition held as a plain tensor in memory: neither in NVMe nor quantized."""
+    from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
+
+    nvme = getattr(local, "final_location", None) == OffloadDeviceEnum.nvme
+    return local is not None and not nvme and not hasattr(local, "ds_quant_scale")
+
+
+def _init_missing(model, covered: set) -> None:
+    """Initialise the weights the checkpoint lacks (a new reward head) as from_pretrained does, with the
+    model's ``_init_weights`` for each module that owns one. Every rank draws the same numbers (their
+    generators stay in step, as after a plain load) and rank 0's are kept."""
+    import deepspeed
+    import torch
+
+    for module in model.modules():
+        own = list(module.parameters(recurse=False))
+        if not any(id(param) not in covered for param in own):
+            continue
+        for param in own:  # transformers' init functions leave these alone
+            param._is_hf_initialized = id(param) in covered
+        with torch.no_grad(), deepspeed.zero.GatheredParameters(own, modifier_rank=0):
+            model._init_weights(module)
 
 
 def apply_lora(model, lora: LoraConfig, task_type: str = "CAUSAL_LM", modules_to_save: list[str] | None = None):

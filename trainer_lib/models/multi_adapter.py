@@ -190,7 +190,7 @@ def build(cfg, strategy, with_value: bool) -> SharedBase:
         raise ConfigError(
             "multi_adapter: not supported with ZeRO stage 3 (engine.deepspeed_config sets it); use ZeRO 0-2"
         )
-    model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
+    model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision, placement=strategy.placement()), cfg.lora)
     hidden = model.get_base_model().config.hidden_size
     like = model.get_base_model().get_input_embeddings().weight
     frozen = []

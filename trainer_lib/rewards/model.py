@@ -48,9 +48,17 @@ class RewardModelScorer:
 
 
 def load_reward_scorer(
-    path: str, model_cfg, prepare, precision: str = "fp32", batch_size: int = 16, max_length: int = 2048, model=None
+    path: str,
+    model_cfg,
+    prepare,
+    precision: str = "fp32",
+    placement=None,
+    batch_size: int = 16,
+    max_length: int = 2048,
+    model=None,
 ) -> RewardModelScorer:
-    """Load the reward model at ``path`` (local, a URL or a hub id); ``prepare`` places it
+    """Load the reward model at ``path`` (local, a URL or a hub id), its weights where ``placement`` says
+    (``strategy.placement(train=False)``: partitioned under ZeRO-3); ``prepare`` wraps it
     (``strategy.prepare_frozen``). Without stored statistics rewards are used as they are.
     ``model``: the reward model already in memory (a reward adapter on a shared base), so only
     the tokenizer and statistics are read from ``path``."""
@@ -63,6 +71,6 @@ def load_reward_scorer(
     cfg = dataclasses.replace(model_cfg, path=path, tokenizer_path=None, revision="", chat_template="")
     tokenizer = load_tokenizer(cfg)
     if model is None:
-        model = prepare(load_reward_model(cfg, tokenizer.pad_token_id, precision, path=path))
+        model = prepare(load_reward_model(cfg, tokenizer.pad_token_id, precision, path=path, placement=placement))
     stats = load_stats(resolve_model_path(path, "reward.model_path")) or {"reward_mean": 0.0, "reward_std": 1.0}
     return RewardModelScorer(model, tokenizer, stats["reward_mean"], stats["reward_std"], batch_size, max_length)

@@ -103,8 +103,8 @@ class SeparateModels(_ActorAndReference):
 
         # actor, then critic, then their engines: LoRA weights and a new value head draw from the
         # seeded RNG, so this order fixes the initial weights
-        actor = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
-        critic = load_critic(cfg, tokenizer.pad_token_id, len(tokenizer)) if with_critic else None
+        actor = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision, placement=strategy.placement()), cfg.lora)
+        critic = load_critic(cfg, tokenizer.pad_token_id, len(tokenizer), strategy.placement()) if with_critic else None
         disable_dropout(actor)
         actor_engine = strategy.prepare(actor, total_steps=actor_updates, **cfg.optimizer_args())
         critic_engine = None
@@ -192,15 +192,16 @@ def build_models(
 # --------------------------------------------------------------------------- the separate critic
 
 
-def load_critic(cfg, pad_token_id: int, vocab: int):
+def load_critic(cfg, pad_token_id: int, vocab: int, placement=None):
     """PPO's critic, a sequence-classification model (scalar head ``score``) read at every token: from
     ``critic.path``, else the reward model, else the policy with a new head; it must share the
-    policy's tokenizer."""
+    policy's tokenizer. ``placement``: where its weights load (``strategy.placement()``)."""
     from trainer_lib.errors import UserError
     from trainer_lib.models.heads import apply_reward_lora, load_reward_model
 
     path = cfg.critic.path or cfg.reward.model_path or cfg.model.path
-    critic = load_reward_model(cfg.model, pad_token_id, cfg.engine.precision, path=path)  # model.revision: policy only
+    # model.revision pins the policy only
+    critic = load_reward_model(cfg.model, pad_token_id, cfg.engine.precision, path=path, placement=placement)
     if critic.config.vocab_size < vocab:
         raise UserError(
             f"critic.path: {path} has a vocabulary of {critic.config.vocab_size} tokens, the policy's "

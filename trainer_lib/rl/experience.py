@@ -93,6 +93,7 @@ def build_rewards(cfg, strategy, tokenizer, reward_model=None):
                     cfg.model,
                     strategy.prepare_frozen,
                     cfg.engine.precision,
+                    placement=strategy.placement(train=False),
                     batch_size=cfg.eval_batch_size,
                     max_length=cfg.data.max_length + cfg.rollout.max_new_tokens,
                     model=reward_model,
@@ -217,7 +218,9 @@ def load_reference(cfg, strategy):
         return None
     from trainer_lib.models.load import load_causal_lm
 
-    return strategy.prepare_frozen(load_causal_lm(cfg.model, cfg.engine.precision))
+    return strategy.prepare_frozen(
+        load_causal_lm(cfg.model, cfg.engine.precision, placement=strategy.placement(train=False))
+    )
 
 
 def reference_logprobs(reference, policy, rollout, temperature: float):

@@ -318,11 +318,12 @@ def generate_answers(path: str, sets: EvalSets, cfg: EvaluateConfig, device: str
     """Load one model, answer every eval set, and free the model before its answers are scored."""
     import torch
 
-    from trainer_lib.models.load import load_causal_lm, load_tokenizer
+    from trainer_lib.models.load import Placement, load_causal_lm, load_tokenizer
 
     model_cfg = ModelConfig(path=path, trust_remote_code=cfg.trust_remote_code)
     tokenizer = load_tokenizer(model_cfg)
-    model = load_causal_lm(model_cfg, cfg.precision).to(device).eval()
+    placement = None if str(device) == "cpu" else Placement(device=str(device))  # straight onto the accelerator
+    model = load_causal_lm(model_cfg, cfg.precision, placement=placement).to(device).eval()
     answers = Answers(
         humaneval=humaneval_samples(model, tokenizer, sets.problems, cfg),
         tasks=generate_texts(model, tokenizer, [t["prompt"] for t in sets.tasks], cfg, cfg.tasks.max_new_tokens),

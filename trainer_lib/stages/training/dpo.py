@@ -272,9 +272,8 @@ def build_reference(cfg: DPOConfig, strategy, engine, sets: dict) -> tuple[Calla
 
     def frozen_model():
         path = cfg.reference_model_path or cfg.model.path
-        return FrozenModelReference(
-            strategy.prepare_frozen(load_causal_lm(cfg.model, cfg.engine.precision, path)), strategy.device
-        )
+        model = load_causal_lm(cfg.model, cfg.engine.precision, path, placement=strategy.placement(train=False))
+        return FrozenModelReference(strategy.prepare_frozen(model), strategy.device)
 
     def live():  # what a precomputed table is computed with, once
         return (
@@ -318,7 +317,7 @@ def run(cfg: DPOConfig) -> dict:
     objective = select_objective(cfg)
 
     # ---- policy engine
-    model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
+    model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision, placement=strategy.placement()), cfg.lora)
     engine = strategy.prepare(model, total_steps=order.steps, **cfg.optimizer_args())
     evaluation = (lambda: evaluate_all(engine, strategy, sets, reference, objective, cfg)) if len(sets) > 1 else None
     cadence = Cadence(cfg, strategy, "dpo", order.steps, engine, evaluate=evaluation, window_keys=METRICS[train.kind])

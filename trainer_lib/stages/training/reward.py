@@ -157,7 +157,7 @@ def run(cfg: RewardConfig) -> dict:
     order = TrainOrder(cfg, train, strategy.world_size, strategy.rank)
 
     # ---- model: backbone + scalar head (LoRA keeps the head fully trainable)
-    model = load_reward_model(cfg.model, tokenizer.pad_token_id, cfg.engine.precision)
+    model = load_reward_model(cfg.model, tokenizer.pad_token_id, cfg.engine.precision, placement=strategy.placement())
     model = apply_reward_lora(model, cfg.lora)
     engine = strategy.prepare(model, total_steps=order.steps, **cfg.optimizer_args())
     evaluation = (lambda: evaluate(engine, strategy, evals)) if len(evals.examples) else None

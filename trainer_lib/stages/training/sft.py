@@ -88,7 +88,7 @@ def run(cfg: SFTConfig) -> dict:
     order = TrainOrder(cfg, train, strategy.world_size, strategy.rank)
 
     # ---- model and engine
-    model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision), cfg.lora)
+    model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision, placement=strategy.placement()), cfg.lora)
     engine = strategy.prepare(model, total_steps=order.steps, **cfg.optimizer_args())
     evaluation = (lambda: evaluate_loss(engine, strategy, evals)) if len(evals.examples) else None
     cadence = Cadence(cfg, strategy, "sft", order.steps, engine, evaluate=evaluation)
