@@ -1,0 +1,18 @@
+"""DeepSpeed loads without mlflow (its autotuner imports it at import time), and mlflow still loads after."""
+
+import subprocess
+import sys
+
+CODE = """
+import sys
+from trainer_lib.engine.strategy import import_deepspeed
+deepspeed = import_deepspeed()
+print("deepspeed" in sys.modules, "mlflow" in sys.modules)
+import mlflow
+print(mlflow.__name__)
+"""
+
+
+def test_deepspeed_imports_without_mlflow_and_mlflow_still_imports():
+    out = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "False", "mlflow"]
