@@ -222,16 +222,10 @@ def model_inputs(batch: dict, device) -> dict:
     them (``models/attention.py``); the longest sequence is read from the collated (host) tensor."""
     if "segment_ids" not in batch:
         return {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
-    bounds = batch["cu_seq_lens"]
-    bounds_on_device, longest = bounds.to(device), int((bounds[1:] - bounds[:-1]).max())
-    return {
-        "input_ids": batch["input_ids"].to(device),
-        "position_ids": batch["position_ids"].to(device),
-        "cu_seq_lens_q": bounds_on_device,
-        "cu_seq_lens_k": bounds_on_device,
-        "max_length_q": longest,
-        "max_length_k": longest,
-    }
+    from trainer_lib.models.attention import boundary_kwargs
+
+    inputs = {"input_ids": batch["input_ids"].to(device), "position_ids": batch["position_ids"].to(device)}
+    return {**inputs, **boundary_kwargs(batch["cu_seq_lens"], device)}
 
 
 # --------------------------------------------------------------------------- log-probs

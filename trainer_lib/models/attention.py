@@ -18,10 +18,9 @@ tensor on a GPU is a device-to-host sync, so the boundaries (the row's cumulativ
   ``cu_seq_lens_k`` and ``max_length_q``/``max_length_k``, as its
   ``DataCollatorWithFlattening(return_flash_attn_kwargs=True)`` makes them), which every decoder
   hands from its forward to every attention call. With them ``flash_attention_2`` takes its varlen
-  path with no sync in the layers. DPO's packed batches carry them (``data/preference_batches.py``).
-* ``position_ids`` otherwise: SFT's packed rows, whose batch is the forward's kwargs as it is and so
-  gains no keys (remote modelling code with a fixed ``forward`` signature would reject them), and any
-  other caller.
+  path with no sync in the layers. SFT's and DPO's packed batches carry them (:func:`boundary_kwargs`),
+  except for remote modelling code, whose fixed ``forward`` signature would reject them.
+* ``position_ids`` otherwise.
 
 The first layer reads the tensor and caches the list under that very tensor object (a weak
 reference, checked against the tensor's version counter); the later layers, and the recomputation
@@ -35,6 +34,16 @@ from __future__ import annotations
 import functools
 
 NAME = "posttrain_sdpa"
+
+
+def boundary_kwargs(bounds, device) -> dict:
+    """transformers' flash-attention kwargs of a packed row from its cumulative sequence lengths ``bounds``
+    (a host tensor ``[0, n_1, ..., N]``): the boundaries on ``device`` and the longest sequence, read on
+    the host, so no attention layer has to find them."""
+    import torch
+
+    on_device, longest = bounds.to(device=device, dtype=torch.int32), int((bounds[1:] - bounds[:-1]).max())
+    return {"cu_seq_lens_q": on_device, "cu_seq_lens_k": on_device, "max_length_q": longest, "max_length_k": longest}
 
 
 def sequence_bounds(position_ids) -> list[int]:

@@ -245,3 +245,25 @@ def test_sft_on_fsspec_urls(tiny_model_dir, chat_jsonl, tmp_path, capsys):
     _sft(*common[:3], "max_steps=6", *common[3:])
     assert f"resumed from {ckpts}/step-00000004" in capsys.readouterr().out
     storage.delete(base)
+
+
+@pytest.mark.parametrize("remote_code", [False, True])
+def test_a_packed_batch_carries_its_sequence_boundaries(remote_code):
+    """Packed rows hand the attention layers their boundaries (flash-attention's varlen kwargs, read once
+    on the host), except to remote modelling code, whose forward would refuse unknown keyword arguments."""
+    from trainer_lib.config import load_config
+    from trainer_lib.stages.training.sft import SFTConfig, make_collate
+
+    cfg = load_config(
+        SFTConfig,
+        None,
+        {"model": {"path": "m", "trust_remote_code": remote_code}, "data": {"path": "d"}, "output_dir": "o"},
+    )
+    examples = [{"input_ids": [5, 6, 7], "labels": [5, 6, 7]}, {"input_ids": [8, 9], "labels": [8, 9]}]
+    batch = make_collate(cfg, 0, torch.device("cpu"))(examples)
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 0, 1]]
+    if remote_code:
+        assert "cu_seq_lens_q" not in batch
+    else:
+        assert batch["cu_seq_lens_q"].tolist() == batch["cu_seq_lens_k"].tolist() == [0, 3, 5]
+        assert batch["max_length_q"] == batch["max_length_k"] == 3

@@ -9,6 +9,7 @@ schedules; at the end write a Hugging Face model at the root of ``output_dir``.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 from trainer_lib.config import TrainingConfig
@@ -27,12 +28,21 @@ CONFIG = SFTConfig
 
 
 def make_collate(cfg: TrainingConfig, pad_token_id: int, device):
-    """Tokenized examples -> one micro-batch on ``device``: a packed row (``data.packing``) or padded rows."""
+    """Tokenized examples -> one micro-batch on ``device``: a packed row (``data.packing``, with its sequence
+    boundaries as flash-attention kwargs unless the model's code is remote) or padded rows."""
+    import torch
+
     from trainer_lib.data.tokenize import collate_packed, collate_padded
+    from trainer_lib.models.attention import boundary_kwargs
 
     def collate(examples: list[dict]) -> dict:
-        batch = collate_packed(examples) if cfg.data.packing else collate_padded(examples, pad_token_id)
-        return {k: v.to(device) for k, v in batch.items()}
+        if not cfg.data.packing:
+            return {k: v.to(device) for k, v in collate_padded(examples, pad_token_id).items()}
+        batch = {k: v.to(device) for k, v in collate_packed(examples).items()}
+        if cfg.model.trust_remote_code:  # a fixed forward signature would refuse the kwargs
+            return batch
+        bounds = torch.tensor([0, *itertools.accumulate(len(ex["input_ids"]) for ex in examples)])
+        return {**batch, **boundary_kwargs(bounds, device)}
 
     return collate
 
