@@ -41,3 +41,22 @@ def trained_model_dir(tiny_model_dir, tmp_path_factory) -> str:
 
 def prompt_ids(tokenizer, texts=tuple(q for q, _ in ROWS)) -> list[list[int]]:
     return [tokenizer(text)["input_ids"] for text in texts]
+
+
+@pytest.fixture(scope="session")
+def near_tie_model_dir(trained_model_dir, tmp_path_factory) -> str:
+    """The trained model with its (tied) vocabulary matrix squeezed towards its mean row: every
+    token's logit is a large common part plus a margin about 1e-3 of the trained one, finer than
+    fp16's resolution at that magnitude, so FP16 picks other tokens while FP32 still agrees."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(trained_model_dir)
+    with torch.no_grad():
+        weight = model.get_output_embeddings().weight
+        mean = weight.mean(0)
+        weight.copy_(20 * mean + 1e-3 * (weight - mean))
+    out = str(tmp_path_factory.mktemp("models") / "near_tie")
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(trained_model_dir).save_pretrained(out)
+    return out

@@ -1,7 +1,9 @@
 """The FP32 ONNX decoder: its interface, and logits equal to PyTorch's (within 1e-3) at prefill,
-at a cached decode step, with an empty past and with a left-padded batch."""
+at a cached decode step, with an empty past and with a left-padded batch; and the same export of a
+half-precision model (the FP16 variant on CUDA machines)."""
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -125,3 +127,36 @@ def test_weights_live_in_external_data(exported):
 
     assert sorted(os.listdir(exported.fp32)) == ["model.onnx", "model.onnx.data"]
     assert os.path.getsize(f"{exported.fp32}/model.onnx.data") > 10 * os.path.getsize(f"{exported.fp32}/model.onnx")
+
+
+def test_half_precision_export_frees_the_model(trained_model_dir, exported, tmp_path):
+    """What the stage runs on a CUDA machine for FP16 (there on the GPU, here on CPU): the model in
+    half precision exported as it is; and afterwards nothing of the export holds its weights."""
+    import gc
+    import weakref
+
+    from transformers import AutoModelForCausalLM
+
+    from trainer_lib.export import parity
+    from trainer_lib.export.onnx_decoder import export_decoder
+    from trainer_lib.export.ort_generate import OrtDecoder
+
+    model = AutoModelForCausalLM.from_pretrained(trained_model_dir, dtype=torch.float16).eval()
+    weight = weakref.ref(model.model.layers[0].mlp.up_proj.weight)
+    assert export_decoder(model, str(tmp_path / "model.onnx")) == exported.layout
+    del model
+    gc.collect()
+    assert weight() is None
+
+    decoder = OrtDecoder(str(tmp_path))
+    assert decoder.cache_dtype == np.float16
+    assert {o.name: o.type for o in decoder.session.get_outputs()}["logits"] == "tensor(float)"
+    prompts = prompt_ids(exported.tokenizer)
+    figures = parity.logit_parity(parity.reference_logits(parity.TorchDecoder(exported.model), prompts), decoder)
+    assert 1e-4 < figures["prefill"]["max_abs_diff"] < 2e-2 and figures["top1_agreement"] == 1.0
+    # Hugging Face's half-precision Llama computes RMSNorm's statistic and the rotary angles in fp32
+    graph = onnx.load(str(tmp_path / "model.onnx"), load_external_data=False).graph
+    types = {v.name: v.type.tensor_type.elem_type for v in graph.value_info}
+    for node in graph.node:
+        if node.op_type in ("ReduceMean", "Cos", "Sin"):
+            assert types[node.input[0]] == onnx.TensorProto.FLOAT, node.name

@@ -15,12 +15,12 @@ def fp32(exported):
 
 def test_same_model_agrees_a_different_one_does_not(exported, fp32, tiny_model_dir):
     prompts = prompt_ids(exported.tokenizer)
-    same = parity.logit_parity(parity.TorchDecoder(exported.model), fp32, prompts)
+    same = parity.logit_parity(parity.reference_logits(parity.TorchDecoder(exported.model), prompts), fp32)
     assert same["prefill"]["max_abs_diff"] < 1e-3 and same["decode"]["max_abs_diff"] < 1e-3
     assert same["top1_agreement"] == 1.0
     assert same["top1_positions"] == sum(map(len, prompts)) + len(prompts)  # every real position + a decode step
     untrained = parity.TorchDecoder(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval())
-    other = parity.logit_parity(untrained, fp32, prompts)
+    other = parity.logit_parity(parity.reference_logits(untrained, prompts), fp32)
     assert other["prefill"]["max_abs_diff"] > 1.0 and other["top1_agreement"] < 0.5
 
 
@@ -38,3 +38,16 @@ def test_decode_latency(fp32, exported):
     result = parity.decode_latency(fp32, prompt_ids(exported.tokenizer)[0], steps=5)
     assert result["decode_ms_per_token"] > 0
     assert result["tokens_per_s"] == pytest.approx(1000 / result["decode_ms_per_token"], rel=1e-3)
+
+
+def test_reference_computed_once_equals_pytorch_run_beside(exported):
+    """The stage frees the model after ``reference_logits``; PyTorch against its own stored figures
+    must then agree exactly (same prompts, same decode token, same positions)."""
+    prompts = prompt_ids(exported.tokenizer)
+    torch_decoder = parity.TorchDecoder(exported.model)
+    reference = parity.reference_logits(torch_decoder, prompts)
+    assert reference.prefill.shape == (sum(map(len, prompts)), exported.model.config.vocab_size)
+    assert reference.decode.shape == (len(prompts), 1, exported.model.config.vocab_size)
+    same = parity.logit_parity(reference, torch_decoder)
+    assert same["prefill"]["max_abs_diff"] == same["decode"]["max_abs_diff"] == 0.0
+    assert same["top1_agreement"] == 1.0

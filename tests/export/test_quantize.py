@@ -1,4 +1,5 @@
-"""INT8 and INT4 copies: smaller, every large weight quantized, still close to the FP32 model."""
+"""INT8 and INT4 copies: smaller, every large weight quantized, still close to the FP32 model, and
+built a slice at a time with the same result as onnxruntime's quantizers on the whole graph."""
 
 import os
 
@@ -8,9 +9,9 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from tests.export.helpers import prompt_ids
-from trainer_lib.export import parity
-from trainer_lib.export.ort_generate import OrtDecoder
-from trainer_lib.export.quantize import fold_transposed_weights, quantize_int8
+from trainer_lib.export import parity, quantize
+from trainer_lib.export.ort_generate import OrtDecoder, pad_left
+from trainer_lib.export.quantize import fold_transposed_weights, quantize_in_slices, quantize_int8
 
 
 def float_weights(path: str, min_elements: int = 1024) -> list[str]:
@@ -43,10 +44,9 @@ def test_int8_without_embeddings_keeps_the_embedding_fp32(exported, tmp_path):
 
 
 def test_quantized_models_follow_pytorch(exported):
-    reference = parity.TorchDecoder(exported.model)
-    prompts = prompt_ids(exported.tokenizer)
-    int8 = parity.logit_parity(reference, OrtDecoder(exported.int8), prompts)
-    int4 = parity.logit_parity(reference, OrtDecoder(exported.int4), prompts)
+    reference = parity.reference_logits(parity.TorchDecoder(exported.model), prompt_ids(exported.tokenizer))
+    int8 = parity.logit_parity(reference, OrtDecoder(exported.int8))
+    int4 = parity.logit_parity(reference, OrtDecoder(exported.int4))
     assert int8["top1_agreement"] >= 0.9 and int4["top1_agreement"] >= 0.8
     assert 0 < int8["prefill"]["mean_abs_diff"] < 0.2
 
@@ -78,3 +78,78 @@ def test_fold_transposed_weights_keeps_results(tmp_path):
     onnx.save(model, path)
     (y,) = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_allclose(y, x @ weight.T, rtol=1e-6)
+
+
+def whole_model_int8(fp32_dir: str, out_dir: str) -> None:
+    """What the stage did before slicing: onnxruntime's quantize_dynamic on the whole folded model."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model = onnx.load(f"{fp32_dir}/model.onnx")
+    fold_transposed_weights(model)
+    os.makedirs(out_dir)
+    quantize_dynamic(
+        model,
+        f"{out_dir}/model.onnx",
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        reduce_range=True,
+        op_types_to_quantize=["MatMul", "Gather"],
+        use_external_data_format=True,
+    )
+
+
+def same_model(a: str, b: str) -> None:
+    """Equal weights (names, types, values) and op types, and equal logits on a padded batch."""
+    ma, mb = onnx.load(f"{a}/model.onnx"), onnx.load(f"{b}/model.onnx")
+    wa = {t.name: numpy_helper.to_array(t) for t in ma.graph.initializer}
+    wb = {t.name: numpy_helper.to_array(t) for t in mb.graph.initializer}
+    assert wa.keys() == wb.keys()
+    for name in wa:
+        assert wa[name].dtype == wb[name].dtype and np.array_equal(wa[name], wb[name]), name
+    assert sorted(n.op_type for n in ma.graph.node) == sorted(n.op_type for n in mb.graph.node)
+    tokens, mask, positions = pad_left([[5, 17, 42, 9], [100, 7]])
+    da, db = OrtDecoder(a), OrtDecoder(b)
+    la, _ = da.forward(tokens, mask, positions, da.empty_past(2))
+    lb, _ = db.forward(tokens, mask, positions, db.empty_past(2))
+    np.testing.assert_array_equal(la, lb)
+
+
+def test_slices_quantize_as_the_whole_graph_does(exported, tmp_path, monkeypatch):
+    monkeypatch.setattr(quantize, "SLICE_BYTES", 1)  # every activation's readers a slice of their own
+    calls = []
+
+    def counted(path: str, result: str) -> None:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        calls.append(sorted(n.op_type for n in onnx.load(path, load_external_data=False).graph.node))
+        quantize_dynamic(
+            path,
+            result,
+            weight_type=QuantType.QInt8,
+            per_channel=True,
+            reduce_range=True,
+            op_types_to_quantize=["MatMul", "Gather"],
+            use_external_data_format=True,
+        )
+
+    sliced = str(tmp_path / "sliced")
+    quantize_in_slices(f"{exported.fp32}/model.onnx", f"{sliced}/model.onnx", ("MatMul", "Gather"), counted)
+    whole_model_int8(exported.fp32, str(tmp_path / "whole"))
+    same_model(sliced, str(tmp_path / "whole"))
+    # per layer: q, k and v read one activation (one slice of 3), then o, gate + up, down; then the head
+    layers = exported.layout["num_layers"]
+    assert calls[0] == ["Gather"] and calls[1] == ["MatMul"] * 3 and calls[3] == ["MatMul"] * 2
+    assert len(calls) == 1 + 4 * layers + 1
+    assert sorted(os.listdir(sliced)) == ["model.onnx", "model.onnx.data"]  # no slice left behind
+
+
+def test_int4_slices_equal_the_whole_graph(exported, tmp_path):
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    model = onnx.load(f"{exported.fp32}/model.onnx")
+    fold_transposed_weights(model)
+    quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=32, is_symmetric=True)
+    quantizer.process()
+    os.makedirs(tmp_path / "whole")
+    onnx.save(quantizer.model.model, str(tmp_path / "whole" / "model.onnx"))
+    same_model(exported.int4, str(tmp_path / "whole"))

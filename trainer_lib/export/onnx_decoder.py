@@ -1,4 +1,4 @@
-"""FP32 ONNX export of a Hugging Face causal LM: one decoder graph with a KV cache.
+"""ONNX export of a Hugging Face causal LM: one decoder graph with a KV cache.
 
 Exporter: ``torch.onnx.export(..., dynamo=True)`` (torch.export, translated by onnxscript) on a
 thin wrapper that turns the past tensors into a ``DynamicCache``, calls the model and returns
@@ -18,6 +18,10 @@ Graph interface (b = batch, s = new tokens, p = cached tokens; p may be 0 for pr
     past_key_values.{i}.key      float32 [b, kv_heads, p, head_dim]   (and .value)
     -> logits                    float32 [b, s, vocab]
     -> present.{i}.key           float32 [b, kv_heads, p + s, head_dim] (and .value)
+
+A model in half precision (on CUDA, for the FP16 variant) is exported the same way: its cache
+tensors are float16, its logits still float32 (one Cast at the end), so every variant's callers
+read logits alike.
 
 The weights go to ``model.onnx.data`` beside ``model.onnx`` (always: every exported directory
 has the same layout, and models over protobuf's 2 GB limit need no special case).
@@ -48,8 +52,9 @@ def cache_layout(model) -> list[tuple[int, int]]:
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
+    device = next(model.parameters()).device
     with torch.inference_mode():
-        model(input_ids=torch.zeros(1, 1, dtype=torch.long), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=device), past_key_values=cache, use_cache=True)
     return [(layer.keys.shape[1], layer.keys.shape[3]) for layer in cache.layers]
 
 
@@ -77,13 +82,16 @@ def decoder_with_cache(model):
             presents = []
             for layer in cache.layers:
                 presents += [layer.keys, layer.values]
-            return (out.logits, *presents)
+            return (out.logits.float(), *presents)  # a no-op for fp32 models
 
     return DecoderWithCache(model).eval()
 
 
 def export_decoder(model, path: str, opset: int = 18) -> dict:
-    """Export ``model`` (an fp32 HF causal LM) to ``path`` (``.../model.onnx``); returns its layout."""
+    """Export ``model`` (an HF causal LM in fp32, or fp16 on CUDA) to ``path`` (``.../model.onnx``);
+    returns its layout. The sample inputs follow the model's device and dtype."""
+    import gc
+
     import onnx_ir as ir
     import torch
     from torch.export import Dim
@@ -92,14 +100,18 @@ def export_decoder(model, path: str, opset: int = 18) -> dict:
     if len(set(layout)) != 1:
         raise ValueError(f"layers with different cache shapes are not supported: {sorted(set(layout))}")
     num_layers, (kv_heads, head_dim) = len(layout), layout[0]
+    weight = next(model.parameters())
+    ids = {"dtype": torch.long, "device": weight.device}
     # Sample sizes > 1 and all different, so torch.export keeps every axis symbolic.
     batch, seq, past_len = 2, 3, 5
     sample = (
-        torch.ones(batch, seq, dtype=torch.long),
-        torch.ones(batch, past_len + seq, dtype=torch.long),
-        torch.arange(past_len, past_len + seq).expand(batch, seq).contiguous(),
+        torch.ones(batch, seq, **ids),
+        torch.ones(batch, past_len + seq, **ids),
+        torch.arange(past_len, past_len + seq, **ids).expand(batch, seq).contiguous(),
         [
-            (torch.zeros(batch, kv_heads, past_len, head_dim), torch.zeros(batch, kv_heads, past_len, head_dim))
+            tuple(
+                torch.zeros(batch, kv_heads, past_len, head_dim, dtype=weight.dtype, device=weight.device) for _ in "kv"
+            )
             for _ in range(num_layers)
         ],
     )
@@ -121,15 +133,26 @@ def export_decoder(model, path: str, opset: int = 18) -> dict:
             input_names=input_names(num_layers),
             output_names=output_names(num_layers),
             dynamic_shapes=dynamic_shapes,
-            optimize=True,
+            optimize=False,
             verbose=False,
         )
+    # The weights as the exporter first wrapped them (torch parameters); optimizing folds most into
+    # new (transposed) tensors and drops these from the graph, though not from every reference to it.
+    weights = list(program.model.graph.initializers.values())
+    program.optimize()
     # The exporter stores stack traces and FX node text per node: debug data, local paths, and
     # most of the file on a small model.
     for node in ir.traversal.RecursiveGraphIterator(program.model.graph):
         node.metadata_props.clear()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     ir.save(program.model, path, external_data=EXTERNAL_DATA, size_threshold_bytes=INLINE_BYTES)
+    # Drop the graph's hold on the weights (torch parameters, and tensors the optimizer folded), so
+    # they are freed with the model: onnxscript's rewrite rules are module globals that keep the
+    # last graph they matched alive, with the values it once had.
+    for value in [*weights, *program.model.graph.initializers.values()]:
+        value.const_value = None
+    del program
+    gc.collect()
     return {
         "num_layers": num_layers,
         "num_kv_heads": kv_heads,

@@ -11,8 +11,11 @@ a copy of this file next to its ``model.py`` (keep it standalone). Use::
     #    ending with the eos id if one was generated; at most max_new_tokens ids.
 
 ``OrtDecoder(model_path, providers=None, threads=0)``
-    ``providers`` is passed to ``onnxruntime.InferenceSession`` (default CPU); ``threads`` sets
-    intra-op threads (0: onnxruntime's default).
+    ``providers`` is passed to ``onnxruntime.InferenceSession`` (default CPU), e.g.
+    ``["CUDAExecutionProvider", "CPUExecutionProvider"]`` with onnxruntime-gpu; ``providers``
+    afterwards lists those the session really uses (onnxruntime drops one it cannot load).
+    ``threads`` sets intra-op threads (0: onnxruntime's default). Every variant takes int64 ids
+    and returns float32 logits; the cache arrays have the graph's type (float16 in the FP16 model).
 ``generate(input_ids, max_new_tokens, eos_token_id=None, temperature=0.0, seed=None, pad_token_id=0)``
     ``input_ids``: token ids per prompt, of any lengths (batched with left padding; the pad id
     never reaches attention). ``eos_token_id``: an id, a list of ids, or None (always generate
@@ -63,6 +66,7 @@ class OrtDecoder:
             options.intra_op_num_threads = threads
             options.inter_op_num_threads = 1
         self.session = ort.InferenceSession(path, options, providers=providers or ["CPUExecutionProvider"])
+        self.providers = self.session.get_providers()
         inputs = {i.name: i for i in self.session.get_inputs()}
         self.past_names = [name for name in inputs if name.startswith("past_key_values.")]
         self.output_names = [o.name for o in self.session.get_outputs()]

@@ -12,6 +12,10 @@ with the reference (:class:`TorchDecoder`, the HF model behind the same ``forwar
   prompt at a time, the whole continuation equal token for token;
 * decode latency, batch 1: the mean time of one cached single-token step after a warm-up;
 * sizes: all files of a variant, and its weights alone (every initializer).
+
+The PyTorch side of each figure (:func:`reference_logits`, :func:`torch_greedy`, its latency) is
+computed first and kept as arrays, so the export stage can free the model before it opens the
+first onnxruntime session: one copy of the weights in memory at a time.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -76,20 +81,39 @@ def _next_step(mask: np.ndarray, next_ids: np.ndarray) -> tuple[np.ndarray, np.n
     return next_ids[:, None].astype(np.int64), mask, mask.sum(axis=1, keepdims=True) - 1
 
 
-def logit_parity(reference, candidate, prompts: list[list[int]]) -> dict:
-    """Logit differences at prefill and at one cached decode step, and top-1 agreement."""
-    tokens, mask, positions = pad_left(prompts)
-    ref_logits, ref_past = reference.forward(tokens, mask, positions, reference.empty_past(len(prompts)))
-    cand_logits, cand_past = candidate.forward(tokens, mask, positions, candidate.empty_past(len(prompts)))
-    real = mask.astype(bool)  # padded positions have no meaningful logits
-    prefill = _diff(ref_logits[real], cand_logits[real])
-    agree = [ref_logits[real].argmax(-1) == cand_logits[real].argmax(-1)]
+@dataclass
+class ReferenceLogits:
+    """The reference's side of :func:`logit_parity`, computed once: prompts, prefill logits at the
+    real positions, the greedy next token of every prompt, and the logits of that cached step."""
 
-    step = _next_step(mask, ref_logits[:, -1].argmax(-1))
-    ref_logits, _ = reference.forward(*step, ref_past)
-    cand_logits, _ = candidate.forward(*step, cand_past)
-    decode = _diff(ref_logits, cand_logits)
-    agree.append(ref_logits[:, -1].argmax(-1) == cand_logits[:, -1].argmax(-1))
+    prompts: list[list[int]]
+    prefill: np.ndarray  # [real positions, vocab]
+    next_ids: np.ndarray  # [batch]
+    decode: np.ndarray  # [batch, 1, vocab]
+
+
+def reference_logits(reference, prompts: list[list[int]]) -> ReferenceLogits:
+    """Run ``reference`` (a :class:`TorchDecoder`) once, so that the model can be freed before the
+    ONNX variants are compared with it."""
+    tokens, mask, positions = pad_left(prompts)
+    logits, past = reference.forward(tokens, mask, positions, reference.empty_past(len(prompts)))
+    next_ids = logits[:, -1].argmax(-1)
+    decode, _ = reference.forward(*_next_step(mask, next_ids), past)
+    return ReferenceLogits(prompts, logits[mask.astype(bool)], next_ids, decode)
+
+
+def logit_parity(reference: ReferenceLogits, candidate) -> dict:
+    """Logit differences at prefill and at one cached decode step (fed the reference's greedy
+    token), and top-1 agreement."""
+    tokens, mask, positions = pad_left(reference.prompts)
+    logits, past = candidate.forward(tokens, mask, positions, candidate.empty_past(len(reference.prompts)))
+    real = mask.astype(bool)  # padded positions have no meaningful logits
+    prefill = _diff(reference.prefill, logits[real])
+    agree = [reference.prefill.argmax(-1) == logits[real].argmax(-1)]
+
+    logits, _ = candidate.forward(*_next_step(mask, reference.next_ids), past)
+    decode = _diff(reference.decode, logits)
+    agree.append(reference.decode[:, -1].argmax(-1) == logits[:, -1].argmax(-1))
     agree = np.concatenate(agree)
     return {
         "prefill": prefill,

@@ -1,4 +1,4 @@
-"""export stage: ONNX FP32/INT8/INT4 with a parity report, published only when the checks pass."""
+"""export stage: ONNX FP32/FP16/INT8/INT4 with a parity report, published only when the checks pass."""
 
 import json
 import os
@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from tests.export.helpers import trained_model_dir  # noqa: F401  (a fixture)
+from tests.export.helpers import near_tie_model_dir, trained_model_dir  # noqa: F401  (fixtures)
 from trainer_lib.cli import main
 
 SMALL = ["parity.num_prompts=4", "parity.max_new_tokens=8", "parity.latency_tokens=8"]
@@ -47,20 +47,27 @@ def export_dir(trained_model_dir, tmp_path_factory):  # noqa: F811
     return out
 
 
+VARIANTS = ("fp32", "fp16", "int8", "int4")
+
+
 def test_writes_every_artifact(export_dir):
-    for variant in ("fp32", "int8", "int4"):
+    for variant in VARIANTS:
         assert sorted(os.listdir(export_dir / "onnx" / variant)) == ["model.onnx", "model.onnx.data"]
+    assert sorted(os.listdir(export_dir / "onnx")) == sorted(VARIANTS)  # no slice or temp file left
     assert (export_dir / "tokenizer" / "tokenizer.json").exists()
     assert not [p for p in os.listdir(export_dir.parent) if p.startswith(".export-")]  # no temp dir left
     summary = json.loads((export_dir / "export.json").read_text())
-    assert summary["models"] == {v: f"onnx/{v}/model.onnx" for v in ("fp32", "int8", "int4")}
+    assert summary["models"] == {v: f"onnx/{v}/model.onnx" for v in VARIANTS}
+    assert summary["cache_dtype"] == {"fp32": "float32", "fp16": "float16", "int8": "float32", "int4": "float32"}
+    assert summary["fp16_source"].startswith("converted from fp32")  # no CUDA here
     assert summary["fp32_max_abs_diff"] < 1e-3 and summary["num_layers"] == 2
+    assert summary["max_abs_diff"]["fp32"] == summary["fp32_max_abs_diff"] < summary["max_abs_diff"]["fp16"]
 
 
 def test_parity_report_has_every_figure(export_dir):
     report = json.loads((export_dir / "parity.json").read_text())
     assert report["prompts"] == 4 and report["max_new_tokens"] == 8
-    for variant in ("fp32", "int8", "int4"):
+    for variant in VARIANTS:
         figures = report[variant]
         for phase in ("prefill", "decode"):
             assert set(figures[phase]) == {"max_abs_diff", "mean_abs_diff"}
@@ -73,15 +80,22 @@ def test_parity_report_has_every_figure(export_dir):
             "tokens_per_s",
         ):
             assert figures[key] >= 0, (variant, key)
-        assert figures["greedy_prompts"] == 4
+        assert figures["greedy_prompts"] == 4 and figures["providers"] == ["CPUExecutionProvider"]
     assert report["pytorch"]["decode_ms_per_token"] > 0 and report["pytorch"]["tokens_per_s"] > 0
     assert report["fp32"]["prefill"]["max_abs_diff"] < 1e-3 and report["fp32"]["decode"]["max_abs_diff"] < 1e-3
     assert report["fp32"]["greedy_exact_match"] == 1.0 and report["fp32"]["top1_agreement"] == 1.0
     assert report["int8"]["top1_agreement"] >= report["thresholds"]["int8_min_top1_agreement"] == 0.9
     assert report["int8"]["weight_ratio_vs_fp32"] >= 3.0
+    # FP16: rounding shows in the logits but picks the same tokens; every weight is halved
+    for phase in ("prefill", "decode"):
+        assert 1e-4 < report["fp16"][phase]["max_abs_diff"] < 2e-2
+    assert report["fp16"]["top1_agreement"] == report["fp16"]["greedy_exact_match"] == 1.0
+    assert report["thresholds"]["fp16_min_top1_agreement"] == 0.95
+    assert 1.95 < report["fp16"]["weight_ratio_vs_fp32"] <= 2.0
 
 
-def test_the_exported_model_generates(export_dir):
+@pytest.mark.parametrize("variant", ["int8", "fp16"])
+def test_the_exported_model_generates(export_dir, variant):
     from transformers import AutoTokenizer
 
     from trainer_lib.export.ort_generate import OrtDecoder
@@ -89,7 +103,7 @@ def test_the_exported_model_generates(export_dir):
     tokenizer = AutoTokenizer.from_pretrained(export_dir / "tokenizer")
     ids = tokenizer("What is two plus two?")["input_ids"]
     text = tokenizer.decode(
-        OrtDecoder(str(export_dir / "onnx" / "int8")).generate([ids], 8, eos_token_id=tokenizer.eos_token_id)[0],
+        OrtDecoder(str(export_dir / "onnx" / variant)).generate([ids], 8, eos_token_id=tokenizer.eos_token_id)[0],
         skip_special_tokens=True,
     )
     assert "Four" in text
@@ -118,6 +132,16 @@ def test_impossible_fp32_threshold_fails_and_keeps_the_old_export(
     assert sorted(os.listdir(tmp_path)) == ["out"]  # the work directory is gone
 
 
+def test_fp16_below_its_threshold_fails_and_publishes_nothing(near_tie_model_dir, tmp_path, capsys):  # noqa: F811
+    out = tmp_path / "out"
+    overrides = ["parity.int8_min_top1_agreement=0", *SMALL]  # FP16's own threshold at its default
+    assert main(["export", f"model_path={near_tie_model_dir}", f"output_dir={out}", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert "parity.fp16_min_top1_agreement: FP16 top-1 agreement with PyTorch is 0." in err
+    assert "(minimum 0.95); nothing was written" in err
+    assert sorted(os.listdir(tmp_path)) == []  # neither the output nor the work directory
+
+
 def test_s3_model_and_output(trained_model_dir, s3_bucket):  # noqa: F811
     from trainer_lib import storage
     from trainer_lib.export.ort_generate import OrtDecoder
@@ -134,12 +158,15 @@ def test_s3_model_and_output(trained_model_dir, s3_bucket):  # noqa: F811
                 "parity.max_new_tokens=4",
                 "parity.latency_tokens=4",
                 "parity.int8_min_top1_agreement=0",
+                "fp16=false",
             ]
         )
         == 0
     )
     summary = json.loads(storage.read_text(f"{out_uri}/export.json"))
-    assert summary["model_path"] == model_uri and "int4" not in summary["models"]
+    assert summary["model_path"] == model_uri and sorted(summary["models"]) == ["fp32", "int8"]
+    assert "fp16_source" not in summary and "fp16" not in json.loads(storage.read_text(f"{out_uri}/parity.json"))
+    assert not storage.exists(f"{out_uri}/onnx/fp16/model.onnx")
     for name in ("onnx/fp32/model.onnx.data", "onnx/int8/model.onnx", "tokenizer/tokenizer.json", "parity.json"):
         assert storage.exists(f"{out_uri}/{name}"), name
     assert OrtDecoder(storage.localize(f"{out_uri}/onnx/int8")).generate([[5, 6]], 2)
@@ -179,6 +206,7 @@ def test_bad_prompts_file_names_the_line(trained_model_dir, tmp_path, capsys):  
     [
         ("parity.fp32_max_abs_diff=-1", "parity.fp32_max_abs_diff"),
         ("parity.int8_min_top1_agreement=1.5", "parity.int8_min_top1_agreement"),
+        ("parity.fp16_min_top1_agreement=-0.1", "parity.fp16_min_top1_agreement"),
         ("parity.num_prompts=0", "parity.num_prompts"),
         ("opset=13", "opset"),
         ("quantize.int4_block_size=48", "quantize.int4_block_size"),
@@ -202,6 +230,8 @@ def test_help_lists_the_keys(capsys):
         "int4",
         "parity.fp32_max_abs_diff",
         "parity.int8_min_top1_agreement",
+        "parity.fp16_min_top1_agreement",
+        "fp16",
         "quantize.embeddings",
         "parity.prompts",
     ):
