@@ -63,6 +63,7 @@ image-cpu:
 image-cuda:
 	docker build -f images/Dockerfile --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 \
 		--build-arg DS_ACCELERATOR=cuda -t $(IMAGE_NAME):$(IMAGE_TAG)-cu128 .
+image-triton: ; docker build -f images/Dockerfile.triton -t $(IMAGE_NAME)-triton:$(IMAGE_TAG) images
 
 # Triton (posttrain serve/deploy, tests/serving): tritonserver from nvidia-pytriton, in its own venv, because
 # nvidia-pytriton pins numpy<2 and Triton's Python-backend stub runs model.py in this same env.

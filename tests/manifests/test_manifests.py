@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from components.common import CUDA_IMAGE, image_for, training_node
+from trainer_lib.serving.triton_image import IMAGE as TRITON_IMAGE
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "manifests")
 #: every YAML file under manifests/, as a path relative to it (serving options live in subfolders)
@@ -17,8 +18,6 @@ FILES = sorted(
     for f in names
     if f.endswith((".yaml", ".yml"))
 )
-#: the serving image of manifests/triton and manifests/kserve: Triton 2.51, the server the local tests run
-TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 PLACEHOLDER = re.compile(r"^(REPLACE_ME|CHANGE_ME|<[^>]+>)?$")
 
 
@@ -80,7 +79,7 @@ def test_no_credentials_anywhere_in_manifests():
         assert "BEGIN PRIVATE KEY" not in text and "BEGIN RSA" not in text, name
 
 
-def test_images_are_ours_or_the_pinned_triton():
+def test_images_are_ours_training_and_serving():
     found = []
 
     def walk(node):
@@ -96,9 +95,19 @@ def test_images_are_ours_or_the_pinned_triton():
     for name in FILES:
         for doc in docs(name):
             walk(doc)
-    assert found and set(found) == {CUDA_IMAGE, TRITON_IMAGE}  # the TrainJob runs the CUDA build
-    (service,) = docs("kserve/inferenceservice.yaml")  # KServe picks the same tag by runtimeVersion
-    assert TRITON_IMAGE.endswith(":" + service["spec"]["predictor"]["model"]["runtimeVersion"])
+    # the TrainJob runs the CUDA build; Triton (manifests/triton) and KServe's predictor the serving image
+    assert found and set(found) == {CUDA_IMAGE, TRITON_IMAGE}
+    (service,) = docs("kserve/inferenceservice.yaml")
+    model = service["spec"]["predictor"]["model"]
+    assert model["image"] == TRITON_IMAGE and "runtimeVersion" not in model  # KServe would retag the image
+
+
+def test_the_serving_pods_hold_a_gpu_for_fp16():
+    (deployment, _) = docs("triton/triton.yaml")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    (service,) = docs("kserve/inferenceservice.yaml")
+    for resources in (container["resources"], service["spec"]["predictor"]["model"]["resources"]):
+        assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] == "1"
 
 
 def test_trainjob_runs_posttrain_sft_with_the_shared_credentials():

@@ -9,7 +9,8 @@ import pytest
 
 
 def make_export_dir(model_dir: str, out_dir: str) -> str:
-    """The export stage's layout: onnx/{fp32,int8}/model.onnx(.data), tokenizer/, parity.json, export.json."""
+    """The export stage's layout: onnx/{fp32,int8,fp16}/model.onnx(.data), tokenizer/, parity.json, export.json
+    (with its ``models`` map)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainer_lib.export.onnx_decoder import export_decoder
@@ -19,12 +20,31 @@ def make_export_dir(model_dir: str, out_dir: str) -> str:
     fp32 = os.path.join(out_dir, "onnx", "fp32", "model.onnx")
     export_decoder(model, fp32)
     quantize_int8(fp32, os.path.join(out_dir, "onnx", "int8", "model.onnx"))
+    write_fp16(fp32, os.path.join(out_dir, "onnx", "fp16", "model.onnx"))
     tokenizer.save_pretrained(os.path.join(out_dir, "tokenizer"))
     with open(os.path.join(out_dir, "parity.json"), "w") as f:
         json.dump({"note": "written by tests/serving/helpers.py; no parity was measured"}, f)
     with open(os.path.join(out_dir, "export.json"), "w") as f:  # the export stage's ids, written last
-        json.dump({"eos_token_id": model.generation_config.eos_token_id, "pad_token_id": tokenizer.pad_token_id}, f)
+        json.dump(
+            {
+                "eos_token_id": model.generation_config.eos_token_id,
+                "pad_token_id": tokenizer.pad_token_id,
+                "models": {name: f"onnx/{name}/model.onnx" for name in ("fp32", "int8", "fp16")},
+            },
+            f,
+        )
     return out_dir
+
+
+def write_fp16(fp32_path: str, fp16_path: str) -> None:
+    """An FP16 copy of the FP32 decoder with the export's interface: float16 weights and KV cache, float32
+    logits (onnxruntime's float16 converter; the export stage exports a half-precision model on a GPU)."""
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    os.makedirs(os.path.dirname(fp16_path), exist_ok=True)
+    fp16 = convert_float_to_float16(onnx.load(fp32_path), keep_io_types=["logits"])
+    onnx.save(fp16, fp16_path, save_as_external_data=True, location="model.onnx.data")
 
 
 def start_server(repository: str, **kwargs):

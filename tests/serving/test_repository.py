@@ -28,10 +28,11 @@ def test_a_config_that_is_not_a_model_config_is_refused():
         repo.config_text({"name": "m", "backend": "python", "max_batch_sise": 4})
 
 
-def test_onnx_config_matches_the_graph_and_parses_as_a_model_config(export_dir):
-    onnx_path = os.path.join(export_dir, "onnx", "fp32", "model.onnx")
+@pytest.mark.parametrize("variant, float_type", [("fp32", "TYPE_FP32"), ("fp16", "TYPE_FP16")])
+def test_onnx_config_matches_the_graph_and_parses_as_a_model_config(export_dir, variant, float_type):
+    onnx_path = os.path.join(export_dir, "onnx", variant, "model.onnx")
     signature = repo.onnx_signature(onnx_path)
-    config = repo.onnx_config("posttrain_onnx", [3], signature, instance_kind="gpu", tensorrt_fp16=True)
+    config = repo.onnx_config("posttrain_onnx", [3], signature, instance_kind="gpu")
     text = repo.config_text(config)
 
     # structurally: the names, types and dims of the graph, batch axis included (max_batch_size 0)
@@ -43,23 +44,22 @@ def test_onnx_config_matches_the_graph_and_parses_as_a_model_config(export_dir):
     assert [o["name"] for o in config["output"]] == [o.name for o in session.get_outputs()]
     for entry, actual in zip(config["input"] + config["output"], session.get_inputs() + session.get_outputs()):
         assert entry["dims"] == [d if isinstance(d, int) else -1 for d in actual.shape]
-        assert entry["data_type"] == {"tensor(int64)": "TYPE_INT64", "tensor(float)": "TYPE_FP32"}[actual.type]
+        expected = {"tensor(int64)": "TYPE_INT64", "tensor(float)": "TYPE_FP32", "tensor(float16)": "TYPE_FP16"}
+        assert entry["data_type"] == expected[actual.type]
+    cache = [entry["data_type"] for entry in config["input"] + config["output"] if ".key" in entry["name"]]
+    assert set(cache) == {float_type} and config["output"][0]["data_type"] == "TYPE_FP32"  # logits
     assert repo.served_versions(text) == [3]
 
     parsed = _parse(text)
     assert parsed.platform == "onnxruntime_onnx" and parsed.name == "posttrain_onnx"
     assert list(parsed.version_policy.specific.versions) == [3]
     assert parsed.instance_group[0].kind == parsed.instance_group[0].KIND_GPU
-    (accelerator,) = parsed.optimization.execution_accelerators.gpu_execution_accelerator
-    assert accelerator.name == "tensorrt" and dict(accelerator.parameters) == {"precision_mode": "FP16"}
+    assert not parsed.HasField("optimization")  # TensorRT runs in the generate model, not here
     assert [i.name for i in parsed.input] == [i["name"] for i in config["input"]]
     assert list(parsed.output[0].dims) == config["output"][0]["dims"]
     from tritonclient.grpc.model_config_pb2 import DataType
 
     assert [DataType.Name(i.data_type) for i in parsed.input] == [i["data_type"] for i in config["input"]]
-
-    with pytest.raises(ValueError, match="GPU"):
-        repo.onnx_config("m", [1], signature, instance_kind="cpu", tensorrt_fp16=True)
 
 
 def test_generate_config_has_the_generate_extension_names():
@@ -78,6 +78,42 @@ def test_generate_config_has_the_generate_extension_names():
     assert inputs["max_tokens"].optional and inputs["temperature"].optional
     assert [o.name for o in parsed.output] == ["text_output"]
     assert parsed.parameters["EXECUTION_ENV_PATH"].string_value == "/envs/triton.tar.gz"
+
+
+def test_a_gpu_version_of_the_fp16_export(export_dir, tmp_path):
+    """config.pbtxt places the instances on GPUs; the version holds the fp16 graph and the TensorRT section."""
+    config = repo.generate_config("chat", [4], max_batch_size=2, instance_kind="gpu", instance_count=2)
+    parsed = _parse(repo.config_text(config))
+    (group,) = parsed.instance_group
+    assert group.kind == group.KIND_GPU and group.count == 2 and parsed.backend == "python"
+
+    version_dir = tmp_path / "chat" / "4"
+    signature = repo.variant_signature(export_dir, "fp16")
+    tensorrt = {"max_context": 64, "cache_dir": "", "profile": repo.tensorrt_profile(signature, 2, 64)}
+    settings = repo.write_generate_version(export_dir, str(version_dir), "fp16", tensorrt=tensorrt)
+    assert settings["variant"] == "fp16" and settings["tensorrt"] == tensorrt
+    assert json.loads((version_dir / "generate.json").read_text())["tensorrt"]["profile"]["max"].startswith(
+        "input_ids:2x64,attention_mask:2x127,"
+    )
+    assert sorted(os.listdir(os.path.join(export_dir, "onnx", "fp16"))) == ["model.onnx", "model.onnx.data"]
+    assert {"model.py", "ort_generate.py", "model.onnx", "model.onnx.data", "tokenizer"} <= set(os.listdir(version_dir))
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(version_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+    types = {i.name: i.type for i in session.get_inputs()} | {o.name: o.type for o in session.get_outputs()}
+    assert types["past_key_values.0.key"] == types["present.1.value"] == "tensor(float16)"
+    assert types["logits"] == "tensor(float)"  # as the export writes fp16: every variant's logits alike
+
+
+def test_an_export_without_the_variant_says_which_it_has(export_dir, tmp_path):
+    partial = tmp_path / "export"
+    shutil.copytree(export_dir, partial)
+    summary = json.loads((partial / "export.json").read_text())
+    summary["models"].pop("fp16")
+    (partial / "export.json").write_text(json.dumps(summary))
+    with pytest.raises(UserError, match=r"has no fp16 model \(it has fp32, int8\)"):
+        repo.write_generate_version(str(partial), str(tmp_path / "repo" / "m" / "1"), "fp16")
+    assert not (tmp_path / "repo").exists()
 
 
 def test_version_dir_holds_a_self_contained_generate_model(export_dir, tiny_model_dir, tmp_path):
@@ -126,10 +162,11 @@ def test_missing_export_files_name_the_path(tmp_path):
     [
         ({"repository": "r"}, "export.path"),
         ({"export": {"path": "e"}}, "repository"),
-        ({"export": {"path": "e"}, "repository": "r", "variant": "int4"}, "variant"),
+        ({"export": {"path": "e"}, "repository": "r", "variant": "bf16"}, "variant"),
         ({"export": {"path": "e"}, "repository": "r", "triton": {"url": "triton:8000"}}, "triton.url"),
         ({"export": {"path": "e"}, "repository": "r", "model_name": "a/b"}, "model_name"),
-        ({"export": {"path": "e"}, "repository": "r", "tensorrt_fp16": True}, "tensorrt_fp16"),
+        ({"export": {"path": "e"}, "repository": "r", "instance_kind": "tpu"}, "instance_kind"),
+        ({"export": {"path": "e"}, "repository": "r", "tensorrt": {"max_context": 0}}, "tensorrt.max_context"),
     ],
 )
 def test_deploy_config_errors_name_the_key(override, key):
@@ -137,3 +174,28 @@ def test_deploy_config_errors_name_the_key(override, key):
 
     with pytest.raises(ConfigError, match=f"^{key}:"):
         load_config(deploy.CONFIG, None, override)
+
+
+@pytest.mark.parametrize(
+    "variant, kind, resolved, tensorrt",
+    [
+        ("fp16", "auto", "gpu", True),  # fp16 is for GPUs
+        ("fp32", "auto", "cpu", False),
+        ("int8", "auto", "cpu", False),
+        ("fp32", "gpu", "gpu", True),
+        ("int8", "gpu", "gpu", False),  # TensorRT has no dynamic-quantization ops: CUDA serves int8
+        ("int4", "auto", "cpu", False),
+        ("int4", "gpu", "gpu", False),  # MatMulNBits: onnxruntime's own kernels, not TensorRT's
+        ("fp16", "cpu", "cpu", False),  # runs, slower (deploy says so)
+    ],
+)
+def test_the_instance_kind_follows_the_variant(variant, kind, resolved, tensorrt):
+    from trainer_lib.stages.lifecycle import deploy
+
+    cfg = load_config(
+        deploy.CONFIG, None, {"export": {"path": "e"}, "repository": "r", "variant": variant, "instance_kind": kind}
+    )
+    assert cfg.kind == resolved
+    assert (cfg.tensorrt_settings() is not None) == tensorrt
+    cfg.tensorrt.enabled = False
+    assert cfg.tensorrt_settings() is None

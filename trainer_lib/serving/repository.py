@@ -3,9 +3,9 @@
     <repo>/<model>/config.pbtxt            which versions serve: version_policy { specific { versions: [N] } }
     <repo>/<model>/<N>/model.py            the text-generation model (Python backend), from triton_generate_model.py
     <repo>/<model>/<N>/ort_generate.py     its KV-cache loop, from trainer_lib/export/ort_generate.py
-    <repo>/<model>/<N>/model.onnx          the export's decoder (fp32 or int8), model.onnx.data beside it
+    <repo>/<model>/<N>/model.onnx          the export's decoder (fp32, fp16 or int8), model.onnx.data beside it
     <repo>/<model>/<N>/tokenizer/          the export's tokenizer files
-    <repo>/<model>/<N>/generate.json       eos ids and defaults for model.py
+    <repo>/<model>/<N>/generate.json       eos ids, defaults and, for TensorRT, its shape profile, for model.py
     <repo>/<model>_onnx/<N>/model.onnx     optional: the raw decoder, platform onnxruntime_onnx
 
 KServe takes the repository root as ``storageUri``; ``tritonserver --model-repository=<repo>`` serves
@@ -94,19 +94,14 @@ def generate_config(
 
 
 def onnx_config(
-    name: str,
-    versions: list[int],
-    signature: dict,
-    instance_kind: str = "gpu",
-    instance_count: int = 1,
-    tensorrt_fp16: bool = False,
+    name: str, versions: list[int], signature: dict, instance_kind: str = "gpu", instance_count: int = 1
 ) -> dict:
     """The raw decoder for ONNX Runtime (``platform: onnxruntime_onnx``), one request = one step.
 
     ``max_batch_size: 0``: the batch axis is part of ``dims``, since requests with different
-    past lengths could not be batched anyway. ``tensorrt_fp16`` asks ONNX Runtime's TensorRT
-    execution accelerator for FP16 engines (GPU instances only)."""
-    config = {
+    past lengths could not be batched anyway. Nothing here generates with it; the generate model
+    runs the same graph in-process (and on a GPU with TensorRT, docs/export-and-serving.md)."""
+    return {
         "name": name,
         "platform": "onnxruntime_onnx",
         "max_batch_size": 0,
@@ -115,15 +110,6 @@ def onnx_config(
         "instance_group": [{"count": instance_count, "kind": f"KIND_{instance_kind.upper()}"}],
         "version_policy": version_policy(versions),
     }
-    if tensorrt_fp16:
-        if instance_kind != "gpu":
-            raise ValueError("tensorrt_fp16 needs GPU instances")
-        config["optimization"] = {
-            "execution_accelerators": {
-                "gpu_execution_accelerator": [{"name": "tensorrt", "parameters": {"precision_mode": "FP16"}}]
-            }
-        }
-    return config
 
 
 def onnx_signature(onnx_path: str) -> dict:
@@ -151,6 +137,37 @@ def onnx_signature(onnx_path: str) -> dict:
     return {"inputs": rows(graph.input), "outputs": rows(graph.output)}
 
 
+def tensorrt_profile(signature: dict, max_batch_size: int, max_context: int) -> dict:
+    """TensorRT's shape profile for the export's decoder (trainer_lib/export/onnx_decoder.py), as
+    onnxruntime's ``trt_profile_{min,opt,max}_shapes`` strings: ``{"min": "input_ids:1x1,...", ...}``.
+
+    One profile covers prefill and decode: batch 1..``max_batch_size``, new tokens 1..``max_context``,
+    cached tokens 0..``max_context - 1`` (an empty cache at prefill). TensorRT checks the graph at
+    each end of the profile, so each end is a shape the graph can take: the attention mask spans
+    cached + new tokens. It is tuned ("opt") for what generation mostly runs, one-token decode steps
+    of one row over a cache of half the context, at most 1024 tokens (as onnxruntime-genai tunes its
+    TensorRT profiles)."""
+    sizes = {  # (batch, new tokens, cached tokens) at each end of the profile
+        "min": (1, 1, 0),
+        "opt": (1, 1, max(1, min(max_context // 2, 1024))),
+        "max": (max_batch_size, max_context, max_context - 1),
+    }
+    dims_of = {}
+    for name, _, dims in signature["inputs"]:
+        if name in ("input_ids", "position_ids"):
+            dims_of[name] = lambda b, s, p: (b, s)
+        elif name == "attention_mask":
+            dims_of[name] = lambda b, s, p: (b, p + s)
+        elif name.startswith("past_key_values.") and len(dims) == 4 and dims[1] > 0 and dims[3] > 0:
+            dims_of[name] = lambda b, s, p, heads=dims[1], width=dims[3]: (b, heads, p, width)
+        else:
+            raise UserError(f"model.onnx: input {name} {dims} is not one of the export's decoder inputs")
+    return {
+        end: ",".join(f"{name}:" + "x".join(str(d) for d in shape(*size)) for name, shape in dims_of.items())
+        for end, size in sizes.items()
+    }
+
+
 def served_versions(text: str) -> list[int]:
     """The versions a config's ``version_policy { specific { versions: [...] } }`` names."""
     from google.protobuf import text_format
@@ -172,11 +189,27 @@ def versions(model_dir: str) -> list[int]:
     return sorted(int(n) for n in names if n.isdigit())
 
 
-def _eos_and_pad(export_dir: str) -> dict:
+def _export_summary(export_dir: str) -> dict:
+    path = storage.join(export_dir, "export.json")
+    return json.loads(storage.read_text(path)) if storage.exists(path) else {}
+
+
+def variant_dir(export_dir: str, variant: str) -> str:
+    """The directory of ``variant``'s ``model.onnx``: where export.json's ``models`` puts it, else
+    ``onnx/<variant>``. A UserError when export.json lists its models and this one is not among them."""
+    models = _export_summary(export_dir).get("models")
+    if models and variant not in models:
+        raise UserError(
+            f"variant: the export at {export_dir} has no {variant} model (it has {', '.join(sorted(models))}); "
+            f"deploy one of those, or export again with {variant} turned on"
+        )
+    relative = os.path.dirname(models[variant]) if models else f"onnx/{variant}"
+    return storage.join(export_dir, *relative.split("/"))
+
+
+def _eos_and_pad(export_dir: str, summary: dict) -> dict:
     """eos/pad ids: those the export stage recorded in ``export.json`` (the model's generation
     config, as Hugging Face ``generate`` stops), else the tokenizer's own eos and pad tokens."""
-    summary_path = storage.join(export_dir, "export.json")
-    summary = json.loads(storage.read_text(summary_path)) if storage.exists(summary_path) else {}
     eos, pad = summary.get("eos_token_id"), summary.get("pad_token_id")
     if eos is None:
         from tokenizers import Tokenizer
@@ -197,13 +230,19 @@ def _eos_and_pad(export_dir: str) -> dict:
 
 
 def write_generate_version(
-    export_dir: str, version_dir: str, variant: str, default_max_tokens: int = 64, max_tokens_limit: int = 4096
+    export_dir: str,
+    version_dir: str,
+    variant: str,
+    default_max_tokens: int = 64,
+    max_tokens_limit: int = 4096,
+    tensorrt: dict | None = None,
 ) -> dict:
-    """Fill ``version_dir`` with the text-generation model for ``export_dir``'s ``onnx/<variant>``.
+    """Fill ``version_dir`` with the text-generation model for ``export_dir``'s ``variant``.
 
-    Works for any mix of local and s3:// paths (s3 to s3 copies stay on the server). Returns
-    the generate.json it wrote."""
-    onnx_dir = storage.join(export_dir, "onnx", variant)
+    Works for any mix of local and s3:// paths (s3 to s3 copies stay on the server). ``tensorrt``
+    (``max_context``, ``cache_dir``, ``profile`` from :func:`tensorrt_profile`) goes into
+    generate.json as is: a GPU instance then tries TensorRT first. Returns the generate.json it wrote."""
+    onnx_dir = variant_dir(export_dir, variant)
     tokenizer_dir = storage.join(export_dir, "tokenizer")
     for needed in (storage.join(onnx_dir, "model.onnx"), storage.join(tokenizer_dir, "tokenizer.json")):
         if not storage.exists(needed):
@@ -212,12 +251,14 @@ def write_generate_version(
                 f"onnx/<variant>/model.onnx and tokenizer/)"
             )
     settings = {
-        **_eos_and_pad(export_dir),
+        **_eos_and_pad(export_dir, _export_summary(export_dir)),
         "default_max_tokens": default_max_tokens,
         "max_tokens_limit": max_tokens_limit,
         "variant": variant,
         "export": export_dir,
     }
+    if tensorrt is not None:
+        settings["tensorrt"] = tensorrt
     storage.copy(onnx_dir, version_dir)  # model.onnx and any external-data files next to it
     storage.copy(tokenizer_dir, storage.join(version_dir, "tokenizer"))
     for name, source in VERSION_CODE.items():
@@ -227,10 +268,15 @@ def write_generate_version(
     return settings
 
 
+def variant_signature(export_dir: str, variant: str) -> dict:
+    """:func:`onnx_signature` of the export's ``variant`` (fetched first when it is a URL)."""
+    return onnx_signature(storage.localize(storage.join(variant_dir(export_dir, variant), "model.onnx"), kind="file"))
+
+
 def write_onnx_version(export_dir: str, version_dir: str, variant: str) -> dict:
     """Copy the raw decoder into ``version_dir``; returns its signature for :func:`onnx_config`."""
-    onnx_dir = storage.join(export_dir, "onnx", variant)
-    signature = onnx_signature(storage.localize(storage.join(onnx_dir, "model.onnx"), kind="file"))
+    onnx_dir = variant_dir(export_dir, variant)
+    signature = variant_signature(export_dir, variant)
     storage.copy(onnx_dir, version_dir)
     return signature
 

@@ -2,8 +2,10 @@
 
     posttrain deploy export.path=s3://b/run/export repository=s3://b/triton triton.url=http://triton:8000 \\
         model_name=posttrain variant=int8
+    posttrain deploy ... variant=fp16            # on the server's GPU, TensorRT FP16 first (instance_kind=auto)
 
-1. Copy ``onnx/<variant>/`` and ``tokenizer/`` of the export, with the generate ``model.py``, into
+1. Copy the variant's ONNX directory (``onnx/<variant>/``, as export.json lists it) and ``tokenizer/``
+   of the export, with the generate ``model.py``, into
    ``<repository>/<model_name>/<N>/``, N one past every version the model ever had.
 2. Point ``config.pbtxt`` at N alone (``version_policy { specific { versions: [N] } }``).
 3. With ``triton.url``: ask the server (explicit model control) to load the model, then send a
@@ -15,6 +17,11 @@
 
 Without ``triton.url`` the stage only publishes (steps 1, 2 and 4): a server started later on the
 repository, or KServe with ``storageUri`` at its root, serves version N.
+
+``instance_kind=auto`` (the default) places fp16 on a GPU and the other variants on the CPU. On a
+GPU, fp16 and fp32 get a ``tensorrt`` section in generate.json (its shape profile, the engine cache),
+so the generate model tries onnxruntime's TensorRT provider before CUDA (docs/export-and-serving.md,
+"Serving on GPUs").
 """
 
 from __future__ import annotations
@@ -44,18 +51,42 @@ class TritonTarget:
 
 
 @dataclass
+class TensorRTSettings:
+    enabled: bool = opt(
+        True, "On GPU instances, fp16 and fp32 try onnxruntime's TensorRT provider (FP16 engines) first."
+    )
+    max_context: int = opt(2048, "Prompt + new tokens the TensorRT engines cover; longer requests are refused there.")
+    cache_dir: str = opt(
+        "", "Engine cache on the server (a volume that outlives it); empty: in the version's directory."
+    )
+
+
+#: The export's variants deploy serves, and those TensorRT builds engines for: int8's dynamic quantization
+#: and int4's MatMulNBits are not TensorRT operations, so CUDA runs those.
+VARIANTS = ("int8", "fp32", "fp16", "int4")
+TENSORRT_VARIANTS = ("fp16", "fp32")
+
+
+@dataclass
 class DeployConfig:
     export: ExportSource = opt(ExportSource, "What to deploy.")
     repository: str | None = opt(None, "Root of the Triton model repository to publish into (local dir or URL).")
     triton: TritonTarget = opt(TritonTarget, "The server to load the new version on.")
     model_name: str = opt("posttrain", "The model's name in the repository and in /v2/models/<name>.")
-    variant: str = opt("int8", "Which ONNX export to serve.", ("int8", "fp32"))
+    variant: str = opt(
+        "int8", "Which ONNX export to serve (fp16 is for GPUs; int4 needs int4=true at export).", VARIANTS
+    )
     max_batch_size: int = opt(8, "Requests the dynamic batcher may decode together.")
-    instance_kind: str = opt("cpu", "Where the ONNX Runtime session runs (gpu needs onnxruntime-gpu).", ("cpu", "gpu"))
+    instance_kind: str = opt(
+        "auto",
+        "Where Triton places the model and its onnxruntime session: auto is gpu for fp16, cpu for the others "
+        "(gpu needs onnxruntime-gpu on the server: images/Dockerfile.triton).",
+        ("auto", "cpu", "gpu"),
+    )
+    tensorrt: TensorRTSettings = opt(TensorRTSettings, "TensorRT on GPU instances (fp16 and fp32 only).")
     execution_env: str = opt("", "Python-backend environment path (EXECUTION_ENV_PATH); empty: the server's python3.")
     default_max_tokens: int = opt(64, "New tokens per request when the request gives no max_tokens.")
     publish_onnx: bool = opt(False, "Also publish the raw ONNX decoder as '<model_name>_onnx' (not loaded here).")
-    tensorrt_fp16: bool = opt(False, "TensorRT FP16 for the raw ONNX model (needs publish_onnx, instance_kind=gpu).")
     smoke_prompt: str = opt("Hello", "Prompt of the smoke request sent to the new version.")
     smoke_max_tokens: int = opt(4, "max_tokens of the smoke request.")
     timeout_s: float = opt(300.0, "Seconds to wait for the server to load the new version (and per request).")
@@ -75,8 +106,21 @@ class DeployConfig:
                 raise ConfigError(f"{key}: expected a positive number, got {getattr(self, key)}")
         if self.keep_versions < 0:
             raise ConfigError(f"keep_versions: expected >= 0, got {self.keep_versions}")
-        if self.tensorrt_fp16 and not (self.publish_onnx and self.instance_kind == "gpu"):
-            raise ConfigError("tensorrt_fp16: needs publish_onnx=true and instance_kind=gpu")
+        if self.tensorrt.max_context <= 0:
+            raise ConfigError(f"tensorrt.max_context: expected a positive number, got {self.tensorrt.max_context}")
+
+    @property
+    def kind(self) -> str:
+        """The instance kind, ``auto`` resolved: gpu for fp16, cpu for the others."""
+        if self.instance_kind != "auto":
+            return self.instance_kind
+        return "gpu" if self.variant == "fp16" else "cpu"
+
+    def tensorrt_settings(self) -> dict | None:
+        """generate.json's ``tensorrt`` section (without its profile), or None where TensorRT is not tried."""
+        if not (self.tensorrt.enabled and self.kind == "gpu" and self.variant in TENSORRT_VARIANTS):
+            return None
+        return {"max_context": self.tensorrt.max_context, "cache_dir": self.tensorrt.cache_dir}
 
 
 CONFIG = DeployConfig
@@ -108,22 +152,30 @@ def _deploy(cfg: DeployConfig, client) -> dict:
     previous = (repo.served_versions(old_config) or [None])[-1] if old_config else None
     version = max([0, *repo.versions(model_dir), *(e["version"] for e in history["versions"])]) + 1
     version_dir = storage.join(model_dir, str(version))
-    _say(f"publishing {cfg.export.path} ({cfg.variant}) as {cfg.model_name} version {version} in {cfg.repository}")
+    _say(
+        f"publishing {cfg.export.path} ({cfg.variant}, {cfg.kind} instances) as {cfg.model_name} version {version} "
+        f"in {cfg.repository}"
+    )
+    if cfg.variant == "fp16" and cfg.kind == "cpu":
+        _say("fp16 on CPU instances runs, but slower than fp32: onnxruntime's CPU kernels compute in fp32")
     try:
-        repo.write_generate_version(cfg.export.path, version_dir, cfg.variant, cfg.default_max_tokens)
+        repo.write_generate_version(
+            cfg.export.path, version_dir, cfg.variant, cfg.default_max_tokens, tensorrt=_tensorrt(cfg)
+        )
     except BaseException:
         storage.delete(version_dir)
         raise
     repo.write_config(
         model_dir,
         repo.generate_config(
-            cfg.model_name, [version], cfg.max_batch_size, cfg.instance_kind, execution_env=cfg.execution_env or None
+            cfg.model_name, [version], cfg.max_batch_size, cfg.kind, execution_env=cfg.execution_env or None
         ),
     )
     entry = {
         "version": version,
         "export": cfg.export.path,
         "variant": cfg.variant,
+        "instance_kind": cfg.kind,
         "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     smoke = None
@@ -147,12 +199,7 @@ def _deploy(cfg: DeployConfig, client) -> dict:
     if cfg.publish_onnx:
         onnx_dir = storage.join(cfg.repository, f"{cfg.model_name}_onnx")
         signature = repo.write_onnx_version(cfg.export.path, storage.join(onnx_dir, str(version)), cfg.variant)
-        repo.write_config(
-            onnx_dir,
-            repo.onnx_config(
-                f"{cfg.model_name}_onnx", [version], signature, cfg.instance_kind, tensorrt_fp16=cfg.tensorrt_fp16
-            ),
-        )
+        repo.write_config(onnx_dir, repo.onnx_config(f"{cfg.model_name}_onnx", [version], signature, cfg.kind))
     _write_history(model_dir, history)
     removed = _prune(cfg, history)
     _say(
@@ -166,12 +213,23 @@ def _deploy(cfg: DeployConfig, client) -> dict:
         "version": version,
         "previous_version": previous,
         "variant": cfg.variant,
+        "instance_kind": cfg.kind,
+        "tensorrt": cfg.tensorrt_settings() is not None,
         "repository": cfg.repository,
         "loaded": client is not None,
         "endpoint": url,
         "generate_url": f"{url}/v2/models/{cfg.model_name}/generate" if url else None,
         "smoke": smoke,
     }
+
+
+def _tensorrt(cfg: DeployConfig) -> dict | None:
+    """generate.json's ``tensorrt`` section, its shape profile read from the variant's graph."""
+    settings = cfg.tensorrt_settings()
+    if settings is None:
+        return None
+    signature = repo.variant_signature(cfg.export.path, cfg.variant)
+    return {**settings, "profile": repo.tensorrt_profile(signature, cfg.max_batch_size, settings["max_context"])}
 
 
 def _load_and_check(client, cfg: DeployConfig, version: int) -> tuple[tuple[str, str] | None, dict | None]:
