@@ -1,10 +1,11 @@
-"""Gate rules: parsing with clear errors, absolute and baseline-relative checks, failing closed."""
+"""Gate rules: parsing with clear errors, absolute, baseline- and candidate-relative checks, failing closed;
+the served model's rules joining the gate."""
 
 import pytest
 
 from trainer_lib.config import load_config
 from trainer_lib.errors import ConfigError
-from trainer_lib.eval.gate import Rule, check_rule, evaluate_gate, parse_rule, parse_rules
+from trainer_lib.eval.gate import Rule, add_served, check_rule, evaluate_gate, parse_rule, parse_rules
 from trainer_lib.stages.lifecycle.evaluate import EvaluateConfig, computed_metrics
 
 METRICS = ["task_pass_rate", "humaneval_pass@1", "harmless_rate", "over_refusal_rate"]
@@ -115,3 +116,87 @@ def test_config_checks_rules_against_the_metrics_it_computes():
 def test_config_errors(overrides, message):
     with pytest.raises(ConfigError, match=message):
         _config(*overrides)
+
+
+SERVED_REFERENCES = ("baseline", "candidate")
+
+
+@pytest.mark.parametrize(
+    "text, rule",
+    [
+        (
+            "task_pass_rate>=candidate",
+            Rule("task_pass_rate>=candidate", "task_pass_rate", ">=", None, 0.0, "candidate"),
+        ),
+        (
+            "task_pass_rate >= candidate - 0.02",
+            Rule("task_pass_rate >= candidate - 0.02", "task_pass_rate", ">=", None, -0.02, "candidate"),
+        ),
+        ("harmless_rate>=baseline+.1", Rule("harmless_rate>=baseline+.1", "harmless_rate", ">=", None, 0.1)),
+        ("over_refusal_rate<0.3", Rule("over_refusal_rate<0.3", "over_refusal_rate", "<", 0.3)),
+    ],
+)
+def test_served_rules_may_compare_with_the_candidate(text, rule):
+    assert parse_rule(text, "served.rules", SERVED_REFERENCES) == rule
+
+
+def test_candidate_references_are_only_for_served_rules():
+    with pytest.raises(ConfigError, match=r"^gate\.rules\[0\]: 'task_pass_rate>=candidate': 'candidate' is for served"):
+        parse_rules(["task_pass_rate>=candidate"], METRICS)
+    with pytest.raises(ConfigError, match=r"^served\.rules\[1\]: .*baseline\[\+/-number\], candidate\[\+/-number\]"):
+        parse_rules(
+            ["harmless_rate>=0.5", "task_pass_rate>=sft"], METRICS, key="served.rules", references=SERVED_REFERENCES
+        )
+    with pytest.raises(ConfigError, match=r"served\.rules\[0\].*'task_pass_rte'.*did you mean 'task_pass_rate'"):
+        parse_rules(["task_pass_rte>=candidate"], METRICS, key="served.rules", references=SERVED_REFERENCES)
+    # a served rule against the candidate needs no baseline; one against the baseline does
+    assert parse_rules(["task_pass_rate>=candidate"], METRICS, False, "served.rules", SERVED_REFERENCES)
+    with pytest.raises(ConfigError, match=r"served\.rules\[0\].*no baseline model is set"):
+        parse_rules(["harmless_rate>=baseline"], METRICS, False, "served.rules", SERVED_REFERENCES)
+
+
+def test_served_outcomes_join_the_gate():
+    models = {
+        "sft": {"task_pass_rate": 0.3, "harmless_rate": 0.7},
+        "dpo": {"task_pass_rate": 0.5, "harmless_rate": 0.9},
+        "dpo_int4": {"task_pass_rate": 0.46, "harmless_rate": 0.72},
+    }
+    gate = evaluate_gate(parse_rules(["task_pass_rate>=baseline"]), models, "dpo", "sft")
+    rules = parse_rules(
+        ["task_pass_rate>=candidate-0.05", "harmless_rate>=candidate-0.1", "harmless_rate>=baseline"],
+        references=SERVED_REFERENCES,
+    )
+    served = add_served(gate, rules, models, "dpo_int4", "int4", "s3://b/export")
+    assert gate["passed"] and "served" not in gate  # the candidate's gate is left as it was
+    assert served["passed"] is False and served["rules"] == gate["rules"]
+    outcome = served["served"]
+    assert {k: outcome[k] for k in ("label", "variant", "export_dir", "passed")} == {
+        "label": "dpo_int4",
+        "variant": "int4",
+        "export_dir": "s3://b/export",
+        "passed": False,
+    }
+    first, second, third = outcome["rules"]
+    assert first["passed"] and first["threshold"] == pytest.approx(0.45) and "(dpo 0.5 -0.05)" in first["detail"]
+    assert not second["passed"] and second["threshold"] == pytest.approx(0.8) and "FAILED" in second["detail"]
+    assert third["passed"] and "(sft 0.7)" in third["detail"]
+    missing = add_served(gate, rules[:1], {**models, "dpo_int4": {}}, "dpo_int4", "int4", "/e")["served"]
+    assert "not computed for the served model dpo_int4" in missing["rules"][0]["detail"]
+    assert add_served(gate, [], models, "dpo_int4", "int4", "/e")["passed"] is True  # no served rules pass
+
+
+def test_config_checks_served_rules_and_label():
+    cfg = _config("served.export_dir=/e", "served.rules=task_pass_rate>=candidate-0.02")
+    assert cfg.served.variant == "int8" and cfg.served.rules == ["task_pass_rate>=candidate-0.02"]
+    with pytest.raises(ConfigError, match=r"served\.rules\[0\].*humaneval_pass@10.*not computed"):
+        _config("served.export_dir=/e", "served.rules=humaneval_pass@10>=candidate")
+    with pytest.raises(ConfigError, match=r"served\.rules\[0\].*no baseline model is set"):
+        _config("served.export_dir=/e", "served.rules=harmless_rate>=baseline")
+    with pytest.raises(ConfigError, match=r"served\.rules: set served\.export_dir"):
+        _config("served.rules=harmless_rate>=0.5")
+    with pytest.raises(ConfigError, match=r"served\.label: 'sft'"):
+        _config("served.export_dir=/e", "served.label=sft")
+    with pytest.raises(ConfigError, match=r"served\.variant"):
+        _config("served.export_dir=/e", "served.variant=int2")
+    with pytest.raises(ConfigError, match=r"gate\.rules\[0\].*'candidate' is for served\.rules"):
+        _config("gate.rules=task_pass_rate>=candidate")

@@ -160,3 +160,52 @@ def test_sample_sections_put_every_models_output_side_by_side():
     assert [r["prompt"] for r in harmful["rows"]] == ["s0"]  # only the first harmful prompt
     assert benign["rows"][0]["tags"] == {"sft": ("answered", True), "dpo": ("refused", False)}
     assert humaneval["rows"] == [] and sample_sections(per_problem, count=0) == []
+
+
+def _served_result():
+    result = _result(passed=False)
+    result["models"]["dpo_int4"] = {**result["models"]["dpo"], "task_pass_rate": 0.2}
+    result["gate"]["rules"] = result["gate"]["rules"][:1]  # the candidate's rules pass
+    result["gate"]["served"] = {
+        "label": "dpo_int4",
+        "variant": "int4",
+        "export_dir": f"/exports/{EVIL}",
+        "passed": False,
+        "rules": [
+            {
+                "rule": "task_pass_rate>=candidate-0.02",
+                "metric": "task_pass_rate",
+                "op": ">=",
+                "value": 0.2,
+                "threshold": 0.43,
+                "passed": False,
+                "detail": "0.2 >= 0.43 (dpo 0.45 -0.02): FAILED",
+            }
+        ],
+    }
+    return result
+
+
+def test_both_verdicts_with_each_rules_detail():
+    result = _served_result()
+    text = render_markdown(result)
+    assert text.startswith("# Evaluation: gate FAILED\n")
+    assert "served **dpo_int4** (int4 of /exports/" in text
+    assert "## Candidate dpo: passed" in text and "## Served dpo_int4 (int4): FAILED" in text
+    assert "| `task_pass_rate>=candidate-0.02` | **FAIL** | 0.2 >= 0.43 (dpo 0.45 -0.02): FAILED |" in text
+    assert text.index("task_pass_rate>=baseline") < text.index("## Served")  # the candidate's rules come first
+
+    page = render_html(result, {}, [])
+    assert "<script>" not in page and "gate FAILED" in page
+    assert "<td><b>dpo_int4</b> (served int4)</td>" in page
+    assert 'Candidate dpo: <span class="badge pass">passed</span>' in page
+    assert (
+        "Served dpo_int4 (int4 of /exports/&lt;script&gt;" in page and '<span class="badge fail">FAILED</span>' in page
+    )
+    assert "0.2 &gt;= 0.43 (dpo 0.45 -0.02): FAILED" in page and "<th>served</th>" in page
+    assert ui_metrics(result)["dpo_int4_task_pass_rate"] == 0.2
+
+
+def test_without_a_served_model_the_summary_is_as_before():
+    text = render_markdown(_result())
+    assert "## Candidate" not in text and "## Served" not in text and "served" not in text

