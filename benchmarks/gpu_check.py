@@ -9,11 +9,14 @@ weights, bf16) with a BPE tokenizer trained on the demo data (nothing is downloa
 as its own ``posttrain`` stage process (``python -m trainer_lib.cli``, the module behind the console
 script): SFT with packing (flash_attention_2 when ``import flash_attn`` works), DPO, GRPO with the
 built-in ``length_penalty`` reward, SFT on 2 ranks (with 2 GPUs), SFT killed after a checkpoint and rerun,
-against an uninterrupted run (final weights compared), ``batch_size=auto`` and, when TRL imports,
-``benchmarks.vs_trl --algo sft``. On CPU (``--tiny``) the same parts run with a 2-layer, 64-wide model
-and a few steps, two at a time, without vs_trl and the 2-rank run. Each part is time-boxed; a failed
-part is recorded and the others still run. One JSON (``--out``; default ``$OUT/gpu_check.json`` when
-``$OUT`` is set, else ``runs/gpu_check.json``), rewritten as each part ends, holds per part its status,
+against an uninterrupted run (final weights compared), ``batch_size=auto``, evaluation in bf16 on 1 rank
+(and 2 with 2 GPUs, merged metrics equal), the export with its FP16 variant and parity, that FP16 model
+served by a local ``tritonserver`` on the GPU (when nvidia-pytriton is installed), vLLM evaluation when
+vLLM imports and, when TRL imports, ``benchmarks.vs_trl --algo sft``. On CPU (``--tiny``) the same parts
+run with a 2-layer, 64-wide model and a few steps, two at a time, without vs_trl, vLLM and the 2-rank
+training run. Each part is time-boxed; a failed part is recorded and the others still run. One JSON
+(``--out``; default ``$OUT/gpu_check.json`` when ``$OUT`` is set, else ``runs/gpu_check.json``),
+rewritten as each part ends, holds per part its status,
 exit code, wall time, tokens/s, MFU, peak memory (and the resume diff, the auto batch size), plus
 versions, GPUs and the date. Exit code 0: every required part passed. The device tool's command and
 the expected time: benchmarks/README.md, "The GPU check".
@@ -46,6 +49,7 @@ GPU_WHEELS = (
 ).split()
 GPU_PYTHON = "3.12"  # the GPU image's python3 (/work/.library/device/KINDS.md)
 STAGE = ["-m", "trainer_lib.cli"]  # `posttrain <stage>` (the console script adds only `posttrain pipeline`)
+OPTIONAL = ("vs_trl", "vllm")  # parts whose failure does not fail the check (another library's install)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +74,8 @@ class Settings:
     group_size: int
     max_new_tokens: int
     auto_global_batch: int  # batch_size=auto keeps this many rows per optimizer step
+    eval_prompts: int  # held-out code tasks and safety prompts each, in the evaluate parts
+    parity_prompts: int  # the export's parity prompts
     warmup: int  # first log records left out of tokens/s
     part_timeout: float
 
@@ -93,6 +99,8 @@ GPU = Settings(  # Qwen2.5-0.5B's shapes
     group_size=4,
     max_new_tokens=64,
     auto_global_batch=64,
+    eval_prompts=64,
+    parity_prompts=8,
     warmup=3,
     part_timeout=240,
 )
@@ -114,6 +122,8 @@ TINY = dataclasses.replace(
     group_size=2,
     max_new_tokens=8,
     auto_global_batch=8,
+    eval_prompts=4,
+    parity_prompts=2,
     warmup=1,
 )
 
@@ -439,6 +449,130 @@ def part_auto_batch(ctx: Context) -> dict:
     return result
 
 
+def evaluate_argv(ctx: Context, out: str) -> list[str]:
+    """``posttrain evaluate`` of the built model on the demo's held-out tasks and safety prompts (greedy)."""
+    s = ctx.settings
+    argv = ["evaluate", f"models=model={ctx.model}", f"data_dir={ctx.data}", "humaneval.enabled=false"]
+    argv += [f"tasks.limit={s.eval_prompts}", f"safety.limit={s.eval_prompts}", "precision=auto", "engine=torch"]
+    argv += [f"tasks.max_new_tokens={s.max_new_tokens}", f"safety.max_new_tokens={s.max_new_tokens}"]
+    return [*argv, f"batch_size={s.batch_size}", f"output_dir={out}"]
+
+
+def read_metrics(out: str) -> dict | None:
+    path = os.path.join(out, "metrics.json")
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def part_evaluate(ctx: Context) -> dict:
+    """Evaluation in the mode's precision (``precision=auto``: bf16 on CUDA) on 1 rank, then on 2 ranks
+    (``--nproc 2``, each generating its share of the batches) when there are 2 GPUs or on CPU: the merged
+    metrics must equal the one-rank run's. Prompts answered per second, from the stage's own timing."""
+    root, start = os.path.join(ctx.workdir, "evaluate"), time.monotonic()
+    log = os.path.join(ctx.workdir, "evaluate.log")
+    runs = {"one_rank": launch(ctx, [*STAGE, *evaluate_argv(ctx, f"{root}/one")], log)}
+    one = read_metrics(f"{root}/one")
+    result = {"exit_code": runs["one_rank"]["exit_code"], "precision": one and one["generation"]["precision"]}
+    if one:
+        result["metrics"] = one["models"]["model"]
+        result["seconds"] = one["seconds"]
+    if ctx.device == "cpu" or ctx.gpus >= 2:
+        runs["two_ranks"] = launch(
+            ctx, [*STAGE, "evaluate", "--nproc", "2", *evaluate_argv(ctx, f"{root}/two")[1:]], log
+        )
+        two = read_metrics(f"{root}/two")
+        result["two_ranks_equal"] = bool(one and two and two["models"] == one["models"])
+        result["two_ranks_seconds"] = two and two["seconds"]
+        result["exit_code"] = result["exit_code"] or runs["two_ranks"]["exit_code"]
+    else:
+        result["note"] = f"{ctx.gpus} GPU: 2 ranks need 2 (NCCL takes one GPU per rank)"
+    shutil.rmtree(root, ignore_errors=True)
+    result.update(runs=runs, wall_s=round(time.monotonic() - start, 2))
+    result["peak_memory_bytes"] = max(r["peak_memory_bytes"] for r in runs.values())
+    ok = result["exit_code"] == 0 and one is not None and result.get("two_ranks_equal", True)
+    return finish(result, ok, log)
+
+
+def part_export(ctx: Context) -> dict:
+    """``posttrain export``: FP32, FP16 (exported in half precision on CUDA) and INT8, with their parity
+    against PyTorch. The random model's logits are flat, so top-1 agreement is reported, not required."""
+    s, out = ctx.settings, os.path.join(ctx.workdir, "export")
+    argv = ["export", f"model_path={ctx.model}", f"output_dir={out}", f"parity.num_prompts={s.parity_prompts}"]
+    argv += [f"parity.max_new_tokens={s.max_new_tokens}", f"parity.latency_tokens={s.max_new_tokens}"]
+    argv += ["parity.int8_min_top1_agreement=0", "parity.fp16_min_top1_agreement=0", "parity.threads=0"]
+    log = os.path.join(ctx.workdir, "export.log")
+    result = launch(ctx, [*STAGE, *argv], log)
+    summary = os.path.join(out, "export.json")
+    if result["exit_code"] == 0 and os.path.exists(summary):
+        with open(os.path.join(out, "parity.json"), encoding="utf-8") as fh:
+            parity = json.load(fh)
+        for name in ("fp32", "fp16", "int8"):
+            if name in parity:
+                figures = parity[name]
+                worst = max(figures["prefill"]["max_abs_diff"], figures["decode"]["max_abs_diff"])
+                result[name] = {
+                    "max_abs_diff": worst,
+                    "top1_agreement": figures["top1_agreement"],
+                    "greedy_exact_match": figures["greedy_exact_match"],
+                    "decode_ms_per_token": figures.get("decode_ms_per_token"),
+                }
+        with open(summary, encoding="utf-8") as fh:
+            result["fp16_source"] = json.load(fh).get("fp16_source")
+        result["serve"] = serve_fp16(ctx, out, log)
+    if not ctx.keep:
+        shutil.rmtree(out, ignore_errors=True)
+    served = result.get("serve", {}).get("status") in ("passed", "skipped")
+    return finish(result, result["exit_code"] == 0 and "fp16" in result and served, log)
+
+
+def serve_fp16(ctx: Context, exported: str, log: str) -> dict:
+    """The FP16 export deployed (``variant=fp16``: a GPU instance on CUDA, the TensorRT/CUDA providers when
+    onnxruntime has them) and asked one prompt through a local ``tritonserver``, beside PyTorch's greedy
+    answer. Skipped where nvidia-pytriton (the server) is not installed."""
+    from trainer_lib.errors import UserError
+    from trainer_lib.serving.server import find_env
+
+    try:
+        find_env()
+    except UserError as exc:
+        return {"status": "skipped", "note": str(exc).splitlines()[0]}
+    repo = os.path.join(ctx.workdir, "repository")
+    kind = "gpu" if ctx.device == "cuda" else "cpu"
+    deploy = ["deploy", f"export.path={exported}", f"repository={repo}", "model_name=check", "variant=fp16"]
+    runs = {"deploy": launch(ctx, [*STAGE, *deploy, f"instance_kind={kind}"], log)}
+    ask = ["serve", "--repo", repo, "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0"]
+    ask += ["--ask", "def add(a, b):", "--compare", ctx.model, "--max-tokens", str(ctx.settings.max_new_tokens)]
+    before = len(log_text(log))
+    runs["ask"] = launch(ctx, [*STAGE, *ask], log)
+    answer = next((json.loads(line) for line in log_text(log)[before:].splitlines() if line.startswith("{")), None)
+    shutil.rmtree(repo, ignore_errors=True)
+    result = {"instance_kind": kind, "runs": {k: {"exit_code": r["exit_code"]} for k, r in runs.items()}}
+    if answer:  # a random model's near-tied logits may break greedy ties differently in FP16: shown, not required
+        result.update(served=answer["text_output"], pytorch=answer.get("pytorch"))
+        result["served_equals_pytorch"] = answer["text_output"] == answer.get("pytorch")
+    ok = all(r["exit_code"] == 0 for r in runs.values()) and answer is not None
+    return {**result, "status": "passed" if ok else "failed"}
+
+
+def part_vllm(ctx: Context) -> dict:
+    """Evaluation through vLLM (``engine=vllm``), when it imports on a CUDA machine; its metrics beside the
+    torch engine's are in the JSON (sampling kernels differ, so they are shown, not compared)."""
+    import importlib.util
+
+    if ctx.device != "cuda" or importlib.util.find_spec("vllm") is None:
+        return {"status": "skipped", "note": "vllm is not installed" if ctx.device == "cuda" else "not on CPU"}
+    out, log = os.path.join(ctx.workdir, "vllm"), os.path.join(ctx.workdir, "vllm.log")
+    argv = [a.replace("engine=torch", "engine=vllm") for a in evaluate_argv(ctx, out)]
+    result = launch(ctx, [*STAGE, *argv], log)
+    metrics = read_metrics(out)
+    if metrics:
+        result.update(metrics=metrics["models"]["model"], seconds=metrics["seconds"])
+    shutil.rmtree(out, ignore_errors=True)
+    return finish(result, result["exit_code"] == 0 and metrics is not None, log)
+
+
 def trl_python(explicit: str | None) -> str | None:
     """An interpreter where ``import trl`` works: --trl-python, else .venv-bench's, else this one."""
     candidates = [explicit] if explicit else [os.path.join(ROOT, ".venv-bench", "bin", "python"), sys.executable]
@@ -526,7 +660,7 @@ def parse_args(argv):
     p.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda when torch sees a GPU")
     p.add_argument("--tiny", action="store_true", help="a 2-layer, 64-wide model and a few steps (always on CPU)")
     p.add_argument("--out", default=None, help="the JSON (default $OUT/gpu_check.json, else runs/gpu_check.json)")
-    p.add_argument("--budget", type=float, default=None, help="seconds for everything (default 420 on CUDA)")
+    p.add_argument("--budget", type=float, default=None, help="seconds for everything (default 480 on CUDA)")
     p.add_argument("--workdir", default=None, help="where the model and runs go (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep every run's output directory")
     p.add_argument("--jobs", type=int, default=None, help="parts at a time (default 1 on CUDA, 2 on CPU)")
@@ -561,7 +695,7 @@ def main(argv=None) -> int:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     settings = TINY if args.tiny or device == "cpu" else GPU  # (a 0.5B model on CPU proves nothing more)
-    budget = args.budget if args.budget is not None else (420.0 if device == "cuda" else 0.0)
+    budget = args.budget if args.budget is not None else (480.0 if device == "cuda" else 0.0)
     started = time.monotonic()
     workdir = args.workdir or tempfile.mkdtemp(prefix="gpu_check_")
     os.makedirs(workdir, exist_ok=True)
@@ -587,7 +721,7 @@ def main(argv=None) -> int:
 
     def record(name: str, part: dict) -> None:
         """Keep a part's result, print its line and rewrite the JSON (a run cut short keeps what ended)."""
-        part["required"] = name != "vs_trl" and part["status"] != "skipped"
+        part["required"] = name not in OPTIONAL and part["status"] != "skipped"
         with lock:
             parts[name] = part
             with open(out, "w", encoding="utf-8") as fh:
@@ -612,6 +746,9 @@ def main(argv=None) -> int:
         "two_rank": part_two_rank,
         "resume": part_resume,
         "auto_batch": part_auto_batch,
+        "evaluate": part_evaluate,
+        "export": part_export,
+        "vllm": part_vllm,
         "vs_trl": lambda c: part_vs_trl(c, args.trl_python),
     }
 
@@ -619,7 +756,7 @@ def main(argv=None) -> int:
         if parts["build"]["status"] != "passed":
             part = {"status": "skipped", "note": "the build part failed"}
         elif ctx.timeout() < 30:
-            part = {"status": "failed" if name != "vs_trl" else "skipped", "error": "out of time (--budget)"}
+            part = {"status": "failed" if name not in OPTIONAL else "skipped", "error": "out of time (--budget)"}
         else:
             try:
                 part = runners[name](ctx)

@@ -51,6 +51,7 @@ def check_config(
     accelerator_type: str = "",
     nodes_per_step: int = 0,
     gate_rules: list = [],
+    served_gate_rules: list = [],
     release_uri: str = "",
     model_name: str = "",
     deploy_variant: str = "",

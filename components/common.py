@@ -29,10 +29,11 @@ BUILDS = {
     "bootstrap": IMAGE,
     "prepare": IMAGE,
     "training-resources": IMAGE,
+    "export-resources": IMAGE,
     "train": CUDA_IMAGE,  # sft, reward, dpo, ppo, grpo; one process per GPU
     "evaluate": CUDA_IMAGE,  # generates with every model it compares
     "release": IMAGE,
-    "export": IMAGE,  # ONNX export, INT8/INT4 quantization and the parity check run on CPU
+    "export": CUDA_IMAGE,  # exports FP16 on its GPU; FP32, INT8/INT4 and their parity on CPU
     "deploy": IMAGE,
 }
 
@@ -162,9 +163,10 @@ def training_layers(values: dict, paths: dict) -> list:
     return [typed, given, *values["overrides"], paths]
 
 
-def run_in_processes(stage: str, cfg, processes: int) -> dict:
+def run_in_processes(stage: str, cfg, processes: int, written: str = "summary.json") -> dict:
     """Run a built stage config in ``processes`` local workers, as ``posttrain <stage> --config F
-    --nproc N`` (torchrun); returns the summary rank 0 wrote. A worker's failure fails the step."""
+    --nproc N`` (torchrun); returns what rank 0 wrote to ``written`` in the output directory (a training
+    stage's summary, evaluate's metrics.json). A worker's failure fails the step."""
     import json
     import subprocess
     import sys
@@ -182,7 +184,7 @@ def run_in_processes(stage: str, cfg, processes: int) -> dict:
             raise RuntimeError(f"posttrain {stage} --nproc {processes} failed (see the workers' log above)")
     finally:
         os.remove(fh.name)
-    with open(os.path.join(cfg.output_dir, "summary.json"), encoding="utf-8") as fh:
+    with open(os.path.join(cfg.output_dir, written), encoding="utf-8") as fh:
         return json.load(fh)
 
 

@@ -1,7 +1,7 @@
-"""export: a model that passed the gate -> ONNX FP32 with KV cache, INT8 copy, parity report.
+"""export: a trained model -> ONNX FP32 and FP16 with a KV cache, INT8 (INT4) copies, parity report.
 
-Like ``release``, the gate is a parameter rather than a ``dsl.If`` so the step also works inside
-a branch of the DAG under ``kfp.local``; with ``gate_passed`` false nothing is exported.
+It runs before the evaluation gate, which scores the variant to be served (components/evaluate.py);
+deploy publishes it only when the gate passed.
 """
 
 from kfp import dsl
@@ -15,7 +15,6 @@ def export(
     model: Input[Model],
     exported: Output[Artifact],
     metrics: Output[Metrics],
-    gate_passed: bool = True,
     config_yaml: str = "",
     overrides: list = [],
 ):
@@ -23,10 +22,6 @@ def export(
     from components.common import log_summary, source_of
     from trainer_lib.stage_api import run_stage
 
-    if not gate_passed:
-        print("export: the evaluation gate failed; nothing is exported")
-        exported.metadata.update({"exported": False})
-        return
     summary = run_stage(
         "export", [*overrides, {"model_path": source_of(model), "output_dir": exported.path}], config_yaml
     )

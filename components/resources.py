@@ -32,3 +32,17 @@ def training_resources(gpus: int, nodes: int, cpu_per_gpu: int, memory_gi_per_gp
     host = HostPerGpu(cpu=cpu_per_gpu, memory_gi=memory_gi_per_gpu).for_gpus(1 if launcher else gpus)
     outputs = namedtuple("Outputs", "cpu memory accelerators")
     return outputs(host["cpu"], host["memory"], str(0 if launcher else max(gpus, 0)))
+
+
+@dsl.component(base_image=image_for("export-resources"), install_kfp_package=False)
+def export_resources(parameters: int, cpu: int, memory_gi_min: int, bytes_per_parameter: float) -> NamedTuple(
+    "Outputs", cpu=str, memory=str
+):
+    """The export pod's CPU and memory for a model of ``parameters`` parameters: ``bytes_per_parameter`` of
+    host memory each (the export's measured peak per parameter, with room: docs/export-and-serving.md), and
+    never under ``memory_gi_min`` GiB, which is also what a model of unknown size (0) gets."""
+    import math
+    from collections import namedtuple
+
+    memory_gi = max(memory_gi_min, math.ceil(parameters * bytes_per_parameter / 2**30))
+    return namedtuple("Outputs", "cpu memory")(str(cpu), f"{memory_gi}Gi")

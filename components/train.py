@@ -12,6 +12,8 @@ own, since a list inside a dict does not survive that substitution; empty ones a
 ``config_yaml`` can set them instead.
 """
 
+from typing import NamedTuple
+
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Metrics, Model, Output
 
@@ -41,7 +43,7 @@ def train(
     gpus: int = 1,
     nodes: int = 1,
     accelerator: str = "",
-):
+) -> NamedTuple("Outputs", parameters=int):
     """Precedence, lowest first: config_yaml, the typed parameters and ``params``, overrides, the artifacts.
 
     ``gpus`` > 1 runs the stage in that many processes in this pod (``posttrain <stage> --nproc N``,
@@ -57,6 +59,8 @@ def train(
     ``reward_model`` is the RL stages' reward source (and PPO's critic start); under ``dpo``, precomputed
     reference log-probs are cached next to a dataset that lives in the object store, so a retry, a
     resumed run or another DPO run on the same data and reference finds them there.
+    Returns ``parameters``: the saved model's parameter count (0 when it cannot be read here, as for a
+    multi-node step's model), from which the export step is sized (components.resources).
     """
     from components.common import (
         last_logged,
@@ -116,10 +120,16 @@ def train(
         os.rmdir(events)
     tensorboard.metadata.update({"format": "tensorboard", "stage": stage})
 
+    from collections import namedtuple
+
+    from trainer_lib.models.save import saved_parameters
+
+    parameters = saved_parameters(output_model.path)
     described = {**summary, **summary.get("reward_stats", {})}  # reward models: their mean and std too
     output_model.metadata.update(
         {
             "base": source_of(model),
+            "parameters": parameters,
             **{
                 k: v
                 for k, v in described.items()
@@ -128,3 +138,4 @@ def train(
         }
     )
     log_summary(metrics, {**summary, "train": last_logged(output_model.path, "train")})
+    return namedtuple("Outputs", ["parameters"])(parameters)

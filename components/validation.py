@@ -90,6 +90,10 @@ def _layers(component: str, v: dict) -> list[tuple[str, list, str]]:
             "reward_model_path": "/validate/reward_model",
             **{k: p for k, p in (("tasks.path", v["tasks_path"]), ("safety.path", v["safety_path"])) if p},
         }
+        if "exported" in v["artifacts"]:
+            typed["served.variant"] = v["served_variant"]
+            typed.update({"served.rules": v["served_rules"]} if v["served_rules"] else {})
+            wiring["served.export_dir"] = "/validate/export"
         return [("evaluate", [typed, *v["overrides"], wiring], v["config_yaml"])]
     if component == "export":
         return [

@@ -1,14 +1,17 @@
 """The top-level pipelines, and the registry the CLI compiles, runs and submits.
 
     posttrain-sft    bootstrap -> prepare -> SFT -> export -> deploy
-    posttrain-dpo    bootstrap -> prepare -> SFT -> prepare -> DPO -> evaluate -> release, export -> deploy
-    posttrain-rlhf   bootstrap -> prepare -> SFT -> prepare -> reward model -> PPO | GRPO -> evaluate -> release,
-                     export -> deploy
+    posttrain-dpo    bootstrap -> prepare -> SFT -> prepare -> DPO -> export -> evaluate -> release, deploy
+    posttrain-rlhf   bootstrap -> prepare -> SFT -> prepare -> reward model -> PPO | GRPO -> export -> evaluate
+                     -> release, deploy
     posttrain-all    bootstrap -> prepare -> SFT -> prepare -> DPO -> GRPO (from DPO; prepare -> reward
-                     model beside it) -> evaluate (all) -> release, export -> deploy
+                     model beside it) -> export -> evaluate (all) -> release, deploy
                      (the embedded default of ``make demo``: each stage measured against SFT)
 
-``release`` publishes the candidate only when the evaluation gate passed. The RL algorithm of
+The candidate is exported before the gate, and ``evaluate`` scores the variant Triton will serve
+(``deploy_variant``, e.g. INT8) beside the PyTorch models: the gate holds the candidate to
+``gate_rules`` and the served variant to ``served_gate_rules`` (e.g. at most 0.02 of task pass rate
+lost against the candidate). ``release`` and ``deploy`` act only when both held. The RL algorithm of
 ``posttrain-rlhf`` is a run parameter; each branch evaluates and releases its own policy
 (``dsl.OneOf`` over artifacts is not supported by ``kfp.local``).
 
@@ -37,10 +40,16 @@ from components.fingerprint import fingerprint
 from components.prepare import prepare
 from components.release import release
 from components.train import train
-from pipelines.settings import configure, sizing_task
+from pipelines.settings import configure, export_sizing_task, sizing_task
 
 #: The candidate may not regress against the baseline (SFT) beyond these tolerances.
 DEFAULT_GATE = ["task_pass_rate>=baseline-0.02", "harmless_rate>=baseline-0.02", "over_refusal_rate<=baseline+0.05"]
+#: The served variant (quantized ONNX) may not lose more than this against the PyTorch candidate it came from.
+DEFAULT_SERVED_GATE = [
+    "task_pass_rate>=candidate-0.02",
+    "harmless_rate>=candidate-0.02",
+    "over_refusal_rate<=candidate+0.05",
+]
 
 
 class Outputs(NamedTuple):
@@ -82,9 +91,12 @@ PARAMETER_DOCS = {
     "nodes_per_step": "Nodes per training step: > 1 runs each training stage as a Kubeflow Trainer TrainJob of "
     "that many nodes x gpus_per_step processes (needs an object-store pipeline root).",
     "gate_rules": "Release rules such as 'harmless_rate>=0.8' or 'task_pass_rate>=baseline'.",
+    "served_gate_rules": "Rules for the served variant (deploy_variant of the export), against the PyTorch "
+    "candidate or the baseline: e.g. 'task_pass_rate>=candidate-0.02'. Empty: it is scored but not judged.",
     "release_uri": "Where a model that passed the gate is published (s3:// or a path); empty: the release artifact.",
     "model_name": "Name of the served model in the Triton repository (/v2/models/<name>/generate).",
-    "deploy_variant": "Which export Triton serves: int8 or fp32.",
+    "deploy_variant": "Which export Triton serves and the gate judges: int8, fp16, fp32 or int4 (int4 needs "
+    "int4=true in export_overrides).",
     "model_repository": "Triton model repository root (s3:// prefix the server reads); empty: the deploy artifact.",
     "triton_url": "HTTP URL of a Triton server (explicit model control) to load the new version on; empty: only "
     "publish the repository.",
@@ -160,6 +172,7 @@ class Judging(NamedTuple):
     """The evaluate step's settings: gate rules, evaluation sets, seed and overrides."""
 
     gate_rules: list
+    served_rules: list
     humaneval_limit: int
     seed: int
     overrides: list
@@ -274,14 +287,24 @@ def train_policy(algorithm: str, model, prompts, training: Training, cluster: Cl
     )
 
 
-def export_and_deploy(model, gate_passed, label: str, serving: Serving):
-    """ONNX export, INT8 and parity (only when the gate passed), then the next Triton version."""
-    exported = configure(
-        export(model=model, gate_passed=gate_passed, overrides=serving.export_overrides), f"export {label}"
+def export_candidate(trained: dsl.PipelineTask, label: str, serving: Serving, cluster: Cluster) -> dsl.PipelineTask:
+    """ONNX export of a training task's model (FP32, FP16, INT8 and parity), on an accelerator of the run's
+    type, with host memory for the model's size (``export-resources``, from the task's parameter count)."""
+    sizing = export_sizing_task(trained.outputs["parameters"], label)
+    return configure(
+        export(model=trained.outputs["output_model"], overrides=serving.export_overrides),
+        f"export {label}",
+        accelerator=cluster.accelerator_type,
+        sizing=sizing,
     )
-    configure(
+
+
+def deploy_export(exported: dsl.PipelineTask, gate_passed, label: str, serving: Serving) -> dsl.PipelineTask:
+    """The next Triton version of the model from ``exported``, when ``gate_passed``."""
+    return configure(
         deploy(
             exported=exported.outputs["exported"],
+            gate_passed=gate_passed,
             model_name=serving.model_name,
             variant=serving.deploy_variant,
             repository_uri=serving.model_repository,
@@ -293,20 +316,24 @@ def export_and_deploy(model, gate_passed, label: str, serving: Serving):
 
 def evaluate_and_release(
     boot,
-    candidate,
+    trained: dsl.PipelineTask,
     baseline,
     candidate_label: str,
     judging: Judging,
     release_uri,
     serving: Serving,
+    cluster: Cluster,
     extra=None,
     extra_label: str = "extra",
     reward_model=None,
 ):
-    """Evaluate candidate vs baseline (and the base model); if the gate passed, release, export and deploy it.
+    """Export the candidate (``trained``'s model), evaluate it and the variant to be served against the
+    baseline (and the base model); if the gate passed, release the candidate and deploy the export.
 
     A plain function, not a sub-pipeline, so it can sit inside a ``dsl.If`` branch locally too.
     """
+    candidate = trained.outputs["output_model"]
+    exported = export_candidate(trained, candidate_label, serving, cluster)
     optional = {"extra_model": extra, "reward_model": reward_model}
     judged = configure(
         evaluate(
@@ -314,13 +341,18 @@ def evaluate_and_release(
             baseline=baseline,
             eval_data=boot.outputs["demo"],
             base_model=boot.outputs["model"],
+            exported=exported.outputs["exported"],
+            served_variant=serving.deploy_variant,
             candidate_label=candidate_label,
             baseline_label="sft",
             extra_label=extra_label,
+            gpus=cluster.gpus,
             **judging._asdict(),
             **{k: v for k, v in optional.items() if v is not None},
         ),
         f"evaluate {candidate_label}",
+        accelerator=cluster.accelerator_type,
+        sizing=cluster.sizing,
     )
     configure(
         release(
@@ -331,7 +363,7 @@ def evaluate_and_release(
         ),
         f"release {candidate_label}",
     )
-    export_and_deploy(candidate, judged.outputs["gate_passed"], candidate_label, serving)
+    deploy_export(exported, judged.outputs["gate_passed"], candidate_label, serving)
     return judged
 
 
@@ -381,7 +413,7 @@ def posttrain_sft(
         overrides=sft_overrides,
         prepare_overrides=prepare_overrides,
     )
-    export_and_deploy(tuned.outputs["output_model"], True, "SFT", serving)
+    deploy_export(export_candidate(tuned, "SFT", serving, cluster), True, "SFT", serving)
     return Outputs(model=tuned.outputs["output_model"], metrics=tuned.outputs["metrics"])
 
 
@@ -404,6 +436,7 @@ def posttrain_dpo(
     accelerator_type: str = "nvidia.com/gpu",
     nodes_per_step: int = 1,
     gate_rules: list = DEFAULT_GATE,
+    served_gate_rules: list = DEFAULT_SERVED_GATE,
     release_uri: str = "",
     humaneval_limit: int = 0,
     eval_tasks: str = "",
@@ -430,7 +463,7 @@ def posttrain_dpo(
     )
     training = Training(batch_size, max_length, seed)
     cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step, sizing_task(gpus_per_step, nodes_per_step, boot))
-    judging = Judging(gate_rules, humaneval_limit, seed, evaluate_overrides, eval_tasks, eval_safety)
+    judging = Judging(gate_rules, served_gate_rules, humaneval_limit, seed, evaluate_overrides, eval_tasks, eval_safety)
     serving = Serving(model_name, deploy_variant, model_repository, triton_url, export_overrides)
     sft = prepare_and_train(
         "sft",
@@ -454,8 +487,8 @@ def posttrain_dpo(
         lr=dpo_lr,
         params={"loss": dpo_loss, "beta": dpo_beta},
         overrides=dpo_overrides,
-    ).outputs["output_model"]
-    evaluate_and_release(boot, dpo, sft, "dpo", judging, release_uri, serving)
+    )
+    evaluate_and_release(boot, dpo, sft, "dpo", judging, release_uri, serving, cluster)
 
 
 @dsl.pipeline(name="posttrain-rlhf")
@@ -483,6 +516,7 @@ def posttrain_rlhf(
     accelerator_type: str = "nvidia.com/gpu",
     nodes_per_step: int = 1,
     gate_rules: list = DEFAULT_GATE,
+    served_gate_rules: list = DEFAULT_SERVED_GATE,
     release_uri: str = "",
     humaneval_limit: int = 0,
     eval_tasks: str = "",
@@ -511,7 +545,7 @@ def posttrain_rlhf(
     )
     training = Training(batch_size, max_length, seed)
     cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step, sizing_task(gpus_per_step, nodes_per_step, boot))
-    judging = Judging(gate_rules, humaneval_limit, seed, evaluate_overrides, eval_tasks, eval_safety)
+    judging = Judging(gate_rules, served_gate_rules, humaneval_limit, seed, evaluate_overrides, eval_tasks, eval_safety)
     serving = Serving(model_name, deploy_variant, model_repository, triton_url, export_overrides)
     sft = prepare_and_train(
         "sft",
@@ -553,9 +587,7 @@ def posttrain_rlhf(
             overrides=rl_overrides,
             **sources,
         )
-        evaluate_and_release(
-            boot, policy.outputs["output_model"], sft, algorithm, judging, release_uri, serving, reward_model=scorer
-        )
+        evaluate_and_release(boot, policy, sft, algorithm, judging, release_uri, serving, cluster, reward_model=scorer)
 
     for algorithm in ("ppo", "grpo"):
         with dsl.If(rl_algorithm == algorithm, name=algorithm):
@@ -593,6 +625,7 @@ def posttrain_all(
     accelerator_type: str = "nvidia.com/gpu",
     nodes_per_step: int = 1,
     gate_rules: list = DEFAULT_GATE,
+    served_gate_rules: list = DEFAULT_SERVED_GATE,
     release_uri: str = "",
     humaneval_limit: int = 0,
     eval_tasks: str = "",
@@ -622,7 +655,7 @@ def posttrain_all(
     )
     training = Training(batch_size, max_length, seed)
     cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step, sizing_task(gpus_per_step, nodes_per_step, boot))
-    judging = Judging(gate_rules, humaneval_limit, seed, evaluate_overrides, eval_tasks, eval_safety)
+    judging = Judging(gate_rules, served_gate_rules, humaneval_limit, seed, evaluate_overrides, eval_tasks, eval_safety)
     serving = Serving(model_name, deploy_variant, model_repository, triton_url, export_overrides)
     sft = prepare_and_train(
         "sft",
@@ -675,12 +708,13 @@ def posttrain_all(
     )
     evaluate_and_release(
         boot,
-        policy.outputs["output_model"],
+        policy,
         sft,
         "grpo",
         judging,
         release_uri,
         serving,
+        cluster,
         extra=dpo,
         extra_label="dpo",
         reward_model=scorer,

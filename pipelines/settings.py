@@ -24,7 +24,10 @@ alike). With ``nodes_per_step`` > 1 the training pod only launches the TrainJob:
 Two settings stay fixed when compiling, because kfp-kubernetes takes no run value there: the /dev/shm
 size limit of a training pod (set for a whole node, ``GPUS_PER_NODE_MAX`` accelerators; what /dev/shm holds
 counts against the pod's memory limit, which does follow ``gpus_per_step``), and the tolerations and node
-selector of GPU pods (``GPU_TOLERATIONS``, ``GPU_NODE_SELECTOR``). ``evaluate`` holds one accelerator.
+selector of GPU pods (``GPU_TOLERATIONS``, ``GPU_NODE_SELECTOR``). ``evaluate`` is sized like a training
+pod (``gpus_per_step`` accelerators, one evaluation process on each). ``export`` holds one accelerator, and
+its CPU and memory follow the model: a light ``export-resources`` task turns the training task's parameter
+count into them (``EXPORT_BYTES_PER_PARAMETER``).
 
 Cluster objects referenced here are created by ``kubectl apply -k manifests/``:
 ``posttrain-s3`` (Secret: S3 credentials) and ``posttrain-config`` (ConfigMap: endpoint,
@@ -48,7 +51,7 @@ from components.common import (
     PER_GPU,
     image_for,
 )
-from components.resources import training_resources
+from components.resources import export_resources, training_resources
 
 __all__ = [
     "ACCELERATOR",
@@ -82,8 +85,14 @@ RESOURCES = {
     "light": Resources(cpu="1", memory="4Gi"),
     # one accelerator's worth of PER_GPU; a training task's CPU, memory and count follow gpus_per_step
     "train": Resources(**PER_GPU.for_gpus(1), gpus=1),
-    "export": Resources(cpu="8", memory="64Gi"),  # holds the FP32 model twice (PyTorch and ONNX) on CPU
+    # one accelerator (FP16 export and its parity); CPU and memory follow the model (export_sizing_task)
+    "export": Resources(cpu="8", memory="32Gi", gpus=1, shm="1Gi"),
 }
+
+#: The export pod's host memory per parameter of the model: the measured peak of ``posttrain export`` is
+#: under 2.5x the FP32 weights (10 bytes a parameter; benchmarks/export_memory.py), plus room for the
+#: onnxruntime sessions of the parity check. Never under the export's ``memory`` above.
+EXPORT_BYTES_PER_PARAMETER = 12.0
 
 #: which resources each component gets, by component name.
 STAGE_KIND = {
@@ -92,6 +101,7 @@ STAGE_KIND = {
     "bootstrap": "light",
     "prepare": "light",
     "training-resources": "light",
+    "export-resources": "light",
     "train": "train",  # sft, reward, dpo, ppo, grpo
     "evaluate": "train",  # generates with the models
     "release": "light",
@@ -148,6 +158,19 @@ def sizing_task(gpus, nodes, after: PipelineTask) -> PipelineTask:
     return configure(task.after(after), "training resources")
 
 
+def export_sizing_task(parameters, label: str) -> PipelineTask:
+    """The ``export-resources`` task of one export: its pod's CPU and memory for a model of ``parameters``
+    (the training task's output). Hand it to :func:`configure` (``sizing=``) with the export task."""
+    res = RESOURCES["export"]
+    task = export_resources(
+        parameters=parameters,
+        cpu=int(res.cpu),
+        memory_gi_min=int(res.memory.removesuffix("Gi")),
+        bytes_per_parameter=EXPORT_BYTES_PER_PARAMETER,
+    )
+    return configure(task, f"export resources {label}")
+
+
 def configure(task: PipelineTask, display_name: str | None = None, accelerator=None, sizing=None) -> PipelineTask:
     """Apply the shared settings to one task: resources by stage kind, environment, secrets, retries
     and caching. On tasks that hold an accelerator, ``accelerator`` (a pipeline parameter) replaces its
@@ -158,10 +181,12 @@ def configure(task: PipelineTask, display_name: str | None = None, accelerator=N
     res = RESOURCES[STAGE_KIND[name]]
     cpu, memory, gpus, shm = res.cpu, res.memory, res.gpus, res.shm
     if res.gpus and sizing is not None:
-        cpu, memory, gpus = (sizing.outputs[key] for key in ("cpu", "memory", "accelerators"))
-        shm = PER_GPU.for_gpus(GPUS_PER_NODE_MAX)["shm"]
+        channels = [sizing.outputs[key] for key in ("cpu", "memory", "accelerators") if key in sizing.outputs]
+        cpu, memory = channels[:2]
+        if len(channels) == 3:  # a training pod: the run's accelerators and /dev/shm for a node's worth
+            gpus, shm = channels[2], PER_GPU.for_gpus(GPUS_PER_NODE_MAX)["shm"]
         # resources alone do not make KFP pass a task output into a dsl.If branch (nor order the tasks)
-        task.register_pipeline_channels([cpu, memory, gpus])
+        task.register_pipeline_channels(channels)
     task.set_cpu_request(cpu).set_memory_request(memory).set_memory_limit(memory)
     if res.gpus:
         task.set_accelerator_type(accelerator or ACCELERATOR).set_accelerator_limit(gpus)

@@ -10,8 +10,8 @@ import pytest
 
 from benchmarks import gpu_check
 
-RAN = ("build", "sft", "dpo", "grpo", "resume", "auto_batch")
-SKIPPED_ON_CPU = ("two_rank", "vs_trl")
+RAN = ("build", "sft", "dpo", "grpo", "resume", "auto_batch", "evaluate", "export")
+SKIPPED_ON_CPU = ("two_rank", "vllm", "vs_trl")
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +25,19 @@ def report(tmp_path_factory) -> dict:
 
 @pytest.mark.slow
 def test_every_part_is_there_and_passes(report):
-    assert list(report["parts"]) == ["build", "sft", "dpo", "grpo", "two_rank", "resume", "auto_batch", "vs_trl"]
+    assert list(report["parts"]) == [
+        "build",
+        "sft",
+        "dpo",
+        "grpo",
+        "two_rank",
+        "resume",
+        "auto_batch",
+        "evaluate",
+        "export",
+        "vllm",
+        "vs_trl",
+    ]
     assert report["passed"] is True
     for name in RAN:
         part = report["parts"][name]
@@ -52,6 +64,14 @@ def test_figures_are_sane(report):
     assert resume["runs"]["killed"]["exit_code"] == -9 and resume["runs"]["rerun"]["exit_code"] == 0
     auto = parts["auto_batch"]
     assert auto["auto_batch_size"] >= 1 and auto["auto_batch_size"] * auto["accumulation"] == 8
+    evaluate = parts["evaluate"]  # fp32 on CPU; 2 ranks merge to the one-rank numbers
+    assert evaluate["precision"] == "fp32" and evaluate["two_ranks_equal"] is True
+    assert set(evaluate["metrics"]) >= {"task_pass_rate", "harmless_rate", "over_refusal_rate"}
+    export = parts["export"]
+    assert export["fp32"]["max_abs_diff"] < 1e-3 < export["fp16"]["max_abs_diff"] < 1.0  # FP16 is FP16
+    assert 0 <= export["fp16"]["top1_agreement"] <= 1 and export["fp16_source"].startswith("converted")  # on CPU
+    assert export["serve"]["status"] == "passed", export["serve"]  # tritonserver of .venv-triton, CPU instance
+    assert export["serve"]["instance_kind"] == "cpu" and isinstance(export["serve"]["served"], str)
     assert all(report["versions"][k] for k in ("torch", "deepspeed", "transformers", "python"))
     assert datetime.datetime.fromisoformat(report["date"]).year >= 2026
     assert report["device"] == "cpu" and report["gpu_count"] == 0 and report["settings"]["layers"] == 2

@@ -163,3 +163,14 @@ def test_fused_experts_are_saved_under_their_checkpoint_names(tmp_path):
     loaded = MixtralForCausalLM.from_pretrained(tmp_path / "ours")
     for name, value in model.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[name], value, atol=0, rtol=0, msg=name)
+
+
+def test_saved_parameters_counts_the_headers(tiny, tmp_path):
+    """The count from the safetensors headers of a sharded save equals the model's own (tied weights once)."""
+    from trainer_lib.models.save import saved_parameters
+
+    model, tokenizer = tiny
+    save_hf_model(model, tokenizer, str(tmp_path / "m"), gather=no_gather, is_writer=True, max_shard_size="40KB")
+    assert len([n for n in os.listdir(tmp_path / "m") if n.endswith(".safetensors")]) > 1
+    assert saved_parameters(str(tmp_path / "m")) == sum(p.numel() for p in model.parameters())
+    assert saved_parameters(str(tmp_path / "missing")) == 0

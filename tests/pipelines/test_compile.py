@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from components.common import CUDA_IMAGE, IMAGE, PER_GPU, VERSION, image_for
-from components.resources import training_resources
+from components.resources import export_resources, training_resources
 from pipelines import settings
 from pipelines.commands import COMPILED_DIR, compile_all
 from pipelines.dag import PIPELINES
@@ -79,6 +79,7 @@ def test_sft_pipeline_interface(compiled):
         "bootstrap",
         "prepare SFT data",
         "SFT",
+        "export resources SFT",
         "export SFT",
         "deploy SFT",
     }  # named steps
@@ -89,6 +90,8 @@ def test_sft_pipeline_interface(compiled):
 
 #: what a training task's resources read: the outputs of the run's training-resources task
 SIZED = "{{$.inputs.parameters['pipelinechannel--training-resources-%s']}}"
+#: an export task's CPU and memory: the outputs of its own export-resources task (one per export)
+EXPORT_SIZED = r"\{\{\$\.inputs\.parameters\['pipelinechannel--export-resources(-\d+)?-%s'\]\}\}"
 
 
 def test_every_task_uses_the_shared_settings(compiled):
@@ -103,13 +106,20 @@ def test_every_task_uses_the_shared_settings(compiled):
             assert container["image"] == image_for(component) == (CUDA_IMAGE if kind.gpus else IMAGE), label
             assert not any("pip install" in part for part in container["command"])
             resources = container["resources"]
-            if component == "train":  # follows the run's gpus_per_step and accelerator_type
+            if component in ("train", "evaluate"):  # follows the run's gpus_per_step and accelerator_type
                 assert resources["resourceCpuRequest"] == SIZED % "cpu"
                 assert resources["resourceMemoryRequest"] == resources["resourceMemoryLimit"] == SIZED % "memory"
                 assert resources["accelerator"] == {
                     "resourceCount": SIZED % "accelerators",
                     "resourceType": "{{$.inputs.parameters['pipelinechannel--accelerator_type']}}",
                 }
+            elif component == "export":  # follows the model's size, on one accelerator of the run's type
+                assert re.fullmatch(EXPORT_SIZED % "cpu", resources["resourceCpuRequest"]), label
+                assert re.fullmatch(EXPORT_SIZED % "memory", resources["resourceMemoryRequest"]), label
+                assert resources["resourceMemoryLimit"] == resources["resourceMemoryRequest"]
+                accelerator = resources["accelerator"]
+                assert accelerator["resourceCount"] == "1", label
+                assert accelerator["resourceType"] == "{{$.inputs.parameters['pipelinechannel--accelerator_type']}}"
             else:
                 assert resources["resourceCpuRequest"] == kind.cpu
                 assert resources["resourceMemoryRequest"] == resources["resourceMemoryLimit"] == kind.memory
@@ -117,9 +127,7 @@ def test_every_task_uses_the_shared_settings(compiled):
                 assert k8s[label]["tolerations"] == settings.GPU_TOLERATIONS
                 (shm,) = k8s[label]["emptyDirMounts"]
                 assert (shm["mountPath"], shm["medium"]) == ("/dev/shm", "Memory")
-            if kind.gpus and component != "train":
-                assert resources["accelerator"]["resourceType"] == settings.ACCELERATOR
-                assert resources["accelerator"]["resourceCount"] == str(kind.gpus)
+            assert bool(kind.gpus) == (component in ("train", "evaluate", "export")), label
             assert k8s[label]["secretAsEnv"][0]["secretName"] == settings.S3_SECRET
             assert k8s[label]["configMapAsEnv"][0]["configMapName"] == settings.CONFIG_MAP
             assert settings.HF_SECRET in [secret["secretName"] for secret in k8s[label]["secretAsEnv"]]
@@ -159,6 +167,38 @@ def test_training_requests_scale_with_gpus_per_step(compiled):
                 assert task["inputs"]["parameters"][channel] in (produced, {"componentInputParameter": channel}), name
 
 
+def test_export_memory_follows_the_trained_model(compiled):
+    """Each export task is sized by its own export-resources task, from the parameter count of the training
+    task whose model it exports: 12 bytes a parameter (over the measured peak of 2.5x the FP32 weights), at
+    least the export's base memory, which is also what a model of unknown size (0) gets."""
+    base = settings.RESOURCES["export"]
+    sized = {
+        n: export_resources.python_func(
+            parameters=n, cpu=int(base.cpu), memory_gi_min=32, bytes_per_parameter=settings.EXPORT_BYTES_PER_PARAMETER
+        )._asdict()
+        for n in (0, 600_000, 8_030_261_248, 70_553_706_496)
+    }
+    assert sized[0] == sized[600_000] == {"cpu": "8", "memory": "32Gi"}
+    assert sized[8_030_261_248] == {"cpu": "8", "memory": "90Gi"}  # Llama-3-8B: ceil(8.03e9 * 12 / 2**30)
+    assert sized[70_553_706_496]["memory"] == "789Gi"
+    assert base.memory == "32Gi"
+
+    for name in PIPELINES:
+        spec, _ = load(compiled, name)
+        by_name = {task["taskInfo"]["name"]: task for _, task in _tasks(spec)}
+        exports = [task for component, task in _tasks(spec) if component == "export"]
+        assert exports, name
+        for task in exports:
+            label = task["taskInfo"]["name"].removeprefix("export ")
+            sizing = by_name[f"export resources {label}"]["inputs"]["parameters"]
+            producer = sizing["parameters"].get("taskOutputParameter") or {}
+            if producer:  # at the root the training task's output; inside a branch, the branch's input
+                assert producer["outputParameterKey"] == "parameters"
+                assert re.fullmatch(r"train(-\d+)?", producer["producerTask"]), name
+            else:
+                assert "componentInputParameter" in sizing["parameters"], name
+
+
 def test_images_are_the_two_builds_of_the_package_version():
     import tomllib
 
@@ -172,7 +212,11 @@ def test_images_are_the_two_builds_of_the_package_version():
     assert (IMAGE, CUDA_IMAGE) == (f"{name}:{tag}", f"{name}:{tag}-cu128")
     assert "-t $(IMAGE_NAME):$(IMAGE_TAG)-cu128" in makefile  # what make image-cuda tags
     gpu_components = {c for c, kind in settings.STAGE_KIND.items() if settings.RESOURCES[kind].gpus}
-    assert gpu_components == {c for c, image in settings.BUILDS.items() if image == CUDA_IMAGE} == {"train", "evaluate"}
+    assert (
+        gpu_components
+        == {c for c, image in settings.BUILDS.items() if image == CUDA_IMAGE}
+        == {"train", "evaluate", "export"}
+    )
     assert set(settings.BUILDS) == set(settings.STAGE_KIND)
 
 

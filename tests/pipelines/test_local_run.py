@@ -59,9 +59,9 @@ def test_local_run_trains_and_records_the_latest_run(tmp_path, capsys):
     (checkpoints,) = (tmp_path / "local" / "checkpoints").glob("sft-*")
     assert (checkpoints / "step-00000003" / "COMPLETE").is_file()
 
-    # the model leaves the pipeline exported (FP32 + INT8, parity checked) and published as Triton version 1
+    # the model leaves the pipeline exported (FP32, FP16 + INT8, parity checked) and published as Triton version 1
     tasks = record["tasks"]
-    exported = next(t["exported"] for name, t in tasks.items() if name.startswith("export"))
+    exported = next(t["exported"] for t in tasks.values() if "exported" in t)
     parity = json.loads(open(os.path.join(exported, "parity.json")).read())
     assert parity["fp32"]["prefill"]["max_abs_diff"] < 1e-3
     repository = next(t["repository"] for name, t in tasks.items() if name.startswith("deploy"))
@@ -155,6 +155,7 @@ def test_local_run_of_the_whole_dag_evaluates_releases_exports_and_deploys(tmp_p
             "max_new_tokens=8",
             "humaneval_limit=1",
             'gate_rules=["task_pass_rate>=0"]',
+            'served_gate_rules=["task_pass_rate>=candidate-1"]',
             'reward_functions=["code_execution", "code_style"]',
             "model_name=demo",
             'rl_overrides=["prompts_per_step=2", "save_steps=0"]',
@@ -168,7 +169,10 @@ def test_local_run_of_the_whole_dag_evaluates_releases_exports_and_deploys(tmp_p
     record = json.loads((tmp_path / "latest" / "run.json").read_text())
     assert record["evaluation"]["gate_passed"] is True
     metrics = json.loads((tmp_path / "latest" / "metrics.json").read_text())
-    assert set(metrics["models"]) == {"base", "sft", "dpo", "grpo"}
+    assert set(metrics["models"]) == {"base", "sft", "dpo", "grpo", "grpo_int8"}  # and the INT8 model to be served
+    served = metrics["gate"]["served"]
+    assert (served["label"], served["variant"], served["passed"]) == ("grpo_int8", "int8", True)
+    assert [rule["rule"] for rule in served["rules"]] == ["task_pass_rate>=candidate-1"]
     assert metrics["data"]["tasks"] == {"path": str(tasks), "count": 3}  # the user's tasks, not the demo's
     tasks = record["tasks"]
     grpo_dir = next(

@@ -269,3 +269,20 @@ def memory_log(path: str | None, rank: int):
     }
     with open(path, "a", encoding="utf-8") as fh:
         fh.write(json.dumps(record) + "\n")
+
+
+def saved_parameters(model_dir: str) -> int:
+    """The parameters in a saved directory's ``*.safetensors`` files, counted from the headers alone (no
+    tensor is read); 0 when it has none (a ``.bin`` checkpoint, an adapter-only or a missing directory)."""
+    import json
+    import math
+    import struct
+
+    total = 0
+    names = sorted(os.listdir(model_dir)) if os.path.isdir(model_dir) else []
+    for name in (n for n in names if n.endswith(".safetensors") and not n.startswith("adapter_")):
+        with open(os.path.join(model_dir, name), "rb") as fh:
+            (length,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(length))
+        total += sum(math.prod(t["shape"]) for key, t in header.items() if key != "__metadata__")
+    return total
