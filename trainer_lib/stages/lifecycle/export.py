@@ -1,10 +1,13 @@
-"""``posttrain export``: ONNX FP32 decoder with a KV cache, INT8 (and INT4) copies, parity report.
+"""``posttrain export``: ONNX FP32 decoder with a KV cache, FP16, INT8 (and INT4) copies, parity report.
 
-    posttrain export model_path=out/dpo/final output_dir=out/onnx [int4=true]
+    posttrain export model_path=out/dpo/final output_dir=out/onnx [int4=true] [fp16=false]
 
 Writes under ``output_dir``::
 
     onnx/fp32/model.onnx (+ model.onnx.data)   decoder graph, see trainer_lib/export/onnx_decoder.py
+    onnx/fp16/model.onnx (+ model.onnx.data)   fp16 weights and cache (fp16=true, the default): exported
+                                               in half precision on a CUDA machine, else converted from
+                                               FP32 (trainer_lib/export/fp16.py)
     onnx/int8/model.onnx (+ model.onnx.data)   int8 weights (quantize.embeddings: Gather too)
     onnx/int4/model.onnx (+ model.onnx.data)   with int4=true: 4-bit MatMulNBits weights
     tokenizer/                                 the tokenizer's save_pretrained files
@@ -12,17 +15,24 @@ Writes under ``output_dir``::
     export.json                                the summary this stage returns; written last
 
 The stage fails (exit code 2) when the FP32 graph's logits differ from PyTorch's by more than
-``parity.fp32_max_abs_diff`` or INT8 top-1 agreement is under ``parity.int8_min_top1_agreement``.
-Everything is built in a temporary directory and published only after the checks pass, so a
-failed export leaves ``output_dir`` as it was; a consumer waiting for ``export.json`` never
-sees a half-written export.
+``parity.fp32_max_abs_diff``, or INT8's (FP16's) top-1 agreement is under
+``parity.int8_min_top1_agreement`` (``parity.fp16_min_top1_agreement``). Everything is built in a
+temporary directory and published only after the checks pass, so a failed export leaves
+``output_dir`` as it was; a consumer waiting for ``export.json`` never sees a half-written export.
+
+Memory: one copy of the weights at a time. PyTorch's side of every parity figure is computed
+right after the FP32 export and the model is freed before any onnxruntime session opens; then
+each variant is built (from the FP32 files, a slice of the weights at a time) and measured in its
+own session, closed before the next. Progress goes to stderr as ``export: ...`` lines.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -50,6 +60,7 @@ class ParityConfig:
     max_new_tokens: int = opt(16, "Greedy generation length for the exact-match check.")
     fp32_max_abs_diff: float = opt(1e-3, "Fail when FP32's max |logit diff| from PyTorch exceeds this.")
     int8_min_top1_agreement: float = opt(0.9, "Fail when INT8's top-1 agreement with PyTorch is below this (0: off).")
+    fp16_min_top1_agreement: float = opt(0.95, "Fail when FP16's top-1 agreement with PyTorch is below this (0: off).")
     latency_tokens: int = opt(32, "Decode steps timed per model for the latency figures (batch 1).")
     threads: int = opt(1, "CPU threads for PyTorch and onnxruntime in the latency run (0: their defaults).")
 
@@ -65,6 +76,9 @@ class ExportConfig:
     model_path: str | None = opt(None, "HF causal-LM directory to export (local or a URL such as s3://; LoRA merged).")
     output_dir: str | None = opt(None, "Where onnx/, tokenizer/, parity.json and export.json go (local or URL).")
     int4: bool = opt(False, "Also build an INT4 (MatMulNBits, weight-only) model.")
+    fp16: bool = opt(
+        True, "Also build an FP16 model (for GPU serving): half precision on CUDA when there is one, else converted."
+    )
     opset: int = opt(18, "ONNX opset of the exported graph (the dynamo exporter emits 18 or newer).")
     parity: ParityConfig = opt(ParityConfig, "Parity and latency checks against PyTorch.")
     quantize: QuantizeConfig = opt(QuantizeConfig, "Quantization settings.")
@@ -83,10 +97,9 @@ class ExportConfig:
             raise ConfigError(f"parity.threads: expected >= 0, got {self.parity.threads}")
         if not self.parity.fp32_max_abs_diff >= 0:
             raise ConfigError(f"parity.fp32_max_abs_diff: expected >= 0, got {self.parity.fp32_max_abs_diff}")
-        if not 0 <= self.parity.int8_min_top1_agreement <= 1:
-            raise ConfigError(
-                f"parity.int8_min_top1_agreement: expected 0 <= x <= 1, got {self.parity.int8_min_top1_agreement}"
-            )
+        for key in ("int8_min_top1_agreement", "fp16_min_top1_agreement"):
+            if not 0 <= getattr(self.parity, key) <= 1:
+                raise ConfigError(f"parity.{key}: expected 0 <= x <= 1, got {getattr(self.parity, key)}")
 
 
 CONFIG = ExportConfig
@@ -101,7 +114,7 @@ def run(cfg: ExportConfig) -> dict:
         raise UserError(f"model_path: {cfg.model_path} does not exist") from None
     if os.path.isdir(model_dir) and not os.path.exists(os.path.join(model_dir, "config.json")):
         raise UserError(f"model_path: {cfg.model_path} has no config.json; expected a Hugging Face model directory")
-    model, tokenizer = _load(model_dir, cfg.model_path)
+    tokenizer = _load_tokenizer(model_dir, cfg.model_path)
     prompts = _prompt_ids(cfg.parity, tokenizer)
 
     local_out = None if storage.is_remote(cfg.output_dir) else os.path.abspath(os.path.expanduser(cfg.output_dir))
@@ -109,23 +122,35 @@ def run(cfg: ExportConfig) -> dict:
     os.makedirs(parent, exist_ok=True)
     work = tempfile.mkdtemp(prefix=".export-", dir=parent)  # beside output_dir, so publishing is a rename
     try:
-        summary = _build(cfg, model, tokenizer, prompts, work)
+        summary = _build(cfg, model_dir, tokenizer, prompts, work)
         _publish(work, cfg.output_dir, local_out, summary)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return summary
 
 
-def _load(model_dir: str, source: str):
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def _load_tokenizer(model_dir: str, source: str):
+    from transformers import AutoTokenizer
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        return AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError) as exc:
-        raise UserError(f"model_path: could not load a causal LM and tokenizer from {source}: {exc}") from None
-    return model.eval(), tokenizer
+        raise _not_loaded(source, exc) from None
+
+
+def _load_model(model_dir: str, source: str):
+    """The model in fp32, loaded only where it is used (see _from_torch), so that it can be freed."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    except (OSError, ValueError) as exc:
+        raise _not_loaded(source, exc) from None
+
+
+def _not_loaded(source: str, exc: Exception) -> UserError:
+    return UserError(f"model_path: could not load a causal LM and tokenizer from {source}: {exc}")
 
 
 def _prompt_ids(parity: ParityConfig, tokenizer) -> list[list[int]]:
@@ -179,120 +204,193 @@ def _read_prompts(path: str) -> list:
     return prompts
 
 
-def _build(cfg: ExportConfig, model, tokenizer, prompts: list[list[int]], work: str) -> dict:
-    """Export, check FP32, quantize, measure everything, check INT8; all files go under ``work``."""
-    from trainer_lib.export import parity
-    from trainer_lib.export.onnx_decoder import export_decoder
-    from trainer_lib.export.ort_generate import OrtDecoder
+@dataclass
+class Reference:
+    """PyTorch's side of every parity figure, computed once before the model is freed."""
+
+    logits: object  # parity.ReferenceLogits
+    greedy: list[list[int]]
+    latency: dict
+    layout: dict
+    eos: object
+    pad: int
+    fp16_source: str | None  # how the FP16 model was made, when it was exported from PyTorch
+
+
+def _progress(what: str, start: float) -> None:
+    print(f"export: {what} ({time.time() - start:.0f} s)", file=sys.stderr, flush=True)  # stdout: the summary
+
+
+def _build(cfg: ExportConfig, model_dir: str, tokenizer, prompts: list[list[int]], work: str) -> dict:
+    """Export and measure PyTorch, then build, measure and check each variant in turn; all files
+    go under ``work``."""
+    from trainer_lib.export.fp16 import convert_fp16
     from trainer_lib.export.quantize import quantize_int4, quantize_int8
 
     start = time.time()
-    dirs = {name: os.path.join(work, "onnx", name) for name in ("fp32", "int8", *(("int4",) if cfg.int4 else ()))}
+    names = ("fp32", *(("fp16",) if cfg.fp16 else ()), "int8", *(("int4",) if cfg.int4 else ()))
+    dirs = {name: os.path.join(work, "onnx", name) for name in names}
+    reference = _from_torch(cfg, model_dir, tokenizer, prompts, dirs, start)
+    gc.collect()  # the model's last references went with _from_torch
+    fp32_path = os.path.join(dirs["fp32"], "model.onnx")
+    build = {
+        "int8": lambda out: quantize_int8(fp32_path, out, embeddings=cfg.quantize.embeddings),
+        "int4": lambda out: quantize_int4(fp32_path, out, block_size=cfg.quantize.int4_block_size),
+        "fp16": lambda out: convert_fp16(fp32_path, out),
+    }
+    report = {"pytorch": reference.latency}
+    for name in names:
+        if not os.path.exists(os.path.join(dirs[name], "model.onnx")):  # (FP32, and FP16 on CUDA: from PyTorch)
+            _progress(f"building {name}", start)
+            build[name](os.path.join(dirs[name], "model.onnx"))
+        _progress(f"checking {name}", start)
+        report[name] = _measure(cfg.parity, dirs[name], reference, prompts, _providers(name))
+        report[name].update(_sizes(dirs[name], dirs["fp32"]))
+        _check(cfg, name, report[name])
+    report.update(
+        {
+            "prompts": len(prompts),
+            "max_new_tokens": cfg.parity.max_new_tokens,
+            "threads": cfg.parity.threads,
+            "latency_tokens": cfg.parity.latency_tokens,
+            "thresholds": {
+                key: getattr(cfg.parity, key)
+                for key in ("fp32_max_abs_diff", "int8_min_top1_agreement", "fp16_min_top1_agreement")
+            },
+        }
+    )
+    with open(os.path.join(work, "parity.json"), "w", encoding="utf-8") as fh:
+        json.dump(report, fh, indent=2)
+    tokenizer.save_pretrained(os.path.join(work, "tokenizer"))
+    _progress("done", start)
+    return _summary(cfg, reference, report, time.time() - start)
+
+
+def _from_torch(cfg: ExportConfig, model_dir: str, tokenizer, prompts, dirs: dict, start: float) -> Reference:
+    """Load the model, export FP32, compute PyTorch's figures and, on a CUDA machine, export FP16
+    from the model in half precision there. The model is not kept: it is freed on return."""
+    import torch
+
+    from trainer_lib.export import parity
+
+    _progress("loading the model", start)
+    model = _load_model(model_dir, cfg.model_path)
+    _progress("exporting fp32", start)
+    layout = _export(cfg, model, dirs["fp32"])
+    _progress("measuring pytorch", start)
+    eos = model.generation_config.eos_token_id
+    eos = tokenizer.eos_token_id if eos is None else eos
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    decoder = parity.TorchDecoder(model)
+    logits = parity.reference_logits(decoder, prompts)
+    greedy = parity.torch_greedy(model, prompts, cfg.parity.max_new_tokens, eos, pad)
+    with parity.torch_threads(cfg.parity.threads):
+        latency = parity.decode_latency(decoder, max(prompts, key=len), cfg.parity.latency_tokens)
+    fp16_source = None
+    if "fp16" in dirs and torch.cuda.is_available():
+        _progress("exporting fp16 on cuda", start)
+        model.to("cuda", dtype=torch.float16)  # in place: the host copy of the weights goes
+        _export(cfg, model, dirs["fp16"])
+        fp16_source = "torch.float16 on cuda"
+        del model, decoder
+        torch.cuda.empty_cache()
+    return Reference(logits, greedy, latency, layout, eos, pad, fp16_source)
+
+
+def _export(cfg: ExportConfig, model, directory: str) -> dict:
+    from trainer_lib.export.onnx_decoder import export_decoder
+
     try:
-        layout = export_decoder(model, os.path.join(dirs["fp32"], "model.onnx"), opset=cfg.opset)
+        return export_decoder(model, os.path.join(directory, "model.onnx"), opset=cfg.opset)
     except Exception as exc:  # torch.export / onnxscript errors have many types; the user needs the text
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(
             f"model_path: could not export {cfg.model_path} to ONNX ({type(exc).__name__}: {first})"
         ) from exc
-    reference = parity.TorchDecoder(model)
-    decoders = {"fp32": OrtDecoder(dirs["fp32"], threads=cfg.parity.threads)}
-    report = {"fp32": parity.logit_parity(reference, decoders["fp32"], prompts)}
-    worst = max(report["fp32"]["prefill"]["max_abs_diff"], report["fp32"]["decode"]["max_abs_diff"])
-    if worst > cfg.parity.fp32_max_abs_diff:
-        raise UserError(
-            f"parity.fp32_max_abs_diff: the FP32 ONNX logits differ from PyTorch by up to {worst:.3g} "
-            f"(limit {cfg.parity.fp32_max_abs_diff:g}); nothing was written to {cfg.output_dir}"
-        )
-
-    fp32_path = os.path.join(dirs["fp32"], "model.onnx")
-    quantize_int8(fp32_path, os.path.join(dirs["int8"], "model.onnx"), embeddings=cfg.quantize.embeddings)
-    if cfg.int4:
-        quantize_int4(fp32_path, os.path.join(dirs["int4"], "model.onnx"), block_size=cfg.quantize.int4_block_size)
-    for name in dirs:
-        if name != "fp32":
-            decoders[name] = OrtDecoder(dirs[name], threads=cfg.parity.threads)
-            report[name] = parity.logit_parity(reference, decoders[name], prompts)
-    eos = model.generation_config.eos_token_id
-    eos = tokenizer.eos_token_id if eos is None else eos
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    _measure(cfg.parity, model, reference, decoders, dirs, prompts, eos, pad, report)
-
-    agreement = report["int8"]["top1_agreement"]
-    if agreement < cfg.parity.int8_min_top1_agreement:
-        raise UserError(
-            f"parity.int8_min_top1_agreement: INT8 top-1 agreement with PyTorch is {agreement:.3f} "
-            f"(minimum {cfg.parity.int8_min_top1_agreement:g}); nothing was written to {cfg.output_dir}"
-        )
-    with open(os.path.join(work, "parity.json"), "w", encoding="utf-8") as fh:
-        json.dump(report, fh, indent=2)
-    tokenizer.save_pretrained(os.path.join(work, "tokenizer"))
-    return _summary(cfg, layout, report, eos, pad, time.time() - start)
 
 
-def _measure(
-    cfg: ParityConfig,
-    model,
-    reference,
-    decoders: dict,
-    dirs: dict,
-    prompts: list[list[int]],
-    eos,
-    pad: int,
-    report: dict,
-) -> None:
-    """Add greedy exact match, sizes and decode latency of every variant (and PyTorch's) to ``report``."""
+def _providers(name: str) -> list[str]:
+    """Where a variant's parity run goes: FP16 on the GPU when both torch and onnxruntime see one."""
+    import onnxruntime
+    import torch
+
+    if (
+        name == "fp16"
+        and torch.cuda.is_available()
+        and "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    ):
+        return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    return ["CPUExecutionProvider"]
+
+
+def _measure(cfg: ParityConfig, directory: str, reference: Reference, prompts, providers: list[str]) -> dict:
+    """Logit parity, greedy exact match and decode latency of one variant, in a session of its own
+    that is closed on return."""
+    from trainer_lib.export import parity
+    from trainer_lib.export.ort_generate import OrtDecoder
+
+    decoder = OrtDecoder(directory, providers=providers, threads=cfg.threads)
+    figures = parity.logit_parity(reference.logits, decoder)
+    figures.update(parity.greedy_parity(reference.greedy, decoder, prompts, cfg.max_new_tokens, reference.eos))
+    figures.update(parity.decode_latency(decoder, max(prompts, key=len), cfg.latency_tokens))
+    figures["providers"] = decoder.providers
+    return figures
+
+
+def _sizes(directory: str, fp32_directory: str) -> dict:
     from trainer_lib.export import parity
 
-    expected = parity.torch_greedy(model, prompts, cfg.max_new_tokens, eos, pad)
-    fp32_files, fp32_weights = parity.directory_bytes(dirs["fp32"]), parity.weight_bytes(dirs["fp32"])
-    for name, decoder in decoders.items():
-        report[name].update(parity.greedy_parity(expected, decoder, prompts, cfg.max_new_tokens, eos))
-        files, weights = parity.directory_bytes(dirs[name]), parity.weight_bytes(dirs[name])
-        report[name].update(
-            {
-                "file_bytes": files,
-                "weight_bytes": weights,
-                "file_ratio_vs_fp32": round(fp32_files / files, 3),
-                "weight_ratio_vs_fp32": round(fp32_weights / weights, 3),
-            }
+    files, weights = parity.directory_bytes(directory), parity.weight_bytes(directory)
+    return {
+        "file_bytes": files,
+        "weight_bytes": weights,
+        "file_ratio_vs_fp32": round(parity.directory_bytes(fp32_directory) / files, 3),
+        "weight_ratio_vs_fp32": round(parity.weight_bytes(fp32_directory) / weights, 3),
+    }
+
+
+def _check(cfg: ExportConfig, name: str, figures: dict) -> None:
+    """Fail on the thresholds of ``name`` (FP32: max logit diff; INT8, FP16: top-1 agreement)."""
+    if name == "fp32":
+        worst = max(figures["prefill"]["max_abs_diff"], figures["decode"]["max_abs_diff"])
+        if worst > cfg.parity.fp32_max_abs_diff:
+            raise UserError(
+                f"parity.fp32_max_abs_diff: the FP32 ONNX logits differ from PyTorch by up to {worst:.3g} "
+                f"(limit {cfg.parity.fp32_max_abs_diff:g}); nothing was written to {cfg.output_dir}"
+            )
+    minimums = {"int8": cfg.parity.int8_min_top1_agreement, "fp16": cfg.parity.fp16_min_top1_agreement}
+    key, minimum = f"{name}_min_top1_agreement", minimums.get(name, 0)
+    if figures["top1_agreement"] < minimum:
+        raise UserError(
+            f"parity.{key}: {name.upper()} top-1 agreement with PyTorch is {figures['top1_agreement']:.3f} "
+            f"(minimum {minimum:g}); nothing was written to {cfg.output_dir}"
         )
-    latency_prompt = max(prompts, key=len)
-    with parity.torch_threads(cfg.threads):
-        report["pytorch"] = parity.decode_latency(reference, latency_prompt, cfg.latency_tokens)
-    for name, decoder in decoders.items():
-        report[name].update(parity.decode_latency(decoder, latency_prompt, cfg.latency_tokens))
-    report.update(
-        {
-            "prompts": len(prompts),
-            "max_new_tokens": cfg.max_new_tokens,
-            "threads": cfg.threads,
-            "latency_tokens": cfg.latency_tokens,
-            "thresholds": {
-                "fp32_max_abs_diff": cfg.fp32_max_abs_diff,
-                "int8_min_top1_agreement": cfg.int8_min_top1_agreement,
-            },
-        }
-    )
 
 
-def _summary(cfg: ExportConfig, layout: dict, report: dict, eos, pad: int, seconds: float) -> dict:
+def _summary(cfg: ExportConfig, reference: Reference, report: dict, seconds: float) -> dict:
     import onnxruntime
     import torch
     import transformers
 
-    variants = [name for name in ("fp32", "int8", "int4") if name in report]
+    variants = [name for name in ("fp32", "fp16", "int8", "int4") if name in report]
+    worst = {
+        name: max(report[name]["prefill"]["max_abs_diff"], report[name]["decode"]["max_abs_diff"]) for name in variants
+    }
+    fp16 = {"fp16_source": reference.fp16_source or "converted from fp32 (trainer_lib/export/fp16.py)"}
     return {
         "stage": "export",
         "model_path": cfg.model_path,
         "output_dir": cfg.output_dir,
         "models": {name: f"onnx/{name}/model.onnx" for name in variants},
+        "cache_dtype": {name: "float16" if name == "fp16" else "float32" for name in variants},
+        **(fp16 if "fp16" in variants else {}),
         "tokenizer": "tokenizer",
         "parity": "parity.json",
-        "eos_token_id": eos,
-        "pad_token_id": pad,
-        **layout,
-        "fp32_max_abs_diff": max(report["fp32"]["prefill"]["max_abs_diff"], report["fp32"]["decode"]["max_abs_diff"]),
+        "eos_token_id": reference.eos,
+        "pad_token_id": reference.pad,
+        **reference.layout,
+        "fp32_max_abs_diff": worst["fp32"],
+        "max_abs_diff": worst,
         "top1_agreement": {name: report[name]["top1_agreement"] for name in variants},
         "greedy_exact_match": {name: report[name]["greedy_exact_match"] for name in variants},
         "file_bytes": {name: report[name]["file_bytes"] for name in variants},
