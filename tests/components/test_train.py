@@ -24,6 +24,7 @@ def test_interface():
         "output_model": "system.Model@0.0.1",
         "metrics": "system.Metrics@0.0.1",
         "tensorboard": "system.Artifact@0.0.1",
+        "parameters": "Integer",  # the saved model's size, which the export step is sized by
     }
     inputs = {name: s.type for name, s in spec.inputs.items()}
     assert inputs["model"] == "system.Model@0.0.1" and inputs["data"] == "system.Dataset@0.0.1"
@@ -57,7 +58,7 @@ def test_reward_and_dpo_bodies(tiny_model_dir, s3_bucket, tmp_path):
     assert "eval.accuracy" in rm_metrics.metadata
 
     policy, metrics = dsl.Model(uri=str(tmp_path / "dpo")), dsl.Metrics(uri=str(tmp_path / "dpo_metrics"))
-    train.python_func(
+    outputs = train.python_func(
         stage="dpo",
         model=model,
         data=data,
@@ -69,6 +70,10 @@ def test_reward_and_dpo_bodies(tiny_model_dir, s3_bucket, tmp_path):
         overrides=["reference=precomputed", "data.eval_fraction=0"],
     )
     assert policy.metadata["loss"] == "ipo" and (tmp_path / "dpo" / "model.safetensors").is_file()
+    from transformers import AutoModelForCausalLM
+
+    size = AutoModelForCausalLM.from_pretrained(tiny_model_dir).num_parameters()
+    assert outputs.parameters == policy.metadata["parameters"] == size  # (tied embeddings counted once)
     cached = storage.listdir(f"s3://{s3_bucket}/prefs/reference_logps")
     assert len(cached) == 1 and cached[0].endswith(".pt")
     assert metrics.metadata["train.loss"] >= 0
