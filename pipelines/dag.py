@@ -82,7 +82,7 @@ PARAMETER_DOCS = {
     "rollout_n": "Samples per prompt.",
     "max_new_tokens": "Longest sampled completion.",
     "batch_size": "Per-process micro-batch size of every training stage.",
-    "max_length": "Maximum tokens per example (longer rows are dropped in prepare).",
+    "max_length": "Maximum tokens per example (longer rows are truncated in prepare).",
     "eval_fraction": "Fraction of rows held out for evaluation when the data has no eval split.",
     "seed": "Seed for data generation, splits, initialisation, data order and sampling.",
     "gpus_per_step": "Accelerators (and training processes, torchrun) per training step; under kfp.local, CPU "

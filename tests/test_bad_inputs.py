@@ -229,14 +229,14 @@ CASES = [
         "sft_rows_too_long",
         "sft",
         {"d.jsonl": jsonl({"text": "a b c d e f g h i j k l m n o p " * 4})},
-        ("model.path={model}", "data.max_length=8", "max_steps=1"),
+        ("model.path={model}", "data.max_length=8", "data.over_length=drop", "max_steps=1"),
         ("data.path", "d.jsonl", "too_long: 1"),
     ),
     Case(
         "prepare_rows_too_long",
         "prepare",
         {"d.jsonl": jsonl({"text": "a b c d e f g h i j k l m n o p " * 4})},
-        ("model.path={model}", "data.max_length=8"),
+        ("model.path={model}", "data.max_length=8", "data.over_length=drop"),
         ("data.path", "d.jsonl", "too_long: 1"),
     ),
     Case(
@@ -383,7 +383,8 @@ def test_utf8_bom_is_accepted(tmp_path):
 
 
 def test_over_length_rows_are_dropped_and_counted(tmp_path, tiny_model_dir):
-    """With a tokenizer, ``prepare`` drops rows longer than data.max_length and counts them in stats.json."""
+    """With a tokenizer and ``data.over_length=drop``, ``prepare`` drops rows longer than data.max_length and
+    counts them in stats.json (the default truncates them: tests/stages/lifecycle/test_prepare.py)."""
     src = tmp_path / "d.jsonl"
     src.write_text(jsonl({"text": "a b"}, {"text": "a b c d e f g h i j k l m n o p " * 4}))
     out = tmp_path / "out"
@@ -394,6 +395,7 @@ def test_over_length_rows_are_dropped_and_counted(tmp_path, tiny_model_dir):
             f"output_dir={out}",
             f"model.path={tiny_model_dir}",
             "data.max_length=8",
+            "data.over_length=drop",
             "data.eval_fraction=0",
         ],
     )

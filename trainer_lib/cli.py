@@ -1,6 +1,7 @@
 """``posttrain``: one command line for every stage.
 
-    posttrain <stage> [--config FILE ...] [--nproc N] [key=value ...]
+    posttrain <stage> [FILE.yaml | --config FILE ...] [--nproc N] [key=value ...]
+    posttrain train FILE.yaml [key=value ...]     (the stage from the file's LLaMA-Factory `stage:`)
     posttrain humaneval --samples FILE --out DIR
     posttrain serve --repo DIR|s3://... [--http-port P] [--grpc-port Q]
 
@@ -64,6 +65,7 @@ def run_command(command: Callable[[list[str]], int], argv: list[str]) -> int:
 
 #: Library commands that are not stages: name -> (help, main).
 COMMANDS: dict[str, Command] = {
+    "train": ("Run a LLaMA-Factory config: the stage comes from its `stage:` key.", lambda argv: train_main(argv)),
     "humaneval": (
         "Score a HumanEval completions file (pass@k) without a model.",
         _lazy("trainer_lib.eval.humaneval_cli"),
@@ -90,6 +92,7 @@ def _stage_help(name: str, module) -> str:
         "",
         "  --config FILE   YAML file with any of the keys above (or TRL's / LLaMA-Factory's names for",
         "                  them); repeat it to merge several files in order; key=value overrides them.",
+        "                  A bare FILE.yaml (.yml, .json) is read the same way, as llamafactory-cli does.",
         "  --nproc N       Launch N local worker processes (torchrun-style) for this stage.",
         "  --print-config  Print the resolved config as YAML and exit.",
     ]
@@ -106,7 +109,7 @@ def stage_main(name: str, argv: list[str]) -> int:
     parser.add_argument("--config", action="append", default=[])
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--print-config", action="store_true")
-    args, overrides = parser.parse_known_args(argv)
+    args, overrides = parser.parse_known_args(config_files_as_options(argv))
     if args.help:
         print(_stage_help(name, stage_module(name)))
         return 0
@@ -133,6 +136,53 @@ def stage_main(name: str, argv: list[str]) -> int:
     if summary and int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(summary, indent=2, default=str))
     return 0
+
+
+#: a bare argument with one of these endings is a config file (``posttrain sft my.yaml``), as in llamafactory-cli.
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+#: options whose value is the next argument.
+VALUE_OPTIONS = ("--config", "--nproc")
+
+
+def config_files_as_options(argv: list[str]) -> list[str]:
+    """``argv`` with each bare config file (no ``=``, a YAML/JSON ending) turned into ``--config FILE``, in place,
+    so files keep their order among the ``--config`` options."""
+    out: list[str] = []
+    after_option = False
+    for item in argv:
+        bare = not after_option and not item.startswith("-") and "=" not in item
+        if bare and item.lower().endswith(CONFIG_SUFFIXES):
+            out.append("--config")
+        out.append(item)
+        after_option = item in VALUE_OPTIONS
+    return out
+
+
+def train_main(argv: list[str]) -> int:
+    """``posttrain train FILE.yaml [...]``: the stage LLaMA-Factory's ``stage:`` in the file(s) names, then
+    as ``posttrain <that stage> FILE.yaml [...]``."""
+    from trainer_lib.config import read_yaml
+    from trainer_lib.config.aliases import llamafactory_stage
+    from trainer_lib.errors import ConfigError
+
+    parser = argparse.ArgumentParser(prog="posttrain train", add_help=False)
+    parser.add_argument("--config", action="append", default=[])
+    args, _ = parser.parse_known_args(config_files_as_options(argv))
+    if not args.config or argv[:1] in (["-h"], ["--help"]):
+        print(
+            "usage: posttrain train FILE.yaml [--config FILE ...] [--nproc N] [key=value ...]\n\n"
+            "Runs the stage a LLaMA-Factory file names in `stage:` (sft, rm: reward, dpo, kto: dpo loss=kto, "
+            "ppo);\nthe rest is read as by `posttrain <stage> --help`."
+        )
+        return 0 if argv[:1] in (["-h"], ["--help"]) else 2
+    stages = {path: read_yaml(path).get("stage") for path in args.config}
+    named = {path: value for path, value in stages.items() if value is not None}
+    if not named:
+        raise ConfigError(
+            f"stage: {', '.join(args.config)} names no LLaMA-Factory stage (stage: sft, rm, dpo, kto or ppo); "
+            f"run `posttrain <stage> FILE` instead"
+        )
+    return stage_main(llamafactory_stage(list(named.values())[-1]), argv)
 
 
 def argv_without_nproc(argv: list[str]) -> list[str]:

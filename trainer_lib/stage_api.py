@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from trainer_lib import storage
 from trainer_lib.config import load_config, read_yaml
-from trainer_lib.config.layers import Layer, build_values
+from trainer_lib.config.layers import Layer, read_yaml_text, split_layers
 from trainer_lib.errors import ConfigError
 from trainer_lib.loop.tracking import check_reporters
 from trainer_lib.stages import STAGES, stage_module
@@ -30,16 +30,16 @@ def stage_config(
 ):
     """The validated config of stage ``name`` (a ConfigError naming the key otherwise).
 
-    ``config_files`` (``posttrain <stage> --config F ...``), then ``config_yaml``, each stay a layer of
-    their own, so TRL's or LLaMA-Factory's key names in them are translated before the overrides are
-    laid over them (a component's typed ``lr`` then wins over the file's ``learning_rate``, as it
-    would over the file's ``lr``)."""
+    ``config_files`` (``posttrain <stage> --config F ...``), then ``config_yaml``, then each override
+    layer stay layers of their own, so TRL's or LLaMA-Factory's key names in each are translated before
+    later layers are laid over them (a component's typed ``lr`` then wins over the file's
+    ``learning_rate``, as it would over the file's ``lr``; a user's ``num_epochs`` override wins over
+    the typed ``max_steps`` before it)."""
     if name not in STAGES:
         raise ConfigError(f"unknown stage '{name}'; expected one of {sorted(STAGES)}")
     files = [read_yaml(path) for path in config_files]
-    return load_config(
-        stage_module(name).CONFIG, [*files, build_values(None, config_yaml)], build_values(overrides), stage=name
-    )
+    layers = [*files, read_yaml_text(config_yaml), *split_layers(overrides)]
+    return load_config(stage_module(name).CONFIG, layers, stage=name)
 
 
 def run_config(name: str, cfg) -> dict:

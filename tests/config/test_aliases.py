@@ -7,6 +7,7 @@ import pytest
 from tests.conftest import REPO
 from trainer_lib.cli import main
 from trainer_lib.config import load_config
+from trainer_lib.data.dataset import source_specs
 from trainer_lib.errors import ConfigError
 from trainer_lib.stages.training.dpo import DPOConfig
 from trainer_lib.stages.training.grpo import GRPOConfig
@@ -150,9 +151,9 @@ def test_later_layers_win_whatever_names_they_use():
 
 def test_unknown_keys_are_still_refused(capsys, tmp_path):
     cfg_file = tmp_path / "trl.yaml"
-    cfg_file.write_text("model_name_or_path: m\neval_strategy: steps\n")
+    cfg_file.write_text("model_name_or_path: m\nneftune_noise_alpha: 5\n")  # a TRL key we have nothing for
     assert main(["sft", "--config", str(cfg_file), "data.path=d", "output_dir=o"]) == 2
-    assert "error: eval_strategy: unknown key" in capsys.readouterr().err
+    assert "error: neftune_noise_alpha: unknown key" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="lernin_rate: unknown key"):
         load_config(SFTConfig, [REQUIRED], ["lernin_rate=1"])
     with pytest.raises(ConfigError, match="num_generations: unknown key"):  # a GRPO key in SFT
@@ -165,16 +166,16 @@ def test_unknown_keys_are_still_refused(capsys, tmp_path):
         ({"learning_rate": 1e-3, "lr": 2e-3}, "learning_rate: sets lr to 0.001, but lr sets it to 0.002"),
         ({"max_seq_length": 64, "cutoff_len": 128}, "sets data.max_length to 128, but max_seq_length"),
         ({"stage": "dpo"}, "'dpo' is LLaMA-Factory's stage for `posttrain dpo`, but this is `posttrain sft`"),
-        ({"stage": "pt"}, "stage: LLaMA-Factory's stage 'pt' has no posttrain counterpart"),
+        ({"stage": "pt"}, "stage: LLaMA-Factory's stage 'pt' has no posttrain counterpart (continued pretraining"),
         ({"finetuning_type": "freeze"}, "finetuning_type: expected lora or full"),
         ({"fp16": True}, "fp16: fp16 mixed precision is not supported"),
         ({"do_train": False}, "do_train: false"),
         (
             {"dataset": "alpaca_en_demo", "dataset_dir": "/nonexistent"},
-            "dataset: 'alpaca_en_demo' is looked up in /nonexistent/dataset_info.json",
+            "data.dataset: names are looked up in /nonexistent/dataset_info.json (LLaMA-Factory's dataset_dir), "
+            "which does not exist; set data.dataset_dir (dataset_dir), or data.path to a file (set by dataset)",
         ),
-        ({"dataset": "a,b"}, "dataset: expected one dataset name"),
-        ({"num_train_epochs": 2, "warmup_ratio": 0.1}, "warmup_ratio: the number of steps is not known"),
+        ({"num_train_epochs": 2, "warmup_ratio": 0.1}, "warmup_ratio: 0.1 of the steps cannot be counted"),
         ({"warmup_steps": 5, "warmup_ratio": 0.1}, "set either warmup_ratio or warmup_steps"),
         (
             {"per_device_train_batch_size": 0},
@@ -184,7 +185,7 @@ def test_unknown_keys_are_still_refused(capsys, tmp_path):
 )
 def test_clear_errors(layer, message):
     with pytest.raises(ConfigError) as err:
-        load_config(SFTConfig, [{**REQUIRED, **layer}], stage="sft")
+        load_config(SFTConfig, [REQUIRED, layer], stage="sft")
     assert message in str(err.value)
 
 
@@ -253,10 +254,10 @@ def test_hub_dataset_and_revision_keys(tmp_path, capsys):
         )
     )
     layer = {"model": {"path": "m"}, "output_dir": "out", "dataset": "gsm", "dataset_dir": str(tmp_path)}
-    cfg = load_config(SFTConfig, [layer], stage="sft")
-    assert (cfg.data.path, cfg.data.subset, cfg.data.split) == ("openai/gsm8k", "main", "train")
-    with pytest.raises(ConfigError, match="eval_dataset: 'gsm_test' sets subset, split"):
-        load_config(SFTConfig, [{**layer, "eval_dataset": "gsm_test"}], stage="sft")
+    assert load_config(SFTConfig, [layer], stage="sft").data.dataset == ["gsm"]
+    (train,), (held_out,) = source_specs(load_config(SFTConfig, [{**layer, "eval_dataset": "gsm_test"}]).data)
+    assert (train.path, train.subset, train.split) == ("openai/gsm8k", "main", "train")
+    assert (held_out.path, held_out.subset, held_out.split) == ("openai/gsm8k", "main", "test")
 
 
 def test_the_documented_table_lists_every_mapped_key():
@@ -273,4 +274,67 @@ def test_the_documented_table_lists_every_mapped_key():
         "the markers"
     )
     listed = set(re.findall(r"^\| `([^`]+)` \|", block.group(1), re.M))
-    assert listed == set(config_aliases.RENAMES) | set(config_aliases.RULES) | set(config_aliases.DEFERRED)
+    tables = (config_aliases.RENAMES, config_aliases.RULES, config_aliases.DEFERRED, config_aliases.NO_EFFECT)
+    assert listed == set().union(*tables)
+
+
+#: a value for each of their keys that a rule reads, as their files write them.
+SAMPLES = {
+    "bf16": True,
+    "fp16": False,
+    "use_peft": True,
+    "finetuning_type": "lora",
+    "stage": "sft",
+    "do_train": True,
+    "deepspeed": "ds.json",
+    "template": "qwen3_nothink",
+    "overwrite_output_dir": True,
+    "resume_from_checkpoint": None,
+    "save_only_model": False,
+    "eval_strategy": "steps",
+    "evaluation_strategy": "no",
+    "save_strategy": "steps",
+    "logging_strategy": "steps",
+    "push_to_hub": False,
+    "dtype": "bfloat16",
+    "torch_dtype": "auto",
+    "flash_attn": "auto",
+    "quantization_bit": None,
+    "completion_only_loss": None,
+    "assistant_only_loss": True,
+    "dataset_text_field": "text",
+    "optim": "adamw_torch",
+}
+
+
+def test_every_key_read_says_what_it_became(capsys):
+    from trainer_lib.config import aliases as config_aliases
+
+    secrets = {"hub_token", "hf_hub_token", "token", "eos_token"}  # refused, tested elsewhere
+    assert set(SAMPLES) == set(config_aliases.RULES) - secrets
+    lf = {key: value for key, value in SAMPLES.items() if key != "use_peft"}  # TRL's LoRA switch: below
+    layer = {**REQUIRED, **lf, **dict.fromkeys(config_aliases.NO_EFFECT, 1), "lora_rank": 4}
+    cfg = load_config(SFTConfig, [layer], stage="sft")
+    mapping = _stderr_mapping(capsys.readouterr().err)
+    assert set(lf) | set(config_aliases.NO_EFFECT) <= set(mapping)
+    assert all(target.strip() for target in mapping.values()), mapping
+    assert mapping["finetuning_type"] == "(LoRA on, rank from lora_rank)" and cfg.lora.r == 4
+    assert mapping["ddp_timeout"] == "(no effect here: posttrain's strategy sets up the process group)"
+    assert mapping["overwrite_output_dir"].startswith("resume=False") and cfg.resume is False
+    assert cfg.engine.precision == "bf16" and cfg.engine.deepspeed_config == "ds.json" and cfg.eval_steps == 0
+    load_config(SFTConfig, [{**REQUIRED, "use_peft": True, "lora_r": 8}])
+    assert _stderr_mapping(capsys.readouterr().err)["use_peft"] == "(LoRA on, rank from lora_r)"
+
+
+def test_strategy_no_turns_the_schedule_off_and_a_float_warmup_steps_is_a_ratio(capsys):
+    cfg = load_config(SFTConfig, [{**REQUIRED, "eval_strategy": "no", "eval_steps": 500, "save_strategy": "no"}])
+    assert (cfg.eval_steps, cfg.save_steps) == (0, 0)
+    mapping = _stderr_mapping(capsys.readouterr().err)
+    assert mapping["eval_steps"] == "(ignored: eval_strategy is no)"
+    assert mapping["eval_strategy"] == "eval_steps=0 (eval data is still evaluated at the end)"
+    cfg = load_config(SFTConfig, [{**REQUIRED, "warmup_steps": 0.1, "max_steps": 30}])
+    assert cfg.warmup_steps == 3 and "warmup_steps -> warmup_steps=3 (0.1 of 30 steps)" in capsys.readouterr().err
+    cfg = load_config(SFTConfig, [{**REQUIRED, "dtype": "float32", "flash_attn": "fa2"}])
+    assert (cfg.engine.precision, cfg.model.attn_implementation) == ("fp32", "flash_attention_2")
+    with pytest.raises(ConfigError, match="attn_implementation: sets model.attn_implementation to 'eager', but "):
+        load_config(SFTConfig, [{**REQUIRED, "flash_attn": "fa2", "attn_implementation": "eager"}])

@@ -116,3 +116,35 @@ def test_values_given_as_text_parse_like_the_command_line():
         load_config(GRPOConfig, None, {"max_steps": "200.5"})
     with pytest.raises(ConfigError, match="reward.functions: expected a list"):
         load_config(GRPOConfig, None, {"reward": {"functions": "[unclosed"}})
+
+
+@pytest.mark.parametrize(
+    "layers, steps, epochs, line",
+    [
+        # one layer with both: max_steps > 0 wins, as in transformers
+        ([{"num_epochs": 3, "max_steps": 20}], 20, 0.0, "max_steps=20 wins over num_epochs=3"),
+        ([{"num_train_epochs": 3.0, "max_steps": -1}], 100, 3.0, None),  # transformers' -1: not set
+        # a later layer decides, whichever of the two it gives
+        ([{"num_train_epochs": 3.0}, ["max_steps=2"]], 2, 0.0, "max_steps=2 wins over num_epochs=3.0"),
+        ([{"max_steps": 50}, ["num_epochs=1"]], 100, 1.0, "num_epochs=1 wins over max_steps=50 (given in a later"),
+        ([{"num_epochs": 2}], 100, 2.0, None),
+    ],
+)
+def test_max_steps_wins_over_epochs_and_later_layers_decide(layers, steps, epochs, line, capsys):
+    *files, overrides = layers
+    cfg = load_config(
+        SFTConfig, [{"model": {"path": "m"}, "data": {"path": "d"}, "output_dir": "o"}, *files], overrides
+    )
+    assert (cfg.max_steps, cfg.num_epochs) == (steps, epochs)
+    err = capsys.readouterr().err
+    assert (line in err) if line else ("wins over" not in err)
+
+
+def test_a_component_override_of_epochs_wins_over_its_typed_max_steps():
+    from trainer_lib.stage_api import stage_config
+
+    typed = {"max_steps": 100, "lr": 1e-4, "model.path": "m", "data.path": "d", "output_dir": "o"}
+    cfg = stage_config("sft", [typed, "num_epochs=1", "learning_rate=5e-5"])  # each a layer of its own
+    assert (cfg.num_epochs, cfg.lr) == (1.0, 5e-5)
+    cfg = stage_config("sft", [typed], config_yaml="num_epochs: 2\n")  # the typed layer comes after the YAML
+    assert (cfg.num_epochs, cfg.max_steps) == (0.0, 100)

@@ -244,8 +244,8 @@ def test_a_llamafactory_config_with_dataset_info_trains(tiny_model_dir, tmp_path
         f"learning_rate: 3.0e-3\nsave_steps: 0\n"
     )
     assert main(["sft", "--config", str(cfg_file)]) == 0
-    assert f"config: dataset -> data.path={data_dir / 'qa.json'}, data.format=alpaca" in capsys.readouterr().err
+    assert "config: dataset -> data.dataset\n" in capsys.readouterr().err
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["train_examples"] > 0
     (data_dir / "dataset_info.json").write_text(json.dumps({"my_qa": {"file_name": "qa.json", "ranking": True}}))
-    with pytest.raises(ConfigError, match="'my_qa' in .* uses 'ranking', which posttrain does not read"):
+    with pytest.raises(ConfigError, match="data.dataset: 'my_qa' in .* uses 'ranking', which posttrain does not read"):
         load_config(SFTConfig, str(cfg_file), stage="sft")

@@ -124,7 +124,7 @@ def test_prepare_again_into_another_dir_reuses_the_build(tmp_path, tokenizer, ca
     common = [f"data.path={src}", f"model.path={model}", "data.max_length=64", "data.eval_fraction=0.2"]
     assert cli.main(["prepare", *common, f"output_dir={tmp_path / 'a'}"]) == 0
     first = json.loads(capsys.readouterr().out)
-    assert first["dropped"]["duplicate"] == 2 and first["dropped"]["too_long"] > 0
+    assert first["dropped"]["duplicate"] == 2 and first["truncated"] > 0 and first["dropped"]["too_long"] == 0
     caplog.clear()
     assert cli.main(["prepare", *common, f"output_dir={tmp_path / 'b'}", "data.num_workers=2"]) == 0
     assert "data cache: reusing" in caplog.text and json.loads(capsys.readouterr().out) == first
@@ -149,6 +149,7 @@ def test_prepare_with_two_workers_matches_one_and_keeps_row_locations(tmp_path, 
                     f"data.path={src}",
                     f"model.path={model}",
                     "data.max_length=64",
+                    "data.over_length=drop",
                     f"output_dir={out}",
                     f"data.num_workers={workers}",
                 ]

@@ -4,9 +4,15 @@ Users arrive with a YAML file written for TRL (``trl sft --config``, ``SFTConfig
 ``GRPOConfig`` field names) or for LLaMA-Factory (``llamafactory-cli train``). :func:`translate`
 turns one such layer into our keys before the dataclass is built: a top-level key that is not one
 of the stage's own keys and has an entry here becomes ours, and the mapping is printed once, one
-line per key (``config: per_device_train_batch_size -> batch_size``). Every other key is left as
-it is, so a key we do not support is refused exactly like any unknown key.
+line per key (``config: per_device_train_batch_size -> batch_size``). The tables:
 
+* :data:`RENAMES`: their name for one of our keys;
+* :data:`RULES`: a key whose value decides what it sets (``finetuning_type: full`` is ``lora.r=0``),
+  or which is refused, with the reason, for a value posttrain cannot honour (``fp16: true``);
+* :data:`NO_EFFECT`: keys of their runtime with no counterpart here, accepted with one line saying so;
+* :data:`DEFERRED`: ``warmup_ratio``, resolved once the config is built.
+
+Every other key is left as it is, so a key we do not support is refused exactly like any unknown key.
 Only the names are translated; the defaults stay ours (a TRL file without ``lora_alpha`` gets our
 16, not TRL's 32). A key whose target the stage does not have (``num_generations`` in SFT) is left
 alone and refused as unknown. Pure Python: this runs when a config is validated.
@@ -15,7 +21,6 @@ alone and refused as unknown. Pure Python: this runs when a config is validated.
 from __future__ import annotations
 
 import copy
-import json
 import math
 import os
 import sys
@@ -63,6 +68,32 @@ RENAMES: dict[str, tuple[str, ...]] = {
     "pref_loss": ("loss",),
     "val_size": ("data.eval_fraction",),
     "preprocessing_num_workers": ("data.num_workers",),
+    "dataset": ("data.dataset",),  # names in dataset_info.json, comma-separated
+    "dataset_dir": ("data.dataset_dir",),
+    "eval_dataset": ("data.eval_dataset",),
+    "mix_strategy": ("data.mix_strategy",),
+    "interleave_probs": ("data.interleave_probs",),
+    "max_samples": ("data.max_rows",),
+    # transformers / TRL's ModelConfig
+    "attn_implementation": ("model.attn_implementation",),
+}
+
+#: keys that only concern their runtime and have no counterpart here: accepted, with the reason
+#: printed in one line.
+NO_EFFECT: dict[str, str] = {
+    "dataloader_num_workers": "micro-batches are collated in the training process",
+    "dataloader_pin_memory": "the loop moves each micro-batch to the device itself",
+    "dataloader_persistent_workers": "micro-batches are collated in the training process",
+    "ddp_timeout": "posttrain's strategy sets up the process group",
+    "ddp_find_unused_parameters": "DeepSpeed, not DDP, wraps the model",
+    "overwrite_cache": "the data cache is keyed by the files' content and every setting, so a change is read anyway",
+    "plot_loss": "no loss plot is drawn; the loss is in metrics.jsonl and TensorBoard",
+    "remove_unused_columns": "only the columns of the data format are read",
+    "logging_first_step": "the first record is logged at logging_steps",
+    "include_num_input_tokens_seen": "every log record has tokens_per_s",
+    "use_liger_kernel": "transformers' own modules are used",
+    "gradient_checkpointing_kwargs": "engine.gradient_checkpointing turns recomputation on with posttrain's settings",
+    "hub_model_id": "nothing is pushed to the hub (push_to_hub)",
 }
 
 #: their key -> {their value: our value}, for the values that are spelled differently.
@@ -92,18 +123,20 @@ class Translation:
     lines: list[str] = field(default_factory=list)  # "their -> ours", for the printout
     set_by: dict[str, str] = field(default_factory=dict)  # our dotted key -> their key
     warmup_ratio: float | None = None
+    warmup_key: str = "warmup_ratio"  # the key that gave it (transformers also reads a float warmup_steps so)
 
 
-Rule = Callable[[Any, Context], tuple[dict, tuple[str, ...], str]]
+Rule = Callable[[Any, Context], tuple[dict, dict[str, str], str]]
 
 
 # --------------------------------------------------------------------------- rules
-# A rule reads one of their keys and returns (our keys -> values, their keys it makes moot, a note).
+# A rule reads one of their keys and returns (our keys -> values, keys of the layer it makes moot ->
+# why, a note). Every rule says something: its settings, or a note.
 
 
 def _bf16(value, ctx):
     """`engine.precision=bf16` (false: `fp32`)."""
-    return {"engine.precision": "bf16" if parse_bool(value, "bf16") else "fp32"}, (), ""
+    return {"engine.precision": "bf16" if parse_bool(value, "bf16") else "fp32"}, {}, ""
 
 
 def _fp16(value, ctx):
@@ -112,33 +145,48 @@ def _fp16(value, ctx):
         raise ConfigError(
             "fp16: fp16 mixed precision is not supported; use bf16: true (engine.precision=bf16) or leave it off"
         )
-    return {}, (), "(off: nothing to set)"
+    return {}, {}, "(off: nothing to set)"
 
 
 def _use_peft(value, ctx):
     """`lora.r` (TRL's 16 when `lora_r` is not given); false turns LoRA off."""
     if parse_bool(value, "use_peft"):
-        return ({} if "lora_r" in ctx.layer else {"lora.r": TRL_DEFAULT_LORA_R}), (), ""
-    return {"lora.r": 0}, tuple(k for k in TRL_LORA_KEYS if k in ctx.layer), ""
+        if "lora_r" in ctx.layer:
+            return {}, {}, "(LoRA on, rank from lora_r)"
+        return {"lora.r": TRL_DEFAULT_LORA_R}, {}, ""
+    return {"lora.r": 0}, _lora_off(TRL_LORA_KEYS, ctx), ""
 
 
 def _finetuning_type(value, ctx):
     """`lora`: `lora.r` (LLaMA-Factory's 8 when `lora_rank` is not given); `full`: `lora.r=0`."""
     if value == "lora":
-        return ({} if "lora_rank" in ctx.layer else {"lora.r": LLAMAFACTORY_DEFAULT_LORA_RANK}), (), ""
+        if "lora_rank" in ctx.layer:
+            return {}, {}, "(LoRA on, rank from lora_rank)"
+        return {"lora.r": LLAMAFACTORY_DEFAULT_LORA_RANK}, {}, ""
     if value == "full":
-        return {"lora.r": 0}, tuple(k for k in LLAMAFACTORY_LORA_KEYS if k in ctx.layer), ""
+        return {"lora.r": 0}, _lora_off(LLAMAFACTORY_LORA_KEYS, ctx), ""
     raise ConfigError(f"finetuning_type: expected lora or full, got {value!r}")
+
+
+def _lora_off(keys: tuple[str, ...], ctx) -> dict[str, str]:
+    return {k: "LoRA is off" for k in keys if k in ctx.layer}
+
+
+def llamafactory_stage(value: Any) -> str:
+    """The posttrain stage that does what LLaMA-Factory's ``stage`` does; a ConfigError saying why not."""
+    ours = LLAMAFACTORY_STAGES.get(value)
+    if ours is None:
+        why = {"pt": " (continued pretraining on raw text is not built yet)"}.get(value, "")
+        raise ConfigError(
+            f"stage: LLaMA-Factory's stage {value!r} has no posttrain counterpart{why}; "
+            f"expected one of {', '.join(LLAMAFACTORY_STAGES)}"
+        )
+    return ours
 
 
 def _stage(value, ctx):
     """checked against the stage being run (`rm` is `posttrain reward`, `kto` is `posttrain dpo loss=kto`)."""
-    ours = LLAMAFACTORY_STAGES.get(value)
-    if ours is None:
-        raise ConfigError(
-            f"stage: LLaMA-Factory's stage {value!r} has no posttrain counterpart "
-            f"(expected one of {', '.join(LLAMAFACTORY_STAGES)})"
-        )
+    ours = llamafactory_stage(value)
     if ctx.stage is None:
         raise ConfigError("stage: cannot check LLaMA-Factory's stage here (no stage is being run)")
     if ours != ctx.stage:
@@ -146,91 +194,25 @@ def _stage(value, ctx):
             f"stage: {value!r} is LLaMA-Factory's stage for `posttrain {ours}`, but this is `posttrain {ctx.stage}`"
         )
     if value == "kto":
-        return {"loss": "kto"}, (), ""
-    return {}, (), f"(checked: posttrain {ours})"
+        return {"loss": "kto"}, {}, ""
+    return {}, {}, f"(checked: posttrain {ours})"
 
 
 def _do_train(value, ctx):
     """must be true (a training stage always trains)."""
     if not parse_bool(value, "do_train"):
         raise ConfigError("do_train: false, but a training stage always trains")
-    return {}, (), "(implied)"
+    return {}, {}, "(implied)"
 
 
 def _deepspeed(value, ctx):
     """`engine.deepspeed_config` where a stage has it; otherwise refused (the stage starts no DeepSpeed engine)."""
     if ctx.has_key("engine.deepspeed_config"):
-        return {"engine.deepspeed_config": value}, (), ""
+        return {"engine.deepspeed_config": value}, {}, ""
     raise ConfigError(
         "deepspeed: this stage starts no DeepSpeed engine, so it reads no DeepSpeed file "
         "(engine.deepspeed_config belongs to the training stages)"
     )
-
-
-#: the entries of a dataset_info.json dataset that can be followed.
-DATASET_INFO_KEYS = ("file_name", "hf_hub_url", "formatting", "columns", "tags", "file_sha1", "subset", "split")
-
-
-def _dataset_entry(key: str, name: Any, ctx: Context) -> dict:
-    """data.path/format/columns for a dataset named in LLaMA-Factory's ``dataset_info.json``
-    (in ``dataset_dir``, default ``data``, like LLaMA-Factory)."""
-    if not isinstance(name, str) or "," in name:
-        raise ConfigError(f"{key}: expected one dataset name, got {name!r} (merge the files into one)")
-    directory = str(ctx.layer.get("dataset_dir", "data"))
-    info_file = os.path.join(directory, "dataset_info.json")
-    if not os.path.isfile(info_file):
-        raise ConfigError(
-            f"{key}: {name!r} is looked up in {info_file} (LLaMA-Factory's dataset_dir), "
-            f"which does not exist; set dataset_dir, or data.path to the file"
-        )
-    try:
-        with open(info_file, encoding="utf-8") as fh:
-            info = json.load(fh)
-    except ValueError as exc:
-        raise ConfigError(f"{key}: {info_file}: not valid JSON ({exc})") from None
-    entry = info.get(name) if isinstance(info, dict) else None
-    if not isinstance(entry, dict):
-        raise ConfigError(f"{key}: no dataset {name!r} in {info_file}")
-    unsupported = sorted(set(entry) - set(DATASET_INFO_KEYS))
-    if unsupported:
-        raise ConfigError(
-            f"{key}: {name!r} in {info_file} uses {unsupported[0]!r}, which posttrain does not "
-            f"read (it follows {', '.join(DATASET_INFO_KEYS)})"
-        )
-    if "file_name" in entry:
-        path = os.path.join(directory, entry["file_name"])
-    elif "hf_hub_url" in entry:
-        path = entry["hf_hub_url"]
-    else:
-        raise ConfigError(f"{key}: {name!r} in {info_file} has neither file_name nor hf_hub_url")
-    columns = {**entry.get("columns", {}), **entry.get("tags", {})}
-    hub = {k: str(entry[k]) for k in ("subset", "split") if entry.get(k)}
-    return {"path": path, "format": entry.get("formatting", "alpaca"), "columns": columns, "hub": hub}
-
-
-def _dataset(value, ctx):
-    """`data.path`, `data.format`, `data.columns`, `data.subset`, `data.split` from `dataset_info.json`."""
-    entry = _dataset_entry("dataset", value, ctx)
-    sets = {"data.path": entry["path"], "data.format": entry["format"]}
-    if entry["columns"]:
-        sets["data.columns"] = entry["columns"]
-    sets.update({f"data.{k}": v for k, v in entry["hub"].items()})
-    return sets, (), ""
-
-
-def _eval_dataset(value, ctx):
-    """`data.eval_path` from `dataset_info.json`."""
-    entry = _dataset_entry("eval_dataset", value, ctx)
-    if entry["hub"]:
-        raise ConfigError(
-            f"eval_dataset: {value!r} sets {', '.join(entry['hub'])}, which posttrain reads only for "
-            f"the training dataset; point eval_dataset at files, or use data.eval_split"
-        )
-    if "dataset" in ctx.layer:
-        train = _dataset_entry("dataset", ctx.layer["dataset"], ctx)
-        if (train["format"], train["columns"]) != (entry["format"], entry["columns"]):
-            raise ConfigError("eval_dataset: expected the same formatting and columns as dataset")
-    return {"data.eval_path": entry["path"]}, (), ""
 
 
 def _template(value, ctx):
@@ -238,10 +220,10 @@ def _template(value, ctx):
     from trainer_lib.models.chat_templates import BUILTINS
 
     if value in BUILTINS:
-        return {"model.chat_template": value}, (), ""
+        return {"model.chat_template": value}, {}, ""
     return (
         {},
-        (),
+        {},
         (
             f"(ignored: {value!r} is not built in; the tokenizer's own chat template is used, or set "
             f"model.chat_template to {', '.join(BUILTINS)} or a Jinja file)"
@@ -261,9 +243,136 @@ def _token(key: str) -> Rule:
     return refuse
 
 
-def _dataset_dir(value, ctx):
-    """where `dataset_info.json` is looked up (default `data`)."""
-    return {}, (), "(where dataset_info.json is)"
+def _choice(key: str, value: Any, choices: dict[str, tuple[dict, str]], refused: dict[str, str]) -> tuple:
+    """A rule's answer for a key with named values: ``choices`` value -> (settings, note), ``refused``
+    value -> why not; anything else is a ConfigError listing the values understood."""
+    text = str(value).lower() if value is not None else "none"
+    if text in refused:
+        raise ConfigError(f"{key}: {value!r} is not supported: {refused[text]}")
+    if text not in choices:
+        raise ConfigError(f"{key}: expected one of {', '.join(sorted({*choices, *refused}))}, got {value!r}")
+    sets, note = choices[text]
+    return sets, {}, note
+
+
+def _strategy(key: str, steps_key: str, no: str) -> Rule:
+    """The rule of transformers' ``*_strategy`` keys: ``steps`` leaves it to ``steps_key``; ``no`` sets
+    ``steps_key=0`` (``no``: what then happens here), or for logging has no effect; per epoch is refused."""
+
+    def rule(value, ctx):
+        text = str(value).lower()
+        if text == "no" and steps_key != "logging_steps":
+            moot = {steps_key: f"{key} is no"} if steps_key in ctx.layer else {}
+            return {steps_key: 0}, moot, f"({no})"
+        return _choice(
+            key,
+            value,
+            {"steps": ({}, f"({steps_key} says when)"), "no": ({}, f"(no effect here: {no})")},
+            {"epoch": f"once per epoch is not built in; set {steps_key}", "best": f"set {steps_key} instead"},
+        )
+
+    off = f"`no`: `{steps_key}=0` ({no})" if steps_key != "logging_steps" else f"`no`: no effect ({no})"
+    rule.__doc__ = f"`steps`: `{steps_key}` says when; {off}; `epoch`: refused."
+    return rule
+
+
+def _overwrite_output_dir(value, ctx):
+    """true: `resume=false` (start over, whatever checkpoints `output_dir` holds); false: resume them."""
+    if parse_bool(value, "overwrite_output_dir"):
+        return {"resume": False}, {}, "(start over instead of resuming output_dir's checkpoints)"
+    return {}, {}, "(checkpoints in output_dir are resumed, as resume: true does)"
+
+
+def _resume_from_checkpoint(value, ctx):
+    """null/false: nothing; true: `resume=true`; a path is refused (posttrain resumes its own checkpoints)."""
+    if value is None or value is False or str(value).lower() in ("false", "null", "none", ""):
+        return {}, {}, "(none given: resume decides)"
+    if value is True or str(value).lower() == "true":
+        return {"resume": True}, {}, ""
+    raise ConfigError(
+        f"resume_from_checkpoint: {value!r}: posttrain resumes only its own checkpoints, from the newest in "
+        f"checkpoint_dir (resume: true); set checkpoint_dir to the folder that holds them"
+    )
+
+
+def _save_only_model(value, ctx):
+    """accepted: checkpoints always hold the optimizer state (so that they resume)."""
+    if parse_bool(value, "save_only_model"):
+        return {}, {}, "(no effect here: checkpoints always hold the optimizer state, so that they resume)"
+    return {}, {}, "(checkpoints hold the optimizer state, as posttrain's always do)"
+
+
+def _push_to_hub(value, ctx):
+    """false: accepted; true: refused (publishing to the hub is not built in yet)."""
+    if parse_bool(value, "push_to_hub"):
+        raise ConfigError(
+            "push_to_hub: publishing to the Hugging Face hub is not built in yet; leave it off and upload "
+            "output_dir afterwards (huggingface-cli upload REPO OUTPUT_DIR)"
+        )
+    return {}, {}, "(off)"
+
+
+def _dtype(key: str) -> Rule:
+    def rule(value, ctx):
+        """`bfloat16`: `engine.precision=bf16`; `float32`: `fp32`; `auto`: nothing; `float16`: refused."""
+        bf16, fp32 = ({"engine.precision": "bf16"}, ""), ({"engine.precision": "fp32"}, "")
+        return _choice(
+            key,
+            value,
+            {"bfloat16": bf16, "bf16": bf16, "float32": fp32, "fp32": fp32, "auto": ({}, "(engine.precision decides)")},
+            {"float16": "fp16 is not supported; use bfloat16", "fp16": "fp16 is not supported; use bfloat16"},
+        )
+
+    return rule
+
+
+def _flash_attn(value, ctx):
+    """`model.attn_implementation`: `sdpa`, `fa2` (`flash_attention_2`), `disabled` (`eager`); `auto`: ours."""
+    attention = {"sdpa": "sdpa", "fa2": "flash_attention_2", "disabled": "eager"}
+    choices = {k: ({"model.attn_implementation": v}, "") for k, v in attention.items()}
+    choices["auto"] = ({}, "(model.attn_implementation decides, default sdpa)")
+    return _choice("flash_attn", value, choices, {})
+
+
+def _quantization_bit(value, ctx):
+    """refused (quantized QLoRA training is not supported); null: nothing."""
+    if value is None:
+        return {}, {}, "(off)"
+    raise ConfigError(
+        f"quantization_bit: {value!r}: quantized (QLoRA) training is not supported: posttrain trains "
+        f"bf16/fp32 weights; leave quantization_bit out (LoRA: finetuning_type lora)"
+    )
+
+
+def _loss_mask(key: str, what: str) -> Rule:
+    def rule(value, ctx):
+        """true or null: accepted (what posttrain does); false: refused."""
+        if value is None or parse_bool(value, key):
+            return {}, {}, f"(posttrain always trains on {what} only)"
+        raise ConfigError(f"{key}: false is not supported: posttrain always trains on {what} only")
+
+    return rule
+
+
+def _dataset_text_field(value, ctx):
+    """`text`: accepted; another column is refused (name it `text`)."""
+    if value == "text":
+        return {}, {}, "(plain text is read from the text column)"
+    raise ConfigError(f"dataset_text_field: {value!r}: posttrain reads plain text from a column named text; rename it")
+
+
+def _optim(value, ctx):
+    """`adamw_torch`, `adamw_torch_fused`, `adamw_hf`: accepted (posttrain's AdamW); others refused."""
+    adamw = ({}, "(AdamW, posttrain's optimizer)")
+    return _choice("optim", value, {"adamw_torch": adamw, "adamw_torch_fused": adamw, "adamw_hf": adamw}, {})
+
+
+def _eos_token(value, ctx):
+    """refused: the tokenizer's eos token (or chat template's end of turn) ends each example."""
+    raise ConfigError(
+        f"eos_token: {value!r} is not supported: each example ends with the tokenizer's eos token (or the "
+        f"chat template's end of turn); point model.tokenizer_path at a tokenizer that has the one you want"
+    )
 
 
 RULES: dict[str, Rule] = {
@@ -274,10 +383,24 @@ RULES: dict[str, Rule] = {
     "stage": _stage,
     "do_train": _do_train,
     "deepspeed": _deepspeed,
-    "dataset": _dataset,
-    "eval_dataset": _eval_dataset,
-    "dataset_dir": _dataset_dir,
     "template": _template,
+    "overwrite_output_dir": _overwrite_output_dir,
+    "resume_from_checkpoint": _resume_from_checkpoint,
+    "save_only_model": _save_only_model,
+    "eval_strategy": _strategy("eval_strategy", "eval_steps", "eval data is still evaluated at the end"),
+    "evaluation_strategy": _strategy("evaluation_strategy", "eval_steps", "eval data is still evaluated at the end"),
+    "save_strategy": _strategy("save_strategy", "save_steps", "no checkpoints"),
+    "logging_strategy": _strategy("logging_strategy", "logging_steps", "metrics are logged every logging_steps"),
+    "push_to_hub": _push_to_hub,
+    "dtype": _dtype("dtype"),
+    "torch_dtype": _dtype("torch_dtype"),
+    "flash_attn": _flash_attn,  # LLaMA-Factory
+    "quantization_bit": _quantization_bit,  # LLaMA-Factory
+    "completion_only_loss": _loss_mask("completion_only_loss", "the completion of prompt-completion rows"),
+    "assistant_only_loss": _loss_mask("assistant_only_loss", "the assistant turns of conversations"),
+    "dataset_text_field": _dataset_text_field,
+    "optim": _optim,
+    "eos_token": _eos_token,
     "hub_token": _token("hub_token"),  # transformers' TrainingArguments
     "hf_hub_token": _token("hf_hub_token"),  # LLaMA-Factory
     "token": _token("token"),
@@ -320,30 +443,37 @@ def translate(layer: dict, has_key: Callable[[str], bool], stage: str | None = N
     out = copy.deepcopy(layer)
     result = Translation(out)
     ctx = Context(has_key, stage, layer)
-    theirs = [k for k in layer if not has_key(k) and (k in RENAMES or k in RULES or k in DEFERRED)]
-    moot: set[str] = set()
+    known = (*RENAMES, *RULES, *DEFERRED, *NO_EFFECT)
+    theirs = [k for k in layer if not has_key(k) and k in known]
+    _warmup_fraction(layer, has_key, result)
+    moot: dict[str, str] = {}  # keys a rule made moot -> why
     for key in theirs:
         if key in DEFERRED:
-            if not has_key("warmup_steps"):
-                continue
-            result.warmup_ratio = layer[key]
+            if has_key("warmup_steps"):
+                result.warmup_ratio = out.pop(key)
+        elif key in NO_EFFECT:
             out.pop(key)
+            result.lines.append(f"{key} -> (no effect here: {NO_EFFECT[key]})")
         elif key in RULES:
             sets, moots, note = RULES[key](layer[key], ctx)
             if not all(has_key(k) for k in sets):
                 continue  # this stage has no such setting: refused as an unknown key
             out.pop(key)
             moot.update(moots)
+            for other, why in moots.items():
+                if other in out and has_key(other):  # one of ours: it goes now, before the rule sets it
+                    out.pop(other)
+                    result.lines.append(f"{other} -> (ignored: {why})")
             for dotted, value in sets.items():
                 _put(out, dotted, value, key, result.set_by)
             described = ", ".join(f"{k}={v}" for k, v in sets.items())
-            result.lines.append(f"{key} -> {described or note}")
+            result.lines.append(f"{key} -> {' '.join(part for part in (described, note) if part)}")
     for key in theirs:
         if key not in RENAMES:
             continue
         if key in moot:
             out.pop(key)
-            result.lines.append(f"{key} -> (ignored: LoRA is off)")
+            result.lines.append(f"{key} -> (ignored: {moot[key]})")
             continue
         target = next((t for t in RENAMES[key] if has_key(t)), None)
         if target is None:
@@ -355,20 +485,29 @@ def translate(layer: dict, has_key: Callable[[str], bool], stage: str | None = N
     return result
 
 
-def resolve_warmup_ratio(cfg: Any, ratio: Any, warmup_steps_given: bool) -> str:
+def _warmup_fraction(layer: dict, has_key: Callable[[str], bool], result: Translation) -> None:
+    """``warmup_steps: 0.1`` means a fraction of the steps in transformers (a float below 1): a ratio here too."""
+    value = layer.get("warmup_steps")
+    if has_key("warmup_steps") and isinstance(value, float) and 0 < value < 1:
+        result.values.pop("warmup_steps")
+        result.warmup_ratio = value
+        result.warmup_key = "warmup_steps"
+
+
+def resolve_warmup_ratio(cfg: Any, ratio: Any, warmup_steps_given: bool, key: str = "warmup_ratio") -> str:
     """Set ``cfg.warmup_steps`` from a warmup ratio (rounded up, as transformers does); the line
     to print. The ratio counts optimizer updates, which is ``max_steps`` times the updates per
     step of an RL stage; with ``num_epochs`` the count is unknown until the data is read."""
     try:
         ratio = float(ratio)
     except (TypeError, ValueError):
-        raise ConfigError(f"warmup_ratio: expected a number, got {ratio!r}") from None
+        raise ConfigError(f"{key}: expected a number, got {ratio!r}") from None
     if not 0.0 <= ratio < 1.0:
-        raise ConfigError(f"warmup_ratio: expected 0 <= x < 1, got {ratio}")
+        raise ConfigError(f"{key}: expected 0 <= x < 1, got {ratio}")
     if getattr(cfg, "num_epochs", 0) > 0:
         raise ConfigError(
-            "warmup_ratio: the number of steps is not known before the data is read "
-            "(num_epochs is set); set warmup_steps, or max_steps instead of epochs"
+            f"{key}: {ratio} of the steps cannot be counted before the data is read, and num_epochs decides "
+            f"the steps here; set warmup_steps, or max_steps (which wins over epochs)"
         )
     if warmup_steps_given and cfg.warmup_steps > 0:
         raise ConfigError(
@@ -376,7 +515,7 @@ def resolve_warmup_ratio(cfg: Any, ratio: Any, warmup_steps_given: bool) -> str:
         )
     updates = cfg.max_steps * (cfg.updates_per_step() if hasattr(cfg, "updates_per_step") else 1)
     cfg.warmup_steps = math.ceil(ratio * updates)
-    return f"warmup_ratio -> warmup_steps={cfg.warmup_steps} ({ratio} of {updates} steps)"
+    return f"{key} -> warmup_steps={cfg.warmup_steps} ({ratio} of {updates} steps)"
 
 
 def alias_table() -> str:
@@ -391,6 +530,7 @@ def alias_table() -> str:
     for key, rule in RULES.items():
         rows[key] = (rule.__doc__ or "").strip().splitlines()[0]
     rows.update(DEFERRED)
+    rows.update({key: f"no effect here: {why}" for key, why in NO_EFFECT.items()})
     return "\n".join(["| their key | posttrain |", "|---|---|", *(f"| `{k}` | {v} |" for k, v in sorted(rows.items()))])
 
 

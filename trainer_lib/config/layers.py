@@ -33,25 +33,38 @@ def nest(flat: dict) -> dict:
 def build_values(overrides: dict | list[Layer] | None, config_yaml: str = "") -> dict:
     """The merged nested mapping: YAML text, then each override layer in order."""
     values: dict = {}
-    if config_yaml and config_yaml.strip():
-        try:
-            loaded = yaml.safe_load(config_yaml)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config_yaml: invalid YAML: {exc}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError("config_yaml: expected a mapping at the top level")
-        values = loaded or {}
+    for layer in [read_yaml_text(config_yaml), *split_layers(overrides)]:
+        values = merge(values, layer)
+    return values
+
+
+def read_yaml_text(config_yaml: str) -> dict:
+    """The top-level mapping of a YAML text (empty: ``{}``)."""
+    if not config_yaml or not config_yaml.strip():
+        return {}
+    try:
+        loaded = yaml.safe_load(config_yaml)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config_yaml: invalid YAML: {exc}") from None
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError("config_yaml: expected a mapping at the top level")
+    return loaded or {}
+
+
+def split_layers(overrides: dict | list[Layer] | None) -> list[dict]:
+    """The override layers as nested mappings, in order; consecutive ``key=value`` strings are one layer."""
     layers = [overrides] if isinstance(overrides, dict) else list(overrides or [])
-    strings: list[str] = []  # consecutive key=value strings are parsed together
+    out: list[dict] = []
+    strings: list[str] = []
     for layer in [*layers, None]:
         if isinstance(layer, str):
             strings.append(layer)
             continue
         if strings:
-            values = merge(values, parse_overrides(strings))
+            out.append(parse_overrides(strings))
             strings = []
         if isinstance(layer, dict):
-            values = merge(values, nest(layer))
+            out.append(nest(layer))
         elif layer is not None:
             raise ConfigError(f"overrides: expected key=value strings or mappings, got {layer!r}")
-    return values
+    return out

@@ -204,8 +204,11 @@ def load_config(
 
     Each file and the overrides are one layer: TRL's and LLaMA-Factory's key names in a layer
     become ours (:mod:`trainer_lib.config.aliases`, the mapping printed once) before the layers
-    are merged, so a later layer wins whichever names it uses. ``stage`` is the stage being run,
-    which LLaMA-Factory's ``stage`` key must match.
+    are merged, so a later layer wins whichever names it uses. Two keys that say the same thing
+    another way follow that rule too (:data:`ALTERNATIVES`): ``data.dataset`` from a later layer
+    replaces an earlier ``data.path``; of ``max_steps`` and ``num_epochs``, the later layer decides,
+    and within one layer ``max_steps > 0`` wins, as in transformers (:func:`steps_or_epochs`).
+    ``stage`` is the stage being run, which LLaMA-Factory's ``stage`` key must match.
     """
     files = config_files if isinstance(config_files, list) else [config_files] if config_files else []
     layers = [f if isinstance(f, dict) else read_yaml(f) for f in files]
@@ -214,19 +217,27 @@ def load_config(
     values: dict = {}
     lines: list[str] = []
     set_by: dict[str, str] = {}
-    warmup_ratio = None
+    warmup: tuple | None = None
+    decides = None  # which of max_steps / num_epochs decides the length of training
     for layer in layers:
         translated = aliases.translate(layer, lambda key: has_key(cls, key), stage)
-        values = merge(values, translated.values)
+        values = merge(_drop_alternatives(values, translated.values), translated.values)
         lines += translated.lines
         set_by.update(translated.set_by)
-        if translated.warmup_ratio is not None:
-            warmup_ratio = translated.warmup_ratio
+        if "warmup_steps" in translated.values or translated.warmup_ratio is not None:  # a later layer wins
+            steps_too = "warmup_steps" in translated.values
+            warmup = (
+                None if translated.warmup_ratio is None else (translated.warmup_ratio, translated.warmup_key, steps_too)
+            )
+        decides = steps_or_epochs(translated.values, decides)
+    if has_key(cls, "num_epochs"):
+        lines += _settle_steps(values, decides)
     try:
         try:
             cfg = _build(cls, values)
-            if warmup_ratio is not None:
-                lines.append(aliases.resolve_warmup_ratio(cfg, warmup_ratio, "warmup_steps" in values))
+            if warmup is not None:
+                ratio, key, steps_too = warmup
+                lines.append(aliases.resolve_warmup_ratio(cfg, ratio, steps_too, key))
         finally:
             aliases.announce(lines)
         if validate and hasattr(cfg, "validate"):
@@ -234,6 +245,59 @@ def load_config(
     except ConfigError as exc:
         raise aliases.explain(exc, set_by) from None
     return cfg
+
+
+#: Pairs of keys that give the same thing two ways: a layer that sets one drops the other from the
+#: layers before it (a file's ``dataset: identity`` gives way to ``data.path=...`` on the command line).
+ALTERNATIVES = (("data.path", "data.dataset"), ("data.eval_path", "data.eval_dataset"))
+
+
+def _drop_alternatives(values: dict, layer: dict) -> dict:
+    """``values`` without the keys that ``layer`` replaces by setting their alternative."""
+    out = values
+    for pair in ALTERNATIVES:
+        for key, other in (pair, pair[::-1]):
+            if lookup_dotted(layer, key)[0] and lookup_dotted(out, other)[0]:
+                section, last = other.split(".")
+                out = {**out, section: {k: v for k, v in out[section].items() if k != last}}
+    return out
+
+
+def lookup_dotted(tree: dict, dotted: str) -> tuple[bool, Any]:
+    """(whether the nested mapping holds the dotted key, its value)."""
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def steps_or_epochs(layer: dict, decided: str | None) -> str | None:
+    """Which of ``max_steps`` and ``num_epochs`` decides the length of training after ``layer``: the one
+    the layer gives, or with both ``max_steps`` when it is > 0 (as in transformers); else ``decided``."""
+    steps, epochs = "max_steps" in layer, "num_epochs" in layer
+    if steps and epochs:
+        number = _number(layer["max_steps"])
+        return "max_steps" if number is not None and number > 0 else "num_epochs"
+    return "max_steps" if steps else "num_epochs" if epochs else decided
+
+
+def _settle_steps(values: dict, decides: str | None) -> list[str]:
+    """Drop the one of ``max_steps`` / ``num_epochs`` that does not decide; the line saying so (when both
+    were given)."""
+    steps, epochs = values.get("max_steps"), values.get("num_epochs")
+    number = _number(epochs)
+    if steps is None or epochs is None or number is None or number <= 0:
+        return []
+    if decides == "max_steps":
+        values["num_epochs"] = 0
+        return [f"max_steps={steps} wins over num_epochs={epochs} (max_steps > 0 decides, as in transformers)"]
+    values.pop("max_steps")
+    given = _number(steps)
+    if given is None or given <= 0:  # transformers' -1: not set
+        return []
+    return [f"num_epochs={epochs} wins over max_steps={steps} (given in a later layer)"]
 
 
 def to_dict(cfg: Any) -> dict:

@@ -67,9 +67,19 @@ class ModelConfig:
     trust_remote_code: bool = opt(False, "Allow custom modelling code from the model repo.")
 
 
+#: How rows of several datasets (``data.dataset``) are combined, as LLaMA-Factory's ``mix_strategy``.
+MIX_STRATEGIES = ("concat", "interleave_under", "interleave_over")
+#: What happens to rows longer than ``data.max_length``.
+OVER_LENGTH = ("truncate", "drop")
+
+
 @dataclass
 class DataConfig:
     path: str | None = opt(None, "Dataset: JSONL/JSON/Parquet/CSV file, datasets dir or hub id; local or URL.")
+    dataset: list[str] = opt([], "Instead of path: dataset names in dataset_dir/dataset_info.json (LLaMA-Factory's).")
+    dataset_dir: str = opt("data", "Folder of dataset_info.json; the files it names are relative to it.")
+    mix_strategy: str = opt("concat", "How several datasets are combined (docs/data-formats.md).", MIX_STRATEGIES)
+    interleave_probs: list[float] = opt([], "interleave_*: the chance of drawing from each dataset; empty: in turn.")
     format: str = opt("auto", "Dataset format; auto detects it from the columns (docs/data-formats.md).", DATA_FORMATS)
     columns: dict[str, str] = opt({}, "Alpaca/sharegpt column renames, e.g. {prompt: question} (docs/data-formats.md).")
     subset: str = opt("", "Configuration of a hub dataset (load_dataset's name), e.g. main for openai/gsm8k.")
@@ -77,8 +87,16 @@ class DataConfig:
     eval_split: str = opt("", "Split of data.path held out for eval; default eval, validation, valid or test, if any.")
     revision: str = opt("", "Hub dataset revision: a branch, tag or commit sha; default main.")
     eval_path: str | None = opt(None, "Separate eval dataset (otherwise split off data.path).")
+    eval_dataset: list[str] = opt([], "Instead of eval_path: eval dataset names in dataset_info.json.")
     eval_fraction: float = opt(0.05, "Fraction of rows held out for eval when no eval split exists.")
-    max_length: int = opt(512, "Maximum tokens per example; longer ones are dropped in prepare, truncated in training.")
+    max_rows: int = opt(0, "Read at most this many rows of each dataset (0: all).")
+    max_length: int = opt(512, "Maximum tokens per example; longer ones: see over_length.")
+    over_length: str = opt(
+        "truncate",
+        "Rows over max_length: truncate (SFT keeps the first max_length tokens, as TRL; DPO/reward the "
+        "prompt's end and the answers' start) or drop. RL prompts are always dropped.",
+        OVER_LENGTH,
+    )
     packing: bool = opt(True, "Pack several examples per row (padding-free, no cross-attention).")
     num_workers: int = opt(1, "Processes that tokenize (num_proc); results are cached (docs/data-formats.md).")
 
@@ -92,6 +110,8 @@ class DataConfig:
             raise ConfigError(f"data.num_workers: expected a positive number, got {self.num_workers}")
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction: expected 0 <= x < 1, got {self.eval_fraction}")
+        if self.max_rows < 0:
+            raise ConfigError(f"data.max_rows: expected >= 0, got {self.max_rows}")
         if self.columns:
             from trainer_lib.data.llamafactory import source_format
 
@@ -99,6 +119,47 @@ class DataConfig:
                 source_format(self.columns, self.format)
             except ValueError as exc:
                 raise ConfigError(f"data.columns: {exc}") from None
+        self._validate_registry()
+        self._validate_mix()
+
+    def _validate_registry(self) -> None:
+        """``data.dataset`` / ``data.eval_dataset``: names that resolve, without the keys they replace."""
+        from trainer_lib.data.llamafactory import registry_sources
+
+        pairs = (("dataset", self.dataset, "path"), ("eval_dataset", self.eval_dataset, "eval_path"))
+        for key, names, instead in pairs:
+            if not names:
+                continue
+            if getattr(self, instead):
+                raise ConfigError(f"data.{key}: names the data, but data.{instead} is set too; set one of them")
+            try:
+                registry_sources(names, self.dataset_dir)
+            except ValueError as exc:
+                raise ConfigError(f"data.{key}: {exc}") from None
+        own = {"format": self.format != "auto", "columns": bool(self.columns), "subset": bool(self.subset)}
+        own.update(split=bool(self.split), eval_split=bool(self.eval_split), revision=bool(self.revision))
+        given = [key for key, set_ in own.items() if set_]
+        if self.dataset and given:
+            raise ConfigError(
+                f"data.{given[0]}: with data.dataset, each dataset's entry in dataset_info.json says this; "
+                f"leave data.{given[0]} unset"
+            )
+
+    def _validate_mix(self) -> None:
+        probs = self.interleave_probs
+        if not probs:
+            return
+        if self.mix_strategy == "concat":
+            raise ConfigError(
+                "data.interleave_probs: read only with data.mix_strategy interleave_under or interleave_over"
+            )
+        if len(probs) != len(self.dataset):
+            raise ConfigError(
+                f"data.interleave_probs: expected one probability per dataset of data.dataset "
+                f"({len(self.dataset)}), got {len(probs)}"
+            )
+        if any(p < 0 for p in probs) or abs(sum(probs) - 1.0) > 1e-6:
+            raise ConfigError(f"data.interleave_probs: expected probabilities >= 0 that sum to 1, got {probs}")
 
 
 @dataclass
@@ -166,7 +227,8 @@ class TrainingConfig:
     def validate(self) -> None:
         _require(self.output_dir, "output_dir", "a local path or URL (s3://, gs://...)")
         _require(self.model.path, "model.path", "an HF id, local dir or URL (s3://, gs://, ...)")
-        _require(self.data.path, "data.path", "a dataset path")
+        if not self.data.dataset:
+            _require(self.data.path, "data.path", "a dataset path (or data.dataset: names in dataset_info.json)")
         check_positive(
             self,
             "max_steps",

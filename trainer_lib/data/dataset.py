@@ -10,6 +10,7 @@ are measured by ``data.num_workers`` processes (:mod:`trainer_lib.data.tokenized
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -171,21 +172,23 @@ def _eval_rows(source: Source, normalizer: Normalizer, max_rows: int) -> tuple[I
 
 class _Filtered:
     """Streams normalized rows into a :class:`RowWriter` split, dropping empty and duplicate rows
-    (duplicates within the split, by a digest of the format fields) and counting them."""
+    (duplicates within the split, across every source written to it, by a digest of the format
+    fields) and counting them."""
 
-    def __init__(self, writer, normalizer: Normalizer, drop_empty: bool, drop_duplicates: bool, dropped: dict):
-        self.writer, self.normalizer = writer, normalizer
+    def __init__(self, writer, drop_empty: bool, drop_duplicates: bool, dropped: dict):
+        self.writer = writer
         self.drop_empty, self.drop_duplicates, self.dropped = drop_empty, drop_duplicates, dropped
         self.rows_read = 0
+        self.seen: dict[str, set[bytes]] = {}
 
-    def write(self, split: str, items: Iterable[Item]) -> None:
+    def write(self, split: str, items: Iterable[Item], normalizer: Normalizer) -> None:
         from trainer_lib.data.arrow_rows import row_digest
 
         self.writer.open_split(split)
-        seen: set[bytes] = set()
+        seen = self.seen.setdefault(split, set())
         for loc, row in items:
             self.rows_read += 1
-            fmt = self.normalizer.fmt
+            fmt = normalizer.fmt
             if self.drop_empty and is_empty(row, fmt):
                 self.dropped["empty"] += 1
                 continue
@@ -196,12 +199,14 @@ class _Filtered:
                     continue
                 seen.add(key)
             self.writer.add(split, loc, row, FORMATS[fmt], row_digest(row))
-        if not self.writer.columns and self.normalizer.fmt:  # no rows at all: still the format's columns
-            self.writer.columns.update(dict.fromkeys(FORMATS[self.normalizer.fmt]))
+        if not self.writer.columns and normalizer.fmt:  # no rows at all: still the format's columns
+            self.writer.columns.update(dict.fromkeys(FORMATS[normalizer.fmt]))
 
 
 def _length_filter(ds, fmt: str, conv: bool, tokenizer, data_cfg, dropped: dict, work_dir: str):
-    """``(rows of ds with at most data.max_length tokens, their lengths)``."""
+    """``(ds, its rows' token lengths, rows over data.max_length kept)``: rows over ``data.max_length``
+    tokens are dropped with ``data.over_length=drop`` and always for prompts (RL), else kept for the
+    tokenizer of the stage to truncate."""
     import numpy as np
 
     from trainer_lib.data.arrow_rows import LOCATION
@@ -210,11 +215,15 @@ def _length_filter(ds, fmt: str, conv: bool, tokenizer, data_cfg, dropped: dict,
     lengths = np.asarray(
         length_column(ds, fmt, conv, tokenizer, getattr(data_cfg, "num_workers", 1), work_dir, LOCATION), dtype=np.int64
     )
-    keep = np.flatnonzero(lengths <= data_cfg.max_length)
-    dropped["too_long"] += int(len(lengths) - len(keep))
-    if len(keep) == len(lengths):
-        return ds, lengths
-    return ds.select(keep), lengths[keep]
+    over = lengths > data_cfg.max_length
+    count = int(over.sum())
+    if not count:
+        return ds, lengths, 0
+    if getattr(data_cfg, "over_length", "drop") == "truncate" and fmt != "prompt_only":
+        return ds, lengths, count
+    dropped["too_long"] += count
+    keep = np.flatnonzero(~over)
+    return ds.select(keep), lengths[keep], 0
 
 
 # --------------------------------------------------------------------------- split / arrow
@@ -270,9 +279,121 @@ BUILD_CODE = (
     "trainer_lib.data.formats",
     "trainer_lib.data.sources",
     "trainer_lib.data.llamafactory",
+    "trainer_lib.data.mixing",
     "trainer_lib.data.arrow_rows",
     "trainer_lib.data.tokenized",
 )
+
+
+@dataclass
+class Spec:
+    """One dataset to read: the setting that names it (for errors), where it is and how its rows are
+    laid out. ``format`` None: as the training data (``data.eval_path``)."""
+
+    key: str
+    path: str
+    format: str | None = AUTO
+    columns: dict | None = None
+    subset: str = ""
+    split: str = ""
+    eval_split: str = ""
+    revision: str = ""
+
+    def open(self) -> Source:
+        source = open_source(self.path, self.key, self.subset, self.revision)
+        return source.check_splits(self.split, self.eval_split)
+
+
+def source_specs(data_cfg) -> tuple[list[Spec], list[Spec]]:
+    """``(training datasets, eval datasets)`` of a ``data`` config: ``data.path`` or the names of
+    ``data.dataset`` (their entries in ``dataset_info.json``), ``data.eval_path`` or ``data.eval_dataset``."""
+
+    def registry(key: str, names: list[str]) -> list[Spec]:
+        try:
+            entries = llamafactory.registry_sources(names, getattr(data_cfg, "dataset_dir", "data"))
+        except ValueError as exc:
+            raise UserError(f"data.{key}: {exc}") from None
+        return [
+            Spec(f"data.{key} ({e['name']})", e["path"], e["format"], e["columns"], e["subset"], e["split"])
+            for e in entries
+        ]
+
+    if getattr(data_cfg, "dataset", None):
+        train = registry("dataset", data_cfg.dataset)
+    else:
+        if not data_cfg.path:
+            raise UserError("data.path: required, expected a dataset path")
+        settings = [getattr(data_cfg, k, "") for k in ("subset", "split", "eval_split", "revision")]
+        train = [Spec("data.path", data_cfg.path, data_cfg.format, getattr(data_cfg, "columns", None), *settings)]
+    if getattr(data_cfg, "eval_dataset", None):
+        return train, registry("eval_dataset", data_cfg.eval_dataset)
+    return train, [Spec("data.eval_path", data_cfg.eval_path, None)] if data_cfg.eval_path else []
+
+
+def _display(data_cfg) -> str:
+    """How messages name the training data: ``data.path``, or the dataset names."""
+    return ",".join(getattr(data_cfg, "dataset", None) or []) or str(data_cfg.path)
+
+
+@dataclass
+class _Job:
+    """What one normalized build reads, and the settings that shape it."""
+
+    data_cfg: Any
+    seed: int
+    tokenizer: Any
+    drop_empty: bool
+    drop_duplicates: bool
+    max_rows: int
+    allowed_formats: Any
+    stage: str
+    train: list[tuple[Spec, Source]]
+    evals: list[tuple[Spec, Source]]
+
+    def cache_parts(self) -> dict | None:
+        """The build's cache key, or None when a source's content cannot be known (a hub id)."""
+        from trainer_lib.data import cache
+
+        specs = [spec for spec, _ in self.train + self.evals]
+        sources = [cache.source_fingerprint(spec.path) for spec in specs]
+        if None in sources:
+            return None
+        cfg, measured = self.data_cfg, self.tokenizer is not None
+        return {
+            "sources": sources,
+            "specs": [dataclasses.asdict(spec) for spec in specs],
+            "settings": {
+                k: getattr(cfg, k, None)
+                for k in ("eval_fraction", "mix_strategy", "interleave_probs", "dataset", "eval_dataset")
+            },
+            "seed": self.seed,
+            "max_rows": self.max_rows,
+            "drop_empty": self.drop_empty,
+            "drop_duplicates": self.drop_duplicates,
+            "tokenizer": cache.tokenizer_fingerprint(self.tokenizer) if measured else None,
+            "max_length": cfg.max_length if measured else None,
+            "over_length": getattr(cfg, "over_length", "drop") if measured else None,
+            "code": cache.code_version(*BUILD_CODE),
+        }
+
+    def normalizer(self, spec: Spec, source: Source, earlier: list[Normalizer]) -> Normalizer:
+        """The normalizer of one dataset; after the first, it must give rows of the same kind."""
+        fmt = spec.format
+        if fmt == AUTO and source.prepared:
+            fmt = source.prepared.get("format", AUTO)  # keep what prepare decided (maybe forced)
+        columns = None if source.prepared else spec.columns
+        if not earlier:
+            return Normalizer(fmt, self.allowed_formats, self.stage, columns=columns)
+        normalizer = Normalizer(fmt, self.allowed_formats, self.stage, earlier[0].conversational, columns)
+        normalizer.kind_from = earlier[0].kind_from
+        return normalizer
+
+    def check_kind(self, spec: Spec, normalizer: Normalizer, earlier: list[Normalizer]) -> None:
+        if earlier and normalizer.fmt not in (None, earlier[0].fmt):
+            raise UserError(
+                f"{spec.key}: {spec.path} holds {normalizer.fmt} rows, but {self.train[0][0].key} holds "
+                f"{earlier[0].fmt} rows; datasets read together must share one format"
+            )
 
 
 def build_dataset(
@@ -286,13 +407,16 @@ def build_dataset(
     allowed_formats: Iterable[str] | None = None,
     stage: str = "this stage",
 ) -> tuple[Any, dict]:
-    """Normalize, validate, filter and split ``data_cfg.path`` -> ``(DatasetDict, stats)``.
+    """Normalize, validate, filter and split ``data_cfg.path`` (or the datasets of ``data_cfg.dataset``,
+    mixed by ``data_cfg.mix_strategy``) -> ``(DatasetDict, stats)``.
 
-    Eval rows come from ``data_cfg.eval_path`` if set, else from an eval/validation/test split
-    of the source, else are split off by ``data_cfg.eval_fraction`` with ``seed``.
-    Over-length rows (``> data_cfg.max_length`` tokens) are dropped only with a ``tokenizer``.
-    ``max_rows`` (> 0) caps the rows read from each source. Raises :class:`DataError` for a
-    malformed row, :class:`UserError` for other problems with the data.
+    Eval rows come from ``data_cfg.eval_path`` / ``eval_dataset`` if set, else from an eval/validation/test
+    split of the source(s), else are split off by ``data_cfg.eval_fraction`` with ``seed``. Rows over
+    ``data_cfg.max_length`` tokens are measured only with a ``tokenizer``: dropped with
+    ``data_cfg.over_length=drop`` (and prompts always), else counted (``stats["truncated"]``) and left
+    for the stage's tokenizer to truncate. ``max_rows`` (> 0; else ``data_cfg.max_rows``) caps the rows
+    read from each source.
+    Raises :class:`DataError` for a malformed row, :class:`UserError` for other problems with the data.
 
     Rows stream through to memory-mapped Arrow (memory does not grow with the data); the result is
     cached (:mod:`trainer_lib.data.cache`) by the content of the sources and every setting above, so
@@ -302,54 +426,33 @@ def build_dataset(
 
     from trainer_lib.data import cache
 
-    if not data_cfg.path:
-        raise UserError("data.path: required, expected a dataset path")
-    subset, split, eval_split, revision = (
-        getattr(data_cfg, k, "") for k in ("subset", "split", "eval_split", "revision")
+    train, evals = source_specs(data_cfg)
+    job = _Job(
+        data_cfg,
+        seed,
+        tokenizer,
+        drop_empty,
+        drop_duplicates,
+        max_rows or getattr(data_cfg, "max_rows", 0),
+        allowed_formats,
+        stage,
+        [(spec, spec.open()) for spec in train],
+        [(spec, spec.open()) for spec in evals],
     )
-    source = open_source(data_cfg.path, "data.path", subset, revision).check_splits(split, eval_split)
-    columns = None if source.prepared else getattr(data_cfg, "columns", None)
-    parts = None
-    sources = [cache.source_fingerprint(data_cfg.path), cache.source_fingerprint(data_cfg.eval_path)]
-    if None not in sources:
-        parts = {
-            "sources": sources,
-            "path": data_cfg.path,
-            "eval_path": data_cfg.eval_path,
-            "settings": {
-                k: getattr(data_cfg, k, None)
-                for k in ("format", "columns", "subset", "split", "eval_split", "revision", "eval_fraction")
-            },
-            "seed": seed,
-            "max_rows": max_rows,
-            "drop_empty": drop_empty,
-            "drop_duplicates": drop_duplicates,
-            "tokenizer": cache.tokenizer_fingerprint(tokenizer) if tokenizer is not None else None,
-            "max_length": data_cfg.max_length if tokenizer is not None else None,
-            "code": cache.code_version(*BUILD_CODE),
-        }
-
-    def build(tmp: str) -> dict:
-        return {
-            "stats": _build(
-                source,
-                data_cfg,
-                seed,
-                tokenizer,
-                drop_empty,
-                drop_duplicates,
-                max_rows,
-                allowed_formats,
-                stage,
-                columns,
-                tmp,
-            )
-        }
-
-    entry, manifest = cache.build_once("normalized", parts, build, what=f"the rows of {data_cfg.path}")
+    what = f"the rows of {_display(data_cfg)}"
+    entry, manifest = cache.build_once("normalized", job.cache_parts(), lambda tmp: {"stats": _build(job, tmp)}, what)
     stats = manifest["stats"]
     Normalizer(stats["source_format"] or stats["format"], allowed_formats, stage)  # a cached build: check it fits
-    dd = load_saved(os.path.join(entry, "data"), data_cfg.path)
+    dd = load_saved(os.path.join(entry, "data"), _display(data_cfg))
+    _report(stats, data_cfg)
+    return dd, stats
+
+
+def _report(stats: dict, data_cfg) -> None:
+    """Log the counts; say on stderr (once per job) what happened to over-length rows and how datasets mixed."""
+    import os
+    import sys
+
     log.info(
         "data: %s rows read, kept train=%d eval=%d, dropped %s",
         stats["rows_read"],
@@ -357,22 +460,78 @@ def build_dataset(
         stats["rows"]["eval"],
         stats["dropped"],
     )
-    return dd, stats
+    lines = []
+    if stats.get("mix"):
+        parts = ", ".join(f"{m['name']} ({m['rows']} rows)" for m in stats["mix"]["datasets"])
+        lines.append(f"{parts} mixed by {stats['mix']['strategy']}: {stats['mix']['rows']} training rows")
+    longer = f"longer than data.max_length={stats['max_length']} tokens"
+    if stats.get("truncated"):
+        lines.append(
+            f"{stats['truncated']} rows {longer} are truncated to it when tokenized "
+            f"(data.over_length=drop drops them instead)"
+        )
+    if stats["dropped"].get("too_long"):
+        lines.append(f"{stats['dropped']['too_long']} rows {longer} dropped")
+    if os.environ.get("RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0":
+        for line in lines:
+            print(f"data: {line}", file=sys.stderr)
 
 
-def _build(
-    source: Source,
-    data_cfg,
-    seed: int,
-    tokenizer,
-    drop_empty: bool,
-    drop_duplicates: bool,
-    max_rows: int,
-    allowed_formats,
-    stage: str,
-    columns,
-    out_dir: str,
-) -> dict:
+def _write_train(job: _Job, rows: _Filtered) -> tuple[list[Normalizer], list[int]]:
+    """Every training dataset's rows into the ``train`` split, in order: (their normalizers, rows kept of each)."""
+    normalizers: list[Normalizer] = []
+    counts: list[int] = []
+    for spec, source in job.train:
+        normalizer = job.normalizer(spec, source, normalizers)
+        read, kept = rows.rows_read, rows.writer.rows.get("train", 0)
+        rows.write("train", _read(source, source.train_split, normalizer, job.max_rows), normalizer)
+        if rows.rows_read == read:
+            raise UserError(f"{spec.key}: {spec.path}: no rows")
+        job.check_kind(spec, normalizer, normalizers)
+        normalizers.append(normalizer)
+        counts.append(rows.writer.rows["train"] - kept)
+    return normalizers, counts
+
+
+def _write_eval(job: _Job, rows: _Filtered, normalizers: list[Normalizer]) -> str | None:
+    """The eval rows into the ``eval`` split: from the eval datasets, else from the eval splits of the
+    training datasets. Returns where they came from (None: split off the training rows later)."""
+    names = []
+    if job.evals:
+        for spec, source in job.evals:
+            if spec.format is None:  # data.eval_path: read like the training data
+                items, name = _eval_rows(source, normalizers[0], job.max_rows)
+                rows.write("eval", items, normalizers[0])
+            else:
+                normalizer = job.normalizer(spec, source, normalizers)
+                rows.write("eval", _read(source, source.train_split, normalizer, job.max_rows), normalizer)
+                job.check_kind(spec, normalizer, normalizers)
+                name = spec.path
+            names.append(name)
+        return ", ".join(names)
+    for (_, source), normalizer in zip(job.train, normalizers):
+        if source.eval_split is not None:
+            rows.write("eval", _read(source, source.eval_split, normalizer, job.max_rows), normalizer)
+            names.append(f"{source.path}[{source.eval_split}]")
+    return ", ".join(names) or None
+
+
+def _mix(job: _Job, train, counts: list[int]) -> tuple[Any, dict | None]:
+    """The training rows of several datasets mixed by ``data.mix_strategy``, and what the stats say of it."""
+    from trainer_lib.data.mixing import mix_indices
+
+    if len(job.train) < 2:
+        return train, None
+    strategy = getattr(job.data_cfg, "mix_strategy", "concat")
+    order = mix_indices(counts, strategy, getattr(job.data_cfg, "interleave_probs", None), job.seed)
+    if strategy != "concat":
+        train = train.select(order)
+    names = [spec.key.split("(", 1)[-1].rstrip(")") for spec, _ in job.train]
+    datasets = [{"name": name, "rows": count} for name, count in zip(names, counts)]
+    return train, {"strategy": strategy, "datasets": datasets, "rows": len(order)}
+
+
+def _build(job: _Job, out_dir: str) -> dict:
     """Build the splits into ``out_dir/data`` (a DatasetDict) and return the stats."""
     import os
     import shutil
@@ -381,69 +540,61 @@ def _build(
 
     from trainer_lib.data.arrow_rows import INTERNAL, RowWriter, fingerprint
 
-    fmt = data_cfg.format
-    if fmt == AUTO and source.prepared:
-        fmt = source.prepared.get("format", AUTO)  # keep what prepare decided (maybe forced)
-    normalizer = Normalizer(fmt, allowed_formats, stage, columns=columns)
+    data_cfg, tokenizer = job.data_cfg, job.tokenizer
     work = os.path.join(out_dir, "work")
-    writer = RowWriter(work, data_cfg.path)
+    writer = RowWriter(work, _display(data_cfg))
     dropped = dict.fromkeys(DROP_REASONS, 0)
-    rows = _Filtered(writer, normalizer, drop_empty, drop_duplicates, dropped)
-    rows.write("train", _read(source, source.train_split, normalizer, max_rows))
-    if not rows.rows_read:
-        raise UserError(f"data.path: {data_cfg.path}: no rows")
-    eval_source = None
-    if data_cfg.eval_path:
-        eval_items, eval_source = _eval_rows(open_source(data_cfg.eval_path, "data.eval_path"), normalizer, max_rows)
-        rows.write("eval", eval_items)
-    elif source.eval_split is not None:
-        eval_source = f"{source.path}[{source.eval_split}]"
-        rows.write("eval", _read(source, source.eval_split, normalizer, max_rows))
-    fmt, conv = normalizer.fmt, bool(normalizer.conversational)
+    rows = _Filtered(writer, job.drop_empty, job.drop_duplicates, dropped)
+    normalizers, counts = _write_train(job, rows)
+    eval_source = _write_eval(job, rows, normalizers)
+    fmt, conv = normalizers[0].fmt, bool(normalizers[0].conversational)
     splits = writer.finish()
+    splits["train"], mix = _mix(job, splits["train"], counts)
 
-    lengths = []
+    lengths, truncated = [], 0
     if tokenizer is not None:
         for name in list(splits):
-            splits[name], kept = _length_filter(splits[name], fmt, conv, tokenizer, data_cfg, dropped, work)
+            splits[name], kept, over = _length_filter(splits[name], fmt, conv, tokenizer, data_cfg, dropped, work)
             lengths.append(kept)
+            truncated += over
     if not len(splits["train"]):
         reasons = ", ".join(f"{k}: {v}" for k, v in dropped.items())
-        raise UserError(f"data.path: {data_cfg.path}: no training rows left after filtering ({reasons})")
+        raise UserError(f"data.path: {_display(data_cfg)}: no training rows left after filtering ({reasons})")
     if eval_source is None:
-        train_idx, eval_idx = split_indices(len(splits["train"]), data_cfg.eval_fraction, seed)
+        train_idx, eval_idx = split_indices(len(splits["train"]), data_cfg.eval_fraction, job.seed)
         train = splits["train"]
         splits = {"train": train.select(train_idx) if eval_idx else train, "eval": train.select(eval_idx)}
     dd = datasets.DatasetDict({name: splits[name] for name in ("train", "eval")})
     content = fingerprint(fmt, dd)
     dd = dd.remove_columns(list(INTERNAL))
     save_dataset_dict(dd, os.path.join(out_dir, "data"))
+    source_formats = {n.source for n in normalizers}
     stats = {
         "format": fmt,
-        "source_format": normalizer.source,
+        "source_format": source_formats.pop() if len(source_formats) == 1 else None,
         "conversational": conv,
-        "source": data_cfg.path,
+        "source": _display(data_cfg),
         "eval_source": eval_source,
         "columns": list(dd["train"].column_names),
         "rows_read": rows.rows_read,
         "rows": {name: len(ds) for name, ds in dd.items()},
         "dropped": dropped,
+        "truncated": truncated,
         "token_lengths": None,
         "max_length": data_cfg.max_length if tokenizer is not None else None,
-        "seed": seed,
+        "seed": job.seed,
         "eval_fraction": data_cfg.eval_fraction if eval_source is None else None,
         "fingerprint": content,
     }
+    if mix:
+        stats["mix"] = mix
     kept = [x for x in lengths if len(x)]
     if kept:
         import numpy as np
 
         every = np.concatenate(kept)
-        stats["token_lengths"] = {
-            "min": int(every.min()),
-            "mean": round(float(every.mean()), 2),
-            "max": int(every.max()),
-        }
+        mean = round(float(every.mean()), 2)
+        stats["token_lengths"] = {"min": int(every.min()), "mean": mean, "max": int(every.max())}
     del dd, splits
     shutil.rmtree(work, ignore_errors=True)
     return stats
@@ -485,15 +636,19 @@ def training_data(
     """The train/eval splits of ``data_cfg.path`` for a training stage.
 
     ``data_cfg.path`` is a prepared dir (loaded as is; ``data.eval_path``, if set, replaces
-    its eval split) or any raw source ``prepare`` accepts (normalized on the fly by
-    :func:`build_dataset`; with a ``tokenizer`` over-length rows are dropped there too).
+    its eval split) or any raw source ``prepare`` accepts, or ``data_cfg.dataset`` names datasets
+    of ``dataset_info.json`` (normalized on the fly by :func:`build_dataset`, at most
+    ``data.max_rows`` rows of each; with a ``tokenizer`` over-length rows are measured there too).
     ``stage`` names the caller in the ``allowed_formats`` error, e.g. ``"SFT"``.
     """
-    if not data_cfg.path:
-        raise UserError("data.path: required, expected a dataset path")
-    if not is_prepared_dir(data_cfg.path):
+    if getattr(data_cfg, "dataset", None) or not is_prepared_dir(data_cfg.path or ""):
         dd, stats = build_dataset(data_cfg, seed, tokenizer=tokenizer, allowed_formats=allowed_formats, stage=stage)
         return TrainingData(dd, stats["format"], _split_fingerprints(stats.get("fingerprint"), dd))
+    if getattr(data_cfg, "eval_dataset", None):
+        raise UserError(
+            f"data.eval_dataset: {data_cfg.path} is a prepared dataset, whose eval split is used as it is; "
+            f"give separate eval data to it as data.eval_path"
+        )
 
     import datasets
 
@@ -548,6 +703,7 @@ def _prepared_eval(data_cfg, fmt: str, normalizer: Normalizer, tokenizer, train)
             "columns": getattr(data_cfg, "columns", None),
             "tokenizer": cache.tokenizer_fingerprint(tokenizer) if tokenizer is not None else None,
             "max_length": data_cfg.max_length if tokenizer is not None else None,
+            "over_length": getattr(data_cfg, "over_length", "drop") if tokenizer is not None else None,
             "code": cache.code_version(*BUILD_CODE),
         }
     )
@@ -559,10 +715,10 @@ def _prepared_eval(data_cfg, fmt: str, normalizer: Normalizer, tokenizer, train)
         writer = RowWriter(work, data_cfg.eval_path)
         dropped = dict.fromkeys(DROP_REASONS, 0)
         items, _ = _eval_rows(esrc, normalizer, 0)
-        _Filtered(writer, normalizer, True, True, dropped).write("eval", items)
+        _Filtered(writer, True, True, dropped).write("eval", items, normalizer)
         ds = writer.finish()["eval"]
         if tokenizer is not None:
-            ds, _ = _length_filter(ds, fmt, bool(normalizer.conversational), tokenizer, data_cfg, dropped, work)
+            ds, _, _ = _length_filter(ds, fmt, bool(normalizer.conversational), tokenizer, data_cfg, dropped, work)
         content = fingerprint(fmt, {"eval": ds})
         save_dataset_dict(datasets.DatasetDict({"eval": ds.remove_columns(list(INTERNAL))}), os.path.join(tmp, "data"))
         return {"fingerprint": content}

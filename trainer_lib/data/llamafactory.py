@@ -19,10 +19,15 @@ Renamed columns are given like the ``columns`` (and, for sharegpt, ``tags``) of 
 ``dataset_info.json``, in ``data.columns``: ``{"prompt": "question", "response": "answer"}``
 (alpaca's own names ``instruction``/``input``/``output`` work as keys too) or
 ``{"messages": "dialog", "role_tag": "role", "content_tag": "text", "user_tag": "user"}``.
+
+Datasets named in LLaMA-Factory's registry, ``dataset_info.json`` in ``data.dataset_dir``, resolve to
+their files, formats and columns with :func:`registry_sources` (``data.dataset: identity,alpaca_en_demo``).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Callable, Mapping
 
 from trainer_lib.errors import DataError
@@ -158,3 +163,71 @@ def sharegpt_to_messages(row: Mapping, location: str, names: dict[str, str], tag
     if system:
         messages.insert(0, {"role": "system", "content": system})
     return {"messages": messages, **_rest(row, set(names.values()))}
+
+
+# --------------------------------------------------------------------------- dataset_info.json
+
+#: the entries of a dataset_info.json dataset that are followed.
+REGISTRY_KEYS = ("file_name", "hf_hub_url", "formatting", "columns", "tags", "file_sha1", "subset", "split")
+REGISTRY_FILE = "dataset_info.json"
+
+
+def read_registry(dataset_dir: str) -> tuple[str, dict]:
+    """``(path of dataset_info.json, its mapping)``; ``ValueError`` with the reason otherwise."""
+    info_file = os.path.join(dataset_dir or ".", REGISTRY_FILE)
+    if not os.path.isfile(info_file):
+        raise ValueError(
+            f"names are looked up in {info_file} (LLaMA-Factory's dataset_dir), which does not exist; "
+            f"set data.dataset_dir (dataset_dir), or data.path to a file"
+        )
+    try:
+        with open(info_file, encoding="utf-8") as fh:
+            info = json.load(fh)
+    except ValueError as exc:
+        raise ValueError(f"{info_file}: not valid JSON ({exc})") from None
+    if not isinstance(info, dict):
+        raise ValueError(f"{info_file}: expected a JSON object of dataset entries")
+    return info_file, info
+
+
+def registry_sources(names: list[str], dataset_dir: str) -> list[dict]:
+    """One source per name of ``data.dataset``, read from ``dataset_dir/dataset_info.json``:
+    ``{"name", "path", "format", "columns", "subset", "split"}``. A file is relative to
+    ``dataset_dir``, as in LLaMA-Factory; a ``ValueError`` names the entry and what is wrong."""
+    info_file, info = read_registry(dataset_dir)
+    sources = []
+    for name in names:
+        entry = info.get(name)
+        if not isinstance(entry, dict):
+            raise ValueError(f"no dataset {name!r} in {info_file}")
+        unsupported = sorted(set(entry) - set(REGISTRY_KEYS))
+        if unsupported:
+            raise ValueError(
+                f"{name!r} in {info_file} uses {unsupported[0]!r}, which posttrain does not read "
+                f"(it follows {', '.join(REGISTRY_KEYS)})"
+            )
+        if "file_name" in entry:
+            path = os.path.join(dataset_dir, str(entry["file_name"]))
+        elif "hf_hub_url" in entry:
+            path = str(entry["hf_hub_url"])
+        else:
+            raise ValueError(f"{name!r} in {info_file} has neither file_name nor hf_hub_url")
+        fmt = entry.get("formatting", "alpaca")
+        if fmt not in SOURCE_FORMATS:
+            raise ValueError(f"{name!r} in {info_file}: formatting {fmt!r} is not one of {', '.join(SOURCE_FORMATS)}")
+        columns = {**(entry.get("columns") or {}), **(entry.get("tags") or {})}
+        try:
+            source_format(columns, fmt)
+        except ValueError as exc:
+            raise ValueError(f"{name!r} in {info_file}: columns: {exc}") from None
+        sources.append(
+            {
+                "name": name,
+                "path": path,
+                "format": fmt,
+                "columns": columns,
+                "subset": str(entry.get("subset") or ""),
+                "split": str(entry.get("split") or ""),
+            }
+        )
+    return sources

@@ -52,7 +52,10 @@ def _quiet_map(num_proc: int | None):
 
 
 def _num_proc(num_workers: int, rows: int) -> int | None:
-    n = min(max(int(num_workers or 1), 1), rows)
+    """Worker processes for ``rows`` rows: ``data.num_workers``, but no more than the rows or the CPU cores
+    this process may use (a file written for a 16-core machine starts no 16 processes on 2 cores)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = min(max(int(num_workers or 1), 1), rows, cores)
     return n if n > 1 else None
 
 

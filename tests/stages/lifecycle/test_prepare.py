@@ -101,7 +101,10 @@ def test_refuses_to_overwrite_unrelated_dir(tmp_path, capsys):
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["output_dir=x"], "error: data.path: required, expected a dataset path\n"),
+        (
+            ["output_dir=x"],
+            "error: data.path: required, expected a dataset path (or data.dataset: names in dataset_info.json)\n",
+        ),
         (["data.path=x.jsonl"], "error: output_dir: required, expected a local path or URL (s3://, gs://...)\n"),
         (
             ["data.path=x.jsonl", "output_dir=x", "data.format=chat"],
@@ -227,10 +230,11 @@ def test_filters_are_counted(tmp_path, capsys, tiny_tokenizer):
         "data.eval_fraction=0",
         f"model.path={tiny_tokenizer}",
         "data.max_length=5",
+        "data.over_length=drop",
     )
     assert rc == 0, err
     stats = json.loads(stdout)
-    assert stats["dropped"] == {"empty": 2, "duplicate": 2, "too_long": 1}
+    assert stats["dropped"] == {"empty": 2, "duplicate": 2, "too_long": 1} and stats["truncated"] == 0
     assert stats["rows_read"] == 8 and stats["rows"] == {"train": 3, "eval": 0}
     assert stats["token_lengths"] == {"min": 1, "mean": 2.0, "max": 3}
     assert stats["max_length"] == 5 and stats["tokenizer"] == str(tiny_tokenizer)
@@ -239,6 +243,14 @@ def test_filters_are_counted(tmp_path, capsys, tiny_tokenizer):
     prepared = datasets.load_from_disk(str(out))
     assert list(prepared["train"]["text"]) == ["one two", "one two three", "four"]
     assert len(prepared["eval"]) == 0 and prepared["eval"].features == prepared["train"].features
+
+    # by default an over-length row is kept, counted, and left for training to truncate
+    args = [f"data.path={src}", f"output_dir={tmp_path / 'o1'}", "data.eval_fraction=0", f"model.path={tiny_tokenizer}"]
+    rc, stdout, err = run_prepare(capsys, *args, "data.max_length=5")
+    stats = json.loads(stdout)
+    assert stats["dropped"] == {"empty": 2, "duplicate": 2, "too_long": 0} and stats["truncated"] == 1
+    assert stats["rows"]["train"] == 4 and stats["token_lengths"]["max"] == 6
+    assert "data: 1 rows longer than data.max_length=5 tokens are truncated to it when tokenized" in err
 
     # without a model no length filter; the filters can be switched off
     rc, stdout, _ = run_prepare(
@@ -270,6 +282,7 @@ def test_length_of_conversations_uses_chat_template(tmp_path, capsys, tiny_token
         f"output_dir={tmp_path / 'o'}",
         f"model.path={tiny_tokenizer}",
         "data.max_length=8",
+        "data.over_length=drop",
         "data.eval_fraction=0",
     )
     assert rc == 0, err

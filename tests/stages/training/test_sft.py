@@ -267,3 +267,40 @@ def test_a_packed_batch_carries_its_sequence_boundaries(remote_code):
     else:
         assert batch["cu_seq_lens_q"].tolist() == batch["cu_seq_lens_k"].tolist() == [0, 3, 5]
         assert batch["max_length_q"] == batch["max_length_k"] == 3
+
+
+def test_over_length_rows_are_truncated_and_counted_or_dropped(tiny_model_dir, tmp_path, capsys):
+    """As TRL's SFTTrainer: a row over data.max_length keeps its first max_length tokens (and trains); the count
+    is printed. data.over_length=drop drops such rows instead, as posttrain did before."""
+    from transformers import AutoTokenizer
+
+    from trainer_lib.data.tokenize import tokenize_sft
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    rows = [
+        {"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": " ".join([a] * repeat)}]}
+        for q, a, repeat in [("Say hello.", "Hello there!", 1), ("Name a color.", "Blue.", 1)] * 3
+        + [("Is the sky green?", "No, the sky is blue.", 6), ("What is two plus two?", "Four.", 12)]
+    ]
+    for i, row in enumerate(rows):
+        row["messages"][0]["content"] += f" ({i})"  # no duplicates
+    lengths = [len(tokenize_sft(row, "messages", tokenizer, 10_000)["input_ids"]) for row in rows]
+    max_length = 40
+    assert max(lengths[:6]) <= max_length < min(lengths[6:])  # two rows over, with room for their prompts
+    data = tmp_path / "long.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+    common = ["max_steps=1", f"data.max_length={max_length}", "data.eval_fraction=0", "data.packing=false"]
+    _sft(tiny_model_dir, data, tmp_path / "truncated", *common)
+    err = capsys.readouterr().err
+    assert f"data: 2 rows longer than data.max_length={max_length} tokens are truncated to it when tokenized" in err
+    assert json.loads((tmp_path / "truncated" / "summary.json").read_text())["train_examples"] == 8
+    example = tokenize_sft(rows[7], "messages", tokenizer, max_length)  # what training got for the longest row
+    assert (
+        len(example["input_ids"]) == max_length
+        and example["input_ids"] == tokenize_sft(rows[7], "messages", tokenizer, 10_000)["input_ids"][:max_length]
+    )
+
+    _sft(tiny_model_dir, data, tmp_path / "dropped", *common, "data.over_length=drop")
+    assert f"data: 2 rows longer than data.max_length={max_length} tokens dropped" in capsys.readouterr().err
+    assert json.loads((tmp_path / "dropped" / "summary.json").read_text())["train_examples"] == 6

@@ -6,6 +6,10 @@ Writes a ``datasets.DatasetDict`` (splits ``train`` and ``eval``) with ``save_to
 ``output_dir`` plus ``output_dir/stats.json``. Nothing is half-written: the result is built
 in a temp dir next to the target and renamed into place at the end (for a URL as output it
 is built locally, uploaded, and ``stats.json`` is uploaded last, marking it complete).
+
+With a tokenizer (``model.path``), rows over ``data.max_length`` tokens are kept and counted
+(``stats.json``'s ``truncated``; the training stage truncates them) or, with
+``data.over_length=drop``, dropped here (``dropped.too_long``).
 """
 
 from __future__ import annotations
@@ -24,17 +28,19 @@ from trainer_lib.models import chat_templates
 @dataclass
 class PrepareConfig:
     data: DataConfig = opt(DataConfig, "Dataset to prepare (data.path) and how to split it.")
-    model: ModelConfig = opt(ModelConfig, "Optional: with its tokenizer, rows over data.max_length tokens are dropped.")
+    model: ModelConfig = opt(ModelConfig, "Optional: its tokenizer measures rows against data.max_length.")
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
     output_dir: str | None = opt(None, "Where the prepared DatasetDict and stats.json go (local or URL).")
     seed: int = opt(0, "Seed of the train/eval split.")
     drop_duplicates: bool = opt(True, "Drop exact duplicate rows (same format fields).")
     drop_empty: bool = opt(True, "Drop rows with an empty or whitespace-only text field.")
-    max_rows: int = opt(0, "Read at most this many rows from each source (0: all).")
+    max_rows: int = opt(0, "Read at most this many rows from each source (0: all); data.max_rows says the same.")
 
     def validate(self) -> None:
-        if self.data.path in (None, ""):
-            raise ConfigError("data.path: required, expected a dataset path")
+        if self.data.path in (None, "") and not self.data.dataset:
+            raise ConfigError(
+                "data.path: required, expected a dataset path (or data.dataset: names in dataset_info.json)"
+            )
         if self.output_dir in (None, ""):
             raise ConfigError("output_dir: required, expected a local path or URL (s3://, gs://...)")
         self.data.validate()
@@ -43,6 +49,8 @@ class PrepareConfig:
             raise ConfigError(f"data.max_length: expected a positive number, got {self.data.max_length}")
         if self.max_rows < 0:
             raise ConfigError(f"max_rows: expected >= 0, got {self.max_rows}")
+        if self.max_rows and self.data.max_rows and self.max_rows != self.data.max_rows:
+            raise ConfigError(f"max_rows: {self.max_rows}, but data.max_rows is {self.data.max_rows}; set one of them")
 
 
 CONFIG = PrepareConfig
