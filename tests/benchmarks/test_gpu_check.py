@@ -68,7 +68,7 @@ def test_figures_are_sane(report):
     assert evaluate["precision"] == "fp32" and evaluate["two_ranks_equal"] is True
     assert set(evaluate["metrics"]) >= {"task_pass_rate", "harmless_rate", "over_refusal_rate"}
     export = parts["export"]
-    assert export["fp32"]["max_abs_diff"] < 1e-3 < export["fp16"]["max_abs_diff"] < 1.0  # FP16 is FP16
+    assert export["fp32"]["max_abs_diff"] < 1e-4 < export["fp16"]["max_abs_diff"] < 0.1  # FP16 is FP16, and close
     assert 0 <= export["fp16"]["top1_agreement"] <= 1 and export["fp16_source"].startswith("converted")  # on CPU
     assert export["serve"]["status"] == "passed", export["serve"]  # tritonserver of .venv-triton, CPU instance
     assert export["serve"]["instance_kind"] == "cpu" and isinstance(export["serve"]["served"], str)
