@@ -96,6 +96,21 @@ CASES = {
         ],
         [UNMARKED],
     ),
+    "dpo_beta": Case(  # beta-DPO: its running margin statistics and filter draws must resume too
+        "dpo",
+        [
+            "model.path={model}",
+            "data.path={pairs}",
+            "batch_size=4",
+            "data.max_length=64",
+            "lr=1e-3",
+            "beta_alpha=1.0",
+            "beta_filter=0.25",
+            "beta_momentum=0.5",
+            "seed=7",
+        ],
+        [BETWEEN],
+    ),
     "ppo": Case(
         "ppo",
         [
@@ -217,7 +232,7 @@ def _final_state(ckpt_dir: str, stage: str) -> dict:
     """What the last checkpoint keeps beside the weights: client state, and PPO's critic."""
     tag = os.path.join(ckpt_dir, tag_for(6))
     state = torch.load(os.path.join(tag, "mp_rank_00_model_states.pt"), weights_only=False)
-    kept = {k: state[k] for k in ("step", "rewards", "kl_controller") if k in state}
+    kept = {k: state[k] for k in ("step", "rewards", "kl_controller", "dynamic_beta") if k in state}
     if stage == "ppo":
         kept["critic"] = torch.load(os.path.join(tag, "critic", "mp_rank_00_model_states.pt"), weights_only=False)[
             "module"
@@ -247,7 +262,7 @@ def _assert_same(a, b, path="") -> None:
 
 # reward, DPO and plain GRPO share the cadence and checkpoint code SFT, PPO and GRPO-on-S3 exercise:
 # they run in `make test-all` only (the CI budget)
-EXTENDED = ("reward", "dpo", "grpo")
+EXTENDED = ("reward", "dpo", "dpo_beta", "grpo")
 
 
 @pytest.mark.slow

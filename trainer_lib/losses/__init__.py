@@ -1,10 +1,11 @@
 """Loss functions: pure math over tensors, each citing its paper equation (imports only torch).
 
 * :mod:`~trainer_lib.losses.preference`: reward-model and DPO-family losses (DPO, cDPO, IPO, hinge,
-  robust DPO, SimPO, KTO, RPO).
-* :mod:`~trainer_lib.losses.advantages`: masked statistics and advantage estimators (GAE, GRPO, RLOO).
+  robust DPO, SimPO, KTO, RPO, beta-DPO).
+* :mod:`~trainer_lib.losses.advantages`: masked statistics, advantage estimators (GAE, GRPO, RLOO,
+  REINFORCE++) and DAPO's overlong reward shaping.
 * :mod:`~trainer_lib.losses.policy_gradient`: KL estimators and control, clipped policy and value
-  losses, token-loss averaging.
+  losses (token-level with DAPO's clip-higher, GSPO's sequence-level), token-loss averaging.
 
 Every public function is importable from the package itself. Importing it imports torch, nothing heavier.
 """
@@ -13,10 +14,13 @@ from trainer_lib.losses.advantages import (
     explained_variance,
     gae_advantages,
     grpo_advantages,
+    kl_penalized_returns,
     masked_mean,
     masked_sum,
     masked_var,
     masked_whiten,
+    overlong_penalty,
+    reinforce_pp_advantages,
     rloo_advantages,
     whiten,
 )
@@ -30,14 +34,20 @@ from trainer_lib.losses.policy_gradient import (
     kl_penalty,
     ppo_policy_loss,
     ppo_value_loss,
+    sequence_clipped_surrogate,
     sequence_mean,
+    token_mean,
 )
 from trainer_lib.losses.preference import (
+    beta_dpo_beta,
+    beta_dpo_loss,
     dpo_sigmoid_loss,
     hinge_loss,
     ipo_loss,
     kto_loss,
     kto_reference_point,
+    margin_filter_mask,
+    margin_filter_weights,
     pairwise_reward_loss,
     reward_centering_penalty,
     robust_dpo_loss,
@@ -47,6 +57,8 @@ from trainer_lib.losses.preference import (
 
 __all__ = [
     "KLController",
+    "beta_dpo_beta",
+    "beta_dpo_loss",
     "clipped_surrogate",
     "constant_normalized_sum",
     "dpo_sigmoid_loss",
@@ -58,21 +70,28 @@ __all__ = [
     "kl_k1",
     "kl_k2",
     "kl_k3",
+    "kl_penalized_returns",
     "kl_penalty",
     "kto_loss",
     "kto_reference_point",
+    "margin_filter_mask",
+    "margin_filter_weights",
     "masked_mean",
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "overlong_penalty",
     "pairwise_reward_loss",
     "ppo_policy_loss",
     "ppo_value_loss",
+    "reinforce_pp_advantages",
     "reward_centering_penalty",
     "rloo_advantages",
     "robust_dpo_loss",
     "rpo_nll_term",
+    "sequence_clipped_surrogate",
     "sequence_mean",
     "simpo_loss",
+    "token_mean",
     "whiten",
 ]

@@ -1,4 +1,5 @@
-"""Masked statistics and advantage estimators for PPO, GRPO and RLOO. Tensors in, tensors out.
+"""Masked statistics, advantage estimators (PPO, GRPO, RLOO, REINFORCE++) and DAPO's overlong reward
+shaping. Tensors in, tensors out.
 
 Shapes: ``(B, T)`` per-token tensors hold the response tokens of ``B`` sequences, right-padded;
 ``mask`` is 1 on response tokens (up to and including the eos) and 0 on padding. Group
@@ -7,6 +8,9 @@ completions of the same prompt. Nothing here imports more than torch.
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Callable
 
 import torch
 
@@ -111,3 +115,63 @@ def rloo_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
     groups = _groups(rewards, group_size)
     baseline = (groups.sum(dim=1, keepdim=True) - groups) / (group_size - 1)
     return (groups - baseline).reshape(-1)
+
+
+def kl_penalized_returns(rewards: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, beta: float) -> torch.Tensor:
+    """REINFORCE++ returns (Hu 2025, sec. 3.1): the sequence reward at the last token, a KL penalty at
+    every token, summed to go without discount. ``rewards`` is ``(B,)``, ``kl`` and the result ``(B, T)``:
+
+        r_t = 1[t = |y|] r(x, y) - beta * KL_t        KL_t = log pi_old(y_t) - log pi_ref(y_t)
+        G_t = sum_{s >= t} r_s = r(x, y) - beta * sum_{s >= t} KL_s
+
+    0 off the mask.
+    """
+    mask = mask.to(kl.dtype)
+    kl_to_go = (kl * mask).flip(-1).cumsum(-1).flip(-1)
+    return (rewards.to(kl.dtype).unsqueeze(-1) - beta * kl_to_go) * mask
+
+
+def reinforce_pp_advantages(
+    rewards: torch.Tensor,
+    kl: torch.Tensor,
+    mask: torch.Tensor,
+    beta: float,
+    reduce: Callable[[dict], dict] | None = None,
+    eps: float = 1e-8,
+) -> torch.Tensor:
+    """REINFORCE++ advantages (Hu 2025, sec. 3.1-3.2), ``(B, T)``: the returns of
+    :func:`kl_penalized_returns`, normalized over every response token of the global batch
+
+        A_t = (G_t - mean(G)) / std(G)        (std Bessel-corrected, as ``torch.std``)
+
+    instead of within a prompt's group. ``reduce`` sums ``{"sum", "sum_sq", "count"}`` over all
+    ranks (None: this batch is the global batch). 0 off the mask.
+    """
+    returns = kl_penalized_returns(rewards, kl, mask, beta)
+    mask = mask.to(returns.dtype)
+    sums = {"sum": masked_sum(returns, mask), "sum_sq": masked_sum(returns**2, mask), "count": mask.sum()}
+    sums = {k: float(v) for k, v in (reduce(sums) if reduce is not None else sums).items()}
+    count = max(sums["count"], 1.0)
+    mean = sums["sum"] / count
+    var = max(sums["sum_sq"] / count - mean**2, 0.0) * (count / (count - 1) if count > 1 else 1.0)
+    return (returns - mean) / math.sqrt(var + eps) * mask
+
+
+# --------------------------------------------------------------------------- reward shaping
+
+
+def overlong_penalty(lengths: torch.Tensor, max_tokens: int, buffer: int) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), completion lengths ``(B,)`` in,
+    penalties ``(B,)`` out, added to the reward:
+
+        R_length(y) = 0                                   |y| <= L_max - L_cache
+                    = ((L_max - L_cache) - |y|) / L_cache   L_max - L_cache < |y| <= L_max
+                    = -1                                  L_max < |y|
+
+    with ``L_max = max_tokens`` (the generation budget) and ``L_cache = buffer``, the window before
+    it in which the penalty falls linearly from 0 to -1.
+    """
+    if buffer < 1 or buffer > max_tokens:
+        raise ValueError(f"overlong_penalty: buffer must be in [1, max_tokens={max_tokens}], got {buffer}")
+    free = max_tokens - buffer
+    return ((free - lengths.to(torch.float32)) / buffer).clamp(min=-1.0, max=0.0)

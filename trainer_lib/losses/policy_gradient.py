@@ -1,5 +1,5 @@
-"""Policy-gradient objectives for PPO, GRPO and RLOO: KL estimators and control, clipped policy and
-value losses, and how token losses are averaged. Tensors in, tensors out.
+"""Policy-gradient objectives for PPO, GRPO, RLOO, DAPO and GSPO: KL estimators and control, clipped
+(token- or sequence-level) policy and value losses, and how token losses are averaged. Tensors in, tensors out.
 
 Shapes as in :mod:`trainer_lib.losses.advantages`: ``(B, T)`` per-token tensors of right-padded
 response tokens, ``mask`` 1 on response tokens. Nothing here imports more than torch.
@@ -74,20 +74,54 @@ class KLController:
 
 
 def clipped_surrogate(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, clip_range: float
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_range: float,
+    clip_high: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token clipped surrogate loss (Schulman et al. 2017, PPO eq. 7), negated to minimize:
 
         ratio = exp(log pi - log pi_old)
-        loss  = -min(ratio * A, clip(ratio, 1 - eps, 1 + eps) * A)
+        loss  = -min(ratio * A, clip(ratio, 1 - eps_low, 1 + eps_high) * A)
 
+    ``clip_range`` is eps_low; ``clip_high`` is eps_high, the same as ``clip_range`` when None (PPO's
+    symmetric clip). A larger eps_high is DAPO's clip-higher (Yu et al. 2025, eq. 10): a
+    low-probability token with a positive advantage may grow further before it is clipped.
     ``advantages`` is ``(B, T)`` or ``(B, 1)`` (one per sequence, broadcast). Returns the loss
     and a 0/1 tensor marking tokens where the clipped term was chosen.
     """
+    clip_high = clip_range if clip_high is None else clip_high
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_high)
     return torch.maximum(unclipped, clipped), (clipped > unclipped).to(logprobs.dtype)
+
+
+def sequence_clipped_surrogate(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GSPO's sequence-level clipped loss (Zheng et al. 2025, eq. 5 and 7), negated to minimize:
+
+        s_i    = (pi(y_i | x) / pi_old(y_i | x)) ^ (1 / |y_i|)
+               = exp(1/|y_i| sum_t (log pi_{i,t} - log pi_old_{i,t}))
+        loss_i = -min(s_i * A_i, clip(s_i, 1 - eps_low, 1 + eps_high) * A_i)
+
+    One ratio per completion (the geometric mean of its token ratios), clipped as a whole.
+    ``advantages`` holds one value per sequence, ``(B,)`` or ``(B, 1)``. Returns ``loss_i``
+    repeated over the sequence's positions ``(B, T)``, so that :func:`sequence_mean` of it is
+    GSPO's ``1/G sum_i loss_i``, and the 0/1 clipped marker repeated the same way.
+    """
+    sequence_log_ratio = masked_mean(logprobs - old_logprobs, mask, dim=-1)
+    loss, clipped = clipped_surrogate(
+        sequence_log_ratio, torch.zeros_like(sequence_log_ratio), advantages.reshape(-1), clip_low, clip_high
+    )
+    return loss.unsqueeze(1).expand_as(logprobs), clipped.unsqueeze(1).expand_as(logprobs)
 
 
 def ppo_policy_loss(
@@ -137,3 +171,9 @@ def constant_normalized_sum(per_token: torch.Tensor, mask: torch.Tensor, max_tok
     """Dr. GRPO (Liu et al. 2025, eq. 3): ``1/G sum_i 1/L sum_t l_{i,t}`` with a constant ``L``
     (the generation budget), so no length bias from dividing by ``|o_i|``."""
     return masked_sum(per_token, mask) / (per_token.shape[0] * max_tokens)
+
+
+def token_mean(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """DAPO's token-level loss (Yu et al. 2025, eq. 12): ``1/sum_i |o_i| sum_i sum_t l_{i,t}``, every
+    token of the batch weighs the same, so a long answer counts in proportion to its length."""
+    return masked_mean(per_token, mask)

@@ -49,6 +49,92 @@ def dpo_sigmoid_loss(
     return -(1.0 - label_smoothing) * F.logsigmoid(logits) - label_smoothing * F.logsigmoid(-logits)
 
 
+def beta_dpo_beta(
+    margins: torch.Tensor, margin_mean: float, beta: float, alpha: float, min_beta: float = 1e-3
+) -> torch.Tensor:
+    """beta-DPO's batch-level beta (Wu et al. 2024, "beta-DPO", sec. 4, batch-level dynamic beta calibration):
+
+        beta_batch = beta_0 * (1 + alpha * (mean_i M_i - M_0))
+
+    ``margins`` are the batch's (kept) reward discrepancies ``M_i``, taken as the log-ratio margin ``h``
+    (as the authors' code does, so ``alpha`` does not scale with ``beta_0``); ``margin_mean`` is
+    ``M_0``, a running mean of past margins. A batch of wider margins (easier or noisier pairs) gets a
+    larger, more conservative beta; a narrow one a smaller beta. Clamped below at ``min_beta`` so a
+    very narrow batch cannot flip the loss's sign (the authors clamp at 1e-3 too). No gradient.
+    """
+    mean = margins.detach().mean()
+    return (beta * (1.0 + alpha * (mean - margin_mean))).clamp(min=min_beta)
+
+
+def margin_filter_weights(margins: torch.Tensor, margin_mean: float, margin_std: float) -> torch.Tensor:
+    """beta-DPO's data-filtering weights (Wu et al. 2024, sec. 4, beta-guided data filtering):
+
+        p(M_i) proportional to exp(-(M_i - M_0)^2 / (2 sigma^2))
+
+    a Gaussian around the running mean ``M_0`` with the running standard deviation ``sigma``; pairs far
+    from the usual margin in either direction (outliers, likely mislabelled or trivially easy) get
+    small weights. ``sigma <= 0`` (no spread seen yet): all weights 1.
+    """
+    margins = margins.detach()
+    if not margin_std > 0:
+        return torch.ones_like(margins)
+    return torch.exp(-0.5 * ((margins - margin_mean) / margin_std) ** 2)
+
+
+def margin_filter_mask(
+    margins: torch.Tensor, margin_mean: float, margin_std: float, ratio: float, generator: torch.Generator
+) -> torch.Tensor:
+    """beta-DPO's filter (Wu et al. 2024, sec. 4, beta-guided filtering): drop a share ``ratio`` (rho) of a batch.
+
+    ``max(1, int(B * (1 - ratio)))`` pairs are kept, drawn without replacement with probabilities
+    proportional to :func:`margin_filter_weights`, from ``generator`` (a CPU generator: the caller seeds
+    it, so a resumed run draws the same pairs). Returns a bool mask ``(B,)`` on the margins' device.
+    """
+    weights = margin_filter_weights(margins, margin_mean, margin_std).to("cpu", torch.float64)
+    if not (weights.sum() > 0 and torch.isfinite(weights).all()):  # all underflowed, or a non-finite margin
+        weights = torch.ones_like(weights)
+    count = max(1, int(weights.numel() * (1.0 - ratio)))
+    chosen = torch.multinomial(weights, count, replacement=False, generator=generator)
+    mask = torch.zeros(weights.numel(), dtype=torch.bool)
+    mask[chosen] = True
+    return mask.to(margins.device)
+
+
+def beta_dpo_loss(
+    policy_chosen_logps: torch.Tensor,
+    policy_rejected_logps: torch.Tensor,
+    reference_chosen_logps: torch.Tensor,
+    reference_rejected_logps: torch.Tensor,
+    beta: float,
+    alpha: float,
+    margin_mean: float,
+    keep: torch.Tensor | None = None,
+    label_smoothing: float = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """beta-DPO (Wu et al. 2024, sec. 4): the DPO loss at the batch's calibrated beta, on the kept pairs.
+
+        L_i = keep_i * B / sum_j keep_j * DPO_i(beta_batch)     (beta_batch from :func:`beta_dpo_beta`)
+
+    ``keep`` (bool ``(B,)``, None: all) marks the pairs the margin filter kept; beta_batch comes from
+    their margins, and the dropped pairs' losses are 0 with the others rescaled so that the mean of
+    the returned ``(B,)`` losses is the mean over the kept pairs. ``alpha = 0`` with every pair kept
+    is plain DPO (eq. 7 of Rafailov et al. 2023). Returns ``(losses, beta_batch)``.
+    """
+    h = _log_ratio_margin(policy_chosen_logps, policy_rejected_logps, reference_chosen_logps, reference_rejected_logps)
+    kept = h if keep is None else h[keep]
+    if alpha:
+        beta_batch = beta_dpo_beta(kept, margin_mean, beta, alpha)
+        logits = beta_batch.to(h.dtype) * h
+    else:  # the fixed beta, multiplied exactly as dpo_sigmoid_loss does
+        beta_batch = torch.tensor(float(beta), dtype=h.dtype)
+        logits = beta * h
+    losses = -(1.0 - label_smoothing) * F.logsigmoid(logits) - label_smoothing * F.logsigmoid(-logits)
+    if keep is not None:
+        keep = keep.to(losses.dtype)
+        losses = losses * keep * (keep.numel() / keep.sum().clamp(min=1.0))
+    return losses, beta_batch
+
+
 def ipo_loss(
     policy_chosen_logps: torch.Tensor,
     policy_rejected_logps: torch.Tensor,

@@ -13,6 +13,7 @@ other dataset column arrives as a keyword list aligned with the completions, plu
 by name or take ``**kwargs``. ``None`` means "does not apply" and is left out of the sum.
 
 Built-ins: ``code_execution`` (unit tests in the sandbox), ``code_style`` (pycodestyle),
+``code_ast`` (syntax-tree checks without running the code: :mod:`trainer_lib.rewards.syntax_tree`),
 ``length_penalty`` and ``refusal`` (a rule-based safety reward for prompts labelled harmful or
 benign). User functions: ``package.module:function`` (imported from ``sys.path`` and the working
 directory) or ``path/to/file.py:function``.
@@ -133,6 +134,40 @@ def code_style(prompts, completions, **columns) -> list[float]:
     return [max(0.0, 1.0 - 0.1 * style_violations(extract_code(completion_text(c)))) for c in completions]
 
 
+def code_ast(
+    prompts,
+    completions,
+    *,
+    tests=None,
+    entry_point=None,
+    max_chars: int = 20_000,
+    max_nodes: int = 5_000,
+    max_depth: int = 100,
+    **columns,
+) -> list[float]:
+    """The syntax-tree reward of each completion, in [0, 1]: a quarter each for parsing, defining the
+    entry point, fitting its calls in ``tests`` and being clean (see :mod:`trainer_lib.rewards.syntax_tree`).
+
+    ``tests``/``entry_point``: the row's columns (either may be absent). ``max_chars``: longer code
+    scores 0 unparsed; ``max_nodes``/``max_depth``: syntax-tree size and nesting limits (over them,
+    the ``clean`` check fails)."""
+    from trainer_lib.rewards.syntax_tree import expected_calls, score
+
+    count = len(completions)
+    tests = tests if tests is not None else [None] * count
+    entry_point = entry_point if entry_point is not None else [None] * count
+    limits = (max_chars, max_nodes, max_depth)
+    rewards = []
+    for completion, row_tests, row_entry in zip(completions, tests, entry_point):
+        row_tests = [row_tests] if isinstance(row_tests, str) else row_tests or ()
+        name, calls = expected_calls(tuple(map(str, row_tests)), str(row_entry) if row_entry else None)
+        text = completion_text(completion)
+        # bounded before the fence is even searched for: a runaway completion scores 0 unread
+        code = extract_code(text) if len(text) <= 4 * max_chars else None
+        rewards.append(score(code, name, calls, limits))
+    return rewards
+
+
 def length_penalty(
     prompts, completions, *, completion_ids, max_tokens: int, free_tokens: int = 0, **columns
 ) -> list[float]:
@@ -157,7 +192,7 @@ def refusal(prompts, completions, *, kind=None, **columns) -> list[float | None]
     ]
 
 
-BUILTINS = ("code_execution", "code_style", "length_penalty", "refusal")
+BUILTINS = ("code_execution", "code_style", "code_ast", "length_penalty", "refusal")
 
 
 def builtin(
@@ -173,6 +208,8 @@ def builtin(
         return CodeExecution(timeout=code_timeout, max_workers=sandbox_workers)
     if name == "code_style":
         return code_style
+    if name == "code_ast":
+        return code_ast
     if name == "refusal":
         return refusal
     if name == "length_penalty":

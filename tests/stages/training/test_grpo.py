@@ -1,4 +1,5 @@
-"""GRPO on a tiny model: a custom reward rises, metrics are logged, resume is bit-exact."""
+"""GRPO on a tiny model: a custom reward rises (also under DAPO, GSPO and REINFORCE++), metrics are
+logged, resume is bit-exact."""
 
 import json
 import os
@@ -72,6 +73,70 @@ def test_grpo_raises_a_custom_reward(tiny_model_dir, prompts, tmp_path):
     ):
         assert key in train[-1], key
     assert json.loads((out / "summary.json").read_text())["steps"] == 30
+
+
+@pytest.mark.parametrize(
+    "keys",
+    [
+        # DAPO: clip-higher, token-level loss, overlong shaping, no KL term
+        ("clip_high=0.28", "loss_aggregation=token", "overlong_buffer=4", "beta=0"),
+        # GSPO: one ratio per completion; two mini-batches, so the second update is off-policy
+        ("objective=gspo", "clip_low=0.003", "clip_high=0.004", "mini_batch_size=8"),
+        # REINFORCE++: KL penalty in the token rewards, advantages normalized over the batch
+        ("advantage=reinforce_pp",),
+    ],
+    ids=["dapo", "gspo", "reinforce_pp"],
+)
+def test_grpo_variants_raise_a_custom_reward(tiny_model_dir, prompts, tmp_path, keys):
+    out = tmp_path / "run"
+    _grpo(tiny_model_dir, prompts, out, "max_steps=30", "lr=1e-2", "save_steps=0", *keys)
+    before, after = mean_sampled_reward(tiny_model_dir, prompts), mean_sampled_reward(out, prompts)
+    assert after > before + 0.3, (before, after)
+    train = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["split"] == "train"]
+    assert train[-1]["reward"] > train[0]["reward"]
+    assert ("overlong_penalty" in train[-1]) == ("overlong_buffer=4" in keys)
+    assert ("kl" in train[-1]) == ("beta=0" not in keys)
+    if "mini_batch_size=8" in keys:  # the second mini-batch is off-policy: its ratios move, some are clipped
+        assert max(r["clip_fraction"] for r in train) > 0
+
+
+def test_grpo_defaults_are_grpo(tiny_model_dir, prompts):
+    """Without the new keys the stage is today's GRPO: symmetric clip, sequence mean, KL as a loss term."""
+    from trainer_lib.losses import constant_normalized_sum, sequence_mean, token_mean
+    from trainer_lib.stages.training.grpo import (
+        GroupAdvantage,
+        GRPOConfig,
+        ReinforcePPAdvantage,
+        advantage_estimator,
+        token_aggregation,
+    )
+
+    base = [
+        f"model.path={tiny_model_dir}",
+        f"data.path={prompts}",
+        "output_dir=/tmp/x",
+        f"reward.functions={LENGTH_REWARD}",
+    ]
+    cfg = load_config(GRPOConfig, None, base)
+    assert (cfg.objective, cfg.loss_aggregation, cfg.overlong_buffer) == ("grpo", "auto", 0)
+    assert cfg.clip_range() == (0.2, 0.2) and token_aggregation(cfg) is sequence_mean
+    estimator = advantage_estimator(cfg, strategy=None)
+    assert isinstance(estimator, GroupAdvantage) and estimator.kl_coef == 0.04
+    cfg = load_config(GRPOConfig, None, [*base, "advantage=dr_grpo", "epsilon=0.1", "clip_high=0.3"])
+    assert token_aggregation(cfg).func is constant_normalized_sum and cfg.clip_range() == (0.1, 0.3)
+    cfg = load_config(GRPOConfig, None, [*base, "advantage=reinforce_pp"])
+    assert token_aggregation(cfg) is token_mean
+    estimator = advantage_estimator(cfg, strategy=None)
+    assert isinstance(estimator, ReinforcePPAdvantage) and estimator.kl_coef == 0.0
+    for bad, message in [
+        ("clip_high=0", "clip_low, clip_high: expected > 0"),
+        ("overlong_buffer=65", "overlong_buffer: expected 0 to rollout.max_new_tokens"),
+        ("objective=dapo", "objective: expected one of"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            load_config(GRPOConfig, None, [*base, bad])
+    with pytest.raises(ConfigError, match="objective=gspo: needs one advantage per completion"):
+        load_config(GRPOConfig, None, [*base, "objective=gspo", "advantage=reinforce_pp"])
 
 
 def test_resume_is_bit_exact(tiny_model_dir, prompts, tmp_path, capsys):

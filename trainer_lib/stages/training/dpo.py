@@ -8,12 +8,15 @@ reference's log-probs for the same rows (a frozen model, a precomputed table, or
 with its adapters disabled), the configured loss (picked once at setup by :func:`select_objective`),
 backward, step. Log-probs are summed over completion tokens (SimPO averages them). KTO trains on
 unpaired rows (``prompt``/``completion``/``label``; pairs are split into a desirable and an
-undesirable row) and takes its KL reference point from mismatched prompt/completion pairs.
+undesirable row) and takes its KL reference point from mismatched prompt/completion pairs. With
+``beta_alpha`` or ``beta_filter`` the sigmoid loss trains as beta-DPO (:class:`DynamicBetaDPO`: a
+beta per micro-batch from its margins, margin-guided filtering, running statistics in checkpoints).
 
 Metrics (train and eval): ``loss``, ``rewards/chosen``, ``rewards/rejected``, ``rewards/margins``,
 ``rewards/accuracy`` (implicit reward ``beta * (log pi - log pi_ref)`` of chosen above rejected),
 ``logps/chosen``, ``logps/rejected`` and ``logps/accuracy`` (policy log-prob of chosen above
-rejected: at step 0 this is the starting model's held-out preference accuracy).
+rejected: at step 0 this is the starting model's held-out preference accuracy). beta-DPO's train
+records add ``beta``, ``beta/kept`` and ``beta/margin_mean``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,13 @@ class DPOConfig(TrainingConfig):
     rpo_alpha: float = opt(0.0, "Weight of an NLL term that keeps chosen answers likely (RPO); 0: off; not with kto.")
     kto_desirable_weight: float = opt(1.0, "KTO lambda_D, weight of desirable completions.")
     kto_undesirable_weight: float = opt(1.0, "KTO lambda_U, weight of undesirable completions.")
+    beta_alpha: float = opt(
+        0.0, "beta-DPO: beta per batch = beta*(1 + beta_alpha*(batch margin - running mean)); 0: fixed beta."
+    )
+    beta_momentum: float = opt(0.9, "beta-DPO: momentum of the running mean and std of the log-ratio margin.")
+    beta_filter: float = opt(
+        0.0, "beta-DPO: share of each batch's pairs dropped, sampled by a Gaussian around the running margin."
+    )
     reference: str = opt("auto", "Reference: frozen model, cached table, LoRA off; auto: adapter if LoRA.", REFERENCES)
     reference_model_path: str | None = opt(None, "Reference model; default model.path.")
     reference_logps_path: str | None = opt(None, "Precomputed log-probs' cache; default <output_dir>/reference_logps.")
@@ -62,6 +72,10 @@ class DPOConfig(TrainingConfig):
             raise ConfigError(
                 f"rpo_alpha: expected >= 0 with a paired loss (not kto), got {self.rpo_alpha} with loss={self.loss}"
             )
+        if (self.beta_alpha or self.beta_filter) and self.loss != "sigmoid":
+            raise ConfigError(f"beta_alpha/beta_filter: beta-DPO needs loss=sigmoid, not loss={self.loss}")
+        if not (self.beta_alpha >= 0 and 0.0 <= self.beta_momentum < 1.0 and 0.0 <= self.beta_filter < 1.0):
+            raise ConfigError("beta_alpha >= 0, 0 <= beta_momentum < 1 and 0 <= beta_filter < 1 expected")
         if min(self.kto_desirable_weight, self.kto_undesirable_weight) < 0:
             raise ConfigError("kto_desirable_weight/kto_undesirable_weight: expected >= 0")
         uses_base = self.reference_model_path in (None, self.model.path)
@@ -88,7 +102,6 @@ def select_objective(cfg: DPOConfig) -> Callable:
         kto_loss,
         kto_reference_point,
         robust_dpo_loss,
-        rpo_nll_term,
         simpo_loss,
     )
 
@@ -115,10 +128,83 @@ def select_objective(cfg: DPOConfig) -> Callable:
             cfg.kto_undesirable_weight,
         ),
     }
-    objective, alpha = objectives[cfg.loss], cfg.rpo_alpha
+    return with_rpo(objectives[cfg.loss], cfg.rpo_alpha)
+
+
+def with_rpo(objective: Callable, alpha: float) -> Callable:
+    """``objective`` plus RPO's NLL term on the chosen answer at weight ``alpha`` (0: ``objective`` itself)."""
+    from trainer_lib.losses import rpo_nll_term
+
     if not alpha:
         return objective
     return lambda p, r, b: objective(p, r, b) + alpha * rpo_nll_term(p.chosen, p.chosen_tokens)
+
+
+class DynamicBetaDPO:
+    """beta-DPO's training loss and the running statistics it keeps (Wu et al. 2024; the math is in
+    :func:`trainer_lib.losses.beta_dpo_loss`).
+
+    Per micro-batch: the log-ratio margins ``M_i`` update the running mean ``M_0`` and std ``sigma``
+    (``x <- m * x + (1 - m) * batch value``, averaged over ranks so every rank holds the same numbers),
+    the filter keeps ``1 - beta_filter`` of the pairs (drawn by a generator seeded from ``seed`` and
+    the update count, so a resumed run draws the same ones), and the loss uses the batch's beta.
+    ``state_dict``/``load_state_dict`` carry the statistics across a checkpoint. Evaluation uses the
+    fixed ``beta`` (a yardstick that does not move with training) and leaves the statistics alone.
+    """
+
+    def __init__(self, beta, alpha, momentum, filter_ratio, label_smoothing, seed, reduce=lambda values: values):
+        self.beta, self.alpha, self.momentum, self.filter_ratio = beta, alpha, momentum, filter_ratio
+        self.label_smoothing, self.seed, self.reduce = label_smoothing, seed, reduce
+        self.margin_mean, self.margin_std, self.updates = 0.0, 0.0, 0
+        self.last_beta, self.last_kept = float(beta), 1.0
+
+    @classmethod
+    def from_config(cls, cfg: DPOConfig, reduce) -> DynamicBetaDPO | None:
+        """The objective for ``cfg``'s beta-DPO keys, or None when they are off (plain DPO)."""
+        if not (cfg.beta_alpha or cfg.beta_filter):
+            return None
+        return cls(cfg.beta, cfg.beta_alpha, cfg.beta_momentum, cfg.beta_filter, cfg.label_smoothing, cfg.seed, reduce)
+
+    def __call__(self, policy, reference, batch):
+        import torch
+
+        from trainer_lib.losses import beta_dpo_loss, margin_filter_mask
+
+        margins = ((policy.chosen - reference.chosen) - (policy.rejected - reference.rejected)).detach()
+        batch_stats = self.reduce({"mean": margins.mean(), "std": margins.std(correction=0)})
+        m = self.momentum
+        self.margin_mean = m * self.margin_mean + (1.0 - m) * float(batch_stats["mean"])
+        self.margin_std = m * self.margin_std + (1.0 - m) * float(batch_stats["std"])
+        keep = None
+        if self.filter_ratio:
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.updates)
+            keep = margin_filter_mask(margins, self.margin_mean, self.margin_std, self.filter_ratio, generator)
+        self.updates += 1
+        losses, beta_batch = beta_dpo_loss(
+            policy.chosen,
+            policy.rejected,
+            reference.chosen,
+            reference.rejected,
+            self.beta,
+            self.alpha,
+            self.margin_mean,
+            keep,
+            self.label_smoothing,
+        )
+        self.last_beta = float(beta_batch)
+        self.last_kept = 1.0 if keep is None else float(keep.float().mean())
+        return losses
+
+    def log_values(self) -> dict:
+        """Keys for each train log record: the last micro-batch's beta and kept share, the running mean."""
+        return {"beta": self.last_beta, "beta/kept": self.last_kept, "beta/margin_mean": self.margin_mean}
+
+    def state_dict(self) -> dict:
+        return {"margin_mean": self.margin_mean, "margin_std": self.margin_std, "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.margin_mean, self.margin_std = float(state["margin_mean"]), float(state["margin_std"])
+        self.updates = int(state["updates"])
 
 
 #: metric keys of paired (preference) and unpaired (KTO) batches
@@ -314,13 +400,25 @@ def run(cfg: DPOConfig) -> dict:
     sets, fmt = build_splits(cfg, tokenizer)
     train = sets["train"]
     order = TrainOrder(cfg, train, strategy.world_size, strategy.rank)
-    objective = select_objective(cfg)
+    objective = select_objective(cfg)  # evaluation's, and training's unless beta-DPO's keys are set
+    dynamic = DynamicBetaDPO.from_config(cfg, strategy.all_reduce)
+    train_objective = objective if dynamic is None else with_rpo(dynamic, cfg.rpo_alpha)
 
     # ---- policy engine
     model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision, placement=strategy.placement()), cfg.lora)
     engine = strategy.prepare(model, total_steps=order.steps, **cfg.optimizer_args())
     evaluation = (lambda: evaluate_all(engine, strategy, sets, reference, objective, cfg)) if len(sets) > 1 else None
-    cadence = Cadence(cfg, strategy, "dpo", order.steps, engine, evaluate=evaluation, window_keys=METRICS[train.kind])
+    cadence = Cadence(
+        cfg,
+        strategy,
+        "dpo",
+        order.steps,
+        engine,
+        evaluate=evaluation,
+        window_keys=METRICS[train.kind],
+        stateful={"dynamic_beta": dynamic} if dynamic is not None else None,
+        log_extra=dynamic.log_values if dynamic is not None else None,
+    )
 
     # ---- reference (before the step-0 evaluation, which uses it)
     mode = cfg.reference_mode()
@@ -335,7 +433,7 @@ def run(cfg: DPOConfig) -> dict:
         for ids, batch in order.micro_batches(step):
             policy = forward_logps(engine, batch, strategy.device)
             ref = reference("train", ids, batch) if reference is not None else None
-            losses = objective(policy, ref, batch)
+            losses = train_objective(policy, ref, batch)
             strategy.backward(losses.mean(), engine)
             strategy.optimizer_step(engine)
             cadence.window.add_all({"loss": losses, **batch_metrics(train.kind, policy, ref, cfg.beta, batch)})

@@ -1,4 +1,5 @@
-"""Critic-free RL: GRPO, Dr. GRPO and RLOO on groups of ``rollout.n`` completions per prompt.
+"""Critic-free RL: GRPO, Dr. GRPO, RLOO, DAPO, GSPO and REINFORCE++ on groups of ``rollout.n``
+completions per prompt.
 
     posttrain grpo model.path=SFT data.path=PROMPTS output_dir=OUT reward.functions=code_execution
 
@@ -10,12 +11,18 @@ updates over shuffled mini-batches:
     loss_{i,t} = -min(rho_{i,t} A_i, clip(rho_{i,t}, 1 - epsilon, 1 + epsilon) A_i) + beta * KL3_{i,t}
 
 with ``rho = pi / pi_old`` and the k3 estimate of KL(pi || pi_ref) as a loss term (Shao et al.
-2024, eq. 3-4). ``advantage`` picks, once, how advantages are formed and how token losses are
-averaged:
+2024, eq. 3-4). ``advantage`` picks, once, how advantages are formed and (unless
+``loss_aggregation`` says otherwise) how token losses are averaged:
 
-    grpo     (r - mean) / (std + eps) per group        mean over tokens, then over completions
-    dr_grpo  r - mean per group                        sum over tokens / (completions * max_new_tokens)
-    rloo     r - mean of the other n - 1 completions   mean over tokens, then over completions
+    grpo          (r - mean) / (std + eps) per group        mean over tokens, then over completions
+    dr_grpo       r - mean per group                        sum over tokens / (completions * max_new_tokens)
+    rloo          r - mean of the other n - 1 completions   mean over tokens, then over completions
+    reinforce_pp  r - beta * KL to go, per token, z-scored  mean over all tokens
+                  over the whole batch (KL in the reward, not in the loss)
+
+``objective=gspo`` replaces the token ratio by one ratio per completion (GSPO); ``clip_low`` and
+``clip_high`` set the clip range on each side (DAPO's clip-higher); ``overlong_buffer`` adds DAPO's
+soft penalty for completions that run into the last tokens of the budget. The defaults are GRPO.
 
 The models are built as in PPO, without a critic (:mod:`trainer_lib.rl.actor_critic`): by default
 the policy is its own engine and the reference a frozen copy of ``model.path`` (under LoRA: the
@@ -34,14 +41,44 @@ from trainer_lib.config import opt
 from trainer_lib.config.rl import RLConfig
 from trainer_lib.errors import ConfigError
 
-ADVANTAGES = ("grpo", "dr_grpo", "rloo")
+ADVANTAGES = ("grpo", "dr_grpo", "rloo", "reinforce_pp")
+OBJECTIVES = ("grpo", "gspo")
+AGGREGATIONS = ("auto", "sequence", "token", "constant")
 
 
 @dataclass
 class GRPOConfig(RLConfig):
-    advantage: str = opt("grpo", "Advantage in a group: z-score, r - mean (dr_grpo), leave-one-out (rloo).", ADVANTAGES)
-    beta: float = opt(0.04, "Coefficient of the k3 KL(policy || reference) loss term (0: no reference model).")
-    epsilon: float = opt(0.2, "Clip range of the probability ratio.")
+    advantage: str = opt(
+        "grpo",
+        "Advantage: group z-score, r - mean (dr_grpo), leave-one-out (rloo), or REINFORCE++ (reinforce_pp: "
+        "per-token returns with the KL in the reward, normalized over the whole batch).",
+        ADVANTAGES,
+    )
+    objective: str = opt(
+        "grpo", "Importance ratio: per token (grpo), or one per completion clipped as a whole (gspo).", OBJECTIVES
+    )
+    loss_aggregation: str = opt(
+        "auto",
+        "Token losses to one number: mean per completion then over completions (sequence), mean over all "
+        "tokens (token, DAPO), sum / (completions * max_new_tokens) (constant); auto: the advantage's own "
+        "(constant for dr_grpo, token for reinforce_pp, else sequence).",
+        AGGREGATIONS,
+    )
+    beta: float = opt(
+        0.04,
+        "KL(policy || reference) coefficient: of the k3 loss term, or of the per-token k1 penalty in the "
+        "reward with advantage=reinforce_pp (0: no reference model).",
+    )
+    epsilon: float = opt(0.2, "Clip range of the probability ratio (both sides, unless clip_low/clip_high).")
+    clip_low: float | None = opt(None, "Lower clip range: the ratio is kept above 1 - clip_low (default: epsilon).")
+    clip_high: float | None = opt(
+        None, "Upper clip range: the ratio is kept below 1 + clip_high (default: epsilon; DAPO uses 0.28)."
+    )
+    overlong_buffer: int = opt(
+        0,
+        "DAPO's overlong shaping: the reward falls linearly from 0 to -1 over the last this many tokens "
+        "before rollout.max_new_tokens (0: off).",
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -49,31 +86,120 @@ class GRPOConfig(RLConfig):
             raise ConfigError("rollout.n: group methods need at least 2 completions per prompt")
         if self.beta < 0 or self.epsilon <= 0:
             raise ConfigError("beta: expected >= 0; epsilon: expected > 0")
+        if any(c is not None and c <= 0 for c in (self.clip_low, self.clip_high)):
+            raise ConfigError(f"clip_low, clip_high: expected > 0, got {self.clip_low}, {self.clip_high}")
+        if not 0 <= self.overlong_buffer <= self.rollout.max_new_tokens:
+            raise ConfigError(
+                f"overlong_buffer: expected 0 to rollout.max_new_tokens ({self.rollout.max_new_tokens}), "
+                f"got {self.overlong_buffer}"
+            )
+        if self.objective == "gspo" and self.advantage == "reinforce_pp":
+            raise ConfigError("objective=gspo: needs one advantage per completion, not advantage=reinforce_pp")
+
+    def clip_range(self) -> tuple[float, float]:
+        """(eps_low, eps_high) of the ratio's clip."""
+        low = self.epsilon if self.clip_low is None else self.clip_low
+        return low, self.epsilon if self.clip_high is None else self.clip_high
 
 
 CONFIG = GRPOConfig
 
 
-def advantage_and_loss(cfg: GRPOConfig):
-    """(rewards (B,) -> advantages (B,), (per-token loss, mask) -> scalar loss) for ``cfg.advantage``."""
-    from trainer_lib.losses import constant_normalized_sum, grpo_advantages, rloo_advantages, sequence_mean
+class GroupAdvantage:
+    """One advantage per completion from its group's rewards; the KL stays a loss term (GRPO eq. 3)."""
+
+    needs_old_logprobs = False
+
+    def __init__(self, estimate, kl_coef: float):
+        self.estimate, self.kl_coef = estimate, kl_coef
+
+    def __call__(self, scores, mask, old_logprobs, ref_logprobs):
+        return self.estimate(scores).unsqueeze(1)  # (B, 1): broadcast over the tokens
+
+
+class ReinforcePPAdvantage:
+    """REINFORCE++: per-token returns with a k1 KL penalty (sampling policy vs reference) in the reward,
+    normalized over every token of the step on all ranks; no KL term in the loss."""
+
+    needs_old_logprobs = True
+    kl_coef = 0.0
+
+    def __init__(self, beta: float, strategy):
+        self.beta, self.strategy = beta, strategy
+
+    def __call__(self, scores, mask, old_logprobs, ref_logprobs):
+        import torch
+
+        from trainer_lib.losses import kl_k1, reinforce_pp_advantages
+
+        kl = torch.zeros_like(old_logprobs) if ref_logprobs is None else kl_k1(old_logprobs, ref_logprobs)
+        reduce = functools.partial(self.strategy.all_reduce, op="sum")
+        return reinforce_pp_advantages(scores, kl, mask, self.beta, reduce=reduce)
+
+
+def advantage_estimator(cfg: GRPOConfig, strategy):
+    """The advantage of ``cfg.advantage``: called as ``(scores (B,), mask, pi_old, pi_ref log-probs (B, T))``,
+    it returns ``(B, 1)`` or ``(B, T)`` advantages; ``kl_coef`` weighs the k3 KL loss term."""
+    from trainer_lib.losses import grpo_advantages, rloo_advantages
 
     n = cfg.rollout.n
+    if cfg.advantage == "reinforce_pp":
+        return ReinforcePPAdvantage(cfg.beta, strategy)
+    return GroupAdvantage(
+        {
+            "grpo": functools.partial(grpo_advantages, group_size=n, scale=True),
+            "dr_grpo": functools.partial(grpo_advantages, group_size=n, scale=False),
+            "rloo": functools.partial(rloo_advantages, group_size=n),
+        }[cfg.advantage],
+        cfg.beta,
+    )
+
+
+def policy_loss(cfg: GRPOConfig):
+    """``(logprobs, old_logprobs, advantages, mask) -> (per-token loss, clipped marker)`` for ``cfg.objective``."""
+    from trainer_lib.losses import clipped_surrogate, sequence_clipped_surrogate
+
+    low, high = cfg.clip_range()
+    if cfg.objective == "gspo":
+        return functools.partial(sequence_clipped_surrogate, clip_low=low, clip_high=high)
+    return lambda logprobs, old, advantages, mask: clipped_surrogate(logprobs, old, advantages, low, high)
+
+
+def token_aggregation(cfg: GRPOConfig):
+    """``(per-token loss, mask) -> scalar loss`` for ``cfg.loss_aggregation``."""
+    from trainer_lib.losses import constant_normalized_sum, sequence_mean, token_mean
+
+    name = cfg.loss_aggregation
+    if name == "auto":
+        name = {"dr_grpo": "constant", "reinforce_pp": "token"}.get(cfg.advantage, "sequence")
     return {
-        "grpo": (functools.partial(grpo_advantages, group_size=n, scale=True), sequence_mean),
-        "dr_grpo": (
-            functools.partial(grpo_advantages, group_size=n, scale=False),
-            functools.partial(constant_normalized_sum, max_tokens=cfg.rollout.max_new_tokens),
-        ),
-        "rloo": (functools.partial(rloo_advantages, group_size=n), sequence_mean),
-    }[cfg.advantage]
+        "sequence": sequence_mean,
+        "token": token_mean,
+        "constant": functools.partial(constant_normalized_sum, max_tokens=cfg.rollout.max_new_tokens),
+    }[name]
+
+
+def reward_shaping(cfg: GRPOConfig, strategy):
+    """``(rollout, scores, metrics) -> scores``: DAPO's overlong penalty added (logged as
+    ``overlong_penalty``) when ``overlong_buffer`` is set, else the scores unchanged."""
+    if not cfg.overlong_buffer:
+        return lambda rollout, scores, metrics: scores
+
+    def shape(rollout, scores, metrics):
+        from trainer_lib.losses import overlong_penalty
+
+        penalty = overlong_penalty(rollout.response_lengths(), cfg.rollout.max_new_tokens, cfg.overlong_buffer)
+        metrics["overlong_penalty"] = strategy.all_reduce(float(penalty.mean()))
+        return scores + penalty.to(scores.dtype)
+
+    return shape
 
 
 def run(cfg: GRPOConfig) -> dict:
     import torch
 
     from trainer_lib.loop.cadence import Cadence
-    from trainer_lib.losses import clipped_surrogate, kl_k3, masked_mean
+    from trainer_lib.losses import kl_k3, masked_mean
     from trainer_lib.rl import experience as rl
     from trainer_lib.rl.actor_critic import build_models
     from trainer_lib.rl.rollout import token_logprobs
@@ -83,8 +209,10 @@ def run(cfg: GRPOConfig) -> dict:
     steps, n, temperature = schedule.steps, cfg.rollout.n, cfg.rollout.temperature
     models = build_models(cfg, strategy, tokenizer, steps * cfg.updates_per_step(), use_reference=cfg.beta > 0)
     engine, rewards = models.actor_engine, models.rewards
-    advantages_of, aggregate = advantage_and_loss(cfg)
-    reuse_logprobs = cfg.updates_per_step() == 1  # one update: pi_old is the policy itself
+    advantage_of, loss_of, aggregate = advantage_estimator(cfg, strategy), policy_loss(cfg), token_aggregation(cfg)
+    shape_rewards = reward_shaping(cfg, strategy)
+    # one update and no advantage that needs them up front: pi_old is the policy itself
+    reuse_logprobs = cfg.updates_per_step() == 1 and not advantage_of.needs_old_logprobs
 
     evaluation = rl.held_out_evaluation(engine, strategy, tokenizer, eval_rows, rewards, cfg)
     cadence = Cadence(cfg, strategy, "grpo", steps, engine, evaluate=evaluation, stateful={"rewards": rewards})
@@ -96,14 +224,15 @@ def run(cfg: GRPOConfig) -> dict:
 
         # ---- the loop
         for step in cadence.steps():
-            # 1. rollout: sample, score, group advantages
+            # 1. rollout: sample, score (and shape the rewards)
             rollout, scores, metrics = rl.sample_and_score(engine, strategy, tokenizer, schedule, step, cfg, rewards)
-            advantages = advantages_of(scores)
-            # 2. log-probs before the update: pi_old (if it differs from pi) and the reference
+            scores = shape_rewards(rollout, scores, metrics)
+            # 2. log-probs before the update: pi_old (if it differs from pi) and the reference; advantages
             logprob_start = time.perf_counter()
             with torch.no_grad():
                 old_logprobs = None if reuse_logprobs else models.actor_logprobs(rollout, temperature, cfg.batch_size)
                 ref_logprobs = models.reference_logprobs(rollout, temperature, cfg.batch_size)
+            advantages = advantage_of(scores, rollout.response_mask, old_logprobs, ref_logprobs)
             # 3. clipped policy-gradient updates over shuffled mini-batches
             train_start = time.perf_counter()
             for micro in schedule.update_micro_batches(step):
@@ -112,11 +241,12 @@ def run(cfg: GRPOConfig) -> dict:
                 mask = part.response_mask.to(strategy.device).float()
                 logprobs, entropy = token_logprobs(engine, part, temperature, with_entropy=True)
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[micro, :width].to(logprobs.device)
-                adv = advantages[micro].to(logprobs.device).unsqueeze(1)
-                per_token, clipped = clipped_surrogate(logprobs, old, adv, cfg.epsilon)
+                adv = advantages[micro, :width].to(logprobs.device)
+                per_token, clipped = loss_of(logprobs, old, adv, mask)
                 if ref_logprobs is not None:
                     kl = kl_k3(logprobs, ref_logprobs[micro, :width].to(logprobs.device))
-                    per_token = per_token + cfg.beta * kl
+                    if advantage_of.kl_coef:  # reinforce_pp has its KL in the reward instead
+                        per_token = per_token + advantage_of.kl_coef * kl
                     cadence.window.add("kl", masked_mean(kl.detach(), mask))
                 loss = aggregate(per_token, mask)
                 strategy.backward(loss, engine)
