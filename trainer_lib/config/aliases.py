@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer_lib.config.values import parse_bool, section_for
+from trainer_lib.config.values import lookup_dotted, parse_bool, section_for
 from trainer_lib.errors import ConfigError
 
 #: their key -> our key(s); the first one the stage's config has is used.
@@ -413,18 +413,8 @@ DEFERRED = {"warmup_ratio": "`warmup_steps` = ratio x steps, rounded up (as tran
 # --------------------------------------------------------------------------- translation
 
 
-def _present(tree: dict, dotted: str) -> tuple[bool, Any]:
-    """(whether the nested dict holds the dotted key, its value)."""
-    node: Any = tree
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False, None
-        node = node[part]
-    return True, node
-
-
 def _put(tree: dict, dotted: str, value: Any, their: str, set_by: dict) -> None:
-    present, old = _present(tree, dotted)
+    present, old = lookup_dotted(tree, dotted)
     if present and old != value:
         other = set_by.get(dotted, dotted)
         raise ConfigError(f"{their}: sets {dotted} to {value!r}, but {other} sets it to {old!r} in the same config")

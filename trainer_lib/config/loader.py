@@ -19,7 +19,7 @@ import yaml
 
 from trainer_lib.config import aliases
 from trainer_lib.config.sections import lookup
-from trainer_lib.config.values import parse_bool, section_for
+from trainer_lib.config.values import lookup_dotted, parse_bool, section_for
 from trainer_lib.errors import ConfigError
 
 
@@ -261,16 +261,6 @@ def _drop_alternatives(values: dict, layer: dict) -> dict:
                 section, last = other.split(".")
                 out = {**out, section: {k: v for k, v in out[section].items() if k != last}}
     return out
-
-
-def lookup_dotted(tree: dict, dotted: str) -> tuple[bool, Any]:
-    """(whether the nested mapping holds the dotted key, its value)."""
-    node: Any = tree
-    for part in dotted.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return False, None
-        node = node[part]
-    return True, node
 
 
 def steps_or_epochs(layer: dict, decided: str | None) -> str | None:

@@ -33,3 +33,13 @@ def section_for(tree: dict, dotted: str, conflict: str) -> tuple[dict, str]:
         if not isinstance(node, dict):
             raise ConfigError(conflict)
     return node, parts[-1]
+
+
+def lookup_dotted(tree: dict, dotted: str) -> tuple[bool, Any]:
+    """(whether the nested mapping holds the dotted key, its value)."""
+    node: Any = tree
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node

@@ -37,19 +37,25 @@ FP32_OPS = ("Softmax", "LayerNormalization")
 NORM_STEPS = ("Add", "Sqrt", "Reciprocal", "Div")
 
 
+def float_values(graph) -> set[str]:
+    """Names of the float32 values of ``graph`` whose types it records (inputs, outputs, value_info)."""
+    import onnx
+
+    typed = [*graph.value_info, *graph.input, *graph.output]
+    return {v.name for v in typed if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT}
+
+
+def producers(graph) -> dict:
+    """Value name -> the node of ``graph`` that outputs it."""
+    return {out: node for node in graph.node for out in node.output}
+
+
 def fp32_islands(model) -> list[str]:
     """Names of the nodes of ``model`` (an FP32 ``onnx.ModelProto``) to keep in fp32: ancestors of
     ``Cos``/``Sin`` back to the integer position ids, each RMSNorm from ``Pow`` to the ``Mul`` that
     scales by its reciprocal RMS, and every :data:`FP32_OPS` node."""
-    import onnx
-
     graph = model.graph
-    floats = {
-        v.name
-        for v in [*graph.value_info, *graph.input, *graph.output]
-        if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
-    }
-    producer = {out: node for node in graph.node for out in node.output}
+    floats, producer = float_values(graph), producers(graph)
     consumers: dict[str, list] = {}
     for node in graph.node:
         for name in node.input:
@@ -85,12 +91,7 @@ def join_fp32_chains(model) -> int:
     import onnx
 
     graph = model.graph
-    floats = {
-        v.name
-        for v in [*graph.value_info, *graph.input, *graph.output]
-        if v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT
-    }
-    producer = {out: node for node in graph.node for out in node.output}
+    floats, producer = float_values(graph), producers(graph)
 
     def cast_to(node) -> int | None:
         return next((a.i for a in node.attribute if a.name == "to"), None) if node.op_type == "Cast" else None
