@@ -119,18 +119,8 @@ def test_slices_quantize_as_the_whole_graph_does(exported, tmp_path, monkeypatch
     calls = []
 
     def counted(path: str, result: str) -> None:
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
         calls.append(sorted(n.op_type for n in onnx.load(path, load_external_data=False).graph.node))
-        quantize_dynamic(
-            path,
-            result,
-            weight_type=QuantType.QInt8,
-            per_channel=True,
-            reduce_range=True,
-            op_types_to_quantize=["MatMul", "Gather"],
-            use_external_data_format=True,
-        )
+        quantize.int8_file(path, result, ("MatMul", "Gather"))
 
     sliced = str(tmp_path / "sliced")
     quantize_in_slices(f"{exported.fp32}/model.onnx", f"{sliced}/model.onnx", ("MatMul", "Gather"), counted)

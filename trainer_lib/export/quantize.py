@@ -151,27 +151,29 @@ def quantize_in_slices(fp32_path: str, out_path: str, op_types: tuple[str, ...],
     save_structure(model, out_path)
 
 
-def quantize_int8(fp32_path: str, out_path: str, embeddings: bool = True) -> None:
-    """``fp32_path`` -> ``out_path``: int8 per-channel MatMul weights (and Gather if ``embeddings``)."""
+def int8_file(path: str, result: str, op_types: tuple[str, ...]) -> None:
+    """One ONNX file -> its int8 copy: per-channel weights of the ``op_types`` nodes, external data."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
+    # reduce_range: 7-bit weights. On x86 CPUs without VNNI (AVX2 only) onnxruntime's u8 x s8 kernel
+    # (VPMADDUBSW) saturates its 16-bit sums; full-range weights then cost top-1 agreement (0.867
+    # against PyTorch on such a machine, where VNNI machines gave >= 0.9).
+    quantize_dynamic(
+        path,
+        result,
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        reduce_range=True,
+        op_types_to_quantize=list(op_types),
+        use_external_data_format=True,
+    )
+
+
+def quantize_int8(fp32_path: str, out_path: str, embeddings: bool = True) -> None:
+    """``fp32_path`` -> ``out_path``: int8 per-channel MatMul weights (and Gather if ``embeddings``),
+    quantized a slice at a time (:func:`int8_file` on each)."""
     op_types = ("MatMul", "Gather") if embeddings else ("MatMul",)
-
-    def int8(path: str, result: str) -> None:
-        # reduce_range: 7-bit weights. On x86 CPUs without VNNI (AVX2 only) onnxruntime's u8 x s8 kernel
-        # (VPMADDUBSW) saturates its 16-bit sums; full-range weights then cost top-1 agreement (0.867
-        # against PyTorch on such a machine, where VNNI machines gave >= 0.9).
-        quantize_dynamic(
-            path,
-            result,
-            weight_type=QuantType.QInt8,
-            per_channel=True,
-            reduce_range=True,
-            op_types_to_quantize=list(op_types),
-            use_external_data_format=True,
-        )
-
-    quantize_in_slices(fp32_path, out_path, op_types, int8)
+    quantize_in_slices(fp32_path, out_path, op_types, lambda path, result: int8_file(path, result, op_types))
 
 
 def quantize_int4(fp32_path: str, out_path: str, block_size: int = 32) -> None:
