@@ -132,7 +132,13 @@ def stage_main(name: str, argv: list[str]) -> int:
         return launch_workers(
             args.nproc, ["-m", "trainer_lib.cli", name, *argv_without_nproc(argv)], env={ANNOUNCED_ENV: "1"}
         )
-    summary = run_config(name, cfg)
+    try:
+        summary = run_config(name, cfg)
+    finally:
+        if "TORCHELASTIC_RUN_ID" in os.environ:  # a worker of --nproc / torchrun
+            from trainer_lib.engine.strategy import leave_process_group
+
+            leave_process_group()
     if summary and int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(summary, indent=2, default=str))
     return 0

@@ -283,20 +283,16 @@ def test_training_retries_and_nothing_that_publishes_is_cached(compiled):
 
 
 def test_cluster_settings_for_a_private_registry_and_a_shared_model_cache(monkeypatch, tmp_path):
-    import importlib
+    from kfp import compiler, dsl
 
-    from kfp import compiler
-
-    import pipelines.dag
+    from pipelines.dag import carry_spec, posttrain_sft
 
     monkeypatch.setattr(settings, "IMAGE_PULL_SECRETS", ["registry-creds"])
     monkeypatch.setattr(settings, "MODEL_CACHE_PVC", "model-cache")
     path = tmp_path / "sft.yaml"
-    try:  # the DAGs are traced when pipelines.dag is imported: trace them again with these settings
-        compiler.Compiler().compile(importlib.reload(pipelines.dag).PIPELINES["posttrain-sft"], str(path))
-    finally:
-        monkeypatch.undo()
-        importlib.reload(pipelines.dag)
+    # the settings are read while a DAG is traced: trace the SFT DAG again (only it, not every DAG)
+    traced = carry_spec(dsl.pipeline(name="posttrain-sft")(posttrain_sft.pipeline_func))
+    compiler.Compiler().compile(traced, str(path))
     spec, platform = list(yaml.safe_load_all(path.read_text()))
     for label, executor in platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"].items():
         assert [s["secretName"] for s in executor["imagePullSecret"]] == ["registry-creds"], label

@@ -30,6 +30,16 @@ def planned_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1")) if _launched() else 1
 
 
+def leave_process_group() -> None:
+    """Destroy this worker's process group before it exits. A rank that exits with its group alive can
+    abort in the C++ destructors ("terminate called without an active exception", SIGABRT): CI saw it
+    on an evaluate rank that finished generating while rank 0 went on scoring."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def _launched() -> bool:
     """Started by torchrun or a training operator (which set RANK), or already set up here.
 
