@@ -59,7 +59,7 @@ FINAL_MODEL = Kill("rename", r"{out}/model\.safetensors$", 6)
 @dataclasses.dataclass
 class Case:
     stage: str
-    args: list[str]  # with {model}, {chat}, {pairs}, {prompts} placeholders
+    args: list[str]  # with {model}, {chat}, {pairs}, {prompts}, {feedback} placeholders
     kills: list[Kill]
     s3: bool = False  # checkpoint_dir on the S3 server; every rerun is a fresh pod
 
@@ -126,7 +126,34 @@ CASES = {
         ],
         [BETWEEN],
     ),
+    "ppo_nlpo": Case(  # the masking policy (copied at step 0, refreshed at 3) is restored from step 2's checkpoint
+        "ppo",
+        [
+            "model.path={model}",
+            "data.path={prompts}",
+            *RL,
+            "objective=nlpo",
+            "nlpo.top_p=0.7",
+            "nlpo.mask_update_steps=3",
+            "ppo_epochs=2",
+            "seed=9",
+        ],
+        [BETWEEN],
+    ),
     "grpo": Case("grpo", ["model.path={model}", "data.path={prompts}", *RL, "seed=3"], [UNMARKED]),
+    "grpo_priority_feedback": Case(  # a live prompt pool: priorities, dynamic sampling, a feedback file
+        "grpo",
+        [
+            "model.path={model}",
+            "data.path={prompts}",
+            *RL,
+            "buffer.mode=priority",
+            "buffer.dynamic_sampling=true",
+            "data.feedback_path={feedback}",
+            "seed=8",
+        ],
+        [BETWEEN],
+    ),
     "grpo_rloo_s3": Case(
         "grpo",
         [
@@ -155,11 +182,13 @@ def inputs(tiny_model_dir, chat_jsonl, tmp_path_factory) -> dict:
             for j, (_, other) in enumerate(CHAT_ROWS):
                 if i != j:
                     fh.write(json.dumps({"prompt": question, "chosen": answer, "rejected": other}) + "\n")
+    (root / "feedback").mkdir()  # its file repeats the 24 prompts and adds 6
     return {
         "model": tiny_model_dir,
         "chat": chat_jsonl,
         "pairs": str(pairs),
         "prompts": write_prompts(root / "prompts.jsonl"),
+        "feedback": os.path.dirname(write_prompts(root / "feedback" / "new.jsonl", count=30)),
     }
 
 
@@ -232,7 +261,7 @@ def _final_state(ckpt_dir: str, stage: str) -> dict:
     """What the last checkpoint keeps beside the weights: client state, and PPO's critic."""
     tag = os.path.join(ckpt_dir, tag_for(6))
     state = torch.load(os.path.join(tag, "mp_rank_00_model_states.pt"), weights_only=False)
-    kept = {k: state[k] for k in ("step", "rewards", "kl_controller", "dynamic_beta") if k in state}
+    kept = {k: state[k] for k in ("step", "rewards", "kl_controller", "dynamic_beta", "prompt_buffer") if k in state}
     if stage == "ppo":
         kept["critic"] = torch.load(os.path.join(tag, "critic", "mp_rank_00_model_states.pt"), weights_only=False)[
             "module"
@@ -262,7 +291,7 @@ def _assert_same(a, b, path="") -> None:
 
 # reward, DPO and plain GRPO share the cadence and checkpoint code SFT, PPO and GRPO-on-S3 exercise:
 # they run in `make test-all` only (the CI budget)
-EXTENDED = ("reward", "dpo", "dpo_beta", "grpo")
+EXTENDED = ("reward", "dpo", "dpo_beta", "grpo", "grpo_priority_feedback", "ppo_nlpo")
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from trainer_lib.config import EngineConfig, TrainingConfig, opt
+from trainer_lib.config import DataConfig, EngineConfig, TrainingConfig, opt
 from trainer_lib.errors import ConfigError, UserError
 
 
@@ -43,10 +43,41 @@ class RewardSourcesConfig:
     length_free_tokens: int = opt(0, "length_penalty: tokens without penalty; it reaches -1 at rollout.max_new_tokens.")
 
 
+BUFFER_MODES = ("shuffle", "uniform", "priority")
+
+
+@dataclass
+class PromptBufferConfig:
+    mode: str = opt(
+        "shuffle",
+        "Which prompts a step takes: a fixed seeded shuffle, epoch by epoch (shuffle); a live pool drawn at "
+        "random each step (uniform), or weighted by each prompt's last learning signal (priority). uniform and "
+        "priority take prompts from data.feedback_path and support dynamic_sampling (docs/training.md).",
+        BUFFER_MODES,
+    )
+    temperature: float = opt(1.0, "priority: draw weight = priority ** (1 / temperature); higher is flatter.")
+    uniform_mix: float = opt(0.1, "priority: share of the draw probability spread evenly, so no prompt starves.")
+    dynamic_sampling: bool = opt(
+        False, "DAPO's dynamic sampling: drop groups whose rewards are all equal and draw prompts to replace them."
+    )
+    max_resample_rounds: int = opt(3, "dynamic_sampling: most extra rounds of sampling per step to fill the batch.")
+
+
+@dataclass
+class RLDataConfig(DataConfig):
+    feedback_path: str | None = opt(
+        None,
+        "Directory or s3:// prefix watched while training: new .jsonl prompt files there join the prompt pool "
+        "between steps (needs buffer.mode uniform or priority; docs/data-formats.md).",
+    )
+
+
 @dataclass
 class RLConfig(TrainingConfig):
     """The keys PPO and GRPO share; each stage's config adds its algorithm's keys."""
 
+    data: RLDataConfig = opt(RLDataConfig, "Training prompts, and a directory of prompts added while training.")
+    buffer: PromptBufferConfig = opt(PromptBufferConfig, "How each step's prompts are chosen from the pool.")
     rollout: RolloutConfig = opt(RolloutConfig, "Sampling of completions.")
     reward: RewardSourcesConfig = opt(RewardSourcesConfig, "Reward sources and post-processing.")
     prompts_per_step: int = opt(8, "Prompts per step, all ranks together (each gets rollout.n completions).")
@@ -80,6 +111,7 @@ class RLConfig(TrainingConfig):
                 "multi_adapter: not supported with engine.zero_stage=3 (use ZeRO 0-2: the frozen base "
                 "is shared, only the small adapters are trained and partitioned)"
             )
+        self.validate_buffer()
         if self.engine.gradient_accumulation_steps != 1:
             raise ConfigError(
                 "engine.gradient_accumulation_steps: RL stages derive it from "
@@ -89,6 +121,31 @@ class RLConfig(TrainingConfig):
             raise ConfigError(
                 f"mini_batch_size: {self.mini_batch} does not divide the {self.sequences_per_step} "
                 f"sequences of a step (prompts_per_step * rollout.n)"
+            )
+
+    def validate_buffer(self) -> None:
+        b = self.buffer
+        if b.temperature <= 0 or not 0 <= b.uniform_mix <= 1 or b.max_resample_rounds < 0:
+            raise ConfigError(
+                "buffer: expected temperature > 0, 0 <= uniform_mix <= 1 and max_resample_rounds >= 0, got "
+                f"{b.temperature}, {b.uniform_mix}, {b.max_resample_rounds}"
+            )
+        live = [
+            key
+            for key, on in (
+                ("data.feedback_path", self.data.feedback_path),
+                ("buffer.dynamic_sampling", b.dynamic_sampling),
+            )
+            if on
+        ]
+        if live and b.mode == "shuffle":
+            raise ConfigError(
+                f"{live[0]}: needs a live prompt pool, buffer.mode=uniform or buffer.mode=priority "
+                "(the default fixed shuffle cannot take new prompts or replace dropped ones)"
+            )
+        if b.dynamic_sampling and self.rollout.n < 2:
+            raise ConfigError(
+                "buffer.dynamic_sampling: needs rollout.n >= 2 (it drops groups whose rewards are all equal)"
             )
 
     @property
@@ -102,7 +159,11 @@ class RLConfig(TrainingConfig):
 
     def updates_per_step(self) -> int:
         """Optimizer steps per RL step."""
-        return self.ppo_epochs * self.sequences_per_step // self.mini_batch
+        return self.update_epochs() * self.sequences_per_step // self.mini_batch
+
+    def update_epochs(self) -> int:
+        """``ppo_epochs``, as a stage resolves it (also before validation, e.g. for ``warmup_ratio``)."""
+        return self.ppo_epochs
 
     def engine_for(self, world_size: int) -> EngineConfig:
         """The engine settings for ``world_size`` ranks: accumulation = mini-batch / (batch_size * world)."""

@@ -5,7 +5,8 @@
 * :mod:`~trainer_lib.losses.advantages`: masked statistics, advantage estimators (GAE, GRPO, RLOO,
   REINFORCE++) and DAPO's overlong reward shaping.
 * :mod:`~trainer_lib.losses.policy_gradient`: KL estimators and control, clipped policy and value
-  losses (token-level with DAPO's clip-higher, GSPO's sequence-level), token-loss averaging.
+  losses (token-level with DAPO's clip-higher, GSPO's sequence-level), A2C's unclipped policy
+  gradient, the entropy bonus, token-loss averaging.
 
 Every public function is importable from the package itself. Importing it imports torch, nothing heavier.
 """
@@ -28,10 +29,12 @@ from trainer_lib.losses.policy_gradient import (
     KLController,
     clipped_surrogate,
     constant_normalized_sum,
+    entropy_bonus,
     kl_k1,
     kl_k2,
     kl_k3,
     kl_penalty,
+    policy_gradient_loss,
     ppo_policy_loss,
     ppo_value_loss,
     sequence_clipped_surrogate,
@@ -62,6 +65,7 @@ __all__ = [
     "clipped_surrogate",
     "constant_normalized_sum",
     "dpo_sigmoid_loss",
+    "entropy_bonus",
     "explained_variance",
     "gae_advantages",
     "grpo_advantages",
@@ -82,6 +86,7 @@ __all__ = [
     "masked_whiten",
     "overlong_penalty",
     "pairwise_reward_loss",
+    "policy_gradient_loss",
     "ppo_policy_loss",
     "ppo_value_loss",
     "reinforce_pp_advantages",

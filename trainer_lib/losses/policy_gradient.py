@@ -1,5 +1,6 @@
-"""Policy-gradient objectives for PPO, GRPO, RLOO, DAPO and GSPO: KL estimators and control, clipped
-(token- or sequence-level) policy and value losses, and how token losses are averaged. Tensors in, tensors out.
+"""Policy-gradient objectives for PPO, A2C, GRPO, RLOO, DAPO and GSPO: KL estimators and control, clipped
+(token- or sequence-level) and unclipped policy losses, value losses, the entropy bonus, and how token
+losses are averaged. Tensors in, tensors out.
 
 Shapes as in :mod:`trainer_lib.losses.advantages`: ``(B, T)`` per-token tensors of right-padded
 response tokens, ``mask`` 1 on response tokens. Nothing here imports more than torch.
@@ -156,6 +157,31 @@ def ppo_value_loss(
     else:
         per_token, fraction = unclipped, torch.zeros((), dtype=values.dtype)
     return 0.5 * masked_mean(per_token, mask), {"value_clip_fraction": fraction.detach()}
+
+
+# --------------------------------------------------------------------------- A2C and the entropy bonus
+
+
+def policy_gradient_loss(
+    logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, dict]:
+    """A2C's unclipped policy-gradient loss (Mnih et al. 2016, sec. 4 and Algorithm S3), token-mean:
+
+        loss = -mean_t A_t * log pi(a_t | s_t)
+
+    its gradient is ``-mean_t A_t * grad log pi(a_t | s_t)``, the advantage actor-critic update
+    (``A_t`` are constants: GAE or n-step returns minus the critic's values). No ratio and no clip:
+    it is only an unbiased gradient for the weights that sampled the actions, so it is taken once per
+    rollout. Returns the loss and no statistics (an empty dict, as the other losses return theirs).
+    """
+    return -masked_mean(advantages.detach() * logprobs, mask), {}
+
+
+def entropy_bonus(entropy: torch.Tensor, mask: torch.Tensor, coef: float) -> torch.Tensor:
+    """The entropy regularization term added to the policy loss (Mnih et al. 2016, sec. 4; PPO eq. 9's
+    ``c2 * S``), negated to minimize: ``-coef * mean_t H(pi(. | s_t))``. ``entropy`` must carry a
+    gradient for the term to act; with ``coef = 0`` it is exactly 0."""
+    return -coef * masked_mean(entropy, mask)
 
 
 # --------------------------------------------------------------------------- aggregation

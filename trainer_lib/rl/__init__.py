@@ -9,4 +9,8 @@
   adapters (``multi_adapter=true``).
 * :mod:`trainer_lib.rl.prompts`: which prompts each rank takes at each step, the sampling seed,
   and the walk over shuffled mini-batches of micro-batches in the update phase.
+* :mod:`trainer_lib.rl.buffer`: the live prompt pool (``buffer.mode`` uniform or priority):
+  priorities learned from each group's rewards, DAPO's dynamic sampling, state in checkpoints.
+* :mod:`trainer_lib.rl.feedback`: prompt files read from ``data.feedback_path`` while training runs.
+* :mod:`trainer_lib.rl.nlpo`: the policy's action space: every token, or NLPO's nucleus mask.
 """

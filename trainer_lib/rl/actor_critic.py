@@ -23,6 +23,8 @@ critic and uses the actor engine, the reference and the reward sources. What a l
   optimizer steps for one mini-batch; ``weighted_value_loss`` is a function the layout calls when
   the critic may run (separate engines: after the actor's step, so the two graphs never coexist);
 * ``extra_engines`` and ``log_extra()``: what the cadence checkpoints and logs besides the actor;
+* ``masking_copy``: built with ``with_masking_copy`` (NLPO, separate models only), a frozen copy of the
+  actor as it was before its engine was made (so without DeepSpeed's hooks), else None;
 * ``keep_policy_only()``: before the final save, drop everything that is not the policy.
 """
 
@@ -67,9 +69,19 @@ class SeparateModels(_ActorAndReference):
     """Actor and critic as two DeepSpeed engines, each with its own optimizer and LR schedule; the
     reference a frozen copy of the policy (None under LoRA: the actor with its adapters disabled)."""
 
-    def __init__(self, strategy, actor, actor_engine, reference, use_reference: bool, rewards, critic_engine=None):
+    def __init__(
+        self,
+        strategy,
+        actor,
+        actor_engine,
+        reference,
+        use_reference: bool,
+        rewards,
+        critic_engine=None,
+        masking_copy=None,
+    ):
         super().__init__(strategy, actor, actor_engine, reference, use_reference, rewards)
-        self.critic_engine = critic_engine
+        self.critic_engine, self.masking_copy = critic_engine, masking_copy
         self.extra_engines = {"critic": critic_engine} if critic_engine is not None else {}
 
     def token_values(self, rollout):
@@ -96,8 +108,21 @@ class SeparateModels(_ActorAndReference):
         """Nothing to drop: the actor is the policy alone."""
 
     @classmethod
-    def build(cls, cfg, strategy, tokenizer, updates: int, actor_updates: int, use_reference: bool, with_critic: bool):
-        """Actor (``actor_updates`` steps) and, ``with_critic``, critic (``updates`` steps, ``critic_lr``)."""
+    def build(
+        cls,
+        cfg,
+        strategy,
+        tokenizer,
+        updates: int,
+        actor_updates: int,
+        use_reference: bool,
+        with_critic: bool,
+        with_masking_copy: bool = False,
+    ):
+        """Actor (``actor_updates`` steps) and, ``with_critic``, critic (``updates`` steps, ``critic_lr``);
+        ``with_masking_copy``, a frozen copy of the initial actor."""
+        import copy
+
         from trainer_lib.models.load import apply_lora, disable_dropout, load_causal_lm
         from trainer_lib.rl import experience
 
@@ -106,6 +131,7 @@ class SeparateModels(_ActorAndReference):
         actor = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision, placement=strategy.placement()), cfg.lora)
         critic = load_critic(cfg, tokenizer.pad_token_id, len(tokenizer), strategy.placement()) if with_critic else None
         disable_dropout(actor)
+        masking_copy = copy.deepcopy(actor) if with_masking_copy else None  # before the engine adds its hooks
         actor_engine = strategy.prepare(actor, total_steps=actor_updates, **cfg.optimizer_args())
         critic_engine = None
         if critic is not None:
@@ -114,7 +140,9 @@ class SeparateModels(_ActorAndReference):
             critic_engine = strategy.prepare(critic, total_steps=updates, **critic_args)
         reference = experience.load_reference(cfg, strategy) if use_reference else None
         rewards = experience.build_rewards(cfg, strategy, tokenizer)
-        return cls(strategy, actor, actor_engine, reference, use_reference, rewards, critic_engine)
+        if masking_copy is not None:
+            masking_copy = strategy.prepare_frozen(masking_copy)
+        return cls(strategy, actor, actor_engine, reference, use_reference, rewards, critic_engine, masking_copy)
 
 
 class SharedBaseModels(_ActorAndReference):
@@ -127,7 +155,7 @@ class SharedBaseModels(_ActorAndReference):
         from trainer_lib.models.multi_adapter import VALUE
 
         super().__init__(strategy, shared.model, actor_engine, reference, use_reference, rewards)
-        self.shared = shared
+        self.shared, self.masking_copy = shared, None
         self.extra_engines = {}  # the one engine is the actor's
         if VALUE in shared.trainable:
             self.trainable = "the actor's, the value adapter and head"
@@ -178,15 +206,28 @@ class SharedBaseModels(_ActorAndReference):
 
 
 def build_models(
-    cfg, strategy, tokenizer, updates: int, *, use_reference: bool, with_critic: bool = False, actor_updates=None
+    cfg,
+    strategy,
+    tokenizer,
+    updates: int,
+    *,
+    use_reference: bool,
+    with_critic: bool = False,
+    actor_updates=None,
+    with_masking_copy: bool = False,
 ) -> SeparateModels | SharedBaseModels:
     """The layout ``cfg.multi_adapter`` picks, its engines prepared for ``updates`` optimizer steps
     (separate engines: the actor's for ``actor_updates``, default ``updates``); ``with_critic`` adds PPO's
-    critic (``cfg.critic.path``, ``cfg.critic_lr``), ``use_reference`` the reference policy."""
+    critic (``cfg.critic.path``, ``cfg.critic_lr``), ``use_reference`` the reference policy,
+    ``with_masking_copy`` NLPO's frozen copy of the initial actor (separate models only)."""
     if cfg.multi_adapter:
+        if with_masking_copy:
+            raise ValueError("build_models: a masking copy needs separate models (multi_adapter=false)")
         return SharedBaseModels.build(cfg, strategy, tokenizer, updates, use_reference, with_critic)
     actor_updates = updates if actor_updates is None else actor_updates
-    return SeparateModels.build(cfg, strategy, tokenizer, updates, actor_updates, use_reference, with_critic)
+    return SeparateModels.build(
+        cfg, strategy, tokenizer, updates, actor_updates, use_reference, with_critic, with_masking_copy
+    )
 
 
 # --------------------------------------------------------------------------- the separate critic

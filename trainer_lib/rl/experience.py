@@ -13,20 +13,18 @@ import dataclasses
 import time
 
 from trainer_lib.errors import UserError
-
-#: Datasets the RL stages read prompts from (only the ``prompt`` column is used as input;
-#: every other column goes to the reward functions).
-PROMPT_FORMATS = ("prompt_only", "prompt_completion", "preference", "unpaired_preference")
-
+from trainer_lib.rl.prompts import PROMPT_FORMATS
 
 # --------------------------------------------------------------------------- setup and prompts
 
 
-def start(cfg):
+def start(cfg, priority_signal=None):
     """What an RL stage starts with: ``(strategy, tokenizer, eval prompt rows, prompt schedule)``.
 
     The strategy is built from the final engine config (accumulation derived from the mini-batch
-    size and the world size), then the process group is joined; the schedule holds the train rows.
+    size and the world size), then the process group is joined; the schedule holds the train rows:
+    a fixed shuffle, or (``buffer.mode`` uniform or priority) a live pool whose priorities are the
+    stage's ``priority_signal`` (default :func:`trainer_lib.rl.buffer.group_reward_std`).
     """
     from trainer_lib.engine.batch_size import resolve_batch_size
     from trainer_lib.engine.strategy import DeepSpeedStrategy, planned_world_size
@@ -38,7 +36,12 @@ def start(cfg):
     strategy.setup_distributed()
     tokenizer = load_tokenizer(cfg.model)
     train_rows, eval_rows = load_prompts(cfg, tokenizer)
-    return strategy, tokenizer, eval_rows, PromptSchedule(cfg, train_rows, strategy.world_size, strategy.rank)
+    if cfg.buffer.mode == "shuffle":
+        return strategy, tokenizer, eval_rows, PromptSchedule(cfg, train_rows, strategy.world_size, strategy.rank)
+    from trainer_lib.rl.buffer import BufferedSchedule, group_reward_std
+
+    schedule = BufferedSchedule.build(cfg, train_rows, strategy, tokenizer, priority_signal or group_reward_std)
+    return strategy, tokenizer, eval_rows, schedule
 
 
 def load_prompts(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
@@ -167,14 +170,21 @@ def score_rollout(rewards, strategy, rollout, prompts: list, columns: dict, n: i
     return rewards.combine(table), metrics
 
 
-def sample_and_score(engine, strategy, tokenizer, schedule, step: int, cfg, rewards):
+def sample_and_score(engine, strategy, tokenizer, schedule, step: int, cfg, rewards, logits_processor=None):
     """Step ``step``'s experience: ``(rollout, rewards for training (N,), metrics)`` for the prompts the
-    ``schedule`` gives this rank, sampled with the step's seed; reward functions may read the step."""
+    ``schedule`` gives this rank, sampled with the step's seed; reward functions may read the step.
+    A live prompt pool first takes in feedback files, may sample several rounds (dynamic sampling) and
+    learns each prompt's priority from its scores (:mod:`trainer_lib.rl.buffer`). ``logits_processor``
+    restricts what may be sampled (NLPO's action mask, :mod:`trainer_lib.rl.nlpo`)."""
+    schedule.before_step(step)
     rewards.trainer_state = schedule.trainer_state(step)
-    rows, seed = schedule.rows(step), schedule.sampling_seed(step)
-    rollout, prompts, columns = sample(engine, strategy, tokenizer, rows, cfg.rollout, seed)
-    scores, metrics = score_rollout(rewards, strategy, rollout, prompts, columns, cfg.rollout.n)
-    return rollout, scores, metrics
+
+    def sample_and_score_rows(rows: list[dict], seed: int):
+        rollout, prompts, columns = sample(engine, strategy, tokenizer, rows, cfg.rollout, seed, logits_processor)
+        scores, metrics = score_rollout(rewards, strategy, rollout, prompts, columns, cfg.rollout.n)
+        return rollout, scores, metrics
+
+    return schedule.collect(step, sample_and_score_rows)
 
 
 def held_out_evaluation(engine, strategy, tokenizer, rows: list[dict], rewards, cfg):
@@ -248,7 +258,7 @@ def per_micro_batch(fn, rollout, micro: int):
     return out
 
 
-def sample(engine, strategy, tokenizer, rows: list[dict], rollout_cfg, seed: int):
+def sample(engine, strategy, tokenizer, rows: list[dict], rollout_cfg, seed: int, logits_processor=None):
     """Generate ``rollout.n`` completions per row with the engine's current weights."""
     from trainer_lib.rl.rollout import generate
 
@@ -267,6 +277,7 @@ def sample(engine, strategy, tokenizer, rows: list[dict], rollout_cfg, seed: int
         batch_size=rollout_cfg.batch_size,
         seed=seed,
         synced_gpus=strategy.partitions_parameters and strategy.world_size > 1,
+        logits_processor=logits_processor,
     )
     return rollout, prompts, columns
 

@@ -2,7 +2,9 @@
 shuffled mini-batches of micro-batches that the update phase of PPO and GRPO shares.
 
 All of it is a pure function of (seed, step, rank), so a resumed run samples the same prompts
-and completions and updates in the same order as an uninterrupted one.
+and completions and updates in the same order as an uninterrupted one. This is the default
+(``buffer.mode=shuffle``); :mod:`trainer_lib.rl.buffer` draws from a live, prioritized pool instead,
+with the same methods.
 """
 
 from __future__ import annotations
@@ -10,6 +12,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from trainer_lib.loop.micro_batches import MicroBatchSchedule, total_steps
+
+#: Datasets the RL stages read prompts from (only the ``prompt`` column is used as input;
+#: every other column goes to the reward functions).
+PROMPT_FORMATS = ("prompt_only", "prompt_completion", "preference", "unpaired_preference")
 
 
 def step_seed(seed: int, step: int, rank: int) -> int:
@@ -42,6 +48,17 @@ class PromptSchedule:
         self.micro, self.epochs = cfg.batch_size, cfg.ppo_epochs
         self._order = MicroBatchSchedule(len(prompts), self.prompts_per_rank, world_size, cfg.seed)
         self.steps = total_steps(cfg, len(prompts), cfg.prompts_per_step)
+
+    def stateful(self) -> dict:
+        """Named objects to keep in checkpoints (Cadence's ``stateful``): none, all is a pure function."""
+        return {}
+
+    def before_step(self, step: int) -> None:
+        """Between steps: nothing to update in a fixed shuffle."""
+
+    def collect(self, step: int, run):
+        """``(rollout, scores, metrics)`` of ``step``: ``run(rows, seed)`` on this rank's rows."""
+        return run(self.rows(step), self.sampling_seed(step))
 
     def rows(self, step: int) -> list:
         """This rank's prompt rows at ``step``."""

@@ -180,12 +180,16 @@ def generate(
     batch_size: int = 64,
     seed: int = 0,
     synced_gpus: bool = False,
+    logits_processor=None,
 ) -> Rollout:
     """``n`` samples for each prompt (token ids), ``batch_size`` sequences per ``generate`` call.
 
     ``temperature=0`` is greedy decoding. Sampling draws from a generator seeded with ``seed``
     (the global RNG is left as it was). ``stats`` holds ``generate_time`` and ``tokens_per_s``.
     ``synced_gpus``: every rank calls this with the same number of chunks (see the module's docs).
+    ``logits_processor``: ``(prompt ids, prompt attention mask) -> transformers.LogitsProcessor``,
+    called for each ``generate`` call (a chunk of left-padded prompts); transformers applies the
+    processor to the raw next-token logits before temperature, top-k and top-p (NLPO's action mask).
     """
     device = next(model.parameters()).device
     eos_ids = _eos_ids(model, tokenizer)
@@ -203,11 +207,17 @@ def generate(
             chunk = expanded[chunk_start : chunk_start + batch_size]
             ids, mask = _pad(chunk, pad, left=True)
             criteria = _stopping_criteria(tokenizer, list(stop), ids.shape[1])
+            processors = None
+            if logits_processor is not None:
+                from transformers import LogitsProcessorList
+
+                processors = LogitsProcessorList([logits_processor(ids.to(device), mask.to(device))])
             out = model.generate(
                 input_ids=ids.to(device),
                 attention_mask=mask.to(device),
                 generation_config=config,
                 stopping_criteria=criteria,
+                logits_processor=processors,
                 synced_gpus=synced_gpus,
             )
             for row in out[:, ids.shape[1] :].tolist():
@@ -225,13 +235,21 @@ def generate(
 
 
 def token_logprobs(
-    model, rollout: Rollout, temperature: float = 1.0, with_entropy: bool = False
+    model,
+    rollout: Rollout,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    *,
+    entropy_grad: bool = False,
+    allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log pi(y_t | x, y_<t) `` of every response token, ``(N, R)``, and optionally the
-    entropy of each next-token distribution (without gradient).
+    entropy of each next-token distribution (without gradient, unless ``entropy_grad``).
 
     Logits are divided by the sampling temperature, so the log-probs are those of the
-    distribution the tokens were drawn from (minus top-k / top-p truncation).
+    distribution the tokens were drawn from (minus top-k / top-p truncation). ``allowed``, a
+    boolean ``(N, R, vocab)`` tensor, restricts each position's distribution to its True tokens
+    (renormalized over them; NLPO's masked policy); every response token must be allowed.
     """
     device = next(model.parameters()).device
     inputs = rollout.model_inputs(device)
@@ -239,12 +257,14 @@ def token_logprobs(
     logits = model(**inputs, use_cache=False, logits_to_keep=width + 1).logits[:, :-1].float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
+    if allowed is not None:  # the lowest float, not -inf: 0 * it stays 0 in the entropy below
+        logits = logits.masked_fill(~allowed.to(device), torch.finfo(logits.dtype).min)
     targets = rollout.response_ids.to(device)
     normalizer = torch.logsumexp(logits, dim=-1)
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - normalizer
     mask = rollout.response_mask.to(device)
     entropy = None
     if with_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = (normalizer - (torch.softmax(logits, dim=-1) * logits).sum(-1)) * mask
     return logprobs * mask, entropy

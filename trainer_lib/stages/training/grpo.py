@@ -215,7 +215,9 @@ def run(cfg: GRPOConfig) -> dict:
     reuse_logprobs = cfg.updates_per_step() == 1 and not advantage_of.needs_old_logprobs
 
     evaluation = rl.held_out_evaluation(engine, strategy, tokenizer, eval_rows, rewards, cfg)
-    cadence = Cadence(cfg, strategy, "grpo", steps, engine, evaluate=evaluation, stateful={"rewards": rewards})
+    cadence = Cadence(
+        cfg, strategy, "grpo", steps, engine, evaluate=evaluation, stateful={"rewards": rewards, **schedule.stateful()}
+    )
     try:
         cadence.restore(
             f"{cfg.advantage} advantages, {len(schedule.prompts)} train / {len(eval_rows)} eval prompts, "

@@ -31,11 +31,24 @@ so the loop above is the same for both:
   ``critic_lr``. Unlike two engines: the gradient is clipped as one vector, and the policy's LR
   schedule counts from step 0 (during ``freeze_actor_steps`` the policy term is left out and its
   group's lr is 0 for the step).
+
+``objective`` picks, once (:func:`objective_for`), the policy loss and the action space:
+
+    ppo   (default)  the clipped ratio loss above, every token an action
+    a2c              synchronous advantage actor-critic (Mnih et al. 2016): one update per rollout on
+                     ``-A_t log pi(a_t | s_t)``, unclipped, and the unclipped value loss
+    nlpo             PPO whose actions are the top ``nlpo.top_p`` tokens of a masking policy, a frozen
+                     copy of the policy refreshed every ``nlpo.mask_update_steps`` steps
+                     (Ramamurthy et al. 2023; :mod:`trainer_lib.rl.nlpo`)
+
+``entropy_coef`` adds the entropy bonus ``-entropy_coef * H`` to the policy loss of each (0: off).
 """
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -61,11 +74,30 @@ class CriticConfig:
     path: str | None = opt(None, "Critic init (reward model or causal LM); default reward.model_path, else model.path.")
 
 
+OBJECTIVES = ("ppo", "a2c", "nlpo")
+PPO_EPOCHS = 4  # ppo_epochs unless set (a2c: 1)
+
+
+@dataclass
+class NLPOConfig:
+    top_p: float = opt(0.9, "objective=nlpo: the action mask is the masking policy's nucleus of this probability.")
+    mask_update_steps: int = opt(20, "objective=nlpo: copy the policy into the masking policy every N steps.")
+
+
 @dataclass
 class PPOConfig(RLConfig):
     kl: KLConfig = opt(KLConfig, "KL penalty towards the reference policy.")
     critic: CriticConfig = opt(CriticConfig, "Value model.")
-    ppo_epochs: int = opt(4, "Passes over each step's completions.")
+    objective: str = opt(
+        "ppo",
+        "Policy update: clipped ratio (ppo), one unclipped policy-gradient step per rollout (a2c), or PPO "
+        "with actions masked to a frozen masking policy's top-p tokens (nlpo).",
+        OBJECTIVES,
+    )
+    nlpo: NLPOConfig = opt(NLPOConfig, "NLPO's action mask (objective=nlpo).")
+    ppo_epochs: int | None = opt(
+        None, f"Passes over each step's completions (default {PPO_EPOCHS}; objective=a2c: 1, its only value)."
+    )
     clip_range: float = opt(0.2, "Clip range of the policy probability ratio.")
     value_clip_range: float = opt(0.2, "Clip range of value updates around the rollout's values (0: off).")
     gamma: float = opt(1.0, "GAE discount.")
@@ -74,9 +106,12 @@ class PPOConfig(RLConfig):
     whiten_advantages: bool = opt(True, "Whiten advantages over each step's response tokens.")
     critic_lr: float | None = opt(None, "Critic learning rate (default: lr).")
     freeze_actor_steps: int = opt(0, "Train only the critic for the first N steps, so a new value head settles first.")
+    entropy_coef: float = opt(0.0, "Weight of the entropy bonus subtracted from the policy loss (0: off).")
 
     def validate(self) -> None:
+        self.ppo_epochs = self.update_epochs()
         super().validate()
+        self.validate_objective()
         if self.multi_adapter and self.engine.gradient_checkpointing:
             raise ConfigError(
                 "engine.gradient_checkpointing: not supported with multi_adapter=true in PPO (the one "
@@ -92,6 +127,40 @@ class PPOConfig(RLConfig):
             raise ConfigError(f"freeze_actor_steps: expected >= 0, got {self.freeze_actor_steps}")
         if self.critic_lr is not None and self.critic_lr <= 0:
             raise ConfigError(f"critic_lr: expected a positive number, got {self.critic_lr}")
+        if self.entropy_coef < 0:
+            raise ConfigError(f"entropy_coef: expected >= 0, got {self.entropy_coef}")
+
+    def update_epochs(self) -> int:
+        if self.ppo_epochs is not None:
+            return self.ppo_epochs
+        return 1 if self.objective == "a2c" else PPO_EPOCHS
+
+    def validate_objective(self) -> None:
+        """A2C takes ONE gradient step per rollout, on the whole step's completions: its loss is an
+        unbiased policy gradient only for the weights that sampled them, and without PPO's ratio and
+        clip a second pass or a second mini-batch would follow a stale gradient unchecked. So
+        ``ppo_epochs`` defaults to 1 under a2c, and a contradicting ``ppo_epochs`` or ``mini_batch_size``
+        is refused rather than overridden: a config never says what the run does not do.
+        NLPO's masking policy is a full frozen copy of the policy made from the actor's weights on
+        each rank: refused with multi_adapter (its point is one base for every role) and ZeRO-3 (no
+        rank holds the weights to copy)."""
+        if self.objective == "a2c" and (self.ppo_epochs != 1 or self.mini_batch != self.sequences_per_step):
+            raise ConfigError(
+                f"objective=a2c: one update per rollout on all of a step's completions; expected ppo_epochs=1 "
+                f"and mini_batch_size=0, got ppo_epochs={self.ppo_epochs}, mini_batch_size={self.mini_batch_size}"
+            )
+        if self.objective != "nlpo":
+            return
+        if not 0 < self.nlpo.top_p <= 1 or self.nlpo.mask_update_steps < 1:
+            raise ConfigError(
+                f"nlpo.top_p: expected 0 < top_p <= 1, nlpo.mask_update_steps: expected >= 1; got "
+                f"{self.nlpo.top_p}, {self.nlpo.mask_update_steps}"
+            )
+        if self.multi_adapter or self.engine.zero_stage == 3:
+            raise ConfigError(
+                "objective=nlpo: not supported with multi_adapter=true or engine.zero_stage=3 (the masking "
+                "policy is a full frozen copy of the policy's weights on each rank); use ZeRO 0-2 and separate models"
+            )
 
 
 CONFIG = PPOConfig
@@ -120,9 +189,40 @@ class Experience:
         }
 
 
-def make_experience(models, rollout, scores, kl_coef: float, cfg: PPOConfig) -> Experience:
-    """Steps 2-4: log-probs (actor, reference) and values (critic) of the weights that sampled the
-    rollout, KL-shaped per-token rewards with the score on each completion's last token, GAE."""
+@dataclass
+class Objective:
+    """What ``objective`` changes in the loop, chosen once by :func:`objective_for`."""
+
+    policy_loss: Callable  # (logprobs, old_logprobs, advantages, mask) -> (loss, statistics)
+    value_clip_range: float  # of ppo_value_loss (0: unclipped)
+    actions: object  # the action space (trainer_lib.rl.nlpo): sampling and log-probs
+
+
+def objective_for(cfg: PPOConfig, strategy, models) -> Objective:
+    """The policy loss, value clip and action space of ``cfg.objective`` (``models`` built with a
+    masking copy for nlpo)."""
+    from trainer_lib.losses import policy_gradient_loss, ppo_policy_loss
+    from trainer_lib.rl import nlpo
+
+    if cfg.objective == "a2c":  # one pass: V == V_old, so a value clip could never act
+
+        def unclipped(logprobs, old_logprobs, advantages, mask):  # no ratio: pi_old is not needed
+            return policy_gradient_loss(logprobs, advantages, mask)
+
+        return Objective(unclipped, 0.0, nlpo.FullVocabulary())
+    clipped = functools.partial(ppo_policy_loss, clip_range=cfg.clip_range)
+    if cfg.objective == "nlpo":
+        actor = strategy.unwrap(models.actor_engine)
+        masking = nlpo.MaskingPolicy(
+            actor, models.masking_copy, cfg.nlpo.top_p, cfg.nlpo.mask_update_steps, cfg.rollout.temperature
+        )
+        return Objective(clipped, cfg.value_clip_range, nlpo.MaskedActions(masking, cfg))
+    return Objective(clipped, cfg.value_clip_range, nlpo.FullVocabulary())
+
+
+def make_experience(models, rollout, scores, kl_coef: float, cfg: PPOConfig, actions) -> Experience:
+    """Steps 2-4: log-probs (actor in its action space, reference) and values (critic) of the weights that
+    sampled the rollout, KL-shaped per-token rewards with the score on each completion's last token, GAE."""
     import torch
 
     from trainer_lib.losses import gae_advantages, kl_penalty, masked_whiten
@@ -131,7 +231,7 @@ def make_experience(models, rollout, scores, kl_coef: float, cfg: PPOConfig) -> 
     temperature = cfg.rollout.temperature
     mask = rollout.response_mask.float()
     with torch.no_grad():
-        old_logprobs = models.actor_logprobs(rollout, temperature, cfg.batch_size)
+        old_logprobs = actions.rollout_logprobs(models, rollout, temperature, cfg.batch_size)
         old_values = rl.per_micro_batch(models.token_values, rollout, cfg.batch_size)
         reference_logprobs = models.reference_logprobs(rollout, temperature, cfg.batch_size)
         if reference_logprobs is None:  # kl.coef=0: no reference, no penalty
@@ -147,13 +247,15 @@ def make_experience(models, rollout, scores, kl_coef: float, cfg: PPOConfig) -> 
     return Experience(mask, old_logprobs, old_values, kl, token_rewards, advantages, returns)
 
 
-def mini_batch_update(models, part, rows, experience: Experience, cfg: PPOConfig, train_actor: bool) -> dict:
-    """Step 5 on one mini-batch ``part`` (the rollout's ``rows``): clipped policy and value losses, then
-    the layout's update on ``policy_loss + vf_coef * value_loss``. Returns the mini-batch's metrics."""
+def mini_batch_update(
+    models, part, rows, experience: Experience, cfg: PPOConfig, objective: Objective, train_actor: bool
+) -> dict:
+    """Step 5 on one mini-batch ``part`` (the rollout's ``rows``): the objective's policy loss (plus the
+    entropy bonus) and value loss, then the layout's update on ``policy_loss + vf_coef * value_loss``.
+    Returns the mini-batch's metrics."""
     import torch
 
-    from trainer_lib.losses import masked_mean, ppo_policy_loss, ppo_value_loss
-    from trainer_lib.rl.rollout import token_logprobs
+    from trainer_lib.losses import entropy_bonus, masked_mean, ppo_value_loss
 
     device = models.strategy.device
     width = part.response_ids.shape[1]
@@ -163,27 +265,31 @@ def mini_batch_update(models, part, rows, experience: Experience, cfg: PPOConfig
         return tensor[rows, :width].to(device)
 
     with torch.set_grad_enabled(train_actor):  # a frozen actor needs no graph
-        logprobs, entropy = token_logprobs(models.actor_engine, part, cfg.rollout.temperature, with_entropy=True)
-        policy_loss, policy_stats = ppo_policy_loss(
-            logprobs, cut(experience.old_logprobs), cut(experience.advantages), mask, cfg.clip_range
+        logprobs, entropy, action_stats = objective.actions.logprobs(
+            models.actor_engine, part, cfg.rollout.temperature, entropy_grad=cfg.entropy_coef > 0
         )
+        policy_loss, policy_stats = objective.policy_loss(
+            logprobs, cut(experience.old_logprobs), cut(experience.advantages), mask
+        )
+        bonus = entropy_bonus(entropy, mask, cfg.entropy_coef)  # exactly 0, and no graph, when entropy_coef=0
     value_loss = value_stats = None
 
     def weighted_value_loss():  # the layout calls it when the critic may run: after a separate actor's step
         nonlocal value_loss, value_stats
         values = models.token_values(part)
         value_loss, value_stats = ppo_value_loss(
-            values, cut(experience.old_values), cut(experience.returns), mask, cfg.value_clip_range
+            values, cut(experience.old_values), cut(experience.returns), mask, objective.value_clip_range
         )
         return cfg.vf_coef * value_loss
 
-    models.update(policy_loss, weighted_value_loss, train_actor)
+    models.update(policy_loss + bonus, weighted_value_loss, train_actor)
     return {
         "policy_loss": policy_loss,
         "value_loss": value_loss,
-        "entropy": masked_mean(entropy, mask),
+        "entropy": masked_mean(entropy.detach(), mask),
         **policy_stats,
         **value_stats,
+        **action_stats,
     }
 
 
@@ -194,15 +300,26 @@ def run(cfg: PPOConfig) -> dict:
     from trainer_lib.rl.actor_critic import build_models
 
     # ---- prompts, schedule; actor, critic, reference and rewards in the configured layout
-    strategy, tokenizer, eval_rows, schedule = rl.start(cfg)
+    from trainer_lib.rl.buffer import reward_deviation
+
+    strategy, tokenizer, eval_rows, schedule = rl.start(cfg, priority_signal=reward_deviation)
     steps, n = schedule.steps, cfg.rollout.n
     updates = steps * cfg.updates_per_step()
     actor_updates = (steps - min(cfg.freeze_actor_steps, steps - 1)) * cfg.updates_per_step()
     models = build_models(
-        cfg, strategy, tokenizer, updates, use_reference=cfg.kl.coef > 0, with_critic=True, actor_updates=actor_updates
+        cfg,
+        strategy,
+        tokenizer,
+        updates,
+        use_reference=cfg.kl.coef > 0,
+        with_critic=True,
+        actor_updates=actor_updates,
+        with_masking_copy=cfg.objective == "nlpo",
     )
     actor_engine, rewards = models.actor_engine, models.rewards
     kl_ctl = KLController(cfg.kl.coef, cfg.kl.target if cfg.kl.adaptive else None, cfg.kl.horizon)
+    objective = objective_for(cfg, strategy, models)
+    actions = objective.actions
 
     cadence = Cadence(
         cfg,
@@ -211,7 +328,7 @@ def run(cfg: PPOConfig) -> dict:
         steps,
         actor_engine,
         evaluate=rl.held_out_evaluation(actor_engine, strategy, tokenizer, eval_rows, rewards, cfg),
-        stateful={"rewards": rewards, "kl_controller": kl_ctl},
+        stateful={"rewards": rewards, "kl_controller": kl_ctl, **schedule.stateful(), **actions.stateful},
         extra_engines=models.extra_engines,
         log_extra=models.log_extra,
     )
@@ -223,21 +340,22 @@ def run(cfg: PPOConfig) -> dict:
 
         # ---- the loop
         for step in cadence.steps():
-            # 1. rollout and scores
+            # 1. rollout (in the objective's action space) and scores
+            actions.begin_step(step)
             rollout, scores, metrics = rl.sample_and_score(
-                actor_engine, strategy, tokenizer, schedule, step, cfg, rewards
+                actor_engine, strategy, tokenizer, schedule, step, cfg, rewards, actions.logits_processor
             )
 
             # 2-4. log-probs and values of the sampling weights, KL-shaped rewards, GAE
             prep_start = time.perf_counter()
-            experience = make_experience(models, rollout, scores, kl_ctl.value, cfg)
+            experience = make_experience(models, rollout, scores, kl_ctl.value, cfg, actions)
 
-            # 5. clipped policy and value updates over shuffled mini-batches
+            # 5. policy and value updates over shuffled mini-batches (a2c: one, on the whole step)
             train_start = time.perf_counter()
             train_actor = step >= cfg.freeze_actor_steps
             for micro in schedule.update_micro_batches(step):
                 cadence.window.add_all(
-                    mini_batch_update(models, rollout.select(micro), micro, experience, cfg, train_actor)
+                    mini_batch_update(models, rollout.select(micro), micro, experience, cfg, objective, train_actor)
                 )
 
             # 6. statistics and KL control
@@ -257,7 +375,7 @@ def run(cfg: PPOConfig) -> dict:
             cadence.after_step(step)
 
         # ---- final evaluation and Hugging Face export (the policy)
-        summary = cadence.finish({"stage": "ppo", "train_prompts": len(schedule.prompts)})
+        summary = cadence.finish({"stage": "ppo", "objective": cfg.objective, "train_prompts": len(schedule.prompts)})
     finally:
         rewards.close()
     summary["kl_coef"] = kl_ctl.value
