@@ -71,7 +71,7 @@ CASES = [
     prep("invalid_utf8_csv", b"text\nok\n\xfe\n", "d.csv:3", "UTF-8", name="d.csv"),
     prep("empty_file", "", "data.path", "d.jsonl", "no rows"),
     prep("json_not_a_list", '{"text": "a"}', "d.json", "JSON list of objects", name="d.json"),
-    prep("unsupported_suffix", "text\n", "data.path", "d.txt", "unsupported file type", name="d.txt"),
+    prep("unsupported_suffix", "text\n", "data.path", "d.xml", "unsupported file type", name="d.xml"),
     # ---- empty values
     prep("empty_strings", jsonl({"text": ""}, {"text": ""}), "data.path", "d.jsonl", "empty: 2"),
     prep(

@@ -50,6 +50,11 @@ def run_config(name: str, cfg) -> dict:
         storage.configure(endpoint_url=section.endpoint_url, region=section.region, cache_dir=section.cache_dir)
     if getattr(cfg, "report_to", None):
         check_reporters(cfg.report_to)
+    hub = getattr(cfg, "hub", None)
+    if hub is not None and hub.push:  # a token here, before any model is loaded
+        from trainer_lib.storage.hub import check_ready
+
+        check_ready(hub.model_id)
     return stage_module(name).run(cfg) or {}
 
 

@@ -166,7 +166,7 @@ def test_unknown_keys_are_still_refused(capsys, tmp_path):
         ({"learning_rate": 1e-3, "lr": 2e-3}, "learning_rate: sets lr to 0.001, but lr sets it to 0.002"),
         ({"max_seq_length": 64, "cutoff_len": 128}, "sets data.max_length to 128, but max_seq_length"),
         ({"stage": "dpo"}, "'dpo' is LLaMA-Factory's stage for `posttrain dpo`, but this is `posttrain sft`"),
-        ({"stage": "pt"}, "stage: LLaMA-Factory's stage 'pt' has no posttrain counterpart (continued pretraining"),
+        ({"stage": "orpo"}, "stage: LLaMA-Factory's stage 'orpo' has no posttrain counterpart"),
         ({"finetuning_type": "freeze"}, "finetuning_type: expected lora or full"),
         ({"fp16": True}, "fp16: fp16 mixed precision is not supported"),
         ({"do_train": False}, "do_train: false"),
@@ -220,7 +220,8 @@ def test_preference_and_rl_keys(capsys):
         "mini_batch_size": 16,
     }
     cfg = load_config(GRPOConfig, [rl])
-    assert (cfg.rollout.n, cfg.rollout.max_new_tokens, cfg.advantage) == (8, 128, "dr_grpo")
+    # TRL's loss_type is the token aggregation; its scale_rewards picks the advantage (tests/foreign/test_trl_files.py)
+    assert (cfg.rollout.n, cfg.rollout.max_new_tokens, cfg.loss_aggregation) == (8, 128, "constant")
     assert cfg.warmup_steps == 2  # 10 steps x 2 optimizer updates per step
     assert "config: num_generations -> rollout.n" in capsys.readouterr().err
 
@@ -304,14 +305,24 @@ SAMPLES = {
     "assistant_only_loss": True,
     "dataset_text_field": "text",
     "optim": "adamw_torch",
+    "mask_truncated_completions": False,
+    "use_vllm": False,
+    "load_in_4bit": False,
+    "load_in_8bit": False,
+    "num_processes": 1,
+    "precompute_ref_log_probs": False,
+    "max_prompt_length": 128,
 }
+#: TRL's keys of other stages (GRPO, DPO) or that set data.path: tests/foreign/test_trl_files.py
+#: (gradient_accumulation_steps: test_their_rl_step_size_comes_from_the_batch_keys)
+ELSEWHERE = {"loss_type", "scale_rewards", "importance_sampling_level", "reward_funcs", "datasets", "gradient_accumulation_steps"}
 
 
 def test_every_key_read_says_what_it_became(capsys):
     from trainer_lib.config import aliases as config_aliases
 
     secrets = {"hub_token", "hf_hub_token", "token", "eos_token"}  # refused, tested elsewhere
-    assert set(SAMPLES) == set(config_aliases.RULES) - secrets
+    assert set(SAMPLES) == set(config_aliases.RULES) - secrets - ELSEWHERE
     lf = {key: value for key, value in SAMPLES.items() if key != "use_peft"}  # TRL's LoRA switch: below
     layer = {**REQUIRED, **lf, **dict.fromkeys(config_aliases.NO_EFFECT, 1), "lora_rank": 4}
     cfg = load_config(SFTConfig, [layer], stage="sft")
@@ -338,3 +349,17 @@ def test_strategy_no_turns_the_schedule_off_and_a_float_warmup_steps_is_a_ratio(
     assert (cfg.engine.precision, cfg.model.attn_implementation) == ("fp32", "flash_attention_2")
     with pytest.raises(ConfigError, match="attn_implementation: sets model.attn_implementation to 'eager', but "):
         load_config(SFTConfig, [{**REQUIRED, "flash_attn": "fa2", "attn_implementation": "eager"}])
+
+
+def test_their_rl_step_size_comes_from_the_batch_keys():
+    """TRL's GRPO: a step is per_device_train_batch_size x gradient_accumulation_steps completions, in groups of
+    num_generations, and one optimizer update of it per pass; SFT keeps accumulation on the engine."""
+    keys = {**REQUIRED, "reward": {"functions": ["length"]}, "per_device_train_batch_size": 4}
+    cfg = load_config(GRPOConfig, [{**keys, "gradient_accumulation_steps": 2, "num_generations": 4}])
+    assert (cfg.prompts_per_step, cfg.rollout.n, cfg.mini_batch, cfg.updates_per_step()) == (2, 4, 8, 1)
+    with pytest.raises(ConfigError, match="give num_generations too"):
+        load_config(GRPOConfig, [{**keys, "gradient_accumulation_steps": 2}])
+    with pytest.raises(ConfigError, match="not a whole number of groups of num_generations=3"):
+        load_config(GRPOConfig, [{**keys, "gradient_accumulation_steps": 2, "num_generations": 3}])
+    sft = load_config(SFTConfig, [{**REQUIRED, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 2}])
+    assert (sft.batch_size, sft.engine.gradient_accumulation_steps) == (4, 2)

@@ -174,7 +174,7 @@ def test_unpaired_preference_labels():
             {"messages": [{"role": "user", "content": None}]},
             "messages",
             None,
-            "field 'messages[0].content': expected string, got null",
+            "field 'messages[0].content': expected string or list of text parts, got null",
         ),
         (
             {"messages": ["hi"]},

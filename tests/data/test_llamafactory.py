@@ -69,6 +69,9 @@ def test_alpaca_rows_become_messages():
     }
 
 
+CALL = {"type": "function", "function": {"name": "weather", "arguments": "{}"}}
+
+
 def test_sharegpt_rows_become_messages():
     convert = converter("sharegpt")
     row = {
@@ -85,7 +88,7 @@ def test_sharegpt_rows_become_messages():
         "messages": [
             msg("system", "Use tools."),
             msg("user", "Weather?"),
-            msg("assistant", '{"name": "weather"}'),
+            {"role": "assistant", "content": "", "tool_calls": [CALL]},  # rendered by the template's tool support
             msg("tool", "sunny"),
             msg("assistant", "It is sunny."),
         ],
@@ -150,7 +153,7 @@ def test_sharegpt_rows_become_messages():
         (
             [{"conversations": [{"from": "human", "value": "a"}, {"from": "gpt", "value": None}]}],
             [],
-            "alpaca.jsonl:1: field 'conversations[1].value': expected string, got null",
+            "alpaca.jsonl:1: field 'conversations[1].value': expected string or list of text parts, got null",
         ),
         (
             [{"conversations": [{"from": "human", "value": "a"}]}],
@@ -246,6 +249,6 @@ def test_a_llamafactory_config_with_dataset_info_trains(tiny_model_dir, tmp_path
     assert main(["sft", "--config", str(cfg_file)]) == 0
     assert "config: dataset -> data.dataset\n" in capsys.readouterr().err
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["train_examples"] > 0
-    (data_dir / "dataset_info.json").write_text(json.dumps({"my_qa": {"file_name": "qa.json", "ranking": True}}))
-    with pytest.raises(ConfigError, match="data.dataset: 'my_qa' in .* uses 'ranking', which posttrain does not read"):
+    (data_dir / "dataset_info.json").write_text(json.dumps({"my_qa": {"file_name": "qa.json", "num_samples": 5}}))
+    with pytest.raises(ConfigError, match="data.dataset: 'my_qa' in .* uses 'num_samples', which posttrain does not"):
         load_config(SFTConfig, str(cfg_file), stage="sft")

@@ -71,7 +71,7 @@ def test_two_formats_of_one_kind_mix(registry, overrides, rows, mix_rows):
 def test_registry_errors_name_the_entry(registry):
     (registry / "prefs.json").write_text(json.dumps([{"prompt": "p", "chosen": "a", "rejected": "b"}]))
     info = json.loads((registry / "dataset_info.json").read_text())
-    info["prefs"] = {"file_name": "prefs.json", "columns": {"prompt": "prompt"}}
+    info["prefs"] = {"file_name": "prefs.json", "columns": {"prompt": "prompt", "response": "output"}}
     (registry / "dataset_info.json").write_text(json.dumps(info))
     with pytest.raises(ConfigError, match="data.dataset: no dataset 'nope' in .*dataset_info.json"):
         _data(registry, "data.dataset=qa,nope")
@@ -83,3 +83,25 @@ def test_registry_errors_name_the_entry(registry):
         _data(registry, "data.dataset=qa", "data.format=alpaca")
     with pytest.raises(UserError, match=r"/prefs.json:1: field 'output': expected string, got null"):
         build_dataset(_data(registry, "data.dataset=qa,prefs"), seed=0)
+
+
+def test_trl_dataset_mixture_concatenates_its_sources(registry, tmp_path):
+    """TRL's `datasets:` list of several: data.sources, read each with its own split and mixed like data.dataset."""
+    layer = {
+        "model_name_or_path": "m",
+        "output_dir": "o",
+        "datasets": [{"path": str(registry / "qa.json")}, {"path": str(registry / "chat.json"), "split": "train"}],
+        "data": {"eval_fraction": 0},
+    }
+    data = load_config(SFTConfig, [layer]).data
+    assert [s["path"] for s in data.sources] == [str(registry / "qa.json"), str(registry / "chat.json")]
+    dd, stats = build_dataset(data, seed=0)
+    assert len(dd["train"]) == 8 and stats["mix"]["strategy"] == "concat"
+    assert [m["rows"] for m in stats["mix"]["datasets"]] == [6, 2]
+    # a later layer's data.path replaces them; a source without a path, or with an unknown key, is refused
+    assert load_config(SFTConfig, [layer, {"data": {"path": "d.jsonl"}}]).data.sources == []
+    sources = {"sources": [{"path": "a"}, {"path": "b", "files": 1}]}
+    with pytest.raises(ConfigError, match=r"data.sources\[1\]: unknown key 'files'; expected path, subset"):
+        load_config(SFTConfig, [{"model_name_or_path": "m", "output_dir": "o", "data": sources}])
+    with pytest.raises(ConfigError, match=r"data.sources: name the datasets, but data.split is set too"):
+        load_config(SFTConfig, [{**layer, "data": {"split": "train"}}])

@@ -197,9 +197,9 @@ def test_dataset_dict_eval_split_is_used(tmp_path):
 def test_missing_and_unsupported_paths(tmp_path):
     with pytest.raises(UserError, match=r"data.path: .*/nope.jsonl: no such file or directory"):
         open_source(str(tmp_path / "nope.jsonl"))
-    (tmp_path / "x.txt").write_text("hi")
+    (tmp_path / "x.xml").write_text("hi")
     with pytest.raises(UserError, match="unsupported file type"):
-        open_source(str(tmp_path / "x.txt"))
+        open_source(str(tmp_path / "x.xml"))
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="directory has no"):
         open_source(str(tmp_path / "empty"), key="data.eval_path")

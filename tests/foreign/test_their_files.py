@@ -59,13 +59,14 @@ def test_their_sft_examples_train_and_save_a_model(name, lf_model, in_llamafacto
     mapping = _mapping(err)
     assert all(target.strip() for target in mapping.values()), mapping  # every line says what became of it
     assert mapping["stage"] == "(checked: posttrain sft)" and mapping["dataset"] == "data.dataset"
-    assert mapping["plot_loss"].startswith("(no effect here:") and mapping["ddp_timeout"].startswith("(no effect")
+    assert mapping["plot_loss"] == "loss_plot" and mapping["ddp_timeout"].startswith("(no effect")
     assert mapping["max_samples"] == "data.max_rows" and mapping["overwrite_output_dir"].startswith("resume=False")
     assert "config: max_steps=2 wins over num_epochs=3.0 (max_steps > 0 decides, as in transformers)" in err
     assert "data: identity (8 rows), alpaca_en_demo (2 rows) mixed by concat: 10 training rows" in err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["steps"] == 2  # 3 epochs of one packed row at accumulation 2 or 8 would be 1 or 2 steps
     assert (out / "model.safetensors").is_file() and (out / "config.json").is_file()
+    assert (out / "training_loss.png").read_bytes().startswith(b"\x89PNG")  # their plot_loss: true
     ds_config = json.loads((out / "ds_config.json").read_text())
     assert ds_config["bf16"]["enabled"] is True
     if "ds3" in name or "full" in name:
@@ -120,7 +121,13 @@ def test_a_bare_yaml_argument_is_a_config_file(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "stage, expected",
-    [("rm", "posttrain reward"), ("kto", "posttrain dpo"), ("dpo", "posttrain dpo"), ("ppo", "posttrain ppo")],
+    [
+        ("rm", "posttrain reward"),
+        ("kto", "posttrain dpo"),
+        ("dpo", "posttrain dpo"),
+        ("ppo", "posttrain ppo"),
+        ("pt", "posttrain sft"),
+    ],
 )
 def test_train_picks_the_stage_from_their_stage_key(stage, expected, tmp_path, capsys):
     cfg_file = tmp_path / "their.yaml"
@@ -130,10 +137,10 @@ def test_train_picks_the_stage_from_their_stage_key(stage, expected, tmp_path, c
 
 
 def test_train_refuses_a_stage_it_does_not_have(tmp_path, capsys):
-    cfg_file = tmp_path / "pt.yaml"
-    cfg_file.write_text("stage: pt\nmodel_name_or_path: m\n")
+    cfg_file = tmp_path / "orpo.yaml"
+    cfg_file.write_text("stage: orpo\nmodel_name_or_path: m\n")
     assert main(["train", str(cfg_file)]) == 2
-    assert "error: stage: LLaMA-Factory's stage 'pt' has no posttrain counterpart" in capsys.readouterr().err
+    assert "error: stage: LLaMA-Factory's stage 'orpo' has no posttrain counterpart" in capsys.readouterr().err
     cfg_file.write_text("model_name_or_path: m\n")
     assert main(["train", str(cfg_file)]) == 2
     assert f"error: stage: {cfg_file} names no LLaMA-Factory stage" in capsys.readouterr().err
@@ -144,7 +151,7 @@ def test_their_keys_we_cannot_honour_are_refused_with_the_reason():
     required = {"model_name_or_path": "m", "dataset_name": "d", "output_dir": "o"}
     for layer, reason in [
         ({"quantization_bit": 4}, "quantization_bit: 4: quantized (QLoRA) training is not supported"),
-        ({"push_to_hub": True}, "push_to_hub: publishing to the Hugging Face hub is not built in yet"),
+        ({"push_to_hub": True}, "hub.push: needs hub.model_id"),
         ({"eval_strategy": "epoch"}, "eval_strategy: 'epoch' is not supported: once per epoch is not built in"),
         ({"resume_from_checkpoint": "saves/checkpoint-500"}, "posttrain resumes only its own checkpoints"),
         ({"assistant_only_loss": False}, "assistant_only_loss: false is not supported"),

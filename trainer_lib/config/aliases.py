@@ -57,9 +57,18 @@ RENAMES: dict[str, tuple[str, ...]] = {
     "lora_alpha": ("lora.alpha",),
     "lora_dropout": ("lora.dropout",),
     "lora_target_modules": ("lora.target_modules",),
-    "loss_type": ("loss", "advantage"),  # DPO: sigmoid/ipo/hinge/robust; GRPO: grpo/dr_grpo
     "num_generations": ("rollout.n",),
     "max_completion_length": ("rollout.max_new_tokens",),
+    "temperature": ("rollout.temperature",),
+    # TRL's GRPOConfig / RLOOConfig / PPOConfig / KTOConfig
+    "reward_weights": ("reward.weights",),
+    "epsilon_high": ("clip_high",),
+    "num_iterations": ("ppo_epochs",),
+    "num_ppo_epochs": ("ppo_epochs",),
+    "kl_coef": ("kl.coef", "beta"),  # PPO: the penalty in the reward; RLOO (before TRL 0.20): beta
+    "reward_model_path": ("reward.model_path",),
+    "desirable_weight": ("kto_desirable_weight",),
+    "undesirable_weight": ("kto_undesirable_weight",),
     # LLaMA-Factory
     "cutoff_len": ("data.max_length",),
     "lora_rank": ("lora.r",),
@@ -74,8 +83,16 @@ RENAMES: dict[str, tuple[str, ...]] = {
     "mix_strategy": ("data.mix_strategy",),
     "interleave_probs": ("data.interleave_probs",),
     "max_samples": ("data.max_rows",),
+    "plot_loss": ("loss_plot",),
+    "reward_model": ("reward.model_path",),  # stage: ppo
+    "max_new_tokens": ("rollout.max_new_tokens",),  # LLaMA-Factory's generation keys, used by stage: ppo
+    "top_p": ("rollout.top_p",),
+    "top_k": ("rollout.top_k",),
     # transformers / TRL's ModelConfig
     "attn_implementation": ("model.attn_implementation",),
+    # transformers' TrainingArguments: publishing the final model
+    "hub_model_id": ("hub.model_id",),
+    "hub_private_repo": ("hub.private",),
 }
 
 #: keys that only concern their runtime and have no counterpart here: accepted, with the reason
@@ -87,20 +104,19 @@ NO_EFFECT: dict[str, str] = {
     "ddp_timeout": "posttrain's strategy sets up the process group",
     "ddp_find_unused_parameters": "DeepSpeed, not DDP, wraps the model",
     "overwrite_cache": "the data cache is keyed by the files' content and every setting, so a change is read anyway",
-    "plot_loss": "no loss plot is drawn; the loss is in metrics.jsonl and TensorBoard",
     "remove_unused_columns": "only the columns of the data format are read",
     "logging_first_step": "the first record is logged at logging_steps",
     "include_num_input_tokens_seen": "every log record has tokens_per_s",
     "use_liger_kernel": "transformers' own modules are used",
     "gradient_checkpointing_kwargs": "engine.gradient_checkpointing turns recomputation on with posttrain's settings",
-    "hub_model_id": "nothing is pushed to the hub (push_to_hub)",
+    "log_completions": "completions are not logged one by one; metrics.jsonl has their mean reward and length",
 }
 
 #: their key -> {their value: our value}, for the values that are spelled differently.
 VALUE_RENAMES: dict[str, dict[Any, Any]] = {"lora_target": {"all": "all-linear"}}
 
 #: LLaMA-Factory's ``stage`` -> the posttrain stage that does the same.
-LLAMAFACTORY_STAGES = {"sft": "sft", "rm": "reward", "dpo": "dpo", "kto": "dpo", "ppo": "ppo"}
+LLAMAFACTORY_STAGES = {"pt": "sft", "sft": "sft", "rm": "reward", "dpo": "dpo", "kto": "dpo", "ppo": "ppo"}
 
 TRL_LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
 LLAMAFACTORY_LORA_KEYS = ("lora_rank", "lora_alpha", "lora_dropout", "lora_target")
@@ -176,16 +192,17 @@ def llamafactory_stage(value: Any) -> str:
     """The posttrain stage that does what LLaMA-Factory's ``stage`` does; a ConfigError saying why not."""
     ours = LLAMAFACTORY_STAGES.get(value)
     if ours is None:
-        why = {"pt": " (continued pretraining on raw text is not built yet)"}.get(value, "")
         raise ConfigError(
-            f"stage: LLaMA-Factory's stage {value!r} has no posttrain counterpart{why}; "
+            f"stage: LLaMA-Factory's stage {value!r} has no posttrain counterpart; "
             f"expected one of {', '.join(LLAMAFACTORY_STAGES)}"
         )
     return ours
 
 
 def _stage(value, ctx):
-    """checked against the stage being run (`rm` is `posttrain reward`, `kto` is `posttrain dpo loss=kto`)."""
+    """checked against the stage being run (`rm`: `posttrain reward`; `kto`: `posttrain dpo loss=kto`; `pt`: `sft`).
+
+    ``pt`` trains SFT on text rows (every token), which LLaMA-Factory's corpora become."""
     ours = llamafactory_stage(value)
     if ctx.stage is None:
         raise ConfigError("stage: cannot check LLaMA-Factory's stage here (no stage is being run)")
@@ -195,6 +212,8 @@ def _stage(value, ctx):
         )
     if value == "kto":
         return {"loss": "kto"}, {}, ""
+    if value == "pt":  # text rows train on every token; LLaMA-Factory's corpora become text rows (data/llamafactory.py)
+        return {}, {}, "(checked: posttrain sft, continued pretraining on the text rows of its data)"
     return {}, {}, f"(checked: posttrain {ours})"
 
 
@@ -303,13 +322,8 @@ def _save_only_model(value, ctx):
 
 
 def _push_to_hub(value, ctx):
-    """false: accepted; true: refused (publishing to the hub is not built in yet)."""
-    if parse_bool(value, "push_to_hub"):
-        raise ConfigError(
-            "push_to_hub: publishing to the Hugging Face hub is not built in yet; leave it off and upload "
-            "output_dir afterwards (huggingface-cli upload REPO OUTPUT_DIR)"
-        )
-    return {}, {}, "(off)"
+    """`hub.push` (true needs `hub_model_id` and a token in `HF_TOKEN`)."""
+    return {"hub.push": parse_bool(value, "push_to_hub")}, {}, ""
 
 
 def _dtype(key: str) -> Rule:
@@ -368,15 +382,166 @@ def _optim(value, ctx):
 
 
 def _eos_token(value, ctx):
-    """refused: the tokenizer's eos token (or chat template's end of turn) ends each example."""
+    """a built-in chat template's end of turn (`<|im_end|>`, `<|eot_id|>`): accepted; others refused."""
+    from trainer_lib.models.chat_templates import BUILTINS
+
+    ends = {template.end_of_turn for template in BUILTINS.values() if template.end_of_turn}
+    if value in ends:
+        return {}, {}, "(each turn of a conversation already ends with the chat template's end of turn)"
     raise ConfigError(
         f"eos_token: {value!r} is not supported: each example ends with the tokenizer's eos token (or the "
         f"chat template's end of turn); point model.tokenizer_path at a tokenizer that has the one you want"
     )
 
 
+# --------------------------------------------------------------------------- TRL's RL and preference keys
+
+#: TRL's GRPO ``loss_type`` -> our ``loss_aggregation`` (how token losses become one number).
+TRL_LOSS_TYPES = {"grpo": "sequence", "dapo": "token", "bnpo": "token", "dr_grpo": "constant"}
+#: TRL's reward function names with no built-in here, and what to use instead.
+TRL_REWARDS_ELSEWHERE = {
+    "get_soft_overlong_punishment": "set overlong_buffer, DAPO's soft overlong penalty",
+}
+
+
+def _loss_type(value, ctx):
+    """DPO: `loss`; GRPO: `loss_aggregation` (`grpo`: sequence, `dapo`/`bnpo`: token, `dr_grpo`: constant)."""
+    if not ctx.has_key("loss_aggregation"):
+        return {"loss": value}, {}, ""
+    choices = {theirs: ({"loss_aggregation": ours}, "") for theirs, ours in TRL_LOSS_TYPES.items()}
+    return _choice("loss_type", value, choices, dict.fromkeys(("cispo", "sapo", "luspo", "vespo"), "not built in"))
+
+
+def _scale_rewards(value, ctx):
+    """`group`/true: `advantage=grpo`; `none`/false: `advantage=dr_grpo` (r - mean); `batch`: refused."""
+    text = str(value).lower()
+    if text in ("none", "false"):  # only the advantage: loss_type (or our default) decides the aggregation
+        return {"advantage": "dr_grpo"} | ({} if "loss_type" in ctx.layer else {"loss_aggregation": "sequence"}), {}, ""
+    grpo = ({"advantage": "grpo"}, "")
+    refused = {"batch": "the std of the whole batch is not built in; use group or none"}
+    return _choice("scale_rewards", value, {"group": grpo, "true": grpo}, refused)
+
+
+def _importance_sampling_level(value, ctx):
+    """`token`: `objective=grpo`; `sequence`: `objective=gspo`."""
+    return _choice(
+        "importance_sampling_level",
+        value,
+        {"token": ({"objective": "grpo"}, ""), "sequence": ({"objective": "gspo"}, "")},
+        {},
+    )
+
+
+def _reward_funcs(value, ctx):
+    """`reward.functions`: TRL's names as they are (`accuracy_reward`), `pkg.mod.func` as `pkg.mod:func`."""
+    names = [v.strip() for v in value.split(",")] if isinstance(value, str) else [str(v).strip() for v in value or ()]
+    ours = []
+    for name in filter(None, names):
+        if name in TRL_REWARDS_ELSEWHERE:
+            raise ConfigError(f"reward_funcs: {name!r} is not built in: {TRL_REWARDS_ELSEWHERE[name]}")
+        dotted = ":" not in name and "/" not in name and "." in name  # built-in names have no dot
+        ours.append(":".join(name.rsplit(".", 1)) if dotted else name)
+    return {"reward.functions": ours}, {}, ""
+
+
+def _off_only(key: str, why: str) -> Rule:
+    """The rule of a switch posttrain does not have: false is accepted, true refused with ``why``."""
+
+    def rule(value, ctx):
+        if parse_bool(value, key):
+            raise ConfigError(f"{key}: true is not supported: {why}")
+        return {}, {}, "(off)"
+
+    rule.__doc__ = f"false: accepted; true: refused ({why})."
+    return rule
+
+
+def _num_processes(value, ctx):
+    """1: accepted; more: refused (launch with `posttrain <stage> --nproc N`)."""
+    if str(value) != "1":
+        raise ConfigError(
+            f"num_processes: {value!r}: a config file does not start processes here; "
+            f"run `posttrain <stage> --nproc {value} ...` (or a TrainJob) instead"
+        )
+    return {}, {}, "(one process)"
+
+
+def _precompute_ref_log_probs(value, ctx):
+    """true: `reference=precomputed`; false: `reference` decides."""
+    if parse_bool(value, "precompute_ref_log_probs"):
+        return {"reference": "precomputed"}, {}, ""
+    return {}, {}, "(reference decides)"
+
+
+def _max_prompt_length(value, ctx):
+    """RL stages: `data.max_length` (longer prompts are dropped); elsewhere no effect (`max_length` bounds the row)."""
+    if ctx.has_key("rollout.n"):
+        return {"data.max_length": value}, {}, "(longer prompts are dropped, not truncated)"
+    return {}, {}, "(no effect here: data.max_length bounds prompt and completion together)"
+
+
+def _datasets(value, ctx):
+    """one entry: `data.path` (`name`: `data.subset`, `split`: `data.split`); several: `data.sources`, concatenated."""
+    entries = value if isinstance(value, list) else [value]
+    if not entries or not all(isinstance(e, dict) and e.get("path") for e in entries):
+        raise ConfigError(f"datasets: expected a list of mappings with a path (TRL's dataset mixture), got {value!r}")
+    for entry in entries:
+        unsupported = sorted(set(entry) & {"data_dir", "data_files"})
+        if unsupported:
+            raise ConfigError(
+                f"datasets: {entry['path']}: {unsupported[0]} is not read; give the files as the path (a local "
+                f"file or folder) instead"
+            )
+    note = "(their columns lists: every column is read)" if any("columns" in e for e in entries) else ""
+    if len(entries) == 1:
+        sets = {"data.path": entries[0]["path"]}
+        names = (("name", "data.subset"), ("split", "data.split"))
+        sets.update({ours: entries[0][theirs] for theirs, ours in names if entries[0].get(theirs)})
+        return sets, {}, note
+    names = (("path", "path"), ("name", "subset"), ("split", "split"))
+    sources = [{ours: e[theirs] for theirs, ours in names if e.get(theirs)} for e in entries]
+    return {"data.sources": sources}, {}, " ".join(filter(None, ("(concatenated, as TRL mixes them)", note)))
+
+
+def _rl_step_size(value, ctx):
+    """`engine.gradient_accumulation_steps`; RL stages: with `per_device_train_batch_size`, `prompts_per_step`.
+
+    In an RL stage a step is `per_device_train_batch_size` x this x processes completions with one optimizer
+    update of them per pass: LLaMA-Factory's PPO samples one per prompt (`rollout.n=1`), TRL's GRPO
+    `num_generations`."""
+    layer = ctx.layer
+    if not ctx.has_key("rollout.n"):
+        return {"prompts_per_step": value}, {}, ""  # a key only RL stages have: the rename applies instead
+    if "per_device_train_batch_size" not in layer:
+        raise ConfigError(
+            "gradient_accumulation_steps: in an RL stage it sizes the step together with "
+            "per_device_train_batch_size; give both (or set prompts_per_step and mini_batch_size instead)"
+        )
+    sets: dict[str, Any] = {}
+    if "stage" in layer:  # a LLaMA-Factory file: its PPO generates one completion per prompt
+        n = 1
+        sets["rollout.n"] = 1
+    elif "num_generations" in layer:
+        n = int(layer["num_generations"])
+    else:
+        raise ConfigError(
+            "gradient_accumulation_steps: in an RL stage the step is per_device_train_batch_size x "
+            "gradient_accumulation_steps completions, num_generations of each prompt: give num_generations too"
+        )
+    # one process unless launched with --nproc / torchrun (the workers read this config again with WORLD_SIZE)
+    completions = int(layer["per_device_train_batch_size"]) * int(value) * int(os.environ.get("WORLD_SIZE", "1"))
+    if completions % n:
+        raise ConfigError(
+            f"gradient_accumulation_steps: a step of {completions} completions is not a whole number of "
+            f"groups of num_generations={n}"
+        )
+    sets.update({"prompts_per_step": completions // n, "mini_batch_size": 0})
+    return sets, {}, "(one update of the whole step per pass)"
+
+
 RULES: dict[str, Rule] = {
     "bf16": _bf16,
+    "gradient_accumulation_steps": _rl_step_size,
     "fp16": _fp16,
     "use_peft": _use_peft,
     "finetuning_type": _finetuning_type,
@@ -401,6 +566,20 @@ RULES: dict[str, Rule] = {
     "dataset_text_field": _dataset_text_field,
     "optim": _optim,
     "eos_token": _eos_token,
+    "loss_type": _loss_type,  # DPO's loss, GRPO's token aggregation
+    "scale_rewards": _scale_rewards,
+    "importance_sampling_level": _importance_sampling_level,
+    "reward_funcs": _reward_funcs,
+    "mask_truncated_completions": _off_only(
+        "mask_truncated_completions", "truncated completions keep their loss; overlong_buffer shapes their reward"
+    ),
+    "use_vllm": _off_only("use_vllm", "completions are generated by the policy in the training process"),
+    "load_in_4bit": _off_only("load_in_4bit", "quantized (QLoRA) training is not supported"),
+    "load_in_8bit": _off_only("load_in_8bit", "quantized (QLoRA) training is not supported"),
+    "num_processes": _num_processes,
+    "precompute_ref_log_probs": _precompute_ref_log_probs,
+    "max_prompt_length": _max_prompt_length,
+    "datasets": _datasets,
     "hub_token": _token("hub_token"),  # transformers' TrainingArguments
     "hf_hub_token": _token("hf_hub_token"),  # LLaMA-Factory
     "token": _token("token"),
@@ -459,7 +638,7 @@ def translate(layer: dict, has_key: Callable[[str], bool], stage: str | None = N
             described = ", ".join(f"{k}={v}" for k, v in sets.items())
             result.lines.append(f"{key} -> {' '.join(part for part in (described, note) if part)}")
     for key in theirs:
-        if key not in RENAMES:
+        if key not in RENAMES or key not in out:  # not a rename, or a rule took it
             continue
         if key in moot:
             out.pop(key)

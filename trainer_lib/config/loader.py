@@ -247,16 +247,16 @@ def load_config(
     return cfg
 
 
-#: Pairs of keys that give the same thing two ways: a layer that sets one drops the other from the
+#: Keys that give the same thing different ways: a layer that sets one drops the others from the
 #: layers before it (a file's ``dataset: identity`` gives way to ``data.path=...`` on the command line).
-ALTERNATIVES = (("data.path", "data.dataset"), ("data.eval_path", "data.eval_dataset"))
+ALTERNATIVES = (("data.path", "data.dataset", "data.sources"), ("data.eval_path", "data.eval_dataset"))
 
 
 def _drop_alternatives(values: dict, layer: dict) -> dict:
     """``values`` without the keys that ``layer`` replaces by setting their alternative."""
     out = values
-    for pair in ALTERNATIVES:
-        for key, other in (pair, pair[::-1]):
+    for group in ALTERNATIVES:
+        for key, other in ((k, o) for k in group for o in group if o != k):
             if lookup_dotted(layer, key)[0] and lookup_dotted(out, other)[0]:
                 section, last = other.split(".")
                 out = {**out, section: {k: v for k, v in out[section].items() if k != last}}

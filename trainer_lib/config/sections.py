@@ -73,11 +73,18 @@ MIX_STRATEGIES = ("concat", "interleave_under", "interleave_over")
 OVER_LENGTH = ("truncate", "drop")
 
 
+#: the keys of one entry of ``data.sources``: ``data``'s keys of the same names, for that dataset.
+SOURCE_KEYS = ("path", "subset", "split", "columns", "revision")
+
+
 @dataclass
 class DataConfig:
     path: str | None = opt(None, "Dataset: JSONL/JSON/Parquet/CSV file, datasets dir or hub id; local or URL.")
     dataset: list[str] = opt([], "Instead of path: dataset names in dataset_dir/dataset_info.json (LLaMA-Factory's).")
     dataset_dir: str = opt("data", "Folder of dataset_info.json; the files it names are relative to it.")
+    sources: list[dict] = opt(
+        [], "Instead of path: several datasets, each {path, subset, split, columns, revision} (TRL's datasets)."
+    )
     mix_strategy: str = opt("concat", "How several datasets are combined (docs/data-formats.md).", MIX_STRATEGIES)
     interleave_probs: list[float] = opt([], "interleave_*: the chance of drawing from each dataset; empty: in turn.")
     format: str = opt("auto", "Dataset format; auto detects it from the columns (docs/data-formats.md).", DATA_FORMATS)
@@ -120,7 +127,33 @@ class DataConfig:
             except ValueError as exc:
                 raise ConfigError(f"data.columns: {exc}") from None
         self._validate_registry()
+        self._validate_sources()
         self._validate_mix()
+
+    def given(self) -> bool:
+        """Whether the training data is named: ``path``, ``dataset`` or ``sources``."""
+        return bool(self.path or self.dataset or self.sources)
+
+    def _validate_sources(self) -> None:
+        """``data.sources``: mappings with a ``path`` and only :data:`SOURCE_KEYS`, instead of ``path``/``dataset``."""
+        if not self.sources:
+            return
+        instead = [key for key in ("path", "dataset", "subset", "split", "revision", "columns") if getattr(self, key)]
+        if instead:
+            raise ConfigError(f"data.sources: name the datasets, but data.{instead[0]} is set too; set it per source")
+        for i, source in enumerate(self.sources):
+            if not isinstance(source, dict) or not isinstance(source.get("path"), str) or not source["path"]:
+                raise ConfigError(f"data.sources[{i}]: expected a mapping with a path, got {source!r}")
+            unknown = sorted(set(source) - set(SOURCE_KEYS))
+            if unknown:
+                raise ConfigError(f"data.sources[{i}]: unknown key {unknown[0]!r}; expected {', '.join(SOURCE_KEYS)}")
+            if source.get("columns"):
+                from trainer_lib.data.llamafactory import source_format
+
+                try:
+                    source_format(source["columns"], self.format)
+                except ValueError as exc:
+                    raise ConfigError(f"data.sources[{i}].columns: {exc}") from None
 
     def _validate_registry(self) -> None:
         """``data.dataset`` / ``data.eval_dataset``: names that resolve, without the keys they replace."""
@@ -153,10 +186,11 @@ class DataConfig:
             raise ConfigError(
                 "data.interleave_probs: read only with data.mix_strategy interleave_under or interleave_over"
             )
-        if len(probs) != len(self.dataset):
+        named = self.dataset or self.sources
+        if len(probs) != len(named):
             raise ConfigError(
-                f"data.interleave_probs: expected one probability per dataset of data.dataset "
-                f"({len(self.dataset)}), got {len(probs)}"
+                f"data.interleave_probs: expected one probability per dataset of data.dataset or data.sources "
+                f"({len(named)}), got {len(probs)}"
             )
         if any(p < 0 for p in probs) or abs(sum(probs) - 1.0) > 1e-6:
             raise ConfigError(f"data.interleave_probs: expected probabilities >= 0 that sum to 1, got {probs}")
@@ -193,6 +227,26 @@ class StorageConfig:
 
 
 @dataclass
+class HubConfig:
+    push: bool = opt(False, "Upload the final model to a hub repo (needs HF_TOKEN; HF_ENDPOINT: another hub).")
+    model_id: str = opt("", "The hub repo to upload to: user/name or org/name (a bare name: the token's user).")
+    private: bool = opt(False, "Create the repo private (an existing repo keeps its visibility).")
+
+    def validate(self) -> None:
+        """With ``push``: a repo id. The token and offline mode belong to the machine that trains, so
+        they are checked when the stage starts (:func:`trainer_lib.storage.hub.check_ready`), not
+        where a pipeline is submitted from."""
+        if not self.push:
+            return
+        from trainer_lib.storage.hub import REPO_ID
+
+        if not self.model_id:
+            raise ConfigError("hub.push: needs hub.model_id, the repo to upload to (user/name or org/name)")
+        if not REPO_ID.fullmatch(self.model_id) or ".." in self.model_id:
+            raise ConfigError(f"hub.model_id: expected user/name or org/name, got {self.model_id!r}")
+
+
+@dataclass
 class TrainingConfig:
     """Keys every training stage shares; other tools drive the stages through these names."""
 
@@ -201,6 +255,7 @@ class TrainingConfig:
     engine: EngineConfig = opt(EngineConfig, "DeepSpeed engine settings.")
     lora: LoraConfig = opt(LoraConfig, "LoRA adapters.")
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
+    hub: HubConfig = opt(HubConfig, "Publishing the final model to a Hugging Face hub repo.")
     output_dir: str | None = opt(None, "Where logs and the final HF model go (local or URL).")
     checkpoint_dir: str | None = opt(None, "Where checkpoints go (local or URL); default <output_dir>/checkpoints.")
     max_steps: int = opt(100, "Optimizer steps to train for.")
@@ -223,11 +278,12 @@ class TrainingConfig:
     eval_batch_size: int = opt(16, "Per-process batch size for evaluation.")
     resume: bool = opt(True, "Resume from the latest complete checkpoint in output_dir if one exists.")
     report_to: list[str] = opt(["tensorboard"], "Trackers besides metrics.jsonl: tensorboard, mlflow, wandb, none.")
+    loss_plot: bool = opt(False, "At the end, draw training_loss.png (and training_eval_loss.png...) into output_dir.")
 
     def validate(self) -> None:
         _require(self.output_dir, "output_dir", "a local path or URL (s3://, gs://...)")
         _require(self.model.path, "model.path", "an HF id, local dir or URL (s3://, gs://, ...)")
-        if not self.data.dataset:
+        if not self.data.given():
             _require(self.data.path, "data.path", "a dataset path (or data.dataset: names in dataset_info.json)")
         check_positive(
             self,
@@ -266,6 +322,7 @@ class TrainingConfig:
         if not self.adam_epsilon > 0:
             raise ConfigError(f"adam_epsilon: expected a positive number, got {self.adam_epsilon}")
         self.data.validate()
+        self.hub.validate()
         chat_templates.check(self.model.chat_template)
         # (a DeepSpeed file may set the stage: then DeepSpeed checks the offload against it)
         if self.engine.offload_optimizer and self.engine.zero_stage == 0 and not self.engine.deepspeed_config:

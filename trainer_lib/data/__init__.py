@@ -4,7 +4,8 @@
   row with its location (``file:line``) for error messages.
 * :mod:`~trainer_lib.data.formats`: the formats TRL users have (text, prompt/completion, messages,
   preference, unpaired), detected and normalized; :mod:`~trainer_lib.data.llamafactory`: alpaca and sharegpt.
-* :mod:`~trainer_lib.data.dataset`: train/eval splits with filtering; :mod:`~trainer_lib.data.arrow_rows`:
+* :mod:`~trainer_lib.data.normalize`: rows one at a time, normalized, validated and filtered;
+  :mod:`~trainer_lib.data.dataset`: train/eval splits built from them; :mod:`~trainer_lib.data.arrow_rows`:
   normalized rows streamed to Arrow files.
 * :mod:`~trainer_lib.data.tokenize`, :mod:`~trainer_lib.data.tokenized`, :mod:`~trainer_lib.data.cache`:
   tokenization with prompt masks, packing and collation, built once and cached by content fingerprint.

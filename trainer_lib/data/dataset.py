@@ -3,228 +3,36 @@
 One code path for ``posttrain prepare`` (:func:`build_dataset`, which also returns the stats)
 and for the training stages (:func:`training_data`, which accepts either a prepared dir or a
 raw source). Rows are validated and normalized one at a time, in order (the first row decides
-the format), and stream into Arrow files (:mod:`trainer_lib.data.arrow_rows`); token lengths
-are measured by ``data.num_workers`` processes (:mod:`trainer_lib.data.tokenized`).
+the format; :mod:`trainer_lib.data.normalize`), and stream into Arrow files
+(:mod:`trainer_lib.data.arrow_rows`); token lengths are measured by ``data.num_workers``
+processes (:mod:`trainer_lib.data.tokenized`).
 ``datasets``/``pyarrow``/tokenizers are imported inside functions.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import itertools
 import json
 import logging
 import random
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from trainer_lib.data import llamafactory
-from trainer_lib.data.formats import (
-    AUTO,
-    FORMATS,
-    SOURCE_FORMATS,
-    canonical_key,
-    detect_format,
-    is_empty,
-    normalize_row,
-    row_format,
-    row_is_conversational,
+from trainer_lib.data.formats import AUTO, FORMATS, SOURCE_FORMATS
+from trainer_lib.data.normalize import (  # Normalizer: also imported from here (rl/feedback.py)
+    DROP_REASONS,
+    Normalizer,
+    RowFilter,
+    eval_rows,
+    length_filter,
+    read_rows,
 )
 from trainer_lib.data.sources import STATS_FILE, Source, is_prepared_dir, load_saved, open_source
-from trainer_lib.errors import DataError, UserError
+from trainer_lib.errors import UserError
 
 log = logging.getLogger(__name__)
-
-DROP_REASONS = ("empty", "duplicate", "too_long")
-
-Item = tuple[str, dict]  # (location, normalized row)
-
-
-# --------------------------------------------------------------------------- normalization
-
-
-def _category(value: Any) -> str:
-    if isinstance(value, bool):
-        return "bool"
-    if isinstance(value, (int, float)):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, (list, tuple)):
-        return "list"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
-
-
-class Normalizer:
-    """Normalizes rows of one dataset (train and eval sources share it), enforcing one format,
-    one text kind (plain or conversational) and one type per extra column across rows.
-
-    ``fmt`` is the format of the raw rows (``None``/``auto``: detected from the first row);
-    ``self.fmt`` is the normalized format, which differs for the formats converted first
-    (alpaca and sharegpt become messages; ``columns`` renames theirs, and implies one of them).
-    """
-
-    def __init__(
-        self,
-        fmt: str | None = None,
-        allowed_formats: Iterable[str] | None = None,
-        stage: str = "this stage",
-        conversational: bool | None = None,
-        columns: dict[str, str] | None = None,
-    ):
-        source = None if fmt in (None, AUTO) else fmt
-        if columns:
-            source = llamafactory.source_format(columns, source or AUTO)
-        self.columns = dict(columns or {})
-        self.auto = source is None
-        self.allowed = tuple(allowed_formats) if allowed_formats else None
-        self.stage = stage
-        self.first: str | None = None
-        self.conversational = conversational
-        self.kind_from = "the prepared data"  # where `conversational` was decided
-        self.extras: dict[str, tuple[str, str]] = {}
-        self.source = self.fmt = self.convert = None
-        if source is not None:
-            self._set_source(source)
-
-    def _set_source(self, source: str) -> None:
-        self.source = source
-        self.fmt = SOURCE_FORMATS.get(source, source)
-        self.convert = llamafactory.converter(source, self.columns) if source in SOURCE_FORMATS else None
-        self._check_allowed()
-
-    def _check_allowed(self) -> None:
-        if self.allowed is not None and self.fmt not in self.allowed:
-            got = self.fmt if self.source == self.fmt else f"{self.source} (converted to {self.fmt})"
-            raise UserError(f"data.path: {self.stage} needs one of {', '.join(self.allowed)}; got {got}")
-
-    def _explain(self, exc: DataError) -> DataError:
-        """Say why a string/conversation was expected when an earlier row decided it."""
-        pinned = self.conversational
-        if (
-            pinned is None
-            or self.fmt in ("text", "messages")
-            or exc.field == "label"
-            or exc.field not in FORMATS[self.fmt]
-            or not isinstance(exc.got, (str, list))
-            or isinstance(exc.got, list) == pinned
-        ):
-            return exc
-        kind = "conversations" if pinned else "plain text"
-        return DataError(exc.location, exc.field, f"{exc.expected} (rows are {kind} like {self.kind_from})", exc.got)
-
-    def __call__(self, location: str, row: Any) -> dict:
-        if not isinstance(row, dict):
-            raise DataError(location, None, "an object with named columns", row)
-        if self.source is None:
-            self._set_source(detect_format(row, location))
-        elif self.auto:
-            row_format(row, self.source, location, self.first)
-        if self.first is None:
-            self.first = location
-        if self.convert is not None:
-            row = self.convert(row, location)
-        try:
-            out = normalize_row(row, self.fmt, location, self.conversational)
-        except DataError as exc:
-            raise self._explain(exc) from None
-        if self.conversational is None:
-            self.conversational = row_is_conversational(out, self.fmt)
-            self.kind_from = location
-        fields = FORMATS[self.fmt]
-        for col, value in out.items():
-            if col in fields or value is None:
-                continue
-            cat = _category(value)
-            seen = self.extras.setdefault(col, (cat, location))
-            if seen[0] != cat:
-                raise DataError(location, col, f"{seen[0]} like {seen[1]} (one type per column)", value)
-        return out
-
-
-def _read(source: Source, split: str | None, normalizer: Normalizer, max_rows: int) -> Iterator[Item]:
-    """Normalized ``(location, row)`` of one split, streamed."""
-    rows = source.rows(split)
-    if max_rows > 0:
-        rows = itertools.islice(rows, max_rows)
-    for loc, row in rows:
-        yield loc, normalizer(loc, row)
-
-
-def _eval_rows(source: Source, normalizer: Normalizer, max_rows: int) -> tuple[Iterator[Item], str]:
-    """Rows of a separate eval source: its eval-like split if it has a non-empty one."""
-    split = source.eval_split
-    if split is not None:
-        rows = _read(source, split, normalizer, max_rows)
-        first = next(rows, None)
-        if first is not None:
-            return itertools.chain([first], rows), f"{source.path}[{split}]"
-    name = f"{source.path}[{source.train_split}]" if source.splits else source.path
-    return _read(source, source.train_split, normalizer, max_rows), name
-
-
-# --------------------------------------------------------------------------- filters
-
-
-class _Filtered:
-    """Streams normalized rows into a :class:`RowWriter` split, dropping empty and duplicate rows
-    (duplicates within the split, across every source written to it, by a digest of the format
-    fields) and counting them."""
-
-    def __init__(self, writer, drop_empty: bool, drop_duplicates: bool, dropped: dict):
-        self.writer = writer
-        self.drop_empty, self.drop_duplicates, self.dropped = drop_empty, drop_duplicates, dropped
-        self.rows_read = 0
-        self.seen: dict[str, set[bytes]] = {}
-
-    def write(self, split: str, items: Iterable[Item], normalizer: Normalizer) -> None:
-        from trainer_lib.data.arrow_rows import row_digest
-
-        self.writer.open_split(split)
-        seen = self.seen.setdefault(split, set())
-        for loc, row in items:
-            self.rows_read += 1
-            fmt = normalizer.fmt
-            if self.drop_empty and is_empty(row, fmt):
-                self.dropped["empty"] += 1
-                continue
-            if self.drop_duplicates:
-                key = hashlib.blake2b(canonical_key(row, fmt).encode(), digest_size=16).digest()
-                if key in seen:
-                    self.dropped["duplicate"] += 1
-                    continue
-                seen.add(key)
-            self.writer.add(split, loc, row, FORMATS[fmt], row_digest(row))
-        if not self.writer.columns and normalizer.fmt:  # no rows at all: still the format's columns
-            self.writer.columns.update(dict.fromkeys(FORMATS[normalizer.fmt]))
-
-
-def _length_filter(ds, fmt: str, conv: bool, tokenizer, data_cfg, dropped: dict, work_dir: str):
-    """``(ds, its rows' token lengths, rows over data.max_length kept)``: rows over ``data.max_length``
-    tokens are dropped with ``data.over_length=drop`` and always for prompts (RL), else kept for the
-    tokenizer of the stage to truncate."""
-    import numpy as np
-
-    from trainer_lib.data.arrow_rows import LOCATION
-    from trainer_lib.data.tokenized import length_column
-
-    lengths = np.asarray(
-        length_column(ds, fmt, conv, tokenizer, getattr(data_cfg, "num_workers", 1), work_dir, LOCATION), dtype=np.int64
-    )
-    over = lengths > data_cfg.max_length
-    count = int(over.sum())
-    if not count:
-        return ds, lengths, 0
-    if getattr(data_cfg, "over_length", "drop") == "truncate" and fmt != "prompt_only":
-        return ds, lengths, count
-    dropped["too_long"] += count
-    keep = np.flatnonzero(~over)
-    return ds.select(keep), lengths[keep], 0
-
 
 # --------------------------------------------------------------------------- split / arrow
 
@@ -276,6 +84,7 @@ def save_dataset_dict(dd, directory: str) -> None:
 #: modules whose code decides what a normalized build contains (part of its cache key).
 BUILD_CODE = (
     "trainer_lib.data.dataset",
+    "trainer_lib.data.normalize",
     "trainer_lib.data.formats",
     "trainer_lib.data.sources",
     "trainer_lib.data.llamafactory",
@@ -320,6 +129,20 @@ def source_specs(data_cfg) -> tuple[list[Spec], list[Spec]]:
 
     if getattr(data_cfg, "dataset", None):
         train = registry("dataset", data_cfg.dataset)
+    elif getattr(data_cfg, "sources", None):
+        train = [
+            Spec(
+                f"data.sources[{i}] ({s['path']})",
+                s["path"],
+                data_cfg.format,
+                s.get("columns") or None,
+                s.get("subset", ""),
+                s.get("split", ""),
+                "",
+                s.get("revision", ""),
+            )
+            for i, s in enumerate(data_cfg.sources)
+        ]
     else:
         if not data_cfg.path:
             raise UserError("data.path: required, expected a dataset path")
@@ -332,7 +155,8 @@ def source_specs(data_cfg) -> tuple[list[Spec], list[Spec]]:
 
 def _display(data_cfg) -> str:
     """How messages name the training data: ``data.path``, or the dataset names."""
-    return ",".join(getattr(data_cfg, "dataset", None) or []) or str(data_cfg.path)
+    names = getattr(data_cfg, "dataset", None) or [s["path"] for s in getattr(data_cfg, "sources", None) or []]
+    return ",".join(names) or str(data_cfg.path)
 
 
 @dataclass
@@ -442,7 +266,8 @@ def build_dataset(
     what = f"the rows of {_display(data_cfg)}"
     entry, manifest = cache.build_once("normalized", job.cache_parts(), lambda tmp: {"stats": _build(job, tmp)}, what)
     stats = manifest["stats"]
-    Normalizer(stats["source_format"] or stats["format"], allowed_formats, stage)  # a cached build: check it fits
+    source = stats["source_format"]  # a cached build: check that it fits, naming the format it was read as
+    Normalizer(source if SOURCE_FORMATS.get(source) == stats["format"] else stats["format"], allowed_formats, stage)
     dd = load_saved(os.path.join(entry, "data"), _display(data_cfg))
     _report(stats, data_cfg)
     return dd, stats
@@ -477,14 +302,14 @@ def _report(stats: dict, data_cfg) -> None:
             print(f"data: {line}", file=sys.stderr)
 
 
-def _write_train(job: _Job, rows: _Filtered) -> tuple[list[Normalizer], list[int]]:
+def _write_train(job: _Job, rows: RowFilter) -> tuple[list[Normalizer], list[int]]:
     """Every training dataset's rows into the ``train`` split, in order: (their normalizers, rows kept of each)."""
     normalizers: list[Normalizer] = []
     counts: list[int] = []
     for spec, source in job.train:
         normalizer = job.normalizer(spec, source, normalizers)
         read, kept = rows.rows_read, rows.writer.rows.get("train", 0)
-        rows.write("train", _read(source, source.train_split, normalizer, job.max_rows), normalizer)
+        rows.write("train", read_rows(source, source.train_split, normalizer, job.max_rows), normalizer)
         if rows.rows_read == read:
             raise UserError(f"{spec.key}: {spec.path}: no rows")
         job.check_kind(spec, normalizer, normalizers)
@@ -493,25 +318,25 @@ def _write_train(job: _Job, rows: _Filtered) -> tuple[list[Normalizer], list[int
     return normalizers, counts
 
 
-def _write_eval(job: _Job, rows: _Filtered, normalizers: list[Normalizer]) -> str | None:
+def _write_eval(job: _Job, rows: RowFilter, normalizers: list[Normalizer]) -> str | None:
     """The eval rows into the ``eval`` split: from the eval datasets, else from the eval splits of the
     training datasets. Returns where they came from (None: split off the training rows later)."""
     names = []
     if job.evals:
         for spec, source in job.evals:
             if spec.format is None:  # data.eval_path: read like the training data
-                items, name = _eval_rows(source, normalizers[0], job.max_rows)
+                items, name = eval_rows(source, normalizers[0], job.max_rows)
                 rows.write("eval", items, normalizers[0])
             else:
                 normalizer = job.normalizer(spec, source, normalizers)
-                rows.write("eval", _read(source, source.train_split, normalizer, job.max_rows), normalizer)
+                rows.write("eval", read_rows(source, source.train_split, normalizer, job.max_rows), normalizer)
                 job.check_kind(spec, normalizer, normalizers)
                 name = spec.path
             names.append(name)
         return ", ".join(names)
     for (_, source), normalizer in zip(job.train, normalizers):
         if source.eval_split is not None:
-            rows.write("eval", _read(source, source.eval_split, normalizer, job.max_rows), normalizer)
+            rows.write("eval", read_rows(source, source.eval_split, normalizer, job.max_rows), normalizer)
             names.append(f"{source.path}[{source.eval_split}]")
     return ", ".join(names) or None
 
@@ -544,7 +369,7 @@ def _build(job: _Job, out_dir: str) -> dict:
     work = os.path.join(out_dir, "work")
     writer = RowWriter(work, _display(data_cfg))
     dropped = dict.fromkeys(DROP_REASONS, 0)
-    rows = _Filtered(writer, job.drop_empty, job.drop_duplicates, dropped)
+    rows = RowFilter(writer, job.drop_empty, job.drop_duplicates, dropped)
     normalizers, counts = _write_train(job, rows)
     eval_source = _write_eval(job, rows, normalizers)
     fmt, conv = normalizers[0].fmt, bool(normalizers[0].conversational)
@@ -554,7 +379,7 @@ def _build(job: _Job, out_dir: str) -> dict:
     lengths, truncated = [], 0
     if tokenizer is not None:
         for name in list(splits):
-            splits[name], kept, over = _length_filter(splits[name], fmt, conv, tokenizer, data_cfg, dropped, work)
+            splits[name], kept, over = length_filter(splits[name], fmt, conv, tokenizer, data_cfg, dropped, work)
             lengths.append(kept)
             truncated += over
     if not len(splits["train"]):
@@ -661,9 +486,10 @@ def training_data(
     source_format = stats.get("source_format") or fmt
     if data_cfg.format not in (AUTO, fmt, source_format):
         raise UserError(f"data.format: {data_cfg.format}, but {data_cfg.path} was prepared as {source_format}")
-    normalizer = Normalizer(
-        source_format, allowed_formats, stage, stats.get("conversational"), columns=getattr(data_cfg, "columns", None)
-    )
+    columns = getattr(data_cfg, "columns", None)
+    if source_format in SOURCE_FORMATS and llamafactory.target_format(source_format, columns) != fmt:
+        source_format, columns = fmt, None  # e.g. ranked sharegpt pairs: read on as the preference rows they became
+    normalizer = Normalizer(source_format, allowed_formats, stage, stats.get("conversational"), columns=columns)
     dd = load_saved(storage.localize(data_cfg.path), data_cfg.path)
     if not isinstance(dd, datasets.DatasetDict) or "train" not in dd:
         raise UserError(f"data.path: {data_cfg.path}: expected a DatasetDict with a 'train' split")
@@ -714,11 +540,11 @@ def _prepared_eval(data_cfg, fmt: str, normalizer: Normalizer, tokenizer, train)
         work = os.path.join(tmp, "work")
         writer = RowWriter(work, data_cfg.eval_path)
         dropped = dict.fromkeys(DROP_REASONS, 0)
-        items, _ = _eval_rows(esrc, normalizer, 0)
-        _Filtered(writer, True, True, dropped).write("eval", items, normalizer)
+        items, _ = eval_rows(esrc, normalizer, 0)
+        RowFilter(writer, True, True, dropped).write("eval", items, normalizer)
         ds = writer.finish()["eval"]
         if tokenizer is not None:
-            ds, _, _ = _length_filter(ds, fmt, bool(normalizer.conversational), tokenizer, data_cfg, dropped, work)
+            ds, _, _ = length_filter(ds, fmt, bool(normalizer.conversational), tokenizer, data_cfg, dropped, work)
         content = fingerprint(fmt, {"eval": ds})
         save_dataset_dict(datasets.DatasetDict({"eval": ds.remove_columns(list(INTERNAL))}), os.path.join(tmp, "data"))
         return {"fingerprint": content}

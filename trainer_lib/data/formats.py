@@ -18,8 +18,12 @@ format                   columns                            values
 LLaMA-Factory's ``alpaca`` and ``sharegpt`` (see :mod:`trainer_lib.data.llamafactory`) are
 detected here too (:data:`SOURCE_FORMATS`); their rows are converted to ``messages`` first.
 
-A conversation is a list of ``{"role": ..., "content": str}`` with roles in
-:data:`ROLES`; normalized messages keep exactly those two keys.
+A conversation is a list of ``{"role": ..., "content": str}`` with roles in :data:`ROLES`;
+normalized messages keep exactly those two keys, and an assistant's ``tool_calls`` (:func:`tool_calls`;
+a row's ``tools`` column, a JSON string, lists the tools offered, which the chat template renders). A
+content may also be a list of parts, as in the OpenAI format and LLaMA-Factory's newer demos
+(``[{"type": "text", "text": ...}]``): the text parts are joined into one string; any other part (an
+image, audio) is refused, as posttrain trains text-only models (:func:`content_text`).
 Preference rows without a ``prompt`` (implicit prompt) get one extracted from the common
 prefix of ``chosen`` and ``rejected`` (see :func:`extract_prompt`).
 """
@@ -85,11 +89,12 @@ def detect_format(columns: Iterable[str] | Mapping[str, Any], location: str = "d
     """Format name for a row's columns (a dict's keys or a list of names).
 
     Priority: preference > unpaired_preference > messages > sharegpt > prompt_completion > alpaca >
-    text > prompt_only; other columns are extras. Raises :class:`DataError` when no format matches.
+    text > prompt_only (sharegpt ``conversations`` with ``chosen``/``rejected``: sharegpt, LLaMA-Factory's
+    ranked pairs); other columns are extras. Raises :class:`DataError` when no format matches.
     """
     cols = set(columns.keys() if isinstance(columns, Mapping) else columns)
     if {"chosen", "rejected"} <= cols:
-        return "preference"
+        return "sharegpt" if "conversations" in cols else "preference"  # sharegpt: LLaMA-Factory's ranked pairs
     if "chosen" in cols or "rejected" in cols:  # half a pair is not prompt-only (or other) data
         missing = "rejected" if "chosen" in cols else "chosen"
         raise DataError(
@@ -153,6 +158,44 @@ def is_conversational(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(is_message(m) for m in value)
 
 
+def content_text(content: Any, field: str, location: str) -> str:
+    """A message's content as one string: a string as it is, a list of text parts joined (without a
+    separator, as chat templates render consecutive text parts). Anything else is a DataError naming
+    ``field`` (``messages[1].content``, or the part: ``messages[1].content[2].type``)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise DataError(location, field, "string or list of text parts", content)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind != "text":
+            expected = "a text part (posttrain trains text-only models)" if kind else 'a part {"type": "text", ...}'
+            raise DataError(location, f"{field}[{j}].type", expected, kind if kind else part)
+        if not isinstance(part.get("text"), str):
+            raise DataError(location, f"{field}[{j}].text", "string", part.get("text"))
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def tool_calls(value: Any, field: str, location: str) -> list[dict]:
+    """An assistant's tool calls as ``[{"type": "function", "function": {"name", "arguments"}}]``, the
+    arguments kept as a JSON string (one Arrow type whatever the tool). Each call may be OpenAI's
+    ``{"type": "function", "function": {...}}`` or LLaMA-Factory's ``{"name": ..., "arguments": ...}``."""
+    calls = value if isinstance(value, list) else [value]
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function", call) if isinstance(call, Mapping) else None
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if not isinstance(name, str) or not name:
+            raise DataError(location, f"{field}[{j}]", 'a tool call {"name": ..., "arguments": {...}}', call)
+        arguments = function.get("arguments", {})
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        out.append({"type": "function", "function": {"name": name, "arguments": arguments}})
+    return out
+
+
 def _check_conversation(value: Any, field: str, location: str) -> list[dict]:
     if not isinstance(value, list):
         raise DataError(location, field, "list of messages", value)
@@ -164,10 +207,15 @@ def _check_conversation(value: Any, field: str, location: str) -> list[dict]:
         role = msg.get("role")
         if role not in ROLES:
             raise DataError(location, f"{where}.role", f"one of {', '.join(ROLES)}", role)
-        content = msg.get("content")
-        if not isinstance(content, str):
-            raise DataError(location, f"{where}.content", "string", content)
-        out.append({"role": role, "content": content})
+        calls = msg.get("tool_calls")
+        if calls and role == "assistant":  # an assistant's tool calls (OpenAI's layout): content may be null
+            content = msg.get("content")
+            text = "" if content is None else content_text(content, f"{where}.content", location)
+            out.append(
+                {"role": role, "content": text, "tool_calls": tool_calls(calls, f"{where}.tool_calls", location)}
+            )
+        else:
+            out.append({"role": role, "content": content_text(msg.get("content"), f"{where}.content", location)})
     return out
 
 

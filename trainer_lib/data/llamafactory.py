@@ -1,4 +1,4 @@
-"""LLaMA-Factory's dataset formats, ``alpaca`` and ``sharegpt``, turned into ``messages`` rows.
+"""LLaMA-Factory's dataset formats, ``alpaca`` and ``sharegpt``, turned into our normalized rows.
 
 Pure Python, like :mod:`trainer_lib.data.formats`, which detects them by their columns.
 
@@ -11,9 +11,17 @@ LLaMA-Factory does), ``output``, optional ``system`` and ``history`` (earlier tu
 ``sharegpt``: ``conversations``, a list of ``{"from": ..., "value": ...}`` with roles ``human``,
 ``gpt``, ``system`` (first only), ``function_call`` (an assistant's tool call) and
 ``observation`` (the tool's answer), alternating user/assistant and ending with an assistant
-turn; an optional ``system`` column::
+turn; an optional ``system`` column. A ``value`` may be a list of text parts::
 
     {"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Hello!"}]}
+
+What the rows become (:func:`target_format`) follows the entry's columns, as in LLaMA-Factory:
+``messages`` rows; with ``ranking: true`` (columns ``chosen``/``rejected``, for sharegpt each one
+assistant message object answering a conversation that ends with a user turn) ``preference`` rows;
+with a ``kto_tag`` column (true: desirable) ``unpaired_preference`` rows, the last assistant turn
+being the completion; an alpaca entry whose ``columns`` name no ``response`` (``{"prompt": "text"}``,
+LLaMA-Factory's pretraining corpora) ``text`` rows. A ``tools`` column (a JSON list of tool
+definitions) is kept as a JSON string column ``tools``, which the chat template renders.
 
 Renamed columns are given like the ``columns`` (and, for sharegpt, ``tags``) of LLaMA-Factory's
 ``dataset_info.json``, in ``data.columns``: ``{"prompt": "question", "response": "answer"}``
@@ -28,8 +36,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
+from trainer_lib.data.formats import content_text, tool_calls
 from trainer_lib.errors import DataError
 
 #: dataset_info.json column names -> the column they default to.
@@ -52,10 +61,15 @@ SHAREGPT_TAGS = {
     "function_tag": "function_call",
     "system_tag": "system",
 }
+#: columns either format may name, read only when named: the two answers of a ranking (preference)
+#: dataset, KTO's desirable/undesirable flag, the tools offered to the model (a JSON list).
+OPTIONAL_COLUMNS = ("chosen", "rejected", "kto_tag", "tools")
+#: LLaMA-Factory's multimodal columns, refused: posttrain trains text-only models.
+MEDIA_COLUMNS = ("images", "videos", "audios")
 SOURCE_FORMATS = ("alpaca", "sharegpt")
 
 
-def source_format(columns: Mapping[str, str], fmt: str) -> str:
+def source_format(columns: Mapping[str, str | None], fmt: str) -> str:
     """The format ``data.columns`` is for (``fmt``, or inferred from the keys when ``auto``);
     ``ValueError`` with the message for the ``data.columns`` setting otherwise."""
     keys = set(columns)
@@ -65,25 +79,111 @@ def source_format(columns: Mapping[str, str], fmt: str) -> str:
         fmt = "sharegpt" if keys & (sharegpt_keys - alpaca_keys) else "alpaca"
     if fmt not in SOURCE_FORMATS:
         raise ValueError(f"renames the columns of alpaca or sharegpt data, not of data.format={fmt}")
-    known = alpaca_keys if fmt == "alpaca" else sharegpt_keys
+    media = sorted(keys & set(MEDIA_COLUMNS))
+    if media:
+        raise ValueError(f"{media[0]}: names a media column; posttrain trains text-only models")
+    known = (alpaca_keys if fmt == "alpaca" else sharegpt_keys) | set(OPTIONAL_COLUMNS)
     unknown = sorted(keys - known)
     if unknown:
         raise ValueError(f"unknown name {unknown[0]!r} for {fmt} data (expected some of {', '.join(sorted(known))})")
-    bad = [k for k, v in columns.items() if not isinstance(v, str) or not v]
+    # response None: the entry names no response column (a pretraining corpus, see registry_sources)
+    bad = [k for k, v in columns.items() if not (isinstance(v, str) and v) and not (k == "response" and v is None)]
     if bad:
         raise ValueError(f"{bad[0]}: expected a column name, got {columns[bad[0]]!r}")
+    if ("chosen" in keys) != ("rejected" in keys):
+        raise ValueError("chosen and rejected name the two answers of a ranking dataset: give both")
+    if "kto_tag" in keys and "chosen" in keys:
+        raise ValueError("kto_tag (unpaired rows) and chosen/rejected (pairs): a dataset is one or the other")
     return fmt
 
 
-def converter(fmt: str, columns: Mapping[str, str] | None = None) -> Callable[[Mapping, str], dict]:
-    """``convert(row, location) -> {"messages": [...], <other columns>}`` for ``fmt``."""
+def target_format(fmt: str, columns: Mapping[str, str | None] | None, allowed: Iterable[str] | None = None) -> str:
+    """The normalized format rows of LLaMA-Factory format ``fmt`` become, given their ``columns``:
+    ``preference`` (ranking: chosen/rejected), ``unpaired_preference`` (``kto_tag``), ``text``
+    (an alpaca corpus without a response column, LLaMA-Factory's pretraining data), else ``messages``,
+    or ``prompt_completion`` (the last assistant turn the completion) for a stage that ``allowed``
+    only that, as LLaMA-Factory's PPO reads the prompt of an SFT dataset."""
+    columns = columns or {}
+    if allowed is not None and "messages" not in allowed and "prompt_completion" in allowed:
+        conversation = target_format(fmt, columns)
+        return "prompt_completion" if conversation == "messages" else conversation
+    if "chosen" in columns:
+        return "preference"
+    if "kto_tag" in columns:
+        return "unpaired_preference"
+    if fmt == "alpaca" and "response" in columns and columns["response"] is None:
+        return "text"
+    return "messages"
+
+
+def converter(
+    fmt: str, columns: Mapping[str, str | None] | None = None, target: str = ""
+) -> Callable[[Mapping, str], dict]:
+    """``convert(row, location) -> a row of target`` (default ``target_format(fmt, columns)``), other
+    columns kept."""
     columns = dict(columns or {})
+    target = target or target_format(fmt, columns)
     if fmt == "alpaca":
         names = {**ALPACA_COLUMNS, **{ALPACA_KEY_SYNONYMS.get(k, k): v for k, v in columns.items()}}
-        return lambda row, location: alpaca_to_messages(row, location, names)
-    names = {**SHAREGPT_COLUMNS, **{k: v for k, v in columns.items() if k in SHAREGPT_COLUMNS}}
+
+        def alpaca_parse(row, location):
+            return alpaca_to_messages(row, location, names, with_response=target not in ("text", "preference"))
+
+        return lambda row, location: _shape(row, location, target, names, alpaca_parse, _alpaca_answer)
+    names = {**SHAREGPT_COLUMNS, **{k: v for k, v in columns.items() if k not in SHAREGPT_TAGS}}
     tags = {**SHAREGPT_TAGS, **{k: v for k, v in columns.items() if k in SHAREGPT_TAGS}}
-    return lambda row, location: sharegpt_to_messages(row, location, names, tags)
+
+    def sharegpt_parse(row, location):
+        return sharegpt_to_messages(row, location, names, tags, ends_with_answer=target != "preference")
+
+    def sharegpt_answer(value, column, location):
+        return _sharegpt_answer(value, column, location, tags)
+
+    return lambda row, location: _shape(row, location, target, names, sharegpt_parse, sharegpt_answer)
+
+
+def _shape(row: Mapping, location: str, target: str, names: dict, parse: Callable, answer: Callable) -> dict:
+    """The row in the columns of ``target`` from its conversation (``parse``), its ranked answers
+    (``answer``: one chosen/rejected value as an assistant message) and its kto_tag."""
+    if not isinstance(row, Mapping):
+        raise DataError(location, None, "an object with named columns", row)
+    messages = parse(row, location)
+    if target == "text":
+        out = {"text": messages[-1]["content"]}
+    elif target == "messages":
+        out = {"messages": messages}
+    elif target == "prompt_completion":
+        out = {"prompt": messages[:-1], "completion": messages[-1:]}
+    elif target == "preference":
+        chosen = answer(row.get(names["chosen"]), names["chosen"], location)
+        rejected = answer(row.get(names["rejected"]), names["rejected"], location)
+        out = {"prompt": messages, "chosen": [chosen], "rejected": [rejected]}
+    else:
+        label = row.get(names["kto_tag"])
+        if not isinstance(label, bool):
+            raise DataError(location, names["kto_tag"], "true or false (kto_tag: desirable or not)", label)
+        out = {"prompt": messages[:-1], "completion": messages[-1:], "label": label}
+    if names.get("tools"):
+        out["tools"] = _tools(row.get(names["tools"]), names["tools"], location)
+    used = {v for v in names.values() if v}
+    return {**out, **{k: v for k, v in row.items() if k not in used and k not in out}}
+
+
+def _tools(value, column: str, location: str) -> str:
+    """The tools column as a JSON string of a list of tool definitions ("" when the row offers none)."""
+    if value in (None, "", []):
+        return ""
+    parsed = value
+    if isinstance(value, str):
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            raise DataError(location, column, "a JSON list of tool definitions", value) from None
+    if isinstance(parsed, dict):
+        parsed = [parsed]
+    if not isinstance(parsed, list) or not all(isinstance(tool, dict) for tool in parsed):
+        raise DataError(location, column, "a JSON list of tool definitions", value)
+    return json.dumps(parsed, ensure_ascii=False)
 
 
 def _text(row: Mapping, column: str, location: str, required: bool) -> str:
@@ -95,14 +195,17 @@ def _text(row: Mapping, column: str, location: str, required: bool) -> str:
     return value
 
 
-def _rest(row: Mapping, used: set[str]) -> dict:
-    return {k: v for k, v in row.items() if k not in used and k != "messages"}
+def _alpaca_answer(value, column: str, location: str) -> dict:
+    if not isinstance(value, str):
+        raise DataError(location, column, "string (one answer of the ranked pair)", value)
+    return {"role": "assistant", "content": value}
 
 
-def alpaca_to_messages(row: Mapping, location: str, names: dict[str, str]) -> dict:
+def alpaca_to_messages(row: Mapping, location: str, names: dict, with_response: bool = True) -> list[dict]:
+    """System, history pairs and the user turn (instruction, then input after a newline), then the
+    response when ``with_response``."""
     instruction = _text(row, names["prompt"], location, required=True)
     query = _text(row, names["query"], location, required=False)
-    response = _text(row, names["response"], location, required=True)
     system = _text(row, names["system"], location, required=False)
     history = row.get(names["history"]) or []
     if not isinstance(history, list):
@@ -112,12 +215,38 @@ def alpaca_to_messages(row: Mapping, location: str, names: dict[str, str]) -> di
         if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(t, str) for t in pair)):
             raise DataError(location, f"{names['history']}[{i}]", "a [user, assistant] pair of strings", pair)
         messages += [{"role": "user", "content": pair[0]}, {"role": "assistant", "content": pair[1]}]
-    user = "\n".join(part for part in (instruction, query) if part)
-    messages += [{"role": "user", "content": user}, {"role": "assistant", "content": response}]
-    return {"messages": messages, **_rest(row, set(names.values()))}
+    messages.append({"role": "user", "content": "\n".join(part for part in (instruction, query) if part)})
+    if with_response:
+        messages.append({"role": "assistant", "content": _text(row, names["response"], location, required=True)})
+    return messages
 
 
-def sharegpt_to_messages(row: Mapping, location: str, names: dict[str, str], tags: dict[str, str]) -> dict:
+def _sharegpt_answer(value, column: str, location: str, tags: dict) -> dict:
+    role_tag, content_tag = tags["role_tag"], tags["content_tag"]
+    answers = (tags["assistant_tag"], tags["function_tag"])
+    if not isinstance(value, Mapping):
+        raise DataError(location, column, f'a message {{"{role_tag}": ..., "{content_tag}": ...}}', value)
+    if value.get(role_tag) not in answers:
+        raise DataError(location, f"{column}.{role_tag}", f"one of {', '.join(answers)}", value.get(role_tag))
+    return {"role": "assistant", "content": content_text(value.get(content_tag), f"{column}.{content_tag}", location)}
+
+
+def _function_call(value: str, field: str, location: str) -> dict:
+    """A function_call turn (JSON: one call or a list of calls) as an assistant message with tool calls."""
+    try:
+        calls = json.loads(value)
+    except ValueError:
+        calls = None
+    if not isinstance(calls, (dict, list)) or not calls:
+        raise DataError(location, field, 'a JSON tool call {"name": ..., "arguments": {...}}', value)
+    return {"role": "assistant", "content": "", "tool_calls": tool_calls(calls, field, location)}
+
+
+def sharegpt_to_messages(
+    row: Mapping, location: str, names: dict, tags: dict, ends_with_answer: bool = True
+) -> list[dict]:
+    """The conversation (system first), its turns alternating user/assistant and ending with an
+    assistant turn, or with a user turn when ``ends_with_answer`` is false (a ranking prompt)."""
     column = names["messages"]
     turns = row.get(column)
     if not isinstance(turns, list) or not turns:
@@ -136,11 +265,9 @@ def sharegpt_to_messages(row: Mapping, location: str, names: dict[str, str], tag
         where = f"{column}[{i}]"
         if not isinstance(turn, Mapping):
             raise DataError(location, where, f'a message {{"{role_tag}": ..., "{content_tag}": ...}}', turn)
-        role, content = turn.get(role_tag), turn.get(content_tag)
+        role = turn.get(role_tag)
         if i == 0 and role == tags["system_tag"]:
-            if not isinstance(content, str):
-                raise DataError(location, f"{where}.{content_tag}", "string", content)
-            system = content
+            system = content_text(turn.get(content_tag), f"{where}.{content_tag}", location)
             continue
         expected = asks if len(messages) % 2 == 0 else answers
         if role not in expected:
@@ -151,24 +278,29 @@ def sharegpt_to_messages(row: Mapping, location: str, names: dict[str, str], tag
                 f"one of {', '.join(expected)} (turns alternate user/assistant, this one is the {kind}'s)",
                 role,
             )
-        if not isinstance(content, str):
-            raise DataError(location, f"{where}.{content_tag}", "string", content)
-        messages.append({"role": roles[role], "content": content})
+        content = content_text(turn.get(content_tag), f"{where}.{content_tag}", location)
+        if role == tags["function_tag"]:
+            messages.append(_function_call(content, f"{where}.{content_tag}", location))
+        else:
+            messages.append({"role": roles[role], "content": content})
     if not messages:
         raise DataError(location, column, "a user turn and an assistant turn", turns)
-    if len(messages) % 2:
+    if ends_with_answer and len(messages) % 2:
         raise DataError(
             location, column, f"to end with an assistant turn ({', '.join(answers)})", turns[-1].get(role_tag)
         )
+    if not ends_with_answer and not len(messages) % 2:
+        expected = f"to end with a user turn ({', '.join(asks)}), which chosen/rejected answer"
+        raise DataError(location, column, expected, turns[-1].get(role_tag))
     if system:
         messages.insert(0, {"role": "system", "content": system})
-    return {"messages": messages, **_rest(row, set(names.values()))}
+    return messages
 
 
 # --------------------------------------------------------------------------- dataset_info.json
 
 #: the entries of a dataset_info.json dataset that are followed.
-REGISTRY_KEYS = ("file_name", "hf_hub_url", "formatting", "columns", "tags", "file_sha1", "subset", "split")
+REGISTRY_KEYS = ("file_name", "hf_hub_url", "formatting", "ranking", "columns", "tags", "file_sha1", "subset", "split")
 REGISTRY_FILE = "dataset_info.json"
 
 
@@ -216,6 +348,17 @@ def registry_sources(names: list[str], dataset_dir: str) -> list[dict]:
         if fmt not in SOURCE_FORMATS:
             raise ValueError(f"{name!r} in {info_file}: formatting {fmt!r} is not one of {', '.join(SOURCE_FORMATS)}")
         columns = {**(entry.get("columns") or {}), **(entry.get("tags") or {})}
+        if fmt == "alpaca" and "columns" in entry and not {"response", "output"} & set(columns):
+            columns["response"] = None  # as in LLaMA-Factory: named columns only; no response is a text corpus
+        ranking = entry.get("ranking", False)
+        if not isinstance(ranking, bool):
+            raise ValueError(f"{name!r} in {info_file}: ranking: expected true or false, got {ranking!r}")
+        if ranking:
+            columns = {"chosen": "chosen", "rejected": "rejected", **columns}
+        elif "chosen" in columns or "rejected" in columns:
+            raise ValueError(
+                f"{name!r} in {info_file}: columns name chosen/rejected, which are read only with ranking: true"
+            )
         try:
             source_format(columns, fmt)
         except ValueError as exc:

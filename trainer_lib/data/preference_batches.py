@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import random
 
-from trainer_lib.data.tokenize import render_prompt
+from trainer_lib.data.tokenize import chat_text, render_prompt
 from trainer_lib.errors import UserError
 
 PAIRED_FORMATS = ("preference",)
@@ -32,14 +32,14 @@ UNPAIRED_FORMATS = ("unpaired_preference",)
 # --------------------------------------------------------------------------- tokenize
 
 
-def completion_text(tokenizer, prompt, completion) -> str:
+def completion_text(tokenizer, prompt, completion, tools=None) -> str:
     """The text that follows ``render_prompt(prompt)``: a chat turn cut after its eos, or
     plain text with the eos appended."""
     eos = tokenizer.eos_token or ""
     if not isinstance(prompt, list):
         return completion + eos
-    prompt_text = render_prompt(tokenizer, prompt)
-    full = tokenizer.apply_chat_template(list(prompt) + list(completion), tokenize=False)
+    prompt_text = render_prompt(tokenizer, prompt, tools)
+    full = chat_text(tokenizer, list(prompt) + list(completion), tools=tools)
     if not full.startswith(prompt_text):
         raise UserError(
             "model.path: the chat template renders a conversation differently from its "
@@ -51,13 +51,14 @@ def completion_text(tokenizer, prompt, completion) -> str:
     return text
 
 
-def encode_prompt(tokenizer, prompt) -> list[int]:
+def encode_prompt(tokenizer, prompt, tools=None) -> list[int]:
     """Prompt token ids; special tokens (e.g. BOS) only for plain text (templates add their own)."""
-    return tokenizer(render_prompt(tokenizer, prompt), add_special_tokens=not isinstance(prompt, list))["input_ids"]
+    text = render_prompt(tokenizer, prompt, tools)
+    return tokenizer(text, add_special_tokens=not isinstance(prompt, list))["input_ids"]
 
 
-def encode_completion(tokenizer, prompt, completion) -> list[int]:
-    return tokenizer(completion_text(tokenizer, prompt, completion), add_special_tokens=False)["input_ids"]
+def encode_completion(tokenizer, prompt, completion, tools=None) -> list[int]:
+    return tokenizer(completion_text(tokenizer, prompt, completion, tools), add_special_tokens=False)["input_ids"]
 
 
 def _fit(prompt_ids: list[int], completions: list[list[int]], max_length: int):
@@ -76,10 +77,13 @@ def tokenize_pair(row: dict, tokenizer, max_length: int) -> dict:
 
     An optional numeric ``margin`` column is carried along (reward model loss margin).
     """
-    prompt = row["prompt"]
+    prompt, tools = row["prompt"], row.get("tools")
     prompt_ids, (chosen, rejected) = _fit(
-        encode_prompt(tokenizer, prompt),
-        [encode_completion(tokenizer, prompt, row["chosen"]), encode_completion(tokenizer, prompt, row["rejected"])],
+        encode_prompt(tokenizer, prompt, tools),
+        [
+            encode_completion(tokenizer, prompt, row["chosen"], tools),
+            encode_completion(tokenizer, prompt, row["rejected"], tools),
+        ],
         max_length,
     )
     out = {"prompt_ids": prompt_ids, "chosen_ids": chosen, "rejected_ids": rejected}
@@ -90,9 +94,11 @@ def tokenize_pair(row: dict, tokenizer, max_length: int) -> dict:
 
 def tokenize_unpaired(row: dict, tokenizer, max_length: int) -> dict:
     """``{"prompt_ids", "completion_ids", "label"}`` for a normalized unpaired-preference row."""
-    prompt = row["prompt"]
+    prompt, tools = row["prompt"], row.get("tools")
     prompt_ids, (completion,) = _fit(
-        encode_prompt(tokenizer, prompt), [encode_completion(tokenizer, prompt, row["completion"])], max_length
+        encode_prompt(tokenizer, prompt, tools),
+        [encode_completion(tokenizer, prompt, row["completion"], tools)],
+        max_length,
     )
     return {"prompt_ids": prompt_ids, "completion_ids": completion, "label": bool(row["label"])}
 

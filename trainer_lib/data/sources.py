@@ -6,6 +6,9 @@ Sources (local paths or any storage URL, downloaded with :func:`trainer_lib.stor
 * JSON (``.json``): a list of objects or ``{"data": [...]}``, locations ``FILE:LINE`` (the
   line where the object starts);
 * CSV (``.csv``): header row, locations ``FILE:LINE``; see :func:`_csv_rows` for typing;
+* plain text (``.txt``): one ``{"text": line}`` row per line, as ``datasets``' text builder reads it
+  (the line break dropped, blank lines kept as empty rows, which the empty filter drops), locations
+  ``FILE:LINE``;
 * Parquet (``.parquet``/``.pq``): locations ``FILE:row N`` (0-based row index);
 * a ``datasets`` ``save_to_disk`` directory (Dataset or DatasetDict, e.g. a prepared dir):
   locations ``DIR:row N`` or ``DIR[split]:row N``;
@@ -14,7 +17,7 @@ Sources (local paths or any storage URL, downloaded with :func:`trainer_lib.stor
   or, with ``data.subset``, a directory laid out like a hub dataset repository; locations
   ``ID[split]:row N``.
 
-``.gz`` is accepted after the JSONL/JSON/CSV suffixes. Heavy imports stay inside functions.
+``.gz`` is accepted after the JSONL/JSON/CSV/TXT suffixes. Heavy imports stay inside functions.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ FILE_KINDS = {
     ".ndjson": "jsonl",
     ".json": "json",
     ".csv": "csv",
+    ".txt": "txt",
     ".parquet": "parquet",
     ".pq": "parquet",
 }
@@ -69,7 +73,7 @@ def _file_kind(path: str) -> str | None:
     if name.endswith(".gz"):
         name = name[:-3]
         kind = FILE_KINDS.get(os.path.splitext(name)[1])
-        return kind if kind in ("jsonl", "json", "csv") else None
+        return kind if kind in ("jsonl", "json", "csv", "txt") else None
     return FILE_KINDS.get(os.path.splitext(name)[1])
 
 
@@ -137,7 +141,7 @@ class Source:
 
     path: str
     local: str
-    kind: str  # jsonl | json | csv | parquet | saved | dir | hub
+    kind: str  # jsonl | json | csv | txt | parquet | saved | dir | hub
     splits: list[str] = field(default_factory=list)  # saved DatasetDict, hub, dir of split files
     prepared: dict | None = None  # stats.json of a prepared dir
     key: str = "data.path"  # the setting that named it, for errors
@@ -180,7 +184,7 @@ class Source:
 
     def rows(self, split: str | None = None) -> Iterator[Row]:
         """Yield ``(location, row)``; ``split`` picks a split of a multi-split source."""
-        if self.kind in ("jsonl", "json", "csv", "parquet"):
+        if self.kind in ("jsonl", "json", "csv", "txt", "parquet"):
             yield from _file_rows(self.local, self.kind, self.path)
         elif self.kind == "dir":
             wanted = split or self.train_split
@@ -208,7 +212,7 @@ def _data_files(local_dir: str) -> list[str]:
     for root, dirs, files in os.walk(local_dir):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         for name in files:
-            if not name.startswith(".") and _file_kind(name):
+            if not name.startswith(".") and _file_kind(name) not in (None, "txt"):  # a README.txt is no data
                 out.append(os.path.relpath(os.path.join(root, name), local_dir))
     return sorted(out)
 
@@ -268,8 +272,8 @@ def open_source(path: str, key: str = "data.path", subset: str = "", revision: s
     kind = _file_kind(local)
     if kind is None:
         raise UserError(
-            f"{key}: {path}: unsupported file type (expected .jsonl, .json, .csv "
-            "or .parquet, a directory of those, or a datasets save_to_disk directory)"
+            f"{key}: {path}: unsupported file type (expected .jsonl, .json, .csv, "
+            ".txt or .parquet, a directory of those, or a datasets save_to_disk directory)"
         )
     return Source(path, local, kind)
 
@@ -358,6 +362,8 @@ def _file_rows(local: str, kind: str, display: str) -> Iterator[Row]:
         yield from _json_rows(text, display)
     elif kind == "csv":
         yield from _csv_rows(local, display)
+    elif kind == "txt":
+        yield from _txt_rows(local, display)
     elif kind == "parquet":
         yield from _parquet_rows(local, display)
     else:  # pragma: no cover
@@ -382,6 +388,14 @@ def _jsonl_rows(local: str, display: str) -> Iterator[Row]:
             except json.JSONDecodeError as exc:
                 raise DataError(location, None, f"valid JSON ({exc.msg} at column {exc.colno})") from None
             yield location, _object(value, location)
+
+
+def _txt_rows(local: str, display: str) -> Iterator[Row]:
+    """One ``{"text": line}`` per line, as ``datasets.load_dataset("text", ...)`` reads a corpus."""
+    with _open_text(local, display) as fh:
+        for lineno, line in enumerate(fh, 1):
+            _check_utf8(line, display, lineno)
+            yield f"{display}:{lineno}", {"text": line.rstrip("\r\n")}
 
 
 _WS = re.compile(r"[ \t\n\r]*")

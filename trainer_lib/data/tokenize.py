@@ -22,26 +22,69 @@ def _is_chat(value) -> bool:
     return isinstance(value, list)
 
 
-def _render(tokenizer, messages: list[dict], add_generation_prompt: bool = False) -> str:
+def template_messages(messages: list[dict]) -> tuple[list[dict], bool]:
+    """Messages as chat templates expect them, and whether one calls a tool: keys without a value
+    dropped (a column read back from Arrow gives every message every key), tool-call arguments
+    from their stored JSON string back to a mapping (transformers' documented layout)."""
+    out, calls = [], False
+    for message in messages:
+        message = {k: v for k, v in message.items() if v is not None}
+        if message.get("tool_calls"):
+            calls = True
+            message["tool_calls"] = [
+                {**call, "function": {**call["function"], "arguments": _arguments(call["function"].get("arguments"))}}
+                for call in message["tool_calls"]
+            ]
+        out.append(message)
+    return out, calls
+
+
+def _arguments(value):
+    import json
+
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def chat_text(tokenizer, messages: list[dict], add_generation_prompt: bool = False, tools=None) -> str:
+    """A conversation rendered by the tokenizer's chat template; ``tools`` (a list of tool definitions,
+    or its JSON string as the data keeps it) go through the template's own tool support."""
+    import json
+
     if not getattr(tokenizer, "chat_template", None):
         raise UserError(
             "model.path: the tokenizer has no chat template, so conversational data "
             "cannot be rendered; set model.chat_template (chatml, llama3, zephyr or a Jinja file), "
             "or use plain text / prompt-completion data"
         )
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    messages, calls = template_messages(messages)
+    tools = json.loads(tools) if isinstance(tools, str) and tools else tools or None
+    if (tools or calls) and "tool" not in str(tokenizer.chat_template):
+        raise UserError(
+            "model.chat_template: the data offers tools or calls them, but the chat template has no tool "
+            "support, so they would be dropped; use a model whose template renders tools, or set "
+            "model.chat_template to a Jinja file that does"
+        )
+    extra = {"tools": tools} if tools else {}
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt, **extra)
 
 
-def _chat_spans(tokenizer, messages: list[dict], trainable_from: int = 0) -> tuple[str, list[tuple[int, int]]]:
+def _chat_spans(
+    tokenizer, messages: list[dict], trainable_from: int = 0, tools=None
+) -> tuple[str, list[tuple[int, int]]]:
     """Rendered text and character spans of assistant turns at index >= ``trainable_from``."""
     spans = []
     for i, message in enumerate(messages):
         if message["role"] != "assistant" or i < trainable_from:
             continue
-        start = len(_render(tokenizer, messages[:i], add_generation_prompt=True))
-        end = len(_render(tokenizer, messages[: i + 1]))
+        start = len(chat_text(tokenizer, messages[:i], add_generation_prompt=True, tools=tools))
+        end = len(chat_text(tokenizer, messages[: i + 1], tools=tools))
         spans.append((start, end))
-    return _render(tokenizer, messages), spans
+    return chat_text(tokenizer, messages, tools=tools), spans
 
 
 def _labels(ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
@@ -70,11 +113,11 @@ def _text_and_spans(row: dict, fmt: str, tokenizer) -> tuple[str, list[tuple[int
         text = row["text"] + eos
         return text, [(0, len(text))]
     if fmt == "messages":
-        return _chat_spans(tokenizer, row["messages"])
+        return _chat_spans(tokenizer, row["messages"], tools=row.get("tools"))
     if fmt == "prompt_completion":
         prompt, completion = row["prompt"], row["completion"]
         if _is_chat(prompt):
-            return _chat_spans(tokenizer, list(prompt) + list(completion), trainable_from=len(prompt))
+            return _chat_spans(tokenizer, [*prompt, *completion], trainable_from=len(prompt), tools=row.get("tools"))
         text = prompt + completion + eos
         return text, [(len(prompt), len(text))]
     raise UserError(f"data.format: SFT cannot train on '{fmt}' data")
@@ -121,10 +164,11 @@ def tokenize_sft_batch(batch: dict, fmt: str, tokenizer, max_length: int) -> dic
     }
 
 
-def render_prompt(tokenizer, prompt) -> str:
-    """The text a model continues from: chat prompts get the generation prompt appended."""
+def render_prompt(tokenizer, prompt, tools=None) -> str:
+    """The text a model continues from: chat prompts get the generation prompt appended (and the
+    ``tools`` offered, rendered by the template)."""
     if _is_chat(prompt):
-        return _render(tokenizer, list(prompt), add_generation_prompt=True)
+        return chat_text(tokenizer, list(prompt), add_generation_prompt=True, tools=tools)
     return prompt
 
 

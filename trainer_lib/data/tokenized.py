@@ -24,7 +24,7 @@ import os
 import time
 
 from trainer_lib.data import cache
-from trainer_lib.errors import DataError
+from trainer_lib.errors import DataError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -79,11 +79,15 @@ def run_map(ds, function, fn_kwargs: dict, num_workers: int, cache_file: str, re
 # --------------------------------------------------------------------------- token lengths (prepare)
 
 
-def _chat(tokenizer, messages: list[dict], location: str, generation_prompt: bool = False):
+def _chat(tokenizer, messages: list[dict], location: str, generation_prompt: bool = False, tools=None):
     """(text, add_special_tokens) for a conversation rendered with the chat template."""
+    from trainer_lib.data.tokenize import chat_text
+
     if getattr(tokenizer, "chat_template", None):
         try:
-            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+            text = chat_text(tokenizer, messages, generation_prompt, tools)
+        except UserError:
+            raise
         except Exception as exc:
             raise DataError(location, None, f"a conversation the tokenizer's chat template accepts ({exc})") from None
         return text, False
@@ -97,14 +101,15 @@ def _sequences(row: dict, fmt: str, conv: bool, tokenizer, location: str) -> lis
     if fmt == "text":
         return [(row["text"], True)]
     if fmt == "messages":
-        return [_chat(tokenizer, row["messages"], location)]
+        return [_chat(tokenizer, row["messages"], location, tools=row.get("tools"))]
+    tools = row.get("tools")
     if fmt == "prompt_only":
         if conv:
-            return [_chat(tokenizer, row["prompt"], location, generation_prompt=True)]
+            return [_chat(tokenizer, row["prompt"], location, generation_prompt=True, tools=tools)]
         return [(row["prompt"], True)]
     answers = ("chosen", "rejected") if fmt == "preference" else ("completion",)
     if conv:
-        return [_chat(tokenizer, row["prompt"] + row[a], location) for a in answers]
+        return [_chat(tokenizer, row["prompt"] + row[a], location, tools=tools) for a in answers]
     return [(row["prompt"] + row[a], True) for a in answers]
 
 

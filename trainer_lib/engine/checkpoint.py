@@ -29,6 +29,10 @@ def tag_for(step: int) -> str:
     return f"step-{step:08d}"
 
 
+#: config keys that say where results go or what happens to them at the end, not how the model trains.
+OUTPUT_KEYS = ("output_dir", "checkpoint_dir", "storage", "hub", "loss_plot")
+
+
 def stable_checkpoint_dir(cfg, root: str, stage: str) -> str:
     """A checkpoint location under ``root`` that a retried pod finds again: ``<root>/checkpoints/
     <stage>-<fingerprint>``, the fingerprint covering the whole config except where outputs go.
@@ -39,7 +43,7 @@ def stable_checkpoint_dir(cfg, root: str, stage: str) -> str:
     """
     from trainer_lib.config import to_dict
 
-    settings = {k: v for k, v in to_dict(cfg).items() if k not in ("output_dir", "checkpoint_dir", "storage")}
+    settings = {k: v for k, v in to_dict(cfg).items() if k not in OUTPUT_KEYS}
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
     root = root.replace("minio://", "s3://", 1).rstrip("/")
     return storage.join(root, "checkpoints", f"{stage}-{digest}")

@@ -9,14 +9,16 @@ is one small object, and each stage keeps its algorithm and loop body in its own
         ...                                  # the stage's own forward / backward / step
         cadence.window.add("loss", loss)     # its metrics, plus cadence.window.count(samples, tokens)
         cadence.after_step(step, epoch=epoch)  # log, evaluate, checkpoint on their schedules
-    summary = cadence.finish({...})          # final evaluation, last checkpoint, tracker closed
-    cadence.save_model(tokenizer, summary)   # HF model + summary.json at output_dir, published
+    summary = cadence.finish({...})          # final evaluation, last checkpoint, tracker closed, loss plots
+    cadence.save_model(tokenizer, summary)   # HF model + summary.json at output_dir, published (and to the hub)
 
 Schedules come from the shared training keys (``logging_steps``, ``eval_steps``, ``save_steps``,
 ``save_total_limit``, ``checkpoint_dir``, ``resume``; trackers from ``report_to``). A log record
 holds the window's means, the same throughput keys in every stage (``samples_per_s``,
 ``tokens_per_s``), ``lr`` and ``grad_norm`` of the main engine, ``epoch`` when the stage passes
-one, and ``log_extra()``.
+one, and ``log_extra()``. At the end, ``loss_plot`` draws the loss curves into output_dir
+(:mod:`trainer_lib.loop.loss_plot`) and ``hub.push`` uploads the output root to a hub repo
+(:mod:`trainer_lib.storage.hub`), both on rank 0.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from trainer_lib.config import flat_dict
 from trainer_lib.engine.checkpoint import CheckpointManager
 from trainer_lib.errors import NonFiniteLossError
 from trainer_lib.loop.metrics import MetricsWindow
-from trainer_lib.loop.tracking import Tracker
+from trainer_lib.loop.tracking import MLFLOW_RUN_FILE, Tracker
 from trainer_lib.models.load import count_parameters
 
 
@@ -168,7 +170,8 @@ class Cadence:
         self.ckpt.save(self.engine, step, {"step": step, **own}, self.extra_engines)
 
     def finish(self, summary: dict) -> dict:
-        """Final evaluation (``summary["eval"]``), the last checkpoint, tracker closed."""
+        """Final evaluation (``summary["eval"]``), the last checkpoint, tracker closed, and with
+        ``loss_plot`` the loss curves drawn from metrics.jsonl."""
         summary = {**summary, "steps": self.total, "output_dir": self.cfg.output_dir}
         if self.evaluate is not None:
             summary["eval"] = self.evaluate()
@@ -177,10 +180,37 @@ class Cadence:
         if self.cfg.save_steps and self.start < self.total:
             self.save_checkpoint(self.total)
         self.tracker.close()
+        if self.cfg.loss_plot and self.strategy.is_rank_0:
+            from trainer_lib.loop.loss_plot import write_loss_plots
+
+            drawn = write_loss_plots(self.ckpt.local_dir)
+            self.strategy.print(f"{self.stage}: loss_plot: {', '.join(drawn) or 'no loss was logged, nothing drawn'}")
         return summary
 
     def save_model(self, tokenizer, summary: dict, extra_files: dict[str, str] | None = None) -> dict:
         """The Hugging Face model (LoRA merged, or the adapter alone with ``lora.merge=false``) and
-        ``summary.json`` at the output root, published."""
+        ``summary.json`` at the output root, published; with ``hub.push`` then uploaded to the hub."""
         self.ckpt.finish(self.engine, tokenizer, summary, extra_files=extra_files)
+        if self.cfg.hub.push and self.strategy.is_rank_0:
+            self.push_to_hub()
         return summary
+
+    def push_to_hub(self) -> None:
+        """Upload the output root to ``hub.model_id`` in one commit: the model, tokenizer, summary.json,
+        metrics.jsonl, TensorBoard events and loss plots; not the checkpoints, the staging folder or the
+        MLflow and W&B stores. Rank 0, after the model is saved (the other ranks do not wait for it)."""
+        from trainer_lib.storage.hub import push_folder
+
+        ignored = [".*", "mlflow.db", f"{MLFLOW_RUN_FILE}*", "wandb*"]  # (".*": the staging folder too)
+        inside = os.path.relpath(self.ckpt.ckpt_dir, self.ckpt.local_dir)
+        if inside != "." and not inside.startswith(".."):  # checkpoint_dir under output_dir: not uploaded
+            ignored += [inside, f"{inside}/*"]
+        hub = self.cfg.hub
+        url = push_folder(
+            self.ckpt.local_dir,
+            hub.model_id,
+            private=hub.private,
+            commit_message=f"posttrain {self.stage}: {self.total} steps",
+            ignore_patterns=ignored,
+        )
+        self.strategy.print(f"{self.stage}: hub.push: uploaded output_dir to {hub.model_id} ({url})")

@@ -1,7 +1,9 @@
 """Rewards for the RL stages: functions (built-in and ``module:function``), a reward model
 scorer, and how several sources combine into one scalar per completion.
 
-    functions.py   built-ins (code_execution, code_style, code_ast, length_penalty, refusal), user-function loading
+    functions.py   built-ins (code_execution, code_style, code_ast, length_penalty, refusal, think_format_reward,
+                   accuracy_reward, reasoning_accuracy_reward), user-function loading
+    math_answer.py the accuracy rewards: a final math answer checked against the solution column
     syntax_tree.py the code_ast built-in: syntax, entry point and arity, forbidden names, by the syntax tree
     refusal_rules.py  whether a response reads as a refusal (the refusal reward and the evaluation's judge)
     model.py       a trained reward model as a reward function (normalized by its stored stats)

@@ -14,9 +14,12 @@ by name or take ``**kwargs``. ``None`` means "does not apply" and is left out of
 
 Built-ins: ``code_execution`` (unit tests in the sandbox), ``code_style`` (pycodestyle),
 ``code_ast`` (syntax-tree checks without running the code: :mod:`trainer_lib.rewards.syntax_tree`),
-``length_penalty`` and ``refusal`` (a rule-based safety reward for prompts labelled harmful or
-benign). User functions: ``package.module:function`` (imported from ``sys.path`` and the working
-directory) or ``path/to/file.py:function``.
+``length_penalty``, ``refusal`` (a rule-based safety reward for prompts labelled harmful or
+benign), and TRL's ``accuracy_reward`` (a math answer checked against the ``solution`` column:
+:mod:`trainer_lib.rewards.math_answer`; ``reasoning_accuracy_reward`` reads only what follows ``</think>``)
+and ``think_format_reward``. User functions:
+``package.module:function`` (imported from ``sys.path`` and the working directory) or
+``path/to/file.py:function``.
 """
 
 from __future__ import annotations
@@ -192,7 +195,27 @@ def refusal(prompts, completions, *, kind=None, **columns) -> list[float | None]
     ]
 
 
-BUILTINS = ("code_execution", "code_style", "code_ast", "length_penalty", "refusal")
+def think_format_reward(prompts, completions, **columns) -> list[float]:
+    """TRL's format reward: 1.0 when the completion opens with ``<think>``, closes it with ``</think>``
+    and opens no second ``<think>`` (the answer after it may be empty, as in TRL), else 0.0."""
+    rewards = []
+    for completion in completions:
+        text = completion_text(completion)
+        rest = text[len("<think>") :]
+        rewards.append(float(text.startswith("<think>") and "<think>" not in rest and "</think>" in rest))
+    return rewards
+
+
+BUILTINS = (
+    "code_execution",
+    "code_style",
+    "code_ast",
+    "length_penalty",
+    "refusal",
+    "accuracy_reward",
+    "reasoning_accuracy_reward",
+    "think_format_reward",
+)
 
 
 def builtin(
@@ -212,6 +235,16 @@ def builtin(
         return code_ast
     if name == "refusal":
         return refusal
+    if name == "accuracy_reward":
+        from trainer_lib.rewards.math_answer import AccuracyReward
+
+        return AccuracyReward()
+    if name == "reasoning_accuracy_reward":
+        from trainer_lib.rewards.math_answer import AccuracyReward
+
+        return AccuracyReward(reasoning_end="</think>")
+    if name == "think_format_reward":
+        return think_format_reward
     if name == "length_penalty":
         return functools.partial(length_penalty, max_tokens=max_tokens, free_tokens=length_free_tokens)
     raise KeyError(name)

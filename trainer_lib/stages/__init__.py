@@ -37,6 +37,8 @@ STAGES: dict[str, Stage] = {
     "dpo": _training("dpo", "Direct preference optimization (DPO, IPO, SimPO, KTO, ...)."),
     "ppo": _training("ppo", "PPO with a critic, GAE and KL control."),
     "grpo": _training("grpo", "Critic-free RL: GRPO, Dr. GRPO, RLOO."),
+    "rloo": _training("rloo", "RLOO as TRL runs it: posttrain grpo with advantage=rloo."),
+    "kto": _training("kto", "KTO as TRL runs it: posttrain dpo with loss=kto."),
     "evaluate": _lifecycle("evaluate", "Evaluate models, write report and gate decision."),
     "release": _lifecycle("release", "Publish a model that passed the evaluation gate."),
     "export": _lifecycle("export", "ONNX export and INT8 quantization with parity check."),

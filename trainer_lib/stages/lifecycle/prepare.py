@@ -37,7 +37,7 @@ class PrepareConfig:
     max_rows: int = opt(0, "Read at most this many rows from each source (0: all); data.max_rows says the same.")
 
     def validate(self) -> None:
-        if self.data.path in (None, "") and not self.data.dataset:
+        if not self.data.given():
             raise ConfigError(
                 "data.path: required, expected a dataset path (or data.dataset: names in dataset_info.json)"
             )
