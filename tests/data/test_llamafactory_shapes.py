@@ -175,6 +175,12 @@ def test_tools_and_tool_calls_go_through_the_chat_template(tiny_model_dir):
     trained = tokenizer.decode([t for t in example["labels"] if t != IGNORE])
     assert '<call>weather {"city": "Oslo"}</call>' in trained and "It is 3 degrees." in trained
     assert "Weather in Oslo?" not in trained and "temp" not in trained  # the user's turn and the tool's answer
+    # an RL prompt with tools: the policy sees them too
+    from trainer_lib.rl.experience import prompt_inputs
+
+    prompt = [{"role": "user", "content": "Weather in Oslo?"}]
+    _, ids, columns = prompt_inputs([{"prompt": prompt, "tools": row["tools"]}], tokenizer, 2)
+    assert 'Tools: [{"' in tokenizer.decode(ids[0]) and columns["tools"] == [row["tools"]] * 2
 
     tokenizer.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
     with pytest.raises(UserError, match="the chat template has no tool support"):

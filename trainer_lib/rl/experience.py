@@ -60,12 +60,13 @@ def load_prompts(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
 
 
 def prompt_inputs(rows: list[dict], tokenizer, n: int) -> tuple[list, list[list[int]], dict[str, list]]:
-    """For rows: (raw prompts, prompt token ids, other columns repeated ``n`` times as keyword lists)."""
+    """For rows: (raw prompts, prompt token ids, other columns repeated ``n`` times as keyword lists). A row's
+    ``tools`` go into its prompt through the chat template, as in SFT and DPO."""
     from trainer_lib.data.preference_batches import encode_prompt
 
     columns = {key: [row[key] for row in rows for _ in range(n)] for key in rows[0] if key != "prompt"}
     prompts = [row["prompt"] for row in rows]
-    return prompts, [encode_prompt(tokenizer, p) for p in prompts], columns
+    return prompts, [encode_prompt(tokenizer, row["prompt"], row.get("tools")) for row in rows], columns
 
 
 # --------------------------------------------------------------------------- rewards
