@@ -7,7 +7,15 @@ import shutil
 import pytest
 import torch
 
+from trainer_lib import storage
 from trainer_lib.cli import main
+
+
+@pytest.fixture(autouse=True)
+def _storage_settings_end_with_the_test():
+    """Runs here set storage.cache_dir, which configures the whole process: later modules must not inherit it."""
+    yield
+    storage.configure(reset=True)
 
 
 def _sft(model, data, out, *extra):
