@@ -23,6 +23,29 @@ def one_thread():
         torch.set_num_threads(threads)
 
 
+def run_rl(stage: str, model, data, out, seed: int, *extra: str) -> None:
+    """``posttrain <stage>`` (ppo or grpo) on ``data`` with the length reward: 4 prompts x 4 completions of at
+    most 16 tokens per step, logged every 5 steps; ``extra`` keys come last and win."""
+    from trainer_lib.cli import main
+
+    args = [
+        stage,
+        f"model.path={model}",
+        f"data.path={data}",
+        f"output_dir={out}",
+        f"reward.functions={LENGTH_REWARD}",
+        "rollout.n=4",
+        "prompts_per_step=4",
+        "rollout.max_new_tokens=16",
+        "batch_size=8",
+        "logging_steps=5",
+        "data.eval_fraction=0",
+        f"seed={seed}",
+        *extra,
+    ]
+    assert main(args) == 0
+
+
 def write_prompts(path, count: int = 24) -> str:
     """Conversational prompt-only rows (distinct, so none is dropped as a duplicate)."""
     with open(path, "w", encoding="utf-8") as fh:

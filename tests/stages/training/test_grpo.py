@@ -12,11 +12,11 @@ from tests.stages.training.rl_helpers import (
     LENGTH_REWARD,
     mean_sampled_reward,
     one_thread,
+    run_rl,
     weights,
     write_prompts,
     write_reward_adapter,
 )
-from trainer_lib.cli import main
 from trainer_lib.config import load_config
 from trainer_lib.errors import ConfigError
 
@@ -33,22 +33,7 @@ def prompts(tmp_path_factory):
 
 
 def _grpo(model, data, out, *extra):
-    args = [
-        "grpo",
-        f"model.path={model}",
-        f"data.path={data}",
-        f"output_dir={out}",
-        f"reward.functions={LENGTH_REWARD}",
-        "rollout.n=4",
-        "prompts_per_step=4",
-        "rollout.max_new_tokens=16",
-        "batch_size=8",
-        "logging_steps=5",
-        "data.eval_fraction=0",
-        "seed=3",
-        *extra,
-    ]
-    assert main(args) == 0
+    run_rl("grpo", model, data, out, 3, *extra)
 
 
 def test_grpo_raises_a_custom_reward(tiny_model_dir, prompts, tmp_path):

@@ -8,14 +8,13 @@ import pytest
 import torch
 
 from tests.stages.training.rl_helpers import (
-    LENGTH_REWARD,
     mean_sampled_reward,
     one_thread,
+    run_rl,
     weights,
     write_prompts,
     write_reward_adapter,
 )
-from trainer_lib.cli import main
 
 
 @pytest.fixture(autouse=True)
@@ -47,22 +46,7 @@ def reward_model_dir(tiny_model_dir, tmp_path_factory):
 
 
 def _ppo(model, data, out, *extra):
-    args = [
-        "ppo",
-        f"model.path={model}",
-        f"data.path={data}",
-        f"output_dir={out}",
-        f"reward.functions={LENGTH_REWARD}",
-        "rollout.n=4",
-        "prompts_per_step=4",
-        "rollout.max_new_tokens=16",
-        "batch_size=8",
-        "logging_steps=5",
-        "data.eval_fraction=0",
-        "seed=5",
-        *extra,
-    ]
-    assert main(args) == 0
+    run_rl("ppo", model, data, out, 5, *extra)
 
 
 def test_ppo_raises_a_custom_reward(tiny_model_dir, prompts, tmp_path):

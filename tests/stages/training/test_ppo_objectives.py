@@ -8,8 +8,13 @@ import shutil
 import pytest
 import torch
 
-from tests.stages.training.rl_helpers import LENGTH_REWARD, mean_sampled_reward, one_thread, weights, write_prompts
-from trainer_lib.cli import main
+from tests.stages.training.rl_helpers import (
+    mean_sampled_reward,
+    one_thread,
+    run_rl,
+    weights,
+    write_prompts,
+)
 from trainer_lib.config.loader import load_config
 from trainer_lib.errors import ConfigError
 from trainer_lib.stages.training.ppo import PPOConfig
@@ -27,23 +32,7 @@ def prompts(tmp_path_factory):
 
 
 def _ppo(model, data, out, *extra):
-    args = [
-        "ppo",
-        f"model.path={model}",
-        f"data.path={data}",
-        f"output_dir={out}",
-        f"reward.functions={LENGTH_REWARD}",
-        "rollout.n=4",
-        "prompts_per_step=4",
-        "rollout.max_new_tokens=16",
-        "batch_size=8",
-        "logging_steps=5",
-        "data.eval_fraction=0",
-        "seed=5",
-        "lr=1e-2",
-        *extra,
-    ]
-    assert main(args) == 0
+    run_rl("ppo", model, data, out, 5, "lr=1e-2", *extra)
 
 
 def _train_records(out) -> list[dict]:
