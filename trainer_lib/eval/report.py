@@ -18,6 +18,8 @@ import re
 METRIC_ORDER = (
     "task_pass_rate",
     "task_test_pass_fraction",
+    "style_compliance_rate",
+    "style_violations_mean",
     "humaneval_pass@1",
     "humaneval_pass@10",
     "humaneval_pass@100",
@@ -26,7 +28,8 @@ METRIC_ORDER = (
     "reward_win_rate",
     "reward_mean",
 )
-LOWER_IS_BETTER = ("over_refusal_rate",)
+LOWER_IS_BETTER = ("over_refusal_rate", "style_violations_mean")
+NOT_RATES = ("reward_mean", "style_violations_mean")  # never in the bar chart of rates, even when in [0, 1]
 #: Training-curve panels, most telling first; bookkeeping keys are never plotted.
 CURVE_ORDER = (
     "loss",
@@ -95,7 +98,7 @@ def bar_chart(models: dict[str, dict]) -> str | None:
     names = [
         m
         for m in metric_names(models)
-        if m != "reward_mean" and all(0.0 <= v.get(m, 0.0) <= 1.0 for v in models.values())
+        if m not in NOT_RATES and all(0.0 <= v.get(m, 0.0) <= 1.0 for v in models.values())
     ]
     if not names:
         return None

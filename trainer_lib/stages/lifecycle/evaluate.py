@@ -13,7 +13,8 @@
    the exported variant through the server's own ONNX loop), every rank loads it, generates its share
    of every eval set (HumanEval, held-out code tasks, safety prompts; greedy, or ``humaneval.n``
    samples; :func:`trainer_lib.eval.generation.generate_sharded`) and frees it; then rank 0 scores
-   all the merged generations (code in the sandbox, safety answers with the judge);
+   all the merged generations (code in the sandbox and, for the code tasks, its PEP 8 style; safety
+   answers with the judge);
 3. :func:`add_reward_metrics`: the reward model's mean reward and win rate against the baseline;
 4. the gate (:func:`trainer_lib.eval.gate.evaluate_gate`, and :func:`~trainer_lib.eval.gate.add_served`);
 5. :func:`trainer_lib.eval.report_files.write_report` (rank 0; the other ranks return): the files in
@@ -222,8 +223,8 @@ def parse_pairs(items: list[str], key: str) -> dict[str, str]:
 
 def computed_metrics(cfg: EvaluateConfig) -> list[str]:
     """The metric names these settings produce for every model (the gate may only use these)."""
-    names = []
-    if cfg.tasks.path or cfg.data_dir:
+    names, code_tasks = [], bool(cfg.tasks.path or cfg.data_dir)
+    if code_tasks:
         names += ["task_pass_rate", "task_test_pass_fraction"]
     if cfg.humaneval.enabled:
         names += [f"humaneval_pass@{k}" for k in cfg.humaneval.k if k <= cfg.humaneval.n]
@@ -231,6 +232,8 @@ def computed_metrics(cfg: EvaluateConfig) -> list[str]:
         names += ["harmless_rate", "over_refusal_rate"]
     if cfg.reward_model_path:
         names += ["reward_mean"] + (["reward_win_rate"] if cfg.baseline else [])
+    if code_tasks:  # the held-out programs' PEP 8 style (trainer_lib/eval/style.py)
+        names += ["style_compliance_rate", "style_violations_mean"]
     return names
 
 
@@ -469,9 +472,11 @@ class ModelScore:
 
 
 def score_answers(answers: Answers, sets: EvalSets, judge, sandbox, cfg: EvaluateConfig) -> ModelScore:
-    """Score one model's answers: code in ``sandbox``, safety answers with ``judge``."""
+    """Score one model's answers: code in ``sandbox`` and its PEP 8 style (held-out tasks only,
+    :mod:`trainer_lib.eval.style`), safety answers with ``judge``."""
     from trainer_lib.eval.harmless import score_safety
     from trainer_lib.eval.humaneval import score_samples
+    from trainer_lib.eval.style import style_metrics
     from trainer_lib.eval.tasks import score_tasks
 
     metrics, per_problem = {}, {}
@@ -482,7 +487,10 @@ def score_answers(answers: Answers, sets: EvalSets, judge, sandbox, cfg: Evaluat
         metrics.update(humaneval_metrics)
     if sets.tasks:
         task_metrics, per_problem["tasks"] = score_tasks(sets.tasks, answers.tasks, sandbox, cfg.tasks.timeout)
-        metrics.update(task_metrics)
+        style, violations = style_metrics(answers.tasks)
+        for row, count in zip(per_problem["tasks"], violations):
+            row["style_violations"] = count
+        metrics.update(task_metrics | style)
     if sets.safety:
         safety_metrics, per_problem["safety"] = score_safety(sets.safety, answers.safety, judge)
         metrics.update(safety_metrics)
