@@ -315,7 +315,14 @@ SAMPLES = {
 }
 #: TRL's keys of other stages (GRPO, DPO) or that set data.path: tests/foreign/test_trl_files.py
 #: (gradient_accumulation_steps: test_their_rl_step_size_comes_from_the_batch_keys)
-ELSEWHERE = {"loss_type", "scale_rewards", "importance_sampling_level", "reward_funcs", "datasets", "gradient_accumulation_steps"}
+ELSEWHERE = {
+    "loss_type",
+    "scale_rewards",
+    "importance_sampling_level",
+    "reward_funcs",
+    "datasets",
+    "gradient_accumulation_steps",
+}
 
 
 def test_every_key_read_says_what_it_became(capsys):
