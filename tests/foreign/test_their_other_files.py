@@ -1,7 +1,7 @@
 """LLaMA-Factory's DPO, KTO, reward, pretraining and PPO examples with their demo data
 (tests/data/foreign/README.md says where they come from): every key of the files is mapped, their
-demo data become our rows, and (extended) each trains and saves a model with only the model, the
-output directory and the step count given on the command line."""
+demo data become our rows, and each trains and saves a model with only the model, the output directory
+and the step count given on the command line (PPO, after their reward example: extended)."""
 
 import importlib
 import json
@@ -112,7 +112,6 @@ def lf_demo_model(tmp_path_factory) -> str:
     return make_tiny_model(str(out), texts * 2, vocab_size=1000, num_layers=2, hidden_size=64, seed=0)
 
 
-@pytest.mark.extended  # 10 to 85 s each (2-core dev machine, 2026-12-02); the test above covers keys and data
 @pytest.mark.parametrize("name", list(EXAMPLES))
 def test_their_other_examples_train_and_save_a_model(name, lf_demo_model, in_llamafactory, tmp_path, capsys):
     out = tmp_path / "out"
