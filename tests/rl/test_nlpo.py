@@ -3,12 +3,10 @@ log-probs renormalized over it, and the masking policy's refresh and checkpoint 
 
 import copy
 import math
-import types
 
 import pytest
 import torch
 
-from trainer_lib.config.rl import RolloutConfig
 from trainer_lib.errors import ConfigError
 from trainer_lib.rl.nlpo import MaskedActions, MaskingPolicy, top_p_set
 from trainer_lib.rl.rollout import generate, token_logprobs
@@ -82,9 +80,8 @@ def test_every_sampled_token_is_inside_the_masking_policys_nucleus(models):
     free_taken = _nucleus_of(masker, free, top_p).gather(-1, free.response_ids.unsqueeze(-1)).squeeze(-1)
     assert not free_taken[free.response_mask.bool()].all()
 
-    # the stage samples through the mask
-    cfg = types.SimpleNamespace(rollout=RolloutConfig(n=4, top_k=7))
-    actions = MaskedActions(masking, cfg)
+    # the stage samples through the mask checked above
+    actions = MaskedActions(masking)
     assert actions.logits_processor == masking.processor
 
     # log-probs in the masked policy: renormalized over the nucleus (plus the token taken)

@@ -162,7 +162,7 @@ class MaskingPolicy:
 class MaskedActions:
     """NLPO's action space: sampling and log-probs restricted to the masking policy's nucleus."""
 
-    def __init__(self, masking: MaskingPolicy, cfg):
+    def __init__(self, masking: MaskingPolicy):
         self.masking = masking
         self.stateful = {"nlpo_masking_policy": masking}
         self.logits_processor = masking.processor  # every sampled token is inside the nucleus

@@ -216,7 +216,7 @@ def objective_for(cfg: PPOConfig, strategy, models) -> Objective:
         masking = nlpo.MaskingPolicy(
             actor, models.masking_copy, cfg.nlpo.top_p, cfg.nlpo.mask_update_steps, cfg.rollout.temperature
         )
-        return Objective(clipped, cfg.value_clip_range, nlpo.MaskedActions(masking, cfg))
+        return Objective(clipped, cfg.value_clip_range, nlpo.MaskedActions(masking))
     return Objective(clipped, cfg.value_clip_range, nlpo.FullVocabulary())
 
 
