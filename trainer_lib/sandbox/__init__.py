@@ -5,13 +5,20 @@
         results = box.run_many([Program(source, tests) for source, tests in batch], timeout=3.0)
     rewards = [r.pass_fraction for r in results]
 
-Threat model: the program is hostile. Two separate questions, defended separately.
+Threat model: the program is hostile. Three separate questions, defended separately.
 
 1. Containment (the OS enforces it; holds even against arbitrary native code in the child):
    each program runs in its own forked process, as its own unprivileged uid (one per worker, so samples
-   cannot signal the evaluator or each other), in a new network namespace (no interfaces: no network),
-   a new mount namespace (every mount read-only, /proc and /sys hidden, a private size-limited tmpfs as
-   the working directory and /tmp, gone when the process exits), a new IPC namespace, with rlimits
+   cannot signal the evaluator or each other), in a new network namespace (no interfaces: no network,
+   and no abstract unix sockets of the host), a new mount namespace whose root is a fresh read-only tmpfs
+   that shows only the host view (``Sandbox.isolation["view"]``: read-only binds of the interpreter's
+   stdlib, the directories of the shared libraries it has mapped, i.e. libpython, libc, the dynamic
+   loader and what the stdlib's extension modules link, locale data, and /dev/null, zero, random,
+   urandom) plus a private size-limited noexec tmpfs as the working directory and /tmp, gone when the
+   process exits; pivot_root detaches every other host mount, so no host path is reachable at all: no
+   unix socket (a container runtime's, an agent's), no mounted secret (a pod's service-account token,
+   config maps), no /home, /root, /var, /run, /etc, /proc, /sys or evaluator working directory; a new
+   IPC namespace, with rlimits
    (address space, CPU time, file size, open files, RLIMIT_NPROC=1 so no fork or thread, no core dumps),
    no_new_privs, an environment of PATH, LANG, HOME=TMPDIR=its own directory and nothing else, and a
    wall-clock timeout that kills its process group.
@@ -21,6 +28,17 @@ Threat model: the program is hostile. Two separate questions, defended separatel
    plus a PID namespace (the program cannot signal anything outside it, and everything it started dies
    with it), but no separate uid and no RLIMIT_NPROC (it would count all of the user's processes): only
    the audit hook stops fork there. ``Sandbox.isolation`` lists the layers in use.
+   Without namespaces (the fallback: a kernel or container that refuses them, or ``namespaces=False``)
+   root still chroots each program into its own scratch directory (``isolation["chroot"]``): no host
+   path exists for it, native code included, at the price of importing only the preloaded modules;
+   /tmp there is not a size-limited tmpfs, only RLIMIT_FSIZE bounds a file. Without root the audit hook
+   stands in, for Python code only: it refuses sockets of any family, reading or listing any path
+   outside the working directory, the stdlib and the host view, /proc, and writing outside the working
+   directory. What that cannot hide: whether a host path exists (``os.stat`` raises no audit event);
+   and native code, which a program can run by writing an extension module to its directory and
+   importing it, reads every file and lists every directory of the evaluator's user (e.g. a mounted
+   service-account token) and connects to the unix sockets that user may write. Where that matters,
+   require the namespaces (``SandboxConfig(require_isolation=True)``).
 
 2. Integrity of the verdict (best effort; CPython's audit hooks are not a security boundary):
    a pass is never inferred from the exit code or the output. The parent sends a random nonce through
@@ -37,6 +55,13 @@ Threat model: the program is hostile. Two separate questions, defended separatel
    ``assert f(x) == y``), patching attributes of library *classes* (``type.__setattr__`` is not audited
    in 3.11) or, during a test, of library modules; modules the tests do not import are not restored;
    and CPython bugs that give memory access. Use the verdict as a reward signal, not as proof.
+
+3. What leaves the sandbox: a program's output and what it raises are the only text of its making that
+   reaches our results, and through them the evaluation samples (``samples.jsonl`` ``detail``), reports
+   and logs. Both pass through :func:`trainer_lib.storage.redact` (the redaction of logs and errors) plus
+   bearer-token and private-key patterns, and are cut to a bound (``keep_output_bytes``; ``DETAIL_BYTES``)
+   after redaction, so a secret at the cut is blanked whole. Redaction knows credential shapes and this
+   process's secrets, not arbitrary file contents: keeping files unreadable is layer 1's job.
 """
 
 from trainer_lib.sandbox.pool import (

@@ -42,7 +42,10 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVA
     16384,
     1 << 18,
 )
+MS_MOVE, MNT_DETACH = 8192, 2
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "riscv64": 41, "ppc64le": 203, "s390x": 217}  # syscall numbers
+DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")  # the only device nodes a program sees
 VERDICT_FD = 3
 
 # Removed from sys.modules before the program runs and refused on import by the audit hook: they hand
@@ -98,22 +101,87 @@ def _mount_points():
     return list(points.items())
 
 
-def _private_mounts(libc, mounts, uid, limits):
-    """A private mount table: everything read-only, /proc and /sys hidden, a fresh tmpfs as /tmp."""
+def _host_view(mounts, staging):
+    """What the program's root shows, found once per zygote: (host path, flags its mount must keep).
+
+    The stdlib (sys.path, which ``-I -S`` limits to the interpreter's own library) and the directories of
+    every shared object this interpreter has mapped (libpython, libc, the dynamic loader, what the preloaded
+    extension modules link, locale data): what ``ldd`` would list, without running it. Nested entries are
+    dropped; the executable itself is not needed after fork. Plus a few device nodes."""
+    paths = {os.path.realpath(p) for p in sys.path if os.path.isdir(p)}
+    executable = os.path.realpath(sys.executable)
+    with open("/proc/self/maps") as f:
+        for line in f:
+            fields = line.split(None, 5)
+            mapped = fields[5].strip() if len(fields) > 5 else ""
+            if mapped.startswith("/") and mapped != executable and os.path.isfile(mapped):
+                if not mapped.startswith(("/dev/", "/proc/", "/sys/", "/run/")):  # shared memory, not libraries
+                    paths.add(os.path.dirname(mapped))
+    paths = sorted(p for p in paths if p != "/" and not p.startswith(staging))
+    view = [p for p in paths if not any(p.startswith(other + "/") for other in paths)]
+    view += [d for d in DEVICES if os.path.exists(d)]
+
+    def kept(path):  # flags of the mount that holds `path` (the longest mount point above it)
+        return max(
+            ((point, flags) for point, flags in mounts if (path + "/").startswith(point.rstrip("/") + "/")),
+            key=lambda m: len(m[0]),
+            default=("/", 0),
+        )[1]
+
+    return [(path, kept(path)) for path in view]
+
+
+def _root_plan(view, staging):
+    """The mkdir and bind calls that build the root at `staging`, worked out once per zygote: each child
+    only replays them (os.makedirs in every child would cost a third of a millisecond)."""
+    dirs, files = [], []
+    for path, _ in view:
+        parent = path if os.path.isdir(path) else os.path.dirname(path)
+        parts = parent.strip("/").split("/")
+        for i in range(1, len(parts) + 1):
+            folder = staging + "/" + "/".join(parts[:i])
+            if folder not in dirs:
+                dirs.append(folder)
+        if parent != path:
+            files.append(staging + path)
+    dirs += [staging + "/tmp"] if staging + "/tmp" not in dirs else []  # the mount point of the program's tmpfs
+    binds = [(path, staging + path, flags | (0 if path in DEVICES else MS_NODEV)) for path, flags in view]
+    return {"staging": staging, "dirs": dirs, "files": files, "binds": binds}
+
+
+def _private_root(libc, plan, uid, limits):
+    """Make a fresh tmpfs holding only the host view (read-only binds) and a private /tmp our root.
+
+    Built at ``plan["staging"]`` (the worker's scratch directory, an empty mount point), then pivot_root
+    into it and detach the old root, so no host mount is left in this namespace: no sockets, secrets,
+    home directories or /var, whatever the program does (native code included)."""
+    staging = plan["staging"]
     _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)  # our mounts must not propagate to the host
-    for point, kept in mounts:
-        if point.startswith(("/proc", "/sys")):
-            continue
-        try:  # read-only everywhere: world-writable corners (/var/tmp, /dev/shm, ...) included
-            _mount(libc, None, point, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | kept)
-        except OSError:
-            if point == "/":
-                raise
+    _mount(libc, "tmpfs", staging, "tmpfs", MS_NOSUID | MS_NODEV, "size=64k,nr_inodes=256,mode=0755")
+    umask = os.umask(0o022)  # the sandbox uid must traverse these whatever the evaluator's umask
+    for folder in plan["dirs"]:
+        os.mkdir(folder, 0o755)
+    for file in plan["files"]:  # mount points for device nodes
+        os.close(os.open(file, os.O_CREAT | os.O_WRONLY, 0o644))
+    os.umask(umask)
+    for source, target, flags in plan["binds"]:
+        try:
+            _mount(libc, source, target, None, MS_BIND)
+        except OSError:  # a user namespace refuses a bind that would reveal what its locked submounts cover
+            _mount(libc, source, target, None, MS_BIND | MS_REC)
+        _mount(libc, None, target, None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | flags)
     size = f"size={limits['disk_mb']}m,nr_inodes={limits['max_files']},mode=0700,uid={uid},gid={uid}"
-    _mount(libc, "tmpfs", "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, size)
-    for hidden in ("/proc", "/sys"):
-        if os.path.isdir(hidden):
-            _mount(libc, "tmpfs", hidden, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV, "size=4k,mode=0555")
+    # noexec: the program cannot map native code it wrote (an extension module) from its own files
+    _mount(libc, "tmpfs", staging + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, size)
+    os.chdir(staging)
+    number = PIVOT_ROOT.get(os.uname().machine)
+    if number is not None and libc.syscall(number, b".", b".") == 0:
+        # the old root now sits on top of the new one: detach it, and every host mount with it
+        _check(libc, libc.umount2(b".", MNT_DETACH), "umount old root")
+    else:  # no pivot_root (an initramfs root, an unknown architecture): move and chroot
+        _mount(libc, staging, "/", None, MS_MOVE)
+        os.chroot(".")
+    _mount(libc, None, "/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir("/tmp")
 
 
@@ -131,7 +199,7 @@ def _drop_capabilities(libc):
     _check(libc, libc.capset(ctypes.byref(Header(0x20080522, 0)), data), "capset")
 
 
-def _isolate(libc, caps, mounts, uid, limits, workdir):
+def _isolate(libc, caps, plan, uid, limits, workdir):
     """Apply the isolation the probe found to work; any failure here is fatal for the sample."""
     root = caps["root"]
     flags = (CLONE_NEWNET if caps["network"] else 0) | (CLONE_NEWNS | CLONE_NEWIPC if caps["filesystem"] else 0)
@@ -147,9 +215,12 @@ def _isolate(libc, caps, mounts, uid, limits, workdir):
             with open(f"/proc/self/{name}", "w") as f:
                 f.write(text)
     if caps["filesystem"]:
-        _private_mounts(libc, mounts, uid if root else me, limits)
+        _private_root(libc, plan, uid if root else me, limits)
     else:
         os.chdir(workdir)
+        if caps.get("chroot"):  # no mount namespace, but root can still make its directory its whole filesystem
+            os.chroot(".")
+            os.chdir("/")
     cpu = int(limits["timeout"]) + 2
     for limit, value in (
         (resource.RLIMIT_AS, limits["memory_mb"] << 20),
@@ -189,7 +260,7 @@ def _enter_pid_namespace(libc):
     os._exit(os.WEXITSTATUS(status))
 
 
-def _probe(libc, mounts, uid, limits, namespaces=True):
+def _probe(libc, plan, uid, limits, namespaces=True):
     """Find, once per zygote, which isolation layers this kernel lets us use (a forked trial each)."""
     root = os.geteuid() == 0
     trials = ((True, True), (True, False), (False, True), (False, False)) if namespaces else ((False, False),)
@@ -200,19 +271,20 @@ def _probe(libc, mounts, uid, limits, namespaces=True):
             "filesystem": filesystem,
             "user": root,
             "pid": not root and (network or filesystem),
+            "chroot": root and not filesystem,
         }
         workdir = None if filesystem else "/"
         pid = os.fork()
         if pid == 0:
             try:
                 os.closerange(3, 1 << 16)
-                _isolate(libc, caps, mounts, uid, dict(limits, max_processes=1), workdir)
+                _isolate(libc, caps, plan, uid, dict(limits, max_processes=1), workdir)
                 os._exit(0)
             except BaseException:
                 os._exit(1)
         if os.waitpid(pid, 0)[1] == 0:
             return caps
-    return {"root": root, "network": False, "filesystem": False, "user": False, "pid": False}
+    return {"root": root, "network": False, "filesystem": False, "user": False, "pid": False, "chroot": False}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -226,8 +298,10 @@ def _make_hook(caps, workdir, violations):
     """Build the hook from closure variables only: the program can reach module globals, not these.
 
     Where an OS layer is missing (no namespaces here) it also stands in for it, best effort: no sockets
-    without a network namespace; no /proc and no writes outside the working directory without a mount
-    namespace; no signals to other processes without a separate uid or PID namespace."""
+    without both a network and a mount namespace (unix sockets are reached by path); without a mount
+    namespace no /proc, no writes outside the working directory, and no reading or listing outside it,
+    the stdlib and the host view (``caps["view"]``); no signals to other processes without a separate uid
+    or PID namespace. Native code is not stopped by any of this (see the threat model)."""
     refuse = frozenset(
         {
             "sys._current_frames",
@@ -281,10 +355,13 @@ def _make_hook(caps, workdir, violations):
     two_paths = frozenset({"os.rename", "shutil.move", "shutil.copyfile", "shutil.copytree"})
     frame_attrs = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame", "f_back"})
     banned = frozenset(BANNED_MODULES)
-    block_network, block_fs = not caps["network"], not caps["filesystem"]
+    block_fs = not caps["filesystem"]
+    block_sockets = block_fs or not caps["network"]
+    list_events = frozenset({"os.listdir", "os.scandir", "glob.glob", "os.listxattr", "os.getxattr"})
     block_signals = not (caps["user"] or caps.get("pid"))
     write_flags = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
     own_pid, root_slash = os.getpid(), workdir.rstrip("/") + "/"
+    read_roots = tuple({p.rstrip("/") + "/" for p in [*caps.get("view", ()), *sys.path] if p} | {root_slash})
     isinstance_, str_, bytes_, int_, len_ = isinstance, str, bytes, int, len
     # Unbound methods: the program may pass str subclasses whose split/__eq__/__contains__ lie.
     split, str_eq, str_find, startswith = str.split, str.__eq__, str.find, str.startswith
@@ -308,6 +385,18 @@ def _make_hook(caps, workdir, violations):
             return False
         return str_find(path, "..") >= 0 or (startswith(path, "/") and not startswith(path + "/", root_slash))
 
+    def unreadable(path):
+        """Would reading or listing this path leave the working directory, the stdlib and the host view?"""
+        if path is None or isinstance_(path, int_):
+            return False  # the working directory, or an fd the program already holds
+        if isinstance_(path, bytes_):
+            path = decode(path, "utf-8", "surrogateescape")
+        elif not isinstance_(path, str_):
+            return True
+        if str_find(path, "..") >= 0 or str_find(path, "proc") >= 0:
+            return True
+        return startswith(path, "/") and not startswith(path + "/", read_roots)
+
     def hook(event, args):
         if event == "object.__getattr__":
             if args[1] in frame_attrs:  # names raised by C code are exact str constants
@@ -321,7 +410,8 @@ def _make_hook(caps, workdir, violations):
             return
         if event == "open":
             flags = args[2]
-            if block_fs and outside(args[0], isinstance_(flags, int_) and flags & write_flags):
+            writing = isinstance_(flags, int_) and flags & write_flags
+            if block_fs and (outside(args[0], writing) or unreadable(args[0])):
                 note(event)
                 raise PermissionError("sandbox: path refused")
             return
@@ -338,9 +428,12 @@ def _make_hook(caps, workdir, violations):
             raise ValueError("sandbox: frame access is disabled")  # the ValueError typing/enum tolerate
         if event == "sys.addaudithook":
             raise RuntimeError("sandbox: audit hooks are fixed")  # RuntimeError: refused silently
-        if event in refuse or startswith(event, "ctypes.") or (block_network and startswith(event, "socket.")):
+        if event in refuse or startswith(event, "ctypes.") or (block_sockets and startswith(event, "socket.")):
             note(event)
             raise PermissionError("sandbox: " + event + " is disabled")
+        if block_fs and event in list_events and unreadable(args[0] if len_(args) else None):
+            note(event)
+            raise PermissionError("sandbox: path refused")
         if block_fs and event in path_events:
             if (
                 outside(args[0], True)
@@ -467,7 +560,7 @@ def _imported_names(source):
     return names
 
 
-def _child(sock, fds, job, caps, libc, mounts, uid, snapshot, workdir, hook_on):
+def _child(sock, fds, job, caps, libc, plan, uid, snapshot, workdir, hook_on):
     """The forked child: wire up fds, read the payload, isolate, run. Never returns."""
     exit_, nonce = os._exit, b""
     try:
@@ -488,7 +581,7 @@ def _child(sock, fds, job, caps, libc, mounts, uid, snapshot, workdir, hook_on):
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.close(null)
-        _isolate(libc, caps, mounts, uid, job["limits"], workdir)
+        _isolate(libc, caps, plan, uid, job["limits"], workdir)
         for name in [m for m in sys.modules if _banned(m)]:
             del sys.modules[name]
         os.environ.clear()
@@ -572,10 +665,16 @@ def main():
     libc = ctypes.CDLL(None, use_errno=True)
     uid, limits = settings["uid"], settings["limits"]
     mounts = _mount_points()
+    view = _host_view(mounts, settings["scratch"])
+    plan = _root_plan(view, settings["scratch"])
     if os.geteuid() == 0:
         _kill_uid(uid)  # leftovers of an earlier evaluator that died with this uid (we hold its lock now)
-    caps = _probe(libc, mounts, uid, limits, settings.get("namespaces", True))
-    caps["stdlib_readable"] = _world_readable(os.path.dirname(os.__file__))
+    caps = _probe(libc, plan, uid, limits, settings.get("namespaces", True))
+    # in the private root the directories above the stdlib are ours (0755): only its own mode counts there
+    stdlib = os.path.dirname(os.__file__)
+    own_mode_ok = os.stat(stdlib).st_mode & 0o005 == 0o005
+    caps["stdlib_readable"] = own_mode_ok if caps["filesystem"] else not caps["chroot"] and _world_readable(stdlib)
+    caps["view"] = [path for path, _ in view]
     snapshot = _snapshot()
     sock.send(json.dumps(caps).encode())
     while True:
@@ -595,7 +694,7 @@ def main():
                 os.chown(workdir, uid, uid)
         pid = os.fork()
         if pid == 0:
-            _child(sock, fds, job, caps, libc, mounts, uid, snapshot, workdir, settings["audit_hook"])
+            _child(sock, fds, job, caps, libc, plan, uid, snapshot, workdir, settings["audit_hook"])
         for fd in fds:
             os.close(fd)
         sock.send(f"pid {pid}".encode())

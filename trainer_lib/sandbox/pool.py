@@ -15,6 +15,7 @@ import logging
 import os
 import pwd
 import queue
+import re
 import secrets
 import select
 import shutil
@@ -83,6 +84,15 @@ DEFAULT_PRELOAD = (
     "encodings.cp1252",
 )
 SANDBOX_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8"}
+DETAIL_BYTES = 1000  # ExecResult.detail (what the program raised) is cut to this many bytes of UTF-8
+REDACT_MARGIN = 1024  # raw output kept beyond keep_output_bytes, so a secret at the cut is still redacted whole
+CUT = " [cut]"
+# Beyond what logs redact: bearer tokens such as a Kubernetes service-account token, and private keys.
+TOKEN_SHAPES = re.compile(
+    r"\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*"
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----.*?(-----END [A-Z ]*PRIVATE KEY-----|$)",
+    re.DOTALL,
+)
 
 
 _warned = False  # log the environment warnings once per process
@@ -99,7 +109,7 @@ class SandboxConfig:
     timeout: float = 3.0  # wall-clock seconds per program, from fork to exit; the process group is killed
     memory_mb: int = 512  # RLIMIT_AS (address space; the interpreter itself needs ~40 MiB)
     max_output_bytes: int = 1 << 20  # stdout+stderr beyond this kills the program: status output_limit
-    keep_output_bytes: int = 4096  # how much of the output is kept in ExecResult.output
+    keep_output_bytes: int = 4096  # how much of the output is kept in ExecResult.output (after redaction)
     file_mb: int = 16  # RLIMIT_FSIZE: largest file the program may write
     disk_mb: int = 64  # size of the private tmpfs that is the program's working directory
     max_files: int = 1024  # inodes of that tmpfs
@@ -141,13 +151,13 @@ class ExecResult:
 
     passed: bool
     status: str  # one of STATUSES
-    detail: str
+    detail: str  # redacted, at most DETAIL_BYTES (it may quote what the program raised)
     duration: float  # seconds, fork to exit
     network_isolated: bool  # ran in its own network namespace (no interfaces up)
-    filesystem_isolated: bool  # private mount table: read-only system, private /tmp, no /proc
+    filesystem_isolated: bool  # own root: the stdlib and its libraries read-only, a private /tmp, nothing else
     user_isolated: bool  # ran as a separate unprivileged uid (cannot signal the evaluator or other samples)
     tests: tuple[bool, ...] = ()  # per test, in order; empty if the program never got to its tests
-    output: str = ""  # start of stdout+stderr
+    output: str = ""  # start of stdout+stderr: redacted, at most SandboxConfig.keep_output_bytes
     exit_code: int | None = None  # negative: killed by that signal
 
     @property
@@ -293,9 +303,11 @@ class _Worker:
         duration = time.monotonic() - start
         if not reply or not reply.startswith(b"exit "):
             raise SandboxError("the sandbox worker died")
-        return _classify(
+        result = _classify(
             int(reply.split()[1]), verdict, nonce, reason, len(program.tests), output, duration, self.caps, timeout
         )
+        output, detail = published(result.output, cfg.keep_output_bytes), published(result.detail, DETAIL_BYTES)
+        return dataclasses.replace(result, output=output, detail=detail)
 
     def _communicate(self, open_fds, payload, deadline):
         """Feed stdin, drain output (capped) and verdict until both close, the deadline or the cap."""
@@ -329,13 +341,30 @@ class _Worker:
                     open_reads.discard(fd)
                 elif fd == out_r:
                     total += len(data)
-                    if len(kept) < cfg.keep_output_bytes:
-                        kept += data[: cfg.keep_output_bytes - len(kept)]
+                    if len(kept) < cfg.keep_output_bytes + REDACT_MARGIN:
+                        kept += data[: cfg.keep_output_bytes + REDACT_MARGIN - len(kept)]
                     if total > cfg.max_output_bytes:
                         return bytes(kept), bytes(verdict), "output_limit"
                 elif len(verdict) < (1 << 16):
                     verdict += data
         return bytes(kept), bytes(verdict), None
+
+
+def published(text: str, limit: int) -> str:
+    """What of a program's output or exception may reach our results, samples and logs: redacted as logs
+    are (:func:`trainer_lib.storage.redact`: this process's credentials, key- and token-shaped strings),
+    bearer tokens and private keys blanked too, then cut to ``limit`` bytes of UTF-8."""
+    if not text:
+        return text
+    from trainer_lib.storage import redact
+
+    text = TOKEN_SHAPES.sub("***", redact(text))
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= limit:
+        return text
+    if limit < 4 * len(CUT):  # too short to spend on the marker
+        return raw[:limit].decode("utf-8", "ignore")
+    return raw[: limit - len(CUT)].decode("utf-8", "ignore") + CUT
 
 
 def _kill_group(pid: int) -> None:
@@ -478,9 +507,11 @@ class Sandbox:
             if not caps.get("stdlib_readable", True):
                 log.warning(
                     "sandbox: the sandbox uid cannot read this interpreter's stdlib (%s), so programs "
-                    "can import only the preloaded modules; set SandboxConfig.python to a "
-                    "world-readable interpreter to lift that",
+                    "can import only the preloaded modules; %s",
                     os.path.dirname(os.__file__),
+                    "without namespaces root chroots each program into its own directory"
+                    if caps.get("chroot")
+                    else "set SandboxConfig.python to a world-readable interpreter to lift that",
                 )
             if not (caps["network"] and caps["filesystem"]):
                 log.warning(
@@ -501,7 +532,9 @@ class Sandbox:
 
     @property
     def isolation(self) -> dict:
-        """The layers the workers use: network, filesystem, user (own uid), pid (PID namespace), root."""
+        """The layers the workers use: network, filesystem, user (own uid), pid (PID namespace), root, chroot
+        (root without namespaces: each program chrooted into its own directory), and the host paths that
+        a program's root shows (``view``; without a mount namespace, what the audit hook lets Python read)."""
         worker = self._acquire()
         try:
             return dict(worker.caps)
@@ -518,7 +551,7 @@ class Sandbox:
             worker.broken = True
             worker.proc.kill()
             log.warning("sandbox worker failed: %s", exc)
-            return ExecResult(False, "sandbox_error", str(exc), 0.0, False, False, False)
+            return ExecResult(False, "sandbox_error", published(str(exc), DETAIL_BYTES), 0.0, False, False, False)
         finally:
             self._release(worker)
 
