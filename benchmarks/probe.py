@@ -94,6 +94,7 @@ class Probe:
         self.marks: list[tuple[float, int, int]] = []  # (time, trained, generated) at each step end
         self.losses: list[float] = []
         self.parameters = 0
+        self.one_off_seconds = 0.0  # work done once for the whole run (DPO's precomputed reference)
         self.peak_flops = measure_peak_flops(device)
 
     def install(self) -> None:
@@ -174,11 +175,13 @@ class Probe:
         t0, trained0, generated0 = self.marks[warmup - 1]
         t1, trained1, generated1 = self.marks[-1]
         steps = len(self.marks) - warmup
-        seconds = max(t1 - t0, 1e-9)
+        # one-off work is charged to the timed steps pro rata: it served every step of the run
+        seconds = max(t1 - t0 + self.one_off_seconds * steps / len(self.marks), 1e-9)
         trained = trained1 - trained0
         out = {
             "timed_steps": steps,
             "seconds": seconds,
+            "one_off_seconds": self.one_off_seconds,
             "trained_tokens": trained,
             "tokens_per_s": trained / seconds,
             "peak_memory_bytes": self.peak_memory_bytes(),

@@ -1,6 +1,7 @@
 """posttrain against TRL on the same workload, run alternately in fresh processes.
 
     python -m benchmarks.vs_trl --algo sft --rounds 3 --steps 8 [--json OUT] [--device cpu|cuda]
+    python -m benchmarks.vs_trl --algo all --size suite      # make bench: 4 stages x 2 shapes
 
 One model (a Llama built from scratch from one config, with one tokenizer trained on the data),
 one synthetic data set (chat rows with log-normal lengths between 16 and 1,024 tokens, seeded) and
@@ -35,11 +36,32 @@ SIZES = {
     "small": dict(
         num_layers=4, hidden_size=256, num_heads=4, num_kv_heads=2, intermediate=1024, vocab=2048, max_length=1024
     ),
-    # Qwen2.5-0.5B-like blocks (bf16, CUDA only); the vocabulary stays what the tokenizer learns.
+    # Qwen2.5-0.5B's blocks and its padded 151,936-row vocabulary (of which the tokenizer uses 8,192 ids),
+    # 2 of its 24 layers: where the LM head dominates, as in the models users train
+    "real": dict(
+        num_layers=2,
+        hidden_size=896,
+        num_heads=14,
+        num_kv_heads=2,
+        intermediate=4864,
+        vocab=8192,
+        embedding_rows=151936,
+        max_length=1024,
+    ),
+    # all 24 of Qwen2.5-0.5B's layers (bf16, CUDA only)
     "0.5b": dict(
-        num_layers=24, hidden_size=896, num_heads=14, num_kv_heads=2, intermediate=4864, vocab=8192, max_length=1024
+        num_layers=24,
+        hidden_size=896,
+        num_heads=14,
+        num_kv_heads=2,
+        intermediate=4864,
+        vocab=8192,
+        embedding_rows=151936,
+        max_length=1024,
     ),
 }
+#: ``make bench``: every stage at these sizes, on CPU.
+SUITE_SIZES = ("small", "real")
 
 
 def length_reward(prompts, completions, **kwargs) -> list[float]:
@@ -116,6 +138,7 @@ def build_workload(args, workdir: str) -> dict:
         intermediate_size=size["intermediate"],
         max_positions=max(max_length, 1024) + 512,
         seed=args.seed,
+        embedding_rows=size.get("embedding_rows", 0),
     )
     model_dir = os.path.join(workdir, "model")
     model.save_pretrained(model_dir, safe_serialization=True)
@@ -206,13 +229,18 @@ def describe_profile(side: str, profile: dict) -> str:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m benchmarks.vs_trl", description=__doc__.split("\n\n")[0])
-    p.add_argument("--algo", choices=ALGOS, required=True)
+    p.add_argument("--algo", choices=(*ALGOS, "all"), required=True, help="all: each stage in turn")
     p.add_argument("--json", help="write every round's figures and the medians here")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--steps", type=int, default=8, help="optimizer steps per run")
     p.add_argument("--warmup", type=int, default=2, help="first steps left out of the timing (at most steps-1)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--size", choices=tuple(SIZES), default=None, help="default: small on cpu, 0.5b on cuda")
+    p.add_argument(
+        "--size",
+        choices=(*SIZES, "suite"),
+        default=None,
+        help=f"default: small on cpu, 0.5b on cuda; suite: {', '.join(SUITE_SIZES)} in turn",
+    )
     p.add_argument("--max-length", type=int, default=0, help="default: the size's (1024; tiny 128)")
     p.add_argument("--batch-size", type=int, default=4)
     p.add_argument("--accumulation", type=int, default=2)
@@ -227,13 +255,36 @@ def parse_args(argv):
     p.add_argument("--profile", action="store_true", help="then one profiled run per side: where step time goes")
     args = p.parse_args(argv)
     args.size = args.size or ("0.5b" if args.device == "cuda" else "small")
-    if args.algo == "grpo":
-        args.accumulation = 1  # one optimizer step over all of a step's completions, on both sides
     return args
+
+
+def runs(args) -> list[argparse.Namespace]:
+    """One set of arguments per (size, stage) that ``args`` names."""
+    out = []
+    for size in SUITE_SIZES if args.size == "suite" else (args.size,):
+        for algo in ALGOS if args.algo == "all" else (args.algo,):
+            one = argparse.Namespace(**{**vars(args), "size": size, "algo": algo})
+            if algo == "grpo":
+                one.accumulation = 1  # one optimizer step over all of a step's completions, on both sides
+            if args.json and (args.size == "suite" or args.algo == "all"):
+                one.json = f"{os.path.splitext(args.json)[0]}-{size}-{algo}.json"
+            out.append(one)
+    return out
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    ratios = [(one.size, one.algo, run_one(one)) for one in runs(args)]
+    if len(ratios) > 1:
+        print("\nsize   stage   throughput ours/TRL  memory ours/TRL")
+        for size, algo, ratio in ratios:
+            if ratio:
+                print(f"ratio size={size} algo={algo} throughput={ratio[0]} memory={ratio[1]}")
+    return 0
+
+
+def run_one(args) -> tuple[str, str] | None:
+    """Run one (size, stage) side by side; ``(throughput ratio, memory ratio)`` as printed, or None."""
     sides = ["ours"] if args.ours_only else ["ours", "trl"]
     pythons = {"ours": sys.executable, "trl": args.trl_python}
     with tempfile.TemporaryDirectory(prefix="vs_trl_") as workdir:
@@ -274,11 +325,11 @@ def main(argv=None) -> int:
                 indent=1,
             )
     if args.ours_only:
-        return 0
-    throughput = medians["ours"]["tokens_per_s"] / medians["trl"]["tokens_per_s"]
-    memory = medians["ours"]["peak_memory_bytes"] / medians["trl"]["peak_memory_bytes"]
-    print(f"ratio throughput={significant(throughput)} memory={significant(memory)}")
-    return 0
+        return None
+    throughput = significant(medians["ours"]["tokens_per_s"] / medians["trl"]["tokens_per_s"])
+    memory = significant(medians["ours"]["peak_memory_bytes"] / medians["trl"]["peak_memory_bytes"])
+    print(f"ratio throughput={throughput} memory={memory}")
+    return throughput, memory
 
 
 if __name__ == "__main__":

@@ -107,7 +107,7 @@ NO_EFFECT: dict[str, str] = {
     "remove_unused_columns": "only the columns of the data format are read",
     "logging_first_step": "the first record is logged at logging_steps",
     "include_num_input_tokens_seen": "every log record has tokens_per_s",
-    "use_liger_kernel": "transformers' own modules are used",
+    "use_liger_kernel": "transformers' own modules; the LM head is tiled anyway (model.chunked_lm_head)",
     "gradient_checkpointing_kwargs": "engine.gradient_checkpointing turns recomputation on with posttrain's settings",
     "log_completions": "completions are not logged one by one; metrics.jsonl has their mean reward and length",
 }

@@ -65,6 +65,9 @@ class ModelConfig:
     chat_template: str = opt("", "Chat template: chatml, llama3, zephyr, Jinja text or file (empty: the tokenizer's).")
     attn_implementation: str = opt("sdpa", "Attention kernel of transformers (docs/configuration.md).", ATTENTIONS)
     trust_remote_code: bool = opt(False, "Allow custom modelling code from the model repo.")
+    chunked_lm_head: bool = opt(
+        True, "Log-probs and losses through the LM head a tile at a time, never all logits (docs/performance.md)."
+    )
 
 
 #: How rows of several datasets (``data.dataset``) are combined, as LLaMA-Factory's ``mix_strategy``.

@@ -260,16 +260,22 @@ def sequence_logps(logits, input_ids, completion_mask, segment_ids=None):
     Token ``t`` is predicted from position ``t - 1``; the mask is aligned to the predicted token. A
     packed row (``segment_ids`` numbering its sequences 0..N-1 in order) is summed per sequence.
     """
-    import torch
 
     mask = completion_mask[:, 1:].to(logits.device)
-    per_token = token_logps(logits, input_ids.to(logits.device)) * mask
+    return summed_logps(token_logps(logits, input_ids.to(logits.device)) * mask, mask, segment_ids)
+
+
+def summed_logps(per_token, mask, segment_ids=None):
+    """``(summed log-probs, token counts)`` of :func:`sequence_logps` from per-token log-probs ``(N, T-1)``
+    (0 outside ``mask``, the completion mask aligned to the predicted token)."""
+    import torch
+
     if segment_ids is None:
         return per_token.sum(-1), mask.sum(-1)
     rows = int(segment_ids[0, -1]) + 1
-    segments = segment_ids[0, 1:].to(logits.device)
+    segments = segment_ids[0, 1:].to(per_token.device)
     summed = per_token.new_zeros(rows).index_add(0, segments, per_token[0])
-    counts = torch.zeros(rows, dtype=torch.long, device=logits.device).index_add(0, segments, mask[0].long())
+    counts = torch.zeros(rows, dtype=torch.long, device=per_token.device).index_add(0, segments, mask[0].long())
     return summed, counts
 
 

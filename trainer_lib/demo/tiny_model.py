@@ -66,13 +66,15 @@ def build_tiny_llama(
     intermediate_size: int | None = None,
     max_positions: int = 1024,
     seed: int = 0,
+    embedding_rows: int = 0,
 ):
-    """A randomly initialised Llama with the tokenizer's vocabulary and special ids."""
+    """A randomly initialised Llama with the tokenizer's vocabulary and special ids; ``embedding_rows``
+    pads the embedding and LM head past the tokenizer's ids, as real vocabularies are padded."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
-        vocab_size=len(tokenizer),
+        vocab_size=max(len(tokenizer), embedding_rows),
         hidden_size=hidden_size,
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,

@@ -82,6 +82,10 @@ class TrainOrder:
             _, group = self.schedule.index(step, slot, self.rank)
             yield self.split.groups[group], self.split.collated(self.split.groups[group])
 
+    def covers_epoch(self) -> bool:
+        """Whether the run trains on every micro-batch at least once."""
+        return self.steps * self.schedule.batches_per_step() >= len(self.split.groups)
+
     def epoch(self, step: int) -> int:
         """The epoch of the last micro-batch of ``step`` (for the log)."""
         return self.schedule.index(step, self.schedule.accumulation - 1, self.rank)[0]

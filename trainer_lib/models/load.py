@@ -107,7 +107,7 @@ def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None =
 
         attention = register()
     try:
-        return load_pretrained(
+        model = load_pretrained(
             AutoModelForCausalLM,
             resolve_model_path(source),
             placement,
@@ -118,6 +118,11 @@ def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None =
         )
     except (OSError, ValueError) as exc:  # not a model directory, unknown hub id, missing weights or config
         raise _failed("model.path", "a causal LM", source, revision, exc) from None
+    if not cfg.chunked_lm_head:
+        from trainer_lib.models.lm_head import use_full_logits
+
+        use_full_logits(model)
+    return model
 
 
 def load_pretrained(auto_class, source: str, placement=None, **kwargs):

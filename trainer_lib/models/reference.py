@@ -41,10 +41,17 @@ class SequenceLogps:
 
 def forward_logps(model, batch: dict, device) -> SequenceLogps:
     """ONE forward pass over all ``2B`` rows of a batch -> per-sequence log-probs of each half."""
-    from trainer_lib.data.preference_batches import model_inputs, sequence_logps, split_halves
+    from trainer_lib.data.preference_batches import model_inputs, sequence_logps, split_halves, summed_logps
+    from trainer_lib.models.lm_head import scored_logprobs
 
-    logits = model(**model_inputs(batch, device), use_cache=False).logits
-    summed, counts = sequence_logps(logits, batch["input_ids"], batch["completion_mask"], batch.get("segment_ids"))
+    inputs, ids, segments = model_inputs(batch, device), batch["input_ids"], batch.get("segment_ids")
+    mask = batch["completion_mask"][:, 1:].to(device)
+    scored = scored_logprobs(model, inputs, ids[:, 1:].to(device), mask)
+    if scored is None:
+        logits = model(**inputs, use_cache=False).logits
+        summed, counts = sequence_logps(logits, ids, batch["completion_mask"], segments)
+    else:
+        summed, counts = summed_logps(scored[0], mask, segments)
     return SequenceLogps(*split_halves(summed), *split_halves(counts))
 
 

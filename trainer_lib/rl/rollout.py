@@ -254,6 +254,13 @@ def token_logprobs(
     device = next(model.parameters()).device
     inputs = rollout.model_inputs(device)
     width = rollout.response_ids.shape[1]
+    mask = rollout.response_mask.to(device)
+    if allowed is None and not entropy_grad:  # the LM head a tile at a time (models/lm_head.py)
+        from trainer_lib.models.lm_head import scored_logprobs
+
+        scored = scored_logprobs(model, inputs, rollout.response_ids.to(device), mask, temperature, with_entropy)
+        if scored is not None:
+            return scored
     logits = model(**inputs, use_cache=False, logits_to_keep=width + 1).logits[:, :-1].float()
     if temperature > 0 and temperature != 1.0:
         logits = logits / temperature
@@ -262,7 +269,6 @@ def token_logprobs(
     targets = rollout.response_ids.to(device)
     normalizer = torch.logsumexp(logits, dim=-1)
     logprobs = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - normalizer
-    mask = rollout.response_mask.to(device)
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):

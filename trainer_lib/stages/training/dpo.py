@@ -49,14 +49,20 @@ class DPOConfig(TrainingConfig):
     beta_filter: float = opt(
         0.0, "beta-DPO: share of each batch's pairs dropped, sampled by a Gaussian around the running margin."
     )
-    reference: str = opt("auto", "Reference: frozen model, cached table, LoRA off; auto: adapter if LoRA.", REFERENCES)
+    reference: str = opt("auto", "Reference: frozen model, cached table, LoRA off; auto: docs/training.md.", REFERENCES)
     reference_model_path: str | None = opt(None, "Reference model; default model.path.")
     reference_logps_path: str | None = opt(None, "Precomputed log-probs' cache; default <output_dir>/reference_logps.")
 
-    def reference_mode(self) -> str:
+    def reference_mode(self, whole_epoch: bool = False) -> str:
+        """``whole_epoch``: the run trains on every train row at least once. Then ``auto`` precomputes a
+        paired loss's reference (each row's log-probs once, instead of a forward per row, epoch and
+        evaluation; no reference model in memory while training). KTO's KL completions depend on
+        which rows share a micro-batch, so they are never precomputed by ``auto``."""
         if self.loss == "simpo":
             return "none"
         if self.reference == "auto":
+            if whole_epoch and self.loss != "kto":
+                return "precomputed"
             return "adapter" if self.lora.r > 0 else "model"
         return self.reference
 
@@ -350,9 +356,9 @@ def evaluate_all(engine, strategy, sets: dict, reference, objective, cfg: DPOCon
 # --------------------------------------------------------------------------- reference
 
 
-def build_reference(cfg: DPOConfig, strategy, engine, sets: dict) -> tuple[Callable | None, str | None]:
-    """``(reference, status)`` for ``cfg.reference_mode()``: a frozen model, the LoRA policy with its adapters
-    disabled, a precomputed table (status "loaded" or "computed"), or None (SimPO is reference-free)."""
+def build_reference(cfg: DPOConfig, strategy, engine, sets: dict, mode: str) -> tuple[Callable | None, str | None]:
+    """``(reference, status)`` for ``mode`` (``cfg.reference_mode()``): a frozen model, the LoRA policy with its
+    adapters disabled, a precomputed table (status "loaded" or "computed"), or None (SimPO is reference-free)."""
     from trainer_lib.models.load import load_causal_lm
     from trainer_lib.models.reference import AdapterReference, FrozenModelReference, precomputed_reference
 
@@ -368,7 +374,6 @@ def build_reference(cfg: DPOConfig, strategy, engine, sets: dict) -> tuple[Calla
             else frozen_model()
         )
 
-    mode = cfg.reference_mode()
     if mode == "model":
         return frozen_model(), None
     if mode == "adapter":
@@ -421,8 +426,8 @@ def run(cfg: DPOConfig) -> dict:
     )
 
     # ---- reference (before the step-0 evaluation, which uses it)
-    mode = cfg.reference_mode()
-    reference, status = build_reference(cfg, strategy, engine, sets)
+    mode = cfg.reference_mode(whole_epoch=order.covers_epoch())
+    reference, status = build_reference(cfg, strategy, engine, sets, mode)
     cadence.restore(
         f"loss={cfg.loss}, reference={mode}, {len(train.examples)} train examples ({fmt}), "
         f"{len(train.groups)} micro-batches"

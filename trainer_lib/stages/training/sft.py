@@ -69,13 +69,14 @@ def load_data(cfg: SFTConfig, tokenizer, device) -> tuple[SplitBatches, SplitBat
 
 def evaluate_loss(engine, strategy, evals: SplitBatches) -> dict:
     """``{"loss": x}``: token-weighted mean loss over ``evals`` (sharded across ranks)."""
+    from trainer_lib.models.lm_head import causal_lm_loss
 
     def sums(group: list[int]) -> dict:
         batch = evals.collated(group)
         n = int((batch["labels"][:, 1:] != -100).sum())
         if n == 0:
             return {"total": 0.0, "count": 0.0}
-        return {"total": float(engine(**batch, use_cache=False).loss) * n, "count": float(n)}
+        return {"total": float(causal_lm_loss(engine, batch)) * n, "count": float(n)}
 
     totals = strategy.sharded_sums(evals.groups, sums, {"total": 0.0, "count": 0.0}, models=(engine,))
     return {"loss": totals["total"] / max(totals["count"], 1)}
@@ -86,6 +87,7 @@ def run(cfg: SFTConfig) -> dict:
     from trainer_lib.engine.batch_size import resolve_batch_size
     from trainer_lib.engine.strategy import DeepSpeedStrategy
     from trainer_lib.loop.cadence import Cadence
+    from trainer_lib.models.lm_head import causal_lm_loss
     from trainer_lib.models.load import apply_lora, load_causal_lm, load_tokenizer
 
     resolve_batch_size(cfg)
@@ -109,10 +111,10 @@ def run(cfg: SFTConfig) -> dict:
     # ---- the loop
     for step in cadence.steps():
         for ids, batch in order.micro_batches(step):
-            out = engine(**batch, use_cache=False)
-            strategy.backward(out.loss, engine)
+            loss = causal_lm_loss(engine, batch)
+            strategy.backward(loss, engine)
             strategy.optimizer_step(engine)
-            cadence.window.add("loss", out.loss)
+            cadence.window.add("loss", loss)
             cadence.window.count(samples=len(ids), tokens=count_tokens(batch))
         cadence.after_step(step, epoch=order.epoch(step))
 

@@ -1,0 +1,104 @@
+"""Token log-probs and losses of a causal LM through its LM head a tile at a time (``losses/chunked_head.py``).
+
+The model runs with ``logits_to_keep=1`` (transformers projects one position onto the vocabulary)
+and returns its final, normalised hidden states; only the positions that are scored (completion
+tokens, SFT labels, RL responses) go through the head. Used when the head is a plain ``Linear``
+without bias (Llama, Qwen2/3, Mistral, Gemma 1, Phi-3 ...), and not when:
+
+* ``model.chunked_lm_head=false`` (the model is then marked at load, :func:`use_full_logits`);
+* the model rescales or caps its logits (``final_logit_softcapping`` of Gemma 2/3, ``logit_scale``);
+* the head is wrapped (LoRA on ``lm_head``, ``modules_to_save``) or partitioned by ZeRO-3;
+
+then the full logits are taken, as transformers computes them. Which path a stage uses is logged
+once per model (``lm head: ...``).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_FULL = "_posttrain_full_logits"
+
+
+def use_full_logits(model) -> None:
+    """Mark ``model`` (``model.chunked_lm_head=false``) to take full logits everywhere."""
+    setattr(model, _FULL, True)
+
+
+def _unwrapped(model):
+    model = getattr(model, "module", model)  # a DeepSpeed engine
+    return model.get_base_model() if hasattr(model, "get_base_model") else model  # a PeftModel
+
+
+def _why_full(base) -> str | None:
+    if getattr(base, _FULL, False):
+        return "model.chunked_lm_head=false"
+    head = base.get_output_embeddings() if hasattr(base, "get_output_embeddings") else None
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        return f"the output layer is a {type(head).__name__}, not a Linear without bias"
+    config = getattr(base, "config", None)
+    for key in ("final_logit_softcapping", "logit_scale", "output_multiplier_scale"):
+        if getattr(config, key, None) not in (None, 1, 1.0):
+            return f"the model's config sets {key}"
+    if hasattr(head.weight, "ds_id"):
+        return "ZeRO-3 partitions the head"
+    return None
+
+
+_SAID: set[int] = set()
+
+
+def head_weight(model) -> torch.Tensor | None:
+    """The LM head's weight if the tiled path applies to ``model``, else None (logged once)."""
+    base = _unwrapped(model)
+    reason = _why_full(base)
+    if id(base) not in _SAID:
+        _SAID.add(id(base))
+        log.info("lm head: %s", f"full logits ({reason})" if reason else "tiled log-probs, no full logits")
+    return None if reason else base.get_output_embeddings().weight
+
+
+def final_hidden(model, inputs: dict) -> torch.Tensor:
+    """``(B, T, H)`` final hidden states (after the last norm), with the head applied to one position only."""
+    out = model(**inputs, use_cache=False, output_hidden_states=-1, logits_to_keep=1)
+    return out.hidden_states[-1]
+
+
+def causal_lm_loss(model, batch: dict) -> torch.Tensor:
+    """Mean next-token cross-entropy over the labels that are not -100: ``model(**batch).loss``."""
+    from trainer_lib.losses.chunked_head import chunked_nll
+
+    weight = head_weight(model)
+    if weight is None:
+        return model(**batch, use_cache=False).loss
+    inputs = {key: value for key, value in batch.items() if key != "labels"}
+    targets = batch["labels"][:, 1:]
+    keep = targets != -100
+    hidden = final_hidden(model, inputs)[:, :-1][keep]
+    count = hidden.shape[0]
+    scale = torch.full((count,), 1.0 / max(count, 1), device=hidden.device)
+    return chunked_nll(hidden, weight, targets[keep], scale)
+
+
+def scored_logprobs(
+    model, inputs: dict, targets: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0, with_entropy=False
+) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """``log p(targets)`` where ``mask``, 0 elsewhere, ``(B, W)`` float32, for the last ``W`` positions'
+    targets (``targets[:, j]`` is predicted from position ``T - W - 1 + j``), and each masked position's
+    entropy (no gradient) with ``with_entropy``; None when the model takes full logits."""
+    from trainer_lib.losses.chunked_head import chunked_logprobs
+
+    weight = head_weight(model)
+    if weight is None:
+        return None
+    width = targets.shape[1]
+    keep = mask.bool()
+    hidden = final_hidden(model, inputs)[:, -width - 1 : -1][keep]
+    logprobs, entropy = chunked_logprobs(hidden, weight, targets[keep], temperature, with_entropy)
+    full = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
+    spread = full.masked_scatter(keep, logprobs)
+    return spread, None if entropy is None else full.masked_scatter(keep, entropy)
