@@ -166,7 +166,9 @@ def training_layers(values: dict, paths: dict) -> list:
 def run_in_processes(stage: str, cfg, processes: int, written: str = "summary.json") -> dict:
     """Run a built stage config in ``processes`` local workers, as ``posttrain <stage> --config F
     --nproc N`` (torchrun); returns what rank 0 wrote to ``written`` in the output directory (a training
-    stage's summary, evaluate's metrics.json). A worker's failure fails the step."""
+    stage's summary, evaluate's metrics.json). A worker's failure fails the step; workers stopped by SIGTERM
+    after their checkpoint (status 75; a SIGTERM to this process is passed on to them) raise
+    :class:`trainer_lib.loop.preemption.Preempted`, which the train component exits with as 75 (retryable)."""
     import json
     import subprocess
     import sys
@@ -180,7 +182,14 @@ def run_in_processes(stage: str, cfg, processes: int, written: str = "summary.js
         yaml.safe_dump(to_dict(cfg), fh, sort_keys=False)
     command = [sys.executable, "-m", "trainer_lib.cli", stage, "--config", fh.name, "--nproc", str(processes)]
     try:
-        if subprocess.run(command).returncode != 0:
+        from trainer_lib.loop.preemption import PREEMPTED_EXIT, Preempted, passing_sigterm_to
+
+        workers = subprocess.Popen(command)
+        with passing_sigterm_to(workers):  # a pod's SIGTERM reaches the workers, which checkpoint and stop
+            code = workers.wait()
+        if code == PREEMPTED_EXIT:
+            raise Preempted(f"posttrain {stage} --nproc {processes} stopped by SIGTERM after its checkpoint")
+        if code != 0:
             raise RuntimeError(f"posttrain {stage} --nproc {processes} failed (see the workers' log above)")
     finally:
         os.remove(fh.name)

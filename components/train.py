@@ -102,12 +102,18 @@ def train(
     cfg = stage_config(stage, layers, config_yaml)
     if checkpoint_root and not cfg.checkpoint_dir:
         cfg.checkpoint_dir = stable_checkpoint_dir(cfg, checkpoint_root, stage)
-    if nodes > 1:
-        summary = run_on_nodes(stage, cfg, nodes, gpus, checkpoint_root, accelerator)
-    elif gpus > 1:
-        summary = run_in_processes(stage, cfg, gpus)
-    else:
-        summary = run_config(stage, cfg)
+    from trainer_lib.loop.preemption import PREEMPTED_EXIT, Preempted
+
+    try:
+        if nodes > 1:
+            summary = run_on_nodes(stage, cfg, nodes, gpus, checkpoint_root, accelerator)
+        elif gpus > 1:
+            summary = run_in_processes(stage, cfg, gpus)
+        else:
+            summary = run_config(stage, cfg)
+    except Preempted as exc:  # SIGTERM: checkpoint written; status 75, and the task's retry resumes from it
+        print(f"preempted: {exc}", flush=True)
+        raise SystemExit(PREEMPTED_EXIT) from None
 
     import os
     import shutil

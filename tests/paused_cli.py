@@ -5,7 +5,11 @@
 A Python audit hook watches the process's file operations: ``mkdir`` (``os.mkdir``, so also
 ``os.makedirs``), ``rename`` (``os.rename`` / ``os.replace``, matched on the destination) and
 ``open`` (for writing). The first operation of kind EVENT whose path matches the regular expression
-PATTERN is held before it happens: the hook writes READY_FILE and blocks that thread for good.
+PATTERN is held before it happens: the hook writes READY_FILE and blocks that thread until the test
+kills the process or deletes READY_FILE (then the operation goes ahead: a test that sent SIGTERM
+meanwhile sees what the process does with it). ``audit`` holds at a custom audit event
+``tests.hold`` whose argument matches PATTERN (raised by test code the process runs, e.g. a
+reward function in the middle of a step).
 Nothing in trainer_lib is patched; the test waits for READY_FILE and kills the process there,
 instead of racing a tiny run that finishes in a second with a polling loop.
 
@@ -21,8 +25,9 @@ import os
 import re
 import sys
 import threading
+import time
 
-_EVENTS = {"mkdir": "os.mkdir", "rename": "os.rename", "open": "open"}
+_EVENTS = {"mkdir": "os.mkdir", "rename": "os.rename", "open": "open", "audit": "tests.hold"}
 
 
 def install(event: str, pattern: str, ready_file: str) -> None:
@@ -39,7 +44,8 @@ def install(event: str, pattern: str, ready_file: str) -> None:
         fired.set()  # (before the write below, which is an open too)
         with open(ready_file, "w", encoding="utf-8") as fh:
             fh.write(f"{name} {os.fsdecode(path)}\n")
-        threading.Event().wait()  # held here until the test kills the process
+        while os.path.exists(ready_file):  # held here until the test kills the process (or deletes the file)
+            time.sleep(0.01)
 
     sys.addaudithook(hook)
 

@@ -11,6 +11,7 @@ checkpoint: resuming refuses it, with one error line, and the code never runs.
 from __future__ import annotations
 
 import ast
+import json
 import os
 
 import pytest
@@ -171,6 +172,12 @@ def test_a_planted_pickle_in_a_checkpoint_is_refused_and_never_runs(
         target = out / "checkpoints" / "step-00000002" / planted
         original = torch.load(target, weights_only=True)  # what we write loads under the same rules
         torch.save({**original, "extra": _Payload(str(marker))} if isinstance(original, dict) else original, target)
+        # whoever can write the checkpoint can rewrite its marker's checksums: weights-only loading is what stops it
+        from trainer_lib.engine.checkpoint import MARKER, file_digests
+
+        complete = target.parent / MARKER
+        listed = {**json.loads(complete.read_text()), "files": file_digests(str(target.parent))}
+        complete.write_text(json.dumps(listed))
         capsys.readouterr()
         code = main([*args, "max_steps=4"])
     err = capsys.readouterr().err

@@ -4,6 +4,7 @@
     posttrain train FILE.yaml [key=value ...]     (the stage from the file's LLaMA-Factory `stage:`)
     posttrain humaneval --samples FILE --out DIR
     posttrain serve --repo DIR|s3://... [--http-port P] [--grpc-port Q]
+    posttrain deploy rollback repository=... model_name=... [to_version=N] [triton.url=...]
 
 Stages come from the registry in :mod:`trainer_lib.stages` and are imported lazily, so
 ``posttrain --help`` needs no torch. Commands that belong to the layers above the library
@@ -39,11 +40,15 @@ def one_line(exc: BaseException) -> str:
 
 def exit_code(exc: BaseException) -> int | None:
     """What a command exits with when ``exc`` stops it: 2 for a user's mistake (a bad file, path, setting
-    or row), 1 for an object store that failed after its retries (a retried pod may succeed); None for
-    anything else, which is a bug and keeps its traceback."""
+    or row), 1 for an object store that failed after its retries (a retried pod may succeed), 75 for a
+    stage stopped by SIGTERM after its checkpoint (retryable: the retry resumes); None for anything else,
+    which is a bug and keeps its traceback."""
     from trainer_lib.errors import UserError
+    from trainer_lib.loop.preemption import PREEMPTED_EXIT, Preempted
     from trainer_lib.storage import StorageError
 
+    if isinstance(exc, Preempted):
+        return PREEMPTED_EXIT
     if isinstance(exc, (UserError, FileNotFoundError)):
         return 2
     if isinstance(exc, StorageError):  # (its message names the location, with credentials redacted)
@@ -59,7 +64,9 @@ def run_command(command: Callable[[list[str]], int], argv: list[str]) -> int:
         code = exit_code(exc)
         if code is None:
             raise
-        print(f"error: {one_line(exc)}", file=sys.stderr)
+        from trainer_lib.loop.preemption import PREEMPTED_EXIT
+
+        print(f"{'preempted' if code == PREEMPTED_EXIT else 'error'}: {one_line(exc)}", file=sys.stderr)
         return code
 
 
@@ -134,6 +141,14 @@ def stage_main(name: str, argv: list[str]) -> int:
         )
     try:
         summary = run_config(name, cfg)
+    except RuntimeError as exc:  # a worker whose peer died: one line, the launcher names the rank and ends the job
+        from trainer_lib.engine.collectives import LOST_PEER_EXIT, lost_peer_line
+
+        line = lost_peer_line(exc) if "TORCHELASTIC_RUN_ID" in os.environ else None
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr, flush=True)
+        return LOST_PEER_EXIT
     finally:
         if "TORCHELASTIC_RUN_ID" in os.environ:  # a worker of --nproc / torchrun
             from trainer_lib.engine.strategy import leave_process_group
@@ -141,6 +156,10 @@ def stage_main(name: str, argv: list[str]) -> int:
             leave_process_group()
     if summary and int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(summary, indent=2, default=str))
+    if "TORCHELASTIC_RUN_ID" in os.environ:
+        from trainer_lib.engine.strategy import exit_worker
+
+        exit_worker(0)
     return 0
 
 
@@ -221,6 +240,8 @@ def main(argv: list[str] | None = None, extra_commands: dict[str, Command] | Non
     command, rest = argv[0], argv[1:]
     if command in commands:
         return run_command(commands[command][1], rest)
+    if command == "deploy" and rest[:1] == ["rollback"]:  # a subcommand of the deploy stage
+        return run_command(_lazy("trainer_lib.stages.lifecycle.rollback"), rest[1:])
     if command not in STAGES:
         print(f"error: unknown command '{command}' (see posttrain --help)", file=sys.stderr)
         return 2

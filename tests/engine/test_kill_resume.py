@@ -9,6 +9,12 @@ Kill points: before the first checkpoint, between checkpoints, after a checkpoin
 before its COMPLETE marker (locally, and on S3 where the retry is a fresh pod: new output_dir,
 empty cache), and while the final model is being moved into place. Six steps, a checkpoint
 every two, the last two kept.
+
+Preemption: the same points take SIGTERM instead (the process is held there, signalled, then let
+go): right after a checkpoint's files (its marker being written), in the middle of another
+checkpoint's save, and in the middle of a step between checkpoints (held inside its reward
+function). Each time the stage must stop at the end of that step with a complete checkpoint of it
+and exit status 75, and the rerun resume from that step.
 """
 
 from __future__ import annotations
@@ -26,9 +32,10 @@ import pytest
 import torch
 
 from tests.conftest import CHAT_ROWS, REPO, clean_env
-from tests.stages.training.rl_helpers import LENGTH_REWARD, one_thread, write_prompts
+from tests.stages.training.rl_helpers import LENGTH_REWARD, one_thread, write_prompts, write_reward_adapter
 from trainer_lib.cli import main
 from trainer_lib.engine.checkpoint import MARKER, tag_for
+from trainer_lib.loop.preemption import PREEMPTED_EXIT
 
 COMMON = ["max_steps=6", "save_steps=2", "save_total_limit=2", "logging_steps=1"]
 RL = [
@@ -45,15 +52,20 @@ RL = [
 
 @dataclasses.dataclass
 class Kill:
-    event: str  # tests.paused_cli: mkdir | rename | open
+    event: str  # tests.paused_cli: mkdir | rename | open | audit
     pattern: str  # regular expression on the path ({out}: the output directory)
     resumes_at: int  # the step the next run must resume from
+    signal: int = signal.SIGKILL  # SIGTERM: held, signalled, let go; it must stop with status 75
 
 
 BEFORE_FIRST = Kill("mkdir", tag_for(2) + "$", 0)
 BETWEEN = Kill("mkdir", tag_for(4) + "$", 2)
 UNMARKED = Kill("rename", f"{tag_for(4)}/{MARKER}$", 2)
 FINAL_MODEL = Kill("rename", r"{out}/model\.safetensors$", 6)
+TERM_AFTER_CHECKPOINT = Kill("rename", f"{tag_for(2)}/{MARKER}$", 2, signal.SIGTERM)
+TERM_DURING_SAVE = Kill("open", f"{tag_for(4)}/metrics\\.jsonl$", 4, signal.SIGTERM)  # after the engine's files
+TERM_MID_STEP = Kill("audit", "^3$", 3, signal.SIGTERM)  # in step 3's reward function (tests/engine/held_reward.py)
+HELD_REWARD = os.path.join(REPO, "tests", "engine", "held_reward.py") + ":reward"
 
 
 @dataclasses.dataclass
@@ -62,6 +74,7 @@ class Case:
     args: list[str]  # with {model}, {chat}, {pairs}, {prompts}, {feedback} placeholders
     kills: list[Kill]
     s3: bool = False  # checkpoint_dir on the S3 server; every rerun is a fresh pod
+    overrides: tuple[str, ...] = ()  # after COMMON
 
 
 CASES = {
@@ -76,7 +89,7 @@ CASES = {
             "lr=3e-3",
             "seed=1",
         ],
-        [BEFORE_FIRST, UNMARKED, FINAL_MODEL],
+        [BEFORE_FIRST, TERM_AFTER_CHECKPOINT, UNMARKED, TERM_DURING_SAVE, FINAL_MODEL],
     ),
     "reward": Case(
         "reward",
@@ -141,18 +154,39 @@ CASES = {
         [BETWEEN],
     ),
     "grpo": Case("grpo", ["model.path={model}", "data.path={prompts}", *RL, "seed=3"], [UNMARKED]),
-    "grpo_priority_feedback": Case(  # a live prompt pool: priorities, dynamic sampling, a feedback file
-        "grpo",
+    "ppo_multi_adapter": Case(  # one frozen base: policy, value and reward adapters and the value head
+        "ppo",
         [
             "model.path={model}",
             "data.path={prompts}",
             *RL,
-            "buffer.mode=priority",
-            "buffer.dynamic_sampling=true",
-            "data.feedback_path={feedback}",
-            "seed=8",
+            "multi_adapter=true",
+            "lora.r=4",
+            "lora.alpha=8",
+            "reward.model_path={reward_adapter}",
+            "reward.weights=1,0.1",
+            "ppo_epochs=2",
+            "mini_batch_size=8",
+            "seed=10",
         ],
         [BETWEEN],
+    ),
+    "grpo_multi_adapter": Case(  # policy and reward adapters on one frozen base; SIGTERM in step 3, off the
+        "grpo",  # save schedule and between two log records (its unlogged metric sums are checkpointed too)
+        [
+            "model.path={model}",
+            "data.path={prompts}",
+            *RL,
+            f"reward.functions={HELD_REWARD}",
+            "multi_adapter=true",
+            "lora.r=4",
+            "lora.alpha=8",
+            "reward.model_path={reward_adapter}",
+            "reward.weights=1,0.1",
+            "seed=11",
+        ],
+        [TERM_MID_STEP],
+        overrides=("logging_steps=4",),
     ),
     "grpo_rloo_s3": Case(
         "grpo",
@@ -189,6 +223,7 @@ def inputs(tiny_model_dir, chat_jsonl, tmp_path_factory) -> dict:
         "pairs": str(pairs),
         "prompts": write_prompts(root / "prompts.jsonl"),
         "feedback": os.path.dirname(write_prompts(root / "feedback" / "new.jsonl", count=30)),
+        "reward_adapter": write_reward_adapter(tiny_model_dir, root / "reward_adapter"),
     }
 
 
@@ -204,7 +239,8 @@ def _env(cache: str) -> dict:
 
 
 def _kill_at(argv: list[str], kill: Kill, out: str, env: dict, workdir) -> str:
-    """Start the stage, wait until it is held at ``kill``'s point, SIGKILL it; its output."""
+    """Start the stage, wait until it is held at ``kill``'s point, SIGKILL it (or send SIGTERM and let it
+    go on: it must then stop with status 75 within a minute); its output."""
     ready, log = workdir / "held", workdir / "killed.log"
     if ready.exists():
         ready.unlink()
@@ -223,12 +259,21 @@ def _kill_at(argv: list[str], kill: Kill, out: str, env: dict, workdir) -> str:
             if proc.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"never reached {kill} (exit {proc.poll()}):\n{log.read_text(errors='replace')[-3000:]}")
             time.sleep(0.02)
-        os.kill(proc.pid, signal.SIGKILL)
+        os.kill(proc.pid, kill.signal)
+        if kill.signal == signal.SIGTERM:
+            ready.unlink()  # let it go on
+            proc.wait(timeout=60)
     finally:
         proc.kill()
         proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    return log.read_text(errors="replace")
+    output = log.read_text(errors="replace")
+    if kill.signal == signal.SIGTERM:
+        assert proc.returncode == PREEMPTED_EXIT, output[-3000:]
+        last = output.strip().splitlines()[-1]
+        assert last.startswith("preempted: ") and f"stopped after step {kill.resumes_at} of 6" in last, last
+    else:
+        assert proc.returncode == -signal.SIGKILL
+    return output
 
 
 def _rerun(argv: list[str], env: dict) -> str:
@@ -262,7 +307,7 @@ def _final_state(ckpt_dir: str, stage: str) -> dict:
     tag = os.path.join(ckpt_dir, tag_for(6))
     state = torch.load(os.path.join(tag, "mp_rank_00_model_states.pt"), weights_only=False)
     kept = {k: state[k] for k in ("step", "rewards", "kl_controller", "dynamic_beta", "prompt_buffer") if k in state}
-    if stage == "ppo":
+    if os.path.isdir(os.path.join(tag, "critic")):  # PPO's critic engine (multi_adapter: inside the one engine)
         kept["critic"] = torch.load(os.path.join(tag, "critic", "mp_rank_00_model_states.pt"), weights_only=False)[
             "module"
         ]
@@ -291,8 +336,9 @@ def _assert_same(a, b, path="") -> None:
 
 # reward, DPO and plain GRPO share the cadence and checkpoint code SFT, PPO and GRPO-on-S3 exercise:
 # they run in `make test-all` only (the CI budget). The cases with state of their own (beta-DPO's running
-# margin, NLPO's masking policy, the prompt pool and its feedback files) run in `make test` (11-12 s each).
-EXTENDED = ("reward", "dpo", "grpo")
+# margin, NLPO's masking policy, the prompt pool and its feedback files, multi-adapter GRPO with its SIGTERM)
+# run in `make test` (11-12 s each); multi-adapter PPO (its value adapter and head) in `make test-all`.
+EXTENDED = ("reward", "dpo", "grpo", "ppo_multi_adapter")
 
 
 @pytest.mark.slow
@@ -301,7 +347,7 @@ def test_killed_stage_resumes_bit_exact(name, inputs, tmp_path, request):
     from trainer_lib import storage
 
     case = CASES[name]
-    argv = [case.stage, *(a.format(**inputs) for a in case.args), *COMMON]
+    argv = [case.stage, *(a.format(**inputs) for a in case.args), *COMMON, *case.overrides]
     reference = str(tmp_path / "reference")
     with one_thread():
         assert main([*argv, f"output_dir={reference}"]) == 0
@@ -322,6 +368,8 @@ def test_killed_stage_resumes_bit_exact(name, inputs, tmp_path, request):
         if kill is not None:
             resumes_at = kill.resumes_at
             assert not os.path.exists(os.path.join(out, "summary.json"))  # nothing that looks finished
+        if kill is not None and kill.signal == signal.SIGTERM:  # the step it stopped at, complete
+            assert storage.exists(storage.join(ckpt_root, tag_for(kill.resumes_at), MARKER))
         if kill is UNMARKED:  # every file of step 4 written (uploaded), its marker not
             assert storage.exists(storage.join(ckpt_root, tag_for(4), "mp_rank_00_model_states.pt"))
             assert not storage.exists(storage.join(ckpt_root, tag_for(4), MARKER))

@@ -111,9 +111,11 @@ def test_training_survives_a_restart_while_it_saves_a_checkpoint(
     assert storage.exists(f"{ckpt}/step-00000004/COMPLETE")
 
 
-def test_a_corrupted_checkpoint_object_stops_the_resume_with_its_key(
+def test_a_corrupted_checkpoint_object_is_skipped_for_the_previous_checkpoint(
     s3_bucket, s3_server, tiny_model_dir, chat_jsonl, tmp_path, capsys
 ):
+    """The newest checkpoint's object fails its stored checksum on download: one warning names its key and
+    the retry resumes from the previous complete checkpoint; with that one corrupted too, one error line."""
     from tests.stages.training.rl_helpers import one_thread
     from trainer_lib.cli import main
 
@@ -132,20 +134,36 @@ def test_a_corrupted_checkpoint_object_stops_the_resume_with_its_key(
     with one_thread():
         assert main([*args, f"output_dir={tmp_path / 'first'}"]) == 0
     direct = boto3.client("s3", endpoint_url=s3_server.endpoint_url)
+
+    def corrupt(key: str) -> None:
+        head = direct.head_object(Bucket=s3_bucket, Key=key)
+        body = bytearray(direct.get_object(Bucket=s3_bucket, Key=key)["Body"].read())
+        body[len(body) // 2] ^= 0xFF  # one flipped bit-pattern, same size, same metadata
+        direct.put_object(Bucket=s3_bucket, Key=key, Body=bytes(body), Metadata=head["Metadata"])
+
     key = "checkpoints/sft/step-00000004/mp_rank_00_model_states.pt"
-    head = direct.head_object(Bucket=s3_bucket, Key=key)
-    body = bytearray(direct.get_object(Bucket=s3_bucket, Key=key)["Body"].read())
-    body[len(body) // 2] ^= 0xFF  # one flipped bit-pattern, same size, same metadata
-    direct.put_object(Bucket=s3_bucket, Key=key, Body=bytes(body), Metadata=head["Metadata"])
+    corrupt(key)
     capsys.readouterr()
     with one_thread():
-        code = main([*args, f"output_dir={tmp_path / 'retry'}", "max_steps=6"])
+        code = main([*args, f"output_dir={tmp_path / 'retry'}"])
+    captured = capsys.readouterr()
+    warnings = [line for line in captured.err.splitlines() if line.startswith("warning: checkpoint")]
+    assert code == 0 and "Traceback" not in captured.err and len(warnings) == 1, captured.err
+    assert f"s3://{s3_bucket}/{key}" in warnings[0] and "checksum mismatch" in warnings[0]
+    assert "resuming at step 2" in captured.out
+    _secrets_absent(captured.err)
+    assert os.path.exists(tmp_path / "retry" / "model.safetensors")
+
+    corrupt(key)  # (the retry wrote step 4 anew)
+    corrupt("checkpoints/sft/step-00000002/mp_rank_00_model_states.pt")
+    with one_thread():
+        code = main([*args, f"output_dir={tmp_path / 'again'}"])
     err = capsys.readouterr().err
     last = err.strip().splitlines()[-1]
-    assert code == 1 and "Traceback" not in err, err
-    assert last.startswith("error: ") and f"s3://{s3_bucket}/{key}" in last and "checksum mismatch" in last
+    assert code == 2 and "Traceback" not in err and last.startswith(f"error: no usable checkpoint in {ckpt}")
+    assert "step-00000004/mp_rank_00_model_states.pt: checksum mismatch" in last and "step-00000002/" in last
     _secrets_absent(err)
-    assert not os.path.exists(tmp_path / "retry" / "model.safetensors")
+    assert not os.path.exists(tmp_path / "again" / "model.safetensors")
 
 
 # --------------------------------------------------------------------------- credentials and buckets

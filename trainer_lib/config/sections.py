@@ -250,6 +250,16 @@ class HubConfig:
 
 
 @dataclass
+class PreemptionConfig:
+    grace_s: float = opt(
+        25.0,
+        "On SIGTERM: finish the step, save a checkpoint and exit with status 75 (retryable) within this many "
+        "seconds, else exit then without one. Keep it below the pod's terminationGracePeriodSeconds (Kubernetes "
+        "default 30) and raise both for large models, whose checkpoints take longer to write; 0: SIGTERM kills.",
+    )
+
+
+@dataclass
 class TrainingConfig:
     """Keys every training stage shares; other tools drive the stages through these names."""
 
@@ -259,6 +269,7 @@ class TrainingConfig:
     lora: LoraConfig = opt(LoraConfig, "LoRA adapters.")
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
     hub: HubConfig = opt(HubConfig, "Publishing the final model to a Hugging Face hub repo.")
+    preemption: PreemptionConfig = opt(PreemptionConfig, "What a stage does on SIGTERM (eviction, preemption).")
     output_dir: str | None = opt(None, "Where logs and the final HF model go (local or URL).")
     checkpoint_dir: str | None = opt(None, "Where checkpoints go (local or URL); default <output_dir>/checkpoints.")
     max_steps: int = opt(100, "Optimizer steps to train for.")
@@ -314,6 +325,7 @@ class TrainingConfig:
             "num_epochs",
             "engine.max_grad_norm",
             "global_batch_size",
+            "preemption.grace_s",
         )
         if not self.lr > 0:
             raise ConfigError(f"lr: expected a positive number, got {self.lr}")

@@ -7,6 +7,13 @@ object-store prefix lets a retried pod on another node resume even when ``output
 fresh local artifact directory. Each checkpoint also carries the ``metrics.jsonl`` written so
 far, so the training curve survives the retry too. For URL outputs (s3://, gs://...) the stage
 works in a local staging directory and mirrors it to the store.
+
+The marker lists the size and SHA-256 of every file of the checkpoint that rank 0 sees (on
+several nodes with an object-store ``checkpoint_dir``: those of rank 0's node). Resume checks
+them before loading; a checkpoint that fails the check, or fails to load, is named in one
+warning and the previous complete one is used instead; none usable is one error line.
+Checkpoints written before RNG states were saved as tensors (weights-only loading) are refused
+with the command that converts them: ``python -m trainer_lib.engine.checkpoint convert DIR``.
 """
 
 from __future__ import annotations
@@ -14,23 +21,97 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 from trainer_lib import storage
+from trainer_lib.errors import UserError
 
 MARKER = "COMPLETE"
 LOG_FILE = "metrics.jsonl"
 SUMMARY = "summary.json"  # written last: an output root with it holds a complete model
 FINAL_STAGING = ".final-model.tmp"
+RANK_STATE = "loop_state_rank{rank}.json"  # what one rank's training loop keeps (its unlogged metric sums)
 
 
 def tag_for(step: int) -> str:
     return f"step-{step:08d}"
 
 
-#: config keys that say where results go or what happens to them at the end, not how the model trains.
-OUTPUT_KEYS = ("output_dir", "checkpoint_dir", "storage", "hub", "loss_plot")
+class UnusableCheckpointError(UserError):
+    """No complete checkpoint can be resumed from (each failed its checksums or its load), or one was
+    written in a format this version no longer loads: a retry would fail the same way."""
+
+
+def file_digests(directory: str, names: list[str] | None = None) -> dict[str, dict]:
+    """``{relative path: {"size", "sha256"}}`` of ``names`` under ``directory`` (default: every file but
+    the marker).
+
+    Files are hashed in parallel (hashlib lets other threads run while it hashes a large buffer);
+    after a save they are read once more, mostly from the page cache."""
+    if names is None:
+        names = sorted(
+            os.path.relpath(os.path.join(root, name), directory)
+            for root, _, files in os.walk(directory)
+            for name in files
+            if name != MARKER
+        )
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        sums = list(pool.map(lambda rel: _sha256(os.path.join(directory, rel)), names))
+    return {
+        rel: {"size": os.path.getsize(os.path.join(directory, rel)), "sha256": digest}
+        for rel, digest in zip(names, sums)
+    }
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(8 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_digests(directory: str, expected: dict[str, dict]) -> str | None:
+    """What is wrong with ``directory``'s files against a marker's ``files`` (None: nothing)."""
+    for rel, want in sorted(expected.items()):
+        path = os.path.join(directory, rel)
+        if not os.path.isfile(path):
+            return f"{rel} is missing"
+        if os.path.getsize(path) != want["size"]:
+            return f"{rel} has {os.path.getsize(path)} bytes, its marker says {want['size']}"
+    found = file_digests(directory, sorted(expected))
+    bad = [rel for rel in sorted(expected) if found[rel]["sha256"] != expected[rel]["sha256"]]
+    return f"{bad[0]}: checksum mismatch (its sha256 differs from the marker's)" if bad else None
+
+
+#: what a file of a checkpoint saved before RNG states were tensors holds (NumPy's generator state)
+_OLD_RNG_GLOBALS = re.compile(r"^numpy\.")
+
+
+def old_format_files(directory: str) -> list[str]:
+    """The RNG state files of ``directory`` written before the weights-only change (NumPy arrays in a
+    pickle, which weights-only loading refuses). Read without unpickling anything."""
+    import torch
+
+    old = []
+    for name in sorted(os.listdir(directory)):
+        if name.startswith("rng_state_rank") and name.endswith(".pt"):
+            try:
+                found = torch.serialization.get_unsafe_globals_in_checkpoint(os.path.join(directory, name))
+            except Exception:  # (not a readable archive: loading it decides)
+                continue
+            if found and all(_OLD_RNG_GLOBALS.match(g) for g in found):
+                old.append(name)
+    return old
+
+
+#: config keys that say where results go or what happens to them at the end (or on SIGTERM), not how
+#: the model trains.
+OUTPUT_KEYS = ("output_dir", "checkpoint_dir", "storage", "hub", "loss_plot", "preemption")
 
 
 def stable_checkpoint_dir(cfg, root: str, stage: str) -> str:
@@ -107,26 +188,111 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ save / restore
     def restore(self, engine, extra_engines: dict | None = None) -> dict | None:
-        """Load the newest complete checkpoint into ``engine`` (and each of ``extra_engines``,
-        e.g. PPO's critic, from its named subdirectory); its client state, or None."""
-        step = self.latest_step()
-        if step is None:
-            return None
-        tag = tag_for(step)
-        local = os.path.join(self.ckpt_dir, tag)
-        if self.ckpt_remote and self.strategy.local_rank == 0:
-            storage.download_dir(storage.join(self.ckpt_root, tag), local)
-        self.strategy.barrier()
-        state = self.strategy.load_checkpoint(engine, self.ckpt_dir, tag)
-        for name, extra in (extra_engines or {}).items():
-            self.strategy.load_checkpoint(extra, os.path.join(self.ckpt_dir, tag), name)
-        log = os.path.join(self.local_dir, LOG_FILE)
-        if self.strategy.is_rank_0 and not os.path.exists(log) and os.path.exists(os.path.join(local, LOG_FILE)):
-            shutil.copyfile(os.path.join(local, LOG_FILE), log)  # a fresh pod: keep the earlier curve
-        self.strategy.print(f"resumed from {storage.join(self.ckpt_root, tag)}")
-        return state
+        """Load the newest usable complete checkpoint into ``engine`` (and each of ``extra_engines``,
+        e.g. PPO's critic, from its named subdirectory); its client state, or None when there is none.
 
-    def save(self, engine, step: int, client_state: dict, extra_engines: dict | None = None) -> None:
+        A checkpoint whose files fail their marker's checksums, or that fails to load, is named in one
+        warning and the previous complete one is tried; all ranks agree on each verdict. None usable:
+        an :class:`UnusableCheckpointError` naming each (and what went wrong)."""
+        failed = []
+        for step in reversed(self.complete_steps()):
+            tag = tag_for(step)
+            problem = self._fetch_and_check(tag)
+            state = None
+            if problem is None:
+                problem, state = self._load(engine, extra_engines or {}, tag)
+            if problem is None:
+                self._keep_log(tag)
+                self.strategy.print(f"resumed from {storage.join(self.ckpt_root, tag)}")
+                return state
+            failed.append(f"{tag}: {problem}")
+            if self.strategy.is_rank_0:
+                print(
+                    f"warning: checkpoint {storage.join(self.ckpt_root, tag)} is not usable ({problem}); "
+                    "trying the previous complete one",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        if failed:
+            raise UnusableCheckpointError(
+                f"no usable checkpoint in {self.ckpt_root} (move them away, or set resume=false to start "
+                f"over): {'; '.join(failed)}"
+            )
+        return None
+
+    def _fetch_and_check(self, tag: str) -> str | None:
+        """Download ``tag`` (URL locations) and check its files against its marker, once per node;
+        what is wrong with it, agreed by every rank (None: nothing)."""
+        local = os.path.join(self.ckpt_dir, tag)
+        problem, old = None, []
+        if self.strategy.local_rank == 0:
+            try:
+                if self.ckpt_remote:
+                    storage.download_dir(storage.join(self.ckpt_root, tag), local)
+                with open(os.path.join(local, MARKER), encoding="utf-8") as fh:
+                    files = json.load(fh).get("files")
+                problem = check_digests(local, files) if files else None
+                old = [] if problem else old_format_files(local)
+            except storage.StorageError as exc:  # a transient failure stays one: exit 1 and a retry
+                if "checksum mismatch" not in str(exc):
+                    raise
+                problem = " ".join(str(exc).split())
+            except (OSError, ValueError, RuntimeError) as exc:  # an unreadable marker or pickle
+                problem = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+        verdict = self.strategy.all_reduce(2.0 if old else 1.0 if problem else 0.0, op="max")
+        if verdict == 2.0:
+            where = storage.join(self.ckpt_root, tag)
+            files = f" ({', '.join(old)}: NumPy arrays)" if old else ""
+            local_copy = "a local copy of " if self.ckpt_remote else ""
+            raise UnusableCheckpointError(
+                f"{where}: written before checkpoints were saved weights-only{files}; convert it once with "
+                f"`python -m trainer_lib.engine.checkpoint convert {local_copy}{self.ckpt_root}` (rewrites the RNG "
+                "state files as tensors, nothing else changes), or set resume=false to start over"
+            )
+        return (problem or "failed its checks on another node") if verdict else None
+
+    def _load(self, engine, extra_engines: dict, tag: str) -> tuple[str | None, dict | None]:
+        """(what went wrong, client state): a load failure on any rank fails the checkpoint on all."""
+        import pickle
+        import zipfile
+
+        problem, state = None, None
+        try:
+            state = self.strategy.load_checkpoint(engine, self.ckpt_dir, tag)
+            for name, extra in extra_engines.items():
+                self.strategy.load_checkpoint(extra, os.path.join(self.ckpt_dir, tag), name)
+        except UserError as exc:  # (a pickle refused by weights-only loading)
+            problem = " ".join(str(exc).split())
+        except (
+            OSError,
+            EOFError,
+            RuntimeError,
+            ValueError,
+            KeyError,
+            pickle.UnpicklingError,
+            zipfile.BadZipFile,
+        ) as exc:
+            problem = f"failed to load: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+        if self.strategy.all_reduce(1.0 if problem else 0.0, op="max"):
+            return problem or "failed to load on another rank", None
+        return None, state
+
+    def _keep_log(self, tag: str) -> None:
+        """A fresh pod: keep the earlier curve (the checkpoint's metrics.jsonl, when output_dir has none)."""
+        local, log = os.path.join(self.ckpt_dir, tag), os.path.join(self.local_dir, LOG_FILE)
+        if self.strategy.is_rank_0 and not os.path.exists(log) and os.path.exists(os.path.join(local, LOG_FILE)):
+            shutil.copyfile(os.path.join(local, LOG_FILE), log)
+
+    def save(
+        self,
+        engine,
+        step: int,
+        client_state: dict,
+        extra_engines: dict | None = None,
+        rank_state: dict | None = None,
+    ) -> None:
+        """Checkpoint ``step``: every engine, ``client_state`` (rank 0's), ``rank_state`` (each rank's own,
+        plain JSON data) and metrics.jsonl, then the marker with the files' checksums."""
         tag = tag_for(step)
         local = os.path.join(self.ckpt_dir, tag)
         if self.strategy.is_rank_0:  # a half-written earlier attempt
@@ -137,6 +303,8 @@ class CheckpointManager:
         self.strategy.save_checkpoint(engine, self.ckpt_dir, tag, client_state)
         for name, extra in (extra_engines or {}).items():  # inside the tag: one marker covers all
             self.strategy.save_checkpoint(extra, local, name, {})
+        if rank_state is not None:
+            storage.write_text(os.path.join(local, RANK_STATE.format(rank=self.strategy.rank)), json.dumps(rank_state))
         if self.strategy.is_rank_0 and os.path.exists(os.path.join(self.local_dir, LOG_FILE)):
             shutil.copyfile(os.path.join(self.local_dir, LOG_FILE), os.path.join(local, LOG_FILE))
         self.strategy.barrier()
@@ -144,12 +312,27 @@ class CheckpointManager:
             storage.upload_dir(local, storage.join(self.ckpt_root, tag))
         self.strategy.barrier()
         if self.strategy.is_rank_0:
-            marker = json.dumps({"step": step, "time": time.time(), "world_size": self.strategy.world_size})
+            marker = json.dumps(
+                {
+                    "step": step,
+                    "time": time.time(),
+                    "world_size": self.strategy.world_size,
+                    "files": file_digests(local),
+                }
+            )
             storage.write_text(os.path.join(local, MARKER), marker)
             if self.ckpt_remote:
                 storage.write_text(storage.join(self.ckpt_root, tag, MARKER), marker)
             self._prune()
         self.strategy.barrier()
+
+    def rank_state(self, step: int) -> dict | None:
+        """This rank's ``rank_state`` in the (restored) checkpoint of ``step``, or None."""
+        path = os.path.join(self.ckpt_dir, tag_for(step), RANK_STATE.format(rank=self.strategy.rank))
+        if not os.path.exists(path):
+            return None
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
 
     def _prune(self) -> None:
         """Keep the newest ``keep`` complete checkpoints (all, if ``keep`` <= 0), and drop what a save
@@ -202,3 +385,71 @@ class CheckpointManager:
                 continue
             src = os.path.join(self.local_dir, name)
             storage.copy(src, storage.join(self.output_dir, name))
+
+
+# ---------------------------------------------------------------------- converting old checkpoints
+def convert_old_rng_files(tag_dir: str) -> list[str]:
+    """Rewrite the RNG state files of a checkpoint saved before the weights-only change as tensors
+    (what :func:`trainer_lib.engine.strategy.rng_state` writes now); the names of those rewritten.
+
+    The old files are read with ``weights_only=True`` too, allowing only NumPy's array classes (the
+    generator state is a uint32 array): nothing else is rebuilt. The weights, optimizer and client
+    state files are left as they are; a marker with checksums gets the new files' checksums."""
+    import numpy as np
+    import torch
+
+    try:  # NumPy 2 (a pickle of NumPy 1 names numpy.core, which NumPy 2 still reads)
+        from numpy._core.multiarray import _reconstruct
+    except ImportError:
+        from numpy.core.multiarray import _reconstruct
+    allowed = [(_reconstruct, f"numpy.{core}.multiarray._reconstruct") for core in ("_core", "core")]
+    names = old_format_files(tag_dir)
+    for name in names:
+        path = os.path.join(tag_dir, name)
+        with torch.serialization.safe_globals([*allowed, np.ndarray, np.dtype, type(np.dtype(np.uint32))]):
+            old = torch.load(path, weights_only=True)
+        version, keys, gauss = old["python"]
+        kind, words, pos, has_gauss, cached = old["numpy"]
+        new = {
+            "python": [version, torch.tensor(list(keys), dtype=torch.int64), gauss],
+            "torch": old["torch"],
+            "numpy": [kind, torch.from_numpy(np.asarray(words).astype(np.int64)), pos, has_gauss, cached],
+        }
+        if old.get("cuda") is not None:
+            new["cuda"] = old["cuda"]
+        torch.save(new, path + ".tmp")
+        os.replace(path + ".tmp", path)
+    marker = os.path.join(tag_dir, MARKER)
+    if names and os.path.exists(marker):
+        with open(marker, encoding="utf-8") as fh:
+            content = json.load(fh)
+        if "files" in content:
+            content["files"] = file_digests(tag_dir)
+            storage.write_text(marker, json.dumps(content))
+    return names
+
+
+def main(argv: list[str]) -> int:
+    """``python -m trainer_lib.engine.checkpoint convert DIR``: convert every checkpoint under a local
+    checkpoint directory (or one ``step-*`` directory) saved before the weights-only change."""
+    if len(argv) != 2 or argv[0] != "convert" or not os.path.isdir(argv[1]):
+        print(
+            "usage: python -m trainer_lib.engine.checkpoint convert CHECKPOINT_DIR (a local directory; for "
+            "s3://... download it, convert, upload)",
+            file=sys.stderr,
+        )
+        return 2
+    root = argv[1].rstrip("/")
+    tags = (
+        [root]
+        if os.path.basename(root).startswith("step-")
+        else [os.path.join(root, n) for n in sorted(os.listdir(root)) if n.startswith("step-")]
+    )
+    for tag in tags:
+        done = convert_old_rng_files(tag)
+        print(f"{tag}: " + (f"converted {', '.join(done)}" if done else "already in the current format"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -19,6 +19,12 @@ holds the window's means, the same throughput keys in every stage (``samples_per
 one, and ``log_extra()``. At the end, ``loss_plot`` draws the loss curves into output_dir
 (:mod:`trainer_lib.loop.loss_plot`) and ``hub.push`` uploads the output root to a hub repo
 (:mod:`trainer_lib.storage.hub`), both on rank 0.
+
+While ``steps()`` runs, SIGTERM stops the run at the end of the step in progress, every rank at the
+same step, with a checkpoint of that step and :class:`~trainer_lib.loop.preemption.Preempted`
+(exit status 75), within ``preemption.grace_s`` (:mod:`trainer_lib.loop.preemption`). Each
+checkpoint also keeps every rank's metric sums not logged yet, so a run resumed from a step between
+two log records logs the same numbers as one that never stopped.
 """
 
 from __future__ import annotations
@@ -26,12 +32,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 
 from trainer_lib.config import flat_dict
 from trainer_lib.engine.checkpoint import CheckpointManager
 from trainer_lib.errors import NonFiniteLossError
-from trainer_lib.loop.metrics import MetricsWindow
+from trainer_lib.loop.metrics import MetricSum, MetricsWindow
+from trainer_lib.loop.preemption import PREEMPTED_EXIT, Preempted, Preemption
 from trainer_lib.loop.tracking import MLFLOW_RUN_FILE, Tracker
 from trainer_lib.models.load import count_parameters
 
@@ -66,6 +74,9 @@ class Cadence:
         self.window = MetricsWindow(window_keys)
         self.start = 0
         self.tracker: Tracker | None = None
+        section = getattr(cfg, "preemption", None)
+        self.preemption = Preemption(section.grace_s if section is not None else 0.0)
+        self.last_save_s: float | None = None  # how long this run's last checkpoint took to write
 
     @property
     def output_dir(self) -> str:
@@ -100,7 +111,20 @@ class Cadence:
             self.tracker.log(0, self.evaluate(), split="eval")
         self.engine.train()  # (models load in eval mode; gradient checkpointing runs only in train mode)
         self.window = MetricsWindow(self.window.keys)  # throughput counts from here
+        kept = self.ckpt.rank_state(self.start) if state else None
+        if kept and "window" in kept:
+            self.load_window(kept["window"])
         return state
+
+    def window_state(self) -> dict:
+        """This rank's metric sums not logged yet, as plain numbers (a float64 sum is exact as a float)."""
+        sums = {key: [float(entry.total), entry.count] for key, entry in self.window.sums.items()}
+        return {"sums": sums, "samples": self.window.samples, "tokens": self.window.tokens}
+
+    def load_window(self, kept: dict) -> None:
+        for key, (total, count) in kept["sums"].items():
+            self.window.sums[key] = MetricSum(total, count)
+        self.window.samples, self.window.tokens = kept["samples"], kept["tokens"]
 
     def write_ds_config(self) -> None:
         """``ds_config.json`` next to the metrics: the DeepSpeed config the main engine got (after
@@ -111,8 +135,13 @@ class Cadence:
             with open(os.path.join(self.ckpt.local_dir, "ds_config.json"), "w", encoding="utf-8") as fh:
                 json.dump(config, fh, indent=2, sort_keys=True)
 
-    def steps(self) -> range:
-        return range(self.start, self.total)
+    def steps(self) -> Iterator[int]:
+        """The steps left to run, with SIGTERM handled while they run (given back when they end)."""
+        self.preemption.install()
+        try:
+            yield from range(self.start, self.total)
+        finally:
+            self.preemption.uninstall()
 
     def after_step(self, step: int, epoch: int | None = None) -> None:
         """After optimizer step ``step`` (0-based): log, evaluate and checkpoint on their schedules;
@@ -131,8 +160,26 @@ class Cadence:
             return
         if self.evaluate is not None and cfg.eval_steps and done % cfg.eval_steps == 0:
             self.tracker.log(done, self.evaluate(), split="eval")
-        if cfg.save_steps and done % cfg.save_steps == 0:
+        saved = bool(cfg.save_steps and done % cfg.save_steps == 0)
+        if saved:
             self.save_checkpoint(done)
+        if self.preemption.requested(self.strategy):
+            self.stop_preempted(done, saved)
+
+    def stop_preempted(self, done: int, saved: bool) -> None:
+        """SIGTERM reached a rank: checkpoint step ``done`` (unless it just was, or an earlier save of this
+        run took longer than the time left, on any rank) and raise :class:`Preempted`."""
+        if not saved:
+            fits = self.last_save_s is None or self.last_save_s < self.preemption.seconds_left()
+            if self.preemption.agreed(self.strategy, fits):
+                self.save_checkpoint(done)
+        self.tracker.close()
+        latest = self.ckpt.latest_step()
+        kept = f"step {latest} in {self.ckpt.ckpt_root}" if latest is not None else "none: the retry starts over"
+        raise Preempted(
+            f"{self.stage}: SIGTERM: stopped after step {done} of {self.total}; newest complete checkpoint: {kept}; "
+            f"exit status {PREEMPTED_EXIT}, a retry resumes from it"
+        )
 
     def check_finite(self, done: int) -> None:
         """Stop the run when a loss of this window (``loss``, ``*_loss``) or the main engine's
@@ -166,8 +213,11 @@ class Cadence:
         )
 
     def save_checkpoint(self, step: int) -> None:
+        began = time.monotonic()
         own = {name: owner.state_dict() for name, owner in self.stateful.items()}
-        self.ckpt.save(self.engine, step, {"step": step, **own}, self.extra_engines)
+        rank_state = {"window": self.window_state()}
+        self.ckpt.save(self.engine, step, {"step": step, **own}, self.extra_engines, rank_state=rank_state)
+        self.last_save_s = time.monotonic() - began
 
     def finish(self, summary: dict) -> dict:
         """Final evaluation (``summary["eval"]``), the last checkpoint, tracker closed, and with

@@ -15,11 +15,16 @@ it directly. Configs are built as dicts in protobuf's JSON form, then checked ag
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import socket
+import time
 
 from trainer_lib import storage
 from trainer_lib.errors import UserError
+from trainer_lib.storage import StorageError, redact
 
 CONFIG = "config.pbtxt"
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -168,6 +173,17 @@ def tensorrt_profile(signature: dict, max_batch_size: int, max_context: int) -> 
     }
 
 
+def with_versions(text: str, versions: list[int]) -> str:
+    """``config.pbtxt`` text with its version policy set to ``versions`` alone, every other setting kept."""
+    from google.protobuf import text_format
+    from tritonclient.grpc import model_config_pb2
+
+    config = text_format.Parse(text, model_config_pb2.ModelConfig())
+    config.version_policy.Clear()
+    config.version_policy.specific.versions.extend(sorted(versions))
+    return text_format.MessageToString(config)
+
+
 def served_versions(text: str) -> list[int]:
     """The versions a config's ``version_policy { specific { versions: [...] } }`` names."""
     from google.protobuf import text_format
@@ -290,3 +306,146 @@ def write_config(model_dir: str, config: dict) -> str:
 def read_config(model_dir: str) -> str | None:
     path = storage.join(model_dir, CONFIG)
     return storage.read_text(path) if storage.exists(path) else None
+
+
+# --------------------------------------------------------------------------- the deploy lock
+
+#: the lock file (object) of a model directory while a deploy or rollback changes it
+LOCK = ".deploy.lock"
+#: a waiter says what it waits for after this many seconds
+SAY_AFTER_S = 5.0
+#: an object-store lock older than this is left over from a deploy that died (a local lock dies with its holder)
+STALE_LOCK_S = 3600.0
+
+
+@contextlib.contextmanager
+def deploy_lock(model_dir: str, what: str, wait_s: float, say, stale_s: float = STALE_LOCK_S):
+    """Hold ``<model_dir>/.deploy.lock`` while a deploy or rollback reads and changes the model's versions,
+    so two of them never pick the same version or interleave their writes. A second one waits: after
+    SAY_AFTER_S it says (through ``say``) who holds the lock, after ``wait_s`` it fails with a UserError.
+
+    A local directory uses ``flock`` (released by the kernel when the holder dies). On S3 the lock is an
+    object created with a conditional put (``If-None-Match: *``), deleted on release only if it is still
+    ours (``If-Match`` on its ETag); one older than ``stale_s`` is removed as a leftover. Other object
+    stores have no lock here: a warning says so."""
+    lock = storage.join(model_dir, LOCK)
+    holder = json.dumps(
+        {"holder": f"pid {os.getpid()} on {socket.gethostname()}", "what": what, "since": time.time()}, sort_keys=True
+    )
+    if not storage.is_remote(lock):
+        os.makedirs(model_dir, exist_ok=True)
+        with open(lock, "a+", encoding="utf-8") as fh:
+            _wait(lambda: _try_flock(fh), lambda: _describe(_read_local(lock)), lock, wait_s, say)
+            fh.seek(0)
+            fh.truncate()
+            fh.write(holder)
+            fh.flush()
+            try:
+                yield
+            finally:
+                fh.truncate(0)
+                fcntl.flock(fh, fcntl.LOCK_UN)
+    elif storage.scheme(lock) == "s3":
+        bucket, key = storage.split_s3(lock)
+        etag = _wait(lambda: _try_put(bucket, key, holder, stale_s), lambda: _s3_holder(bucket, key), lock, wait_s, say)
+        try:
+            yield
+        finally:
+            _s3_release(bucket, key, etag)
+    else:
+        say(f"no deploy lock on {storage.scheme(lock)}:// (only local directories and s3://): run one deploy at a time")
+        yield
+
+
+def _wait(attempt, describe, lock: str, wait_s: float, say):
+    """``attempt()`` until it returns something true; one line after SAY_AFTER_S, a UserError after ``wait_s``."""
+    start, said = time.monotonic(), False
+    while True:
+        got = attempt()
+        if got:
+            return got
+        waited = time.monotonic() - start
+        if waited >= wait_s:
+            raise UserError(
+                f"gave up after {waited:.0f} s waiting for another deploy of this model to finish ({describe()} "
+                f"holds {lock}); run it again when that one is done, or raise lock_wait_s"
+            )
+        if not said and waited >= min(SAY_AFTER_S, wait_s / 2):
+            say(f"waiting for another deploy of this model: {describe()} holds {lock} (up to {wait_s:g} s)")
+            said = True
+        time.sleep(0.2)
+
+
+def _try_flock(fh) -> bool:
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
+
+
+def _read_local(lock: str) -> str:
+    try:
+        with open(lock, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError:
+        return ""
+
+
+def _describe(text: str) -> str:
+    try:
+        entry = json.loads(text)
+        since = time.strftime("%H:%M:%S UTC", time.gmtime(entry["since"]))
+        return f"{entry['holder']} ({entry['what']}, since {since})"
+    except (ValueError, KeyError, TypeError):
+        return "another process"
+
+
+def _s3():
+    import boto3
+    from botocore.config import Config
+
+    from trainer_lib.storage.base import option
+
+    endpoint = option("endpoint_url")
+    config = Config(s3={"addressing_style": "path"} if endpoint else None)  # MinIO wants path style
+    return boto3.client("s3", endpoint_url=endpoint, region_name=option("region"), config=config)
+
+
+def _code(exc) -> str:
+    return getattr(exc, "response", {}).get("Error", {}).get("Code", "")
+
+
+def _try_put(bucket: str, key: str, body: str, stale_s: float) -> str | None:
+    """Create the lock object if there is none (its ETag), else None; a stale one is removed first."""
+    from botocore.exceptions import ClientError
+
+    client = _s3()
+    try:
+        return client.put_object(Bucket=bucket, Key=key, Body=body.encode(), IfNoneMatch="*")["ETag"]
+    except ClientError as exc:
+        if _code(exc) not in ("PreconditionFailed", "ConditionalRequestConflict", "412", "409"):
+            raise StorageError(redact(f"s3://{bucket}/{key}: could not create the deploy lock: {exc}")) from None
+    try:
+        held = client.head_object(Bucket=bucket, Key=key)
+    except ClientError:
+        return None  # released meanwhile: the next attempt takes it
+    age = time.time() - held["LastModified"].timestamp()
+    if age > stale_s:  # left by a deploy that died; If-Match: never a lock taken since
+        with contextlib.suppress(ClientError):
+            client.delete_object(Bucket=bucket, Key=key, IfMatch=held["ETag"])
+    return None
+
+
+def _s3_holder(bucket: str, key: str) -> str:
+    try:
+        return _describe(_s3().get_object(Bucket=bucket, Key=key)["Body"].read().decode())
+    except Exception:
+        return "another process"
+
+
+def _s3_release(bucket: str, key: str, etag: str) -> None:
+    from botocore.exceptions import ClientError
+
+    with contextlib.suppress(ClientError):  # gone or taken over as stale: not ours to delete any more
+        _s3().delete_object(Bucket=bucket, Key=key, IfMatch=etag)

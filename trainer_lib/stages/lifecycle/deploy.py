@@ -15,6 +15,10 @@
    are removed, the failure is recorded in ``deploy.json`` and the stage exits with an error.
 4. Record N in ``<repository>/<model_name>/deploy.json`` and keep the last ``keep_versions``.
 
+Steps 1-4 run under the model's deploy lock (``<model_name>/.deploy.lock``, :func:`repository.deploy_lock`):
+a second deploy or rollback of the same model waits for it (saying so after a few seconds) and then takes
+the next version, or gives up with one error line after ``lock_wait_s``.
+
 Without ``triton.url`` the stage only publishes (steps 1, 2 and 4): a server started later on the
 repository, or KServe with ``storageUri`` at its root, serves version N.
 
@@ -26,6 +30,7 @@ so the generate model tries onnxruntime's TensorRT provider before CUDA (docs/ex
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import sys
@@ -91,6 +96,9 @@ class DeployConfig:
     smoke_max_tokens: int = opt(4, "max_tokens of the smoke request.")
     timeout_s: float = opt(300.0, "Seconds to wait for the server to load the new version (and per request).")
     keep_versions: int = opt(2, "Deployed versions kept in the repository, the serving one included (0: all).")
+    lock_wait_s: float = opt(
+        600.0, "Seconds to wait while another deploy or rollback of this model holds its lock, then fail."
+    )
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
 
     def validate(self) -> None:
@@ -101,7 +109,7 @@ class DeployConfig:
             raise ConfigError(f"model_name: expected letters, digits, '_', '.' or '-', got {self.model_name!r}")
         if self.triton.url and not re.fullmatch(r"https?://[^/\s]+/?", self.triton.url):
             raise ConfigError(f"triton.url: expected http://host:port, got {self.triton.url!r}")
-        for key in ("max_batch_size", "default_max_tokens", "smoke_max_tokens", "timeout_s"):
+        for key in ("max_batch_size", "default_max_tokens", "smoke_max_tokens", "timeout_s", "lock_wait_s"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"{key}: expected a positive number, got {getattr(self, key)}")
         if self.keep_versions < 0:
@@ -126,38 +134,52 @@ class DeployConfig:
 CONFIG = DeployConfig
 
 
-def _say(message: str) -> None:
+def say(message: str) -> None:
+    """One line of progress on stderr."""
     print(f"deploy: {message}", file=sys.stderr, flush=True)  # stdout carries the JSON summary
 
 
 def run(cfg: DeployConfig) -> dict:
-    from trainer_lib.serving.client import connected
-
     if not cfg.triton.url:
         return _deploy(cfg, None)
-    with connected(cfg.triton.url, cfg.timeout_s) as client:
-        try:
-            live, why = client.is_server_live(), "it is not live"
-        except Exception as exc:
-            live, why = False, _reason(exc)
-        if not live:
-            raise UserError(f"triton.url: no Triton server answers at {cfg.triton.url} ({why}); nothing was published")
+    with live_server(cfg.triton.url, cfg.timeout_s, "nothing was published") as client:
         return _deploy(cfg, client)
 
 
+@contextlib.contextmanager
+def live_server(url: str, timeout_s: float, untouched: str):
+    """A client of the Triton server at ``url``; a UserError ending in ``untouched`` when it does not answer."""
+    from trainer_lib.serving.client import connected
+
+    with connected(url, timeout_s) as client:
+        try:
+            live, why = client.is_server_live(), "it is not live"
+        except Exception as exc:
+            live, why = False, reason(exc)
+        if not live:
+            raise UserError(f"triton.url: no Triton server answers at {url} ({why}); {untouched}")
+        yield client
+
+
 def _deploy(cfg: DeployConfig, client) -> dict:
+    """Publish (and load) under the model's deploy lock: a concurrent deploy waits, then takes the next version."""
     model_dir = storage.join(cfg.repository, cfg.model_name)
-    history = _read_history(model_dir)
+    with repo.deploy_lock(model_dir, f"deploying {cfg.export.path}", cfg.lock_wait_s, say):
+        return _publish(cfg, client, model_dir)
+
+
+def _publish(cfg: DeployConfig, client, model_dir: str) -> dict:
+    history = read_history(model_dir)
     old_config = repo.read_config(model_dir)
     previous = (repo.served_versions(old_config) or [None])[-1] if old_config else None
     version = max([0, *repo.versions(model_dir), *(e["version"] for e in history["versions"])]) + 1
     version_dir = storage.join(model_dir, str(version))
-    _say(
+    say(
         f"publishing {cfg.export.path} ({cfg.variant}, {cfg.kind} instances) as {cfg.model_name} version {version} "
         f"in {cfg.repository}"
     )
     if cfg.variant == "fp16" and cfg.kind == "cpu":
-        _say("fp16 on CPU instances runs, but slower than fp32: onnxruntime's CPU kernels compute in fp32")
+        say("fp16 on CPU instances runs, but slower than fp32: onnxruntime's CPU kernels compute in fp32")
     try:
         repo.write_generate_version(
             cfg.export.path, version_dir, cfg.variant, cfg.default_max_tokens, tensorrt=_tensorrt(cfg)
@@ -181,14 +203,14 @@ def _deploy(cfg: DeployConfig, client) -> dict:
     smoke = None
     if client is not None:
         try:
-            failure, smoke = _load_and_check(client, cfg, version)
+            failure, smoke = load_and_check(client, cfg, version)
         except BaseException:  # interrupted mid-switch (Ctrl-C, pod killed): put the old version back first
             _roll_back(client, cfg, model_dir, old_config, version_dir, loaded=True)
             raise
         if failure:
             notes = _roll_back(client, cfg, model_dir, old_config, version_dir, loaded=failure[0] != "load")
             history["versions"].append({**entry, "status": "failed", "reason": f"{failure[0]}: {failure[1]}"})
-            _write_history(model_dir, history)
+            write_history(model_dir, history)
             still = f"version {previous} still serves" if previous else "no version was serving before"
             raise UserError(
                 f"{cfg.model_name} version {version} failed its {failure[0]} "
@@ -200,9 +222,9 @@ def _deploy(cfg: DeployConfig, client) -> dict:
         onnx_dir = storage.join(cfg.repository, f"{cfg.model_name}_onnx")
         signature = repo.write_onnx_version(cfg.export.path, storage.join(onnx_dir, str(version)), cfg.variant)
         repo.write_config(onnx_dir, repo.onnx_config(f"{cfg.model_name}_onnx", [version], signature, cfg.kind))
-    _write_history(model_dir, history)
+    write_history(model_dir, history)
     removed = _prune(cfg, history)
-    _say(
+    say(
         f"{cfg.model_name} version {version} is {'serving' if client is not None else 'published'}"
         + (f" (removed old versions {removed})" if removed else "")
     )
@@ -232,26 +254,26 @@ def _tensorrt(cfg: DeployConfig) -> dict | None:
     return {**settings, "profile": repo.tensorrt_profile(signature, cfg.max_batch_size, settings["max_context"])}
 
 
-def _load_and_check(client, cfg: DeployConfig, version: int) -> tuple[tuple[str, str] | None, dict | None]:
+def load_and_check(client, cfg: DeployConfig, version: int) -> tuple[tuple[str, str] | None, dict | None]:
     """((``"load"`` | ``"smoke test"``, reason) or None, the smoke answer)."""
     from trainer_lib.serving.client import generate
 
-    _say(f"loading {cfg.model_name} on {cfg.triton.url}")
+    say(f"loading {cfg.model_name} on {cfg.triton.url}")
     try:
         client.load_model(cfg.model_name)
     except Exception as exc:
-        return ("load", _reason(exc)), None
+        return ("load", reason(exc)), None
     try:
         answer = generate(client, cfg.model_name, cfg.smoke_prompt, cfg.smoke_max_tokens, version=str(version))
     except Exception as exc:
-        return ("smoke test", _reason(exc)), None
+        return ("smoke test", reason(exc)), None
     if answer["model_version"] != str(version):
         return ("smoke test", f"version {answer['model_version']} answered instead of {version}"), None
-    _say(f"smoke test passed: {cfg.smoke_prompt!r} -> {answer['text_output']!r}")
+    say(f"smoke test passed: {cfg.smoke_prompt!r} -> {answer['text_output']!r}")
     return None, {"prompt": cfg.smoke_prompt, **answer}
 
 
-def _reason(exc: Exception) -> str:
+def reason(exc: Exception) -> str:
     text = exc.message() if callable(getattr(exc, "message", None)) else str(exc)
     return (text or type(exc).__name__).strip().splitlines()[0][:500]
 
@@ -274,12 +296,12 @@ def _roll_back(
             else:
                 client.load_model(cfg.model_name)
         except Exception as exc:
-            note = f"; restoring the server failed too: {_reason(exc)}"
+            note = f"; restoring the server failed too: {reason(exc)}"
     storage.delete(version_dir)
     return note
 
 
-def _read_history(model_dir: str) -> dict:
+def read_history(model_dir: str) -> dict:
     path = storage.join(model_dir, HISTORY)
     if not storage.exists(path):
         return {"serving": None, "versions": []}
@@ -289,7 +311,7 @@ def _read_history(model_dir: str) -> dict:
         raise UserError(f"{path}: not a deploy history ({exc}); fix or delete it") from None
 
 
-def _write_history(model_dir: str, history: dict) -> None:
+def write_history(model_dir: str, history: dict) -> None:
     storage.write_text(storage.join(model_dir, HISTORY), json.dumps(history, indent=2))
 
 
