@@ -59,11 +59,16 @@ lock-check: setup
 # The two images (Docker is not on the dev machines: built by the release CI, see images/README.md).
 IMAGE_NAME ?= ghcr.io/posttrain/posttrain
 IMAGE_TAG  ?= 0.1.0
+# what the image was built from, for a release's lineage (/etc/posttrain/build.json; trainer_lib/eval/lineage.py)
+BUILD_INFO = --build-arg POSTTRAIN_COMMIT=$$(git rev-parse HEAD) \
+	--build-arg POSTTRAIN_DIRTY=$$(git diff --quiet HEAD && echo false || echo true)
 image-cpu:
-	docker build -f images/Dockerfile -t $(IMAGE_NAME):$(IMAGE_TAG) .
+	docker build -f images/Dockerfile $(BUILD_INFO) --build-arg POSTTRAIN_IMAGE=$(IMAGE_NAME):$(IMAGE_TAG) \
+		-t $(IMAGE_NAME):$(IMAGE_TAG) .
 image-cuda:
 	docker build -f images/Dockerfile --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 \
-		--build-arg DS_ACCELERATOR=cuda -t $(IMAGE_NAME):$(IMAGE_TAG)-cu128 .
+		--build-arg DS_ACCELERATOR=cuda $(BUILD_INFO) --build-arg POSTTRAIN_IMAGE=$(IMAGE_NAME):$(IMAGE_TAG)-cu128 \
+		-t $(IMAGE_NAME):$(IMAGE_TAG)-cu128 .
 image-triton: ; docker build -f images/Dockerfile.triton -t $(IMAGE_NAME)-triton:$(IMAGE_TAG) images
 
 # Triton (posttrain serve/deploy, tests/serving): tritonserver from nvidia-pytriton, in its own venv, because

@@ -2,7 +2,8 @@
 
 ``bootstrap`` passes locations (``s3://`` prefixes, hub ids, paths) through by name. Feeding it this
 fingerprint makes KFP's cache key of ``bootstrap``, and so of every step after it, change when the
-data or model behind a name changes, and stay the same when it does not.
+data or model behind a name changes, and stay the same when it does not. The release records the same
+fingerprints, and this combination of them, in its lineage (``trainer_lib.eval.lineage``).
 """
 
 from kfp import dsl
@@ -12,10 +13,8 @@ from components.common import image_for
 
 @dsl.component(base_image=image_for("fingerprint"), install_kfp_package=False)
 def fingerprint(base_model: str = "", dataset: str = "", preference_dataset: str = "", prompt_dataset: str = "") -> str:
-    import hashlib
-
     from trainer_lib import storage
+    from trainer_lib.eval.lineage import combined_fingerprint
 
     given = [location for location in (base_model, dataset, preference_dataset, prompt_dataset) if location]
-    parts = [f"{location}={storage.fingerprint(location)}" for location in given]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest() if parts else ""
+    return combined_fingerprint([(location, storage.fingerprint(location)) for location in given])

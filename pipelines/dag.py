@@ -145,6 +145,10 @@ def documented(summary: str):
     return decorate
 
 
+#: The pipeline parameters that name a run's inputs: the release fingerprints them for its lineage.
+SOURCE_PARAMETERS = ("base_model", "dataset", "preference_dataset", "prompt_dataset")
+
+
 def arguments() -> dict:
     """Every parameter of the pipeline being built, by name: what the check task receives."""
     return dict(BUILDING.get())
@@ -354,12 +358,17 @@ def evaluate_and_release(
         accelerator=cluster.accelerator_type,
         sizing=cluster.sizing,
     )
+    sources = {name: value for name, value in arguments().items() if name in SOURCE_PARAMETERS}
     configure(
         release(
             model=candidate,
             results=judged.outputs["results"],
             gate_passed=judged.outputs["gate_passed"],
             release_uri=release_uri,
+            model_name=serving.model_name,
+            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+            **sources,
         ),
         f"release {candidate_label}",
     )

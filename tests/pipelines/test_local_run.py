@@ -122,6 +122,7 @@ def test_local_run_of_the_whole_dag_evaluates_releases_exports_and_deploys(tmp_p
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))
     monkeypatch.setattr(tempfile, "tempdir", None)  # (this process read TMPDIR already)
     monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")  # the release registers there
     (tmp_path / "tmp").mkdir()
     tasks = tmp_path / "my_tasks.jsonl"
     tasks.write_text(
@@ -192,7 +193,11 @@ def test_local_run_of_the_whole_dag_evaluates_releases_exports_and_deploys(tmp_p
 
     from trainer_lib import storage
 
-    assert storage.exists(f"s3://{s3_bucket}/releases/demo/release.json")  # the canary credentials were used
+    released = json.loads(storage.read_text(f"s3://{s3_bucket}/releases/demo/release.json"))  # canary credentials
+    stages = released["lineage"]["stages"]
+    assert [stage["stage"] for stage in stages][-1] == "grpo" and stages[-1]["config"], stages
+    assert released["registry"]["version"] == 1
+    assert storage.exists(f"s3://{s3_bucket}/releases/demo/README.md")  # the model card
     probe = tmp_path / "probe.txt"  # one planted hit: the search does find what it looks for
     probe.write_text(f"token={CANARIES['HF_TOKEN']}")
     hits, searched = _canary_hits(tmp_path, s3_bucket, captured.out + captured.err)

@@ -240,7 +240,13 @@ class Cadence:
     def save_model(self, tokenizer, summary: dict, extra_files: dict[str, str] | None = None) -> dict:
         """The Hugging Face model (LoRA merged, or the adapter alone with ``lora.merge=false``) and
         ``summary.json`` at the output root, published; with ``hub.push`` then uploaded to the hub."""
-        self.ckpt.finish(self.engine, tokenizer, summary, extra_files=extra_files)
+        files = dict(extra_files or {})
+        if self.strategy.is_rank_0:  # what made this model, for a release's lineage (trainer_lib/eval/lineage.py)
+            from trainer_lib.eval.lineage import LINEAGE_FILE, stage_record
+
+            record = stage_record(self.cfg, self.stage, getattr(self.strategy, "effective_config", None))
+            files[LINEAGE_FILE] = json.dumps(record, indent=2)
+        self.ckpt.finish(self.engine, tokenizer, summary, extra_files=files)
         if self.cfg.hub.push and self.strategy.is_rank_0:
             self.push_to_hub()
         return summary

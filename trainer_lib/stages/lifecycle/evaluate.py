@@ -42,6 +42,7 @@ from trainer_lib.config import EngineConfig, ModelConfig, StorageConfig, check_n
 from trainer_lib.errors import ConfigError, UserError
 from trainer_lib.eval.generation import ENGINES
 from trainer_lib.eval.harmless import JUDGES
+from trainer_lib.eval.lineage import stages_of
 
 _LABEL = re.compile(r"^[A-Za-z0-9][\w.-]*$")
 PLACEMENTS = ("replica", "zero3")
@@ -610,6 +611,7 @@ def run(cfg: EvaluateConfig) -> dict:
         "data": sets.describe(cfg.humaneval),
         "generation": {"engine": kind, "placement": cfg.placement, "precision": precision, "ranks": ranks},
         "paths": paths,
+        "lineage": {"candidate": stages_of(models[candidate])},  # what made it (trainer_lib/eval/lineage.py)
         "created": datetime.datetime.now().isoformat(timespec="seconds"),
         "seconds": round(time.time() - started, 1),
     }
