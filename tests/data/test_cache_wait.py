@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import REPO, clean_env
 from trainer_lib.cli import main
-from trainer_lib.data import cache
+from trainer_lib.storage import file_lock
 
 ARGS = ["batch_size=2", "data.max_length=64", "max_steps=1", "save_steps=0", "eval_steps=0"]
 
@@ -44,7 +44,7 @@ def test_a_stage_waiting_on_the_cache_lock_says_so_and_gives_up(
                 pytest.fail(f"the holder never built its cache entry: {holder.stderr.read()[-2000:]}")
             time.sleep(0.05)
         monkeypatch.setenv("POSTTRAIN_CACHE", str(tmp_path / "cache"))
-        monkeypatch.setenv(cache.LOCK_WAIT_ENV, "2")
+        monkeypatch.setenv(file_lock.LOCK_WAIT_ENV, "2")
         caplog.set_level(logging.WARNING, logger="trainer_lib.data.cache")
         capsys.readouterr()
         started = time.monotonic()
@@ -74,8 +74,8 @@ def test_a_stage_waiting_on_the_cache_lock_says_so_and_gives_up(
 
 
 def test_the_wait_bound_must_be_a_positive_number(monkeypatch):
-    monkeypatch.setenv(cache.LOCK_WAIT_ENV, "soon")
+    monkeypatch.setenv(file_lock.LOCK_WAIT_ENV, "soon")
     with pytest.raises(Exception, match=r"POSTTRAIN_LOCK_WAIT_S: expected a positive number of seconds, got 'soon'"):
-        cache.lock_wait_s()
-    monkeypatch.setenv(cache.LOCK_WAIT_ENV, "90")
-    assert cache.lock_wait_s() == 90.0
+        file_lock.lock_wait_s()
+    monkeypatch.setenv(file_lock.LOCK_WAIT_ENV, "90")
+    assert file_lock.lock_wait_s() == 90.0

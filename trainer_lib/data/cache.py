@@ -13,39 +13,34 @@ memory-map it. The cache root is ``POSTTRAIN_CACHE`` (default ``~/.cache/posttra
 ``rm -rf <cache root>/data``.
 
 No silent waits: a process that waits for the lock (or for local rank 0's build) says so after
-:data:`SAY_AFTER_S` seconds, naming the lock file and the process that holds it (its pid, host and
-entry, written into the lock file), and gives up with one error line after ``$POSTTRAIN_LOCK_WAIT_S``
-seconds (default an hour: a large corpus takes long to tokenize). The kernel releases a lock when its
-holder dies, so a wait is always on a live process.
+:data:`trainer_lib.storage.file_lock.SAY_AFTER_S` seconds, naming the lock file and the process
+that holds it (its pid, host and entry, written into the lock file), and gives up with one error
+line after ``$POSTTRAIN_LOCK_WAIT_S`` seconds (default an hour: a large corpus takes long to
+tokenize). The kernel releases a lock when its holder dies, so a wait is always on a live process.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
 import hashlib
 import json
 import logging
 import os
 import shutil
-import socket
 import sys
 import tempfile
 import time
 from collections.abc import Callable
 
-from trainer_lib.errors import ConfigError, UserError
+from trainer_lib.errors import UserError
+from trainer_lib.storage import file_lock
 
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 #: how long a waiting rank tolerates that nobody builds an entry it waits for (seconds).
 WAIT_WITHOUT_BUILDER_S = 900.0
-#: a wait on another process says what it waits for after this many seconds
-SAY_AFTER_S = 5.0
-#: ... and gives up after this many (the environment variable overrides the default)
-LOCK_WAIT_ENV, DEFAULT_LOCK_WAIT_S = "POSTTRAIN_LOCK_WAIT_S", 3600.0
 
 
 def digest(value) -> str:
@@ -150,82 +145,6 @@ def quiet():
             datasets.enable_progress_bars()
 
 
-def lock_wait_s() -> float:
-    """Seconds a wait on another process's lock or build lasts before it gives up (``$POSTTRAIN_LOCK_WAIT_S``)."""
-    text = os.environ.get(LOCK_WAIT_ENV, "")
-    try:
-        seconds = float(text) if text else DEFAULT_LOCK_WAIT_S
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ConfigError(f"{LOCK_WAIT_ENV}: expected a positive number of seconds, got {text!r}")
-    return seconds
-
-
-def _holder(path: str) -> str:
-    """Who holds the lock at ``path``, as its holder wrote it there (``pid N on HOST, building WHAT``)."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return fh.read().strip()[:300] or "another process"
-    except OSError:
-        return "another process"
-
-
-@contextlib.contextmanager
-def _locked(path: str, what: str):
-    with open(path, "a+") as fh:
-        _acquire(fh, path)
-        try:
-            fh.seek(0)
-            fh.truncate()
-            fh.write(f"pid {os.getpid()} on {socket.gethostname()}, building {what}\n")
-            fh.flush()
-            yield
-        finally:
-            fh.truncate(0)
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def _acquire(fh, path: str) -> None:
-    """flock ``fh`` exclusively; after SAY_AFTER_S one line says who holds it, after lock_wait_s() a UserError."""
-    bound, start, said = lock_wait_s(), time.monotonic(), False
-    while True:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            pass
-        waited = time.monotonic() - start
-        if waited >= bound:
-            raise UserError(
-                f"data cache: gave up after {waited:.0f} s waiting for the lock {path}, held by {_holder(path)}; "
-                f"let that process finish or stop it, or wait longer with ${LOCK_WAIT_ENV}"
-            )
-        if not said and waited >= min(SAY_AFTER_S, bound / 2):
-            log.warning(
-                "data cache: waiting for the lock %s, held by %s (giving up after %g s, $%s)",
-                path,
-                _holder(path),
-                bound,
-                LOCK_WAIT_ENV,
-            )
-            said = True
-        time.sleep(0.1)
-
-
-def _lock_is_held(path: str) -> bool:
-    try:
-        with open(path, "a+") as fh:
-            try:
-                fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(fh, fcntl.LOCK_UN)
-    except OSError:
-        pass
-    return False
-
-
 def _remove_leftovers(entry: str) -> None:
     """Temp dirs of killed builds of this entry, and an entry without its manifest (not ours: ours are
     renamed complete), so they are never mistaken for a complete entry."""
@@ -251,7 +170,7 @@ def cached(kind: str, parts: dict, build: Callable[[str], dict], what: str = "da
     if local_rank() != 0:
         _wait_for(entry, lock, what)
         return entry, read_manifest(entry)
-    with _locked(lock, what):
+    with file_lock.exclusive(lock, f"building {what}", "data cache"):
         if is_complete(entry):  # another job on this machine built it while we waited for the lock
             log.info("data cache: reusing %s for %s", entry, what)
             return entry, read_manifest(entry)
@@ -293,12 +212,12 @@ def _wait_for(entry: str, lock: str, what: str) -> None:
     """Poll until ``entry`` is complete; fail if nobody holds its lock for WAIT_WITHOUT_BUILDER_S (the
     main process died, or it runs on another node without a shared cache dir), or after lock_wait_s()."""
     log.info("data cache: local rank %d waits for local rank 0 to build %s (%s)", local_rank(), what, entry)
-    bound = lock_wait_s()
+    bound = file_lock.lock_wait_s()
     start = idle_since = time.monotonic()
     said = False
     while not is_complete(entry):
         now = time.monotonic()
-        if _lock_is_held(lock):
+        if file_lock.is_held(lock):
             idle_since = now
         elif now - idle_since > min(WAIT_WITHOUT_BUILDER_S, bound):
             raise UserError(
@@ -307,11 +226,12 @@ def _wait_for(entry: str, lock: str, what: str) -> None:
             )
         if now - start > bound:
             raise UserError(
-                f"data: local rank {local_rank()} gave up after {now - start:.0f} s waiting for {_holder(lock)} "
-                f"to finish the data cache {entry} (lock {lock}); wait longer with ${LOCK_WAIT_ENV}"
+                f"data: local rank {local_rank()} gave up after {now - start:.0f} s waiting for "
+                f"{file_lock.holder(lock)} to finish the data cache {entry} (lock {lock}); "
+                f"wait longer with ${file_lock.LOCK_WAIT_ENV}"
             )
-        if not said and now - start >= SAY_AFTER_S:
-            log.warning("data cache: still waiting for %s to finish %s (lock %s)", _holder(lock), entry, lock)
+        if not said and now - start >= file_lock.SAY_AFTER_S:
+            log.warning("data cache: still waiting for %s to finish %s (lock %s)", file_lock.holder(lock), entry, lock)
             said = True
         time.sleep(0.2)
 

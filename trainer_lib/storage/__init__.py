@@ -30,6 +30,7 @@ import shutil
 import tempfile
 import time
 
+from trainer_lib.storage import file_lock
 from trainer_lib.storage import fs as _fsspec
 from trainer_lib.storage import s3 as _s3
 from trainer_lib.storage.base import StorageError, atomic_path, cache_root, configure, parallel, redact  # noqa: F401
@@ -275,17 +276,6 @@ def makedirs(path) -> None:
 # --------------------------------------------------------------------------- the download cache
 
 
-@contextlib.contextmanager
-def _lock(lock_path: str):
-    """Serialise cache fills across processes (e.g. all ranks on one node)."""
-    import fcntl  # POSIX only, like the training images
-
-    os.makedirs(os.path.dirname(lock_path), exist_ok=True)
-    with open(lock_path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
-        yield
-
-
 def _cache_location(path: str) -> str:
     """``<cache>/<scheme>/<bucket or host>/<key>``: one place per URL."""
     rest = path.split("://", 1)[1]
@@ -311,7 +301,8 @@ def localize(path, kind: str = "auto") -> str:
     local = _cache_location(path)
     parent, name = os.path.split(local)
     manifest = os.path.join(parent, f".{name}.manifest.json")
-    with _lock(os.path.join(parent, f".{name}.lock")):
+    # one download per cache entry at a time (e.g. all ranks on a node); a wait says who holds it, and is bounded
+    with file_lock.exclusive(os.path.join(parent, f".{name}.lock"), f"downloading {redact(path)}", "storage cache"):
         with contextlib.suppress(OSError, ValueError), open(manifest) as f:
             if json.load(f) == state and os.path.exists(local):
                 log.debug("cache hit for %s", path)
