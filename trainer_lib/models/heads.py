@@ -29,7 +29,13 @@ def load_reward_model(
     where ``placement`` says (:class:`trainer_lib.models.load.Placement`: partitioned under ZeRO-3)."""
     from transformers import AutoModelForSequenceClassification
 
-    from trainer_lib.models.load import hub_revision, load_pretrained, resolve_model_path, torch_dtype
+    from trainer_lib.models.load import (
+        attention_implementation,
+        hub_revision,
+        load_pretrained,
+        resolve_model_path,
+        torch_dtype,
+    )
 
     source = path or cfg.path
     try:
@@ -40,7 +46,7 @@ def load_reward_model(
             revision=hub_revision(cfg, source),
             num_labels=1,
             dtype=torch_dtype(precision),
-            attn_implementation=cfg.attn_implementation,
+            attn_implementation=attention_implementation(cfg),
             trust_remote_code=cfg.trust_remote_code,
         )
     except OSError as exc:  # not a model directory, unknown hub id, missing weights
@@ -56,10 +62,25 @@ def apply_reward_lora(model, lora: LoraConfig):
     return apply_lora(model, lora, task_type="SEQ_CLS", modules_to_save=HEAD_MODULES)
 
 
-def sequence_rewards(model, batch: dict):
-    """Rewards ``(N,)`` for a batch with ``input_ids``/``attention_mask`` (float32)."""
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False)
-    return out.logits.squeeze(-1).float()
+def sequence_rewards(model, inputs: dict):
+    """Rewards ``(N,)`` (float32): for padded rows (``input_ids``, ``attention_mask``) the head at each row's
+    last non-pad token, as transformers pools; for one packed row (``input_ids``, ``position_ids`` and the
+    boundaries of :func:`trainer_lib.data.preference_batches.model_inputs`) the head at each sequence's
+    last token, the head applied to those N positions only."""
+    if "cu_seq_lens_q" not in inputs:
+        out = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False)
+        return out.logits.squeeze(-1).float()
+    hidden = model(**inputs, use_cache=False, output_hidden_states=-1).hidden_states[-1]
+    ends = inputs["cu_seq_lens_q"][1:].long() - 1
+    return score_head(model)(hidden[0, ends]).squeeze(-1).float()
+
+
+def score_head(model):
+    """The scalar head module of a reward model, through DeepSpeed's and PEFT's wrappers (under LoRA, the
+    trained copy that ``modules_to_save`` keeps)."""
+    model = getattr(model, "module", model)
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(model, HEAD_MODULES[0])
 
 
 def store_stats(model, stats: dict) -> None:

@@ -93,19 +93,24 @@ class Placement:
     zero3_config: dict | None = None
 
 
+def attention_implementation(cfg: ModelConfig) -> str:
+    """``model.attn_implementation`` as transformers takes it: ``sdpa`` is the same sdpa, but packed rows are
+    attended per sequence (models/attention.py); not for remote modelling code, whose attention may not take
+    position_ids and would then need transformers' own packed mask."""
+    if cfg.attn_implementation == "sdpa" and not cfg.trust_remote_code:
+        from trainer_lib.models.attention import register
+
+        return register()
+    return cfg.attn_implementation
+
+
 def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None = None, placement=None):
     """``model.path`` (or ``path``) as a causal LM in ``precision``, placed by ``placement`` (a :class:`Placement`)."""
     from transformers import AutoModelForCausalLM
 
     source = path or cfg.path
     revision = hub_revision(cfg, source)
-    attention = cfg.attn_implementation
-    # the same sdpa, but packed rows are attended per sequence (models/attention.py); not for remote modelling
-    # code, whose attention may not take position_ids and would then need transformers' own packed mask
-    if attention == "sdpa" and not cfg.trust_remote_code:
-        from trainer_lib.models.attention import register
-
-        attention = register()
+    attention = attention_implementation(cfg)
     try:
         model = load_pretrained(
             AutoModelForCausalLM,

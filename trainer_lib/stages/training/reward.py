@@ -86,8 +86,12 @@ def load_data(cfg: RewardConfig, tokenizer) -> tuple[SplitBatches, SplitBatches,
     if not len(train):
         raise UserError(f"data.path: {cfg.data.path} has no preference pairs to train on")
 
+    # data.packing: a micro-batch's 2B sequences as one padding-free row, scored at each sequence's end
+    # (models/heads.py); never for remote modelling code, whose attention may not honour position_ids
+    packed = cfg.data.packing and not cfg.model.trust_remote_code
+
     def collate(examples):
-        return collate_pairs(examples, tokenizer.pad_token_id)
+        return collate_pairs(examples, tokenizer.pad_token_id, packed=packed)
 
     return (
         SplitBatches(train, micro_batches(train, cfg.batch_size, cfg.data.max_length, packing=False), collate),
