@@ -35,6 +35,9 @@ BUILDS = {
     "release": IMAGE,
     "export": CUDA_IMAGE,  # exports FP16 on its GPU; FP32, INT8/INT4 and their parity on CPU
     "deploy": IMAGE,
+    "notify": IMAGE,  # the exit task: posts the run's outcome to a webhook
+    "check-changes": IMAGE,  # skip_if_unchanged: compares the run's inputs with the latest release's
+    "record-inputs": IMAGE,  # leaves what check-changes compares with beside a release
 }
 
 

@@ -1,7 +1,7 @@
 """posttrain pipeline: compile, run locally, submit or schedule the Kubeflow pipelines.
 
     posttrain pipeline list
-    posttrain pipeline compile [--out DIR] [--check]
+    posttrain pipeline compile [--out DIR] [--check] [--target all|kfp|argo]
     posttrain pipeline run [--pipeline NAME] [--root DIR] [--latest DIR] [param=value ...]
     posttrain pipeline submit --host URL [--pipeline NAME] [--experiment E] [param=value ...]
     posttrain pipeline schedule --host URL --cron "0 3 * * 0" [--pipeline NAME] [param=value ...]
@@ -26,6 +26,7 @@ from trainer_lib.errors import ConfigError
 
 DEFAULT_PIPELINE = "posttrain-sft"
 COMPILED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compiled")
+ARGO_SUBDIR = "argo"  # compile --target argo: Argo WorkflowTemplates in COMPILED_DIR/argo
 DEFAULT_ROOT = os.path.join("runs", "local")
 
 
@@ -134,17 +135,41 @@ def _read(path: str) -> bytes | None:
         return fh.read()
 
 
+def compile_targets(out_dir: str, target: str = "all") -> list[str]:
+    """KFP IR (``<name>.yaml``) and/or Argo WorkflowTemplates (``argo/<name>.yaml``, translated from that
+    IR by pipelines/argo.py) into ``out_dir``; returns the paths."""
+    paths = compile_all(out_dir) if target in ("kfp", "all") else []
+    if target in ("argo", "all"):
+        from pipelines.argo import write_all
+
+        with tempfile.TemporaryDirectory() as tmp:
+            kfp_dir = out_dir if target == "all" else tmp
+            if target == "argo":
+                compile_all(tmp)
+            paths += write_all(kfp_dir, os.path.join(out_dir, ARGO_SUBDIR))
+    return paths
+
+
 def cmd_compile(args) -> int:
     if not args.check:
-        for path in compile_all(args.out):
+        for path in compile_targets(args.out, args.target):
             print(f"wrote {path}")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         drift = []
-        for fresh in compile_all(tmp):
-            committed = os.path.join(args.out, os.path.basename(fresh))
+        fresh_paths = compile_targets(tmp, args.target)
+        for fresh in fresh_paths:
+            committed = os.path.join(args.out, os.path.relpath(fresh, tmp))
             if _read(fresh) != _read(committed):
                 drift.append(committed)
+        argo_dir = os.path.join(args.out, ARGO_SUBDIR)
+        if args.target in ("argo", "all") and os.path.isdir(argo_dir):  # a template of a pipeline now gone
+            made = {os.path.relpath(p, tmp) for p in fresh_paths}
+            drift += [
+                os.path.join(argo_dir, f)
+                for f in sorted(os.listdir(argo_dir))
+                if f.endswith(".yaml") and os.path.join(ARGO_SUBDIR, f) not in made
+            ]
     for path in drift:
         print(f"out of date: {path}", file=sys.stderr)
     if drift:
@@ -181,7 +206,7 @@ def cmd_run(args) -> int:
         print(f"error: pipeline {pipeline.name} failed: {exc}", file=sys.stderr)
         return 1
     defaults = {k: v.default for k, v in (pipeline.component_spec.inputs or {}).items()}
-    record = run_record(pipeline.name, root, {**defaults, **params}, started, task.outputs)
+    record = run_record(pipeline.name, root, shown_params({**defaults, **params}), started, task.outputs)
     write_latest(latest, record)
     print(f"\npipeline {pipeline.name} succeeded; run directory: {record['run_dir']}")
     for name, out in record["outputs"].items():
@@ -220,6 +245,36 @@ def _task_outputs(run_dir: str | None) -> dict:
     return tasks
 
 
+def shown_params(params: dict) -> dict:
+    """``params`` as run.json may keep them: a webhook URL shows only its scheme and host (its path usually
+    holds the token)."""
+    from trainer_lib.serving.notify import public
+
+    hook = params.get("notify_webhook")
+    return {**params, "notify_webhook": f"{public(hook)}/***"} if hook else params
+
+
+def _train_outputs(tasks: dict) -> dict:
+    """The model and metrics of the run's one training task (``posttrain-sft``: KFP takes no pipeline outputs
+    from inside the DAG's ExitHandler), with their metadata; empty when the run trained more than one."""
+    trained = [name for name, outputs in tasks.items() if name.startswith("train") and "output_model" in outputs]
+    if len(trained) != 1:
+        return {}
+    folder = os.path.dirname(tasks[trained[0]]["output_model"])
+    try:  # (a Metrics artifact is only metadata: kfp.local keeps it in the executor output, with no file)
+        with open(os.path.join(folder, "executor_output.json"), encoding="utf-8") as fh:
+            written = json.load(fh).get("artifacts", {})
+    except (OSError, ValueError):
+        written = {}
+    found = {}
+    for name, key, kind in (("model", "output_model", "system.Model"), ("metrics", "metrics", "system.Metrics")):
+        artifacts = (written.get(key) or {}).get("artifacts") or []
+        if key in tasks[trained[0]] or artifacts:
+            metadata = artifacts[0].get("metadata", {}) if artifacts else {}
+            found[name] = {"path": os.path.join(folder, key), "type": kind, "metadata": metadata}
+    return found
+
+
 def run_record(name: str, root: str, params: dict, started: str, outputs: dict) -> dict:
     """What ``runs/latest/run.json`` holds: where every output and task output of this run is."""
     start = datetime.datetime.fromisoformat(started).timestamp()
@@ -251,6 +306,8 @@ def run_record(name: str, root: str, params: dict, started: str, outputs: dict) 
         }
         # outputs land at {root}/{pipeline}-{timestamp}/{task}/{output}
         record["run_dir"] = record["run_dir"] or os.path.join(root, os.path.relpath(path, root).split(os.sep)[0])
+    if not outputs:
+        record["outputs"] = _train_outputs(record["tasks"])
     return record
 
 
@@ -397,6 +454,9 @@ def cmd_schedule(args) -> int:
     cron = kfp_cron(args.cron)
     pipeline = get_pipeline(args.pipeline)
     params = parse_params(pipeline, args.params)
+    if "skip_if_unchanged" in (pipeline.component_spec.inputs or {}) and "skip_if_unchanged" not in params:
+        params["skip_if_unchanged"] = True  # a scheduled run retrains only when its inputs changed
+        print("skip_if_unchanged=true: runs stop early when nothing changed since the latest release")
     check_stages(pipeline, params)
     if args.max_concurrency < 1:
         raise UsageError(f"--max-concurrency: expected >= 1, got {args.max_concurrency}")
@@ -448,9 +508,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list", help="List the pipelines with their parameters and defaults.")
 
-    p = sub.add_parser("compile", help="Write <name>.yaml (KFP IR) for every pipeline.")
+    p = sub.add_parser(
+        "compile", help="Write <name>.yaml (KFP IR) and argo/<name>.yaml (Argo WorkflowTemplate) for every pipeline."
+    )
     p.add_argument("--out", default=COMPILED_DIR, help="output directory (default: %(default)s)")
     p.add_argument("--check", action="store_true", help="exit 1 if the files in --out differ from a fresh compile")
+    p.add_argument(
+        "--target",
+        choices=("all", "kfp", "argo"),
+        default="all",
+        help="kfp: KFP IR; argo: Argo WorkflowTemplates for clusters without Kubeflow Pipelines, in OUT/argo "
+        "(translated from the KFP IR); all: both (default: %(default)s)",
+    )
 
     p = sub.add_parser("run", help="Run a pipeline locally with kfp.local (subprocesses, this venv).")
     p.add_argument("--pipeline", default=DEFAULT_PIPELINE, help="pipeline name (default: %(default)s)")

@@ -15,6 +15,12 @@ lost against the candidate). ``release`` and ``deploy`` act only when both held.
 ``posttrain-rlhf`` is a run parameter; each branch evaluates and releases its own policy
 (``dsl.OneOf`` over artifacts is not supported by ``kfp.local``).
 
+Every DAG runs inside a ``dsl.ExitHandler`` whose exit task, ``notify``, posts how the run ended to the
+run's ``notify_webhook`` (:func:`notified`). The DAGs that release take ``skip_if_unchanged``: a ``check
+changes`` task after ``fingerprint sources`` compares the run's inputs with the latest release's, and
+everything after it runs in a ``dsl.If`` branch taken only when something changed (:func:`only_if_changed`);
+each release leaves the inputs it compares with (``record inputs``).
+
 Every DAG starts with ``bootstrap``: with ``base_model`` and ``dataset`` left empty it runs
 the embedded demo (bundled data, a tiny model trained from scratch); otherwise it passes the
 given locations through without copying. The DAGs are composed from small named steps, plain
@@ -23,20 +29,21 @@ they work inside ``dsl.If`` branches under ``kfp.local`` too. To add a pipeline,
 ``PIPELINES``; ``posttrain pipeline compile`` then writes ``pipelines/compiled/<name>.yaml``.
 """
 
+import contextlib
 import contextvars
 import functools
 import inspect
 from typing import NamedTuple
 
 from kfp import dsl
-from kfp.dsl import Metrics, Model
 
 from components.bootstrap import bootstrap
 from components.check import check_config
 from components.deploy import deploy
 from components.evaluate import evaluate
 from components.export import export
-from components.fingerprint import fingerprint
+from components.fingerprint import check_changes, fingerprint, record_inputs
+from components.notify import notify
 from components.prepare import prepare
 from components.release import release
 from components.train import train
@@ -50,11 +57,6 @@ DEFAULT_SERVED_GATE = [
     "harmless_rate>=candidate-0.02",
     "over_refusal_rate<=candidate+0.05",
 ]
-
-
-class Outputs(NamedTuple):
-    model: Model
-    metrics: Metrics
 
 
 #: Every parameter of the top-level pipelines, documented once (the KFP UI shows these texts).
@@ -112,6 +114,12 @@ PARAMETER_DOCS = {
     "reward_overrides": "'key=value' strings for 'posttrain reward'.",
     "rl_overrides": "'key=value' strings for 'posttrain ppo' or 'posttrain grpo'.",
     "evaluate_overrides": "'key=value' strings for 'posttrain evaluate'.",
+    "notify_webhook": "Webhook URL (Slack-compatible) told how the run ended: succeeded, failed at which task, "
+    "gated off by which rule, and where the report is. Empty: $POSTTRAIN_NOTIFY_WEBHOOK (the optional "
+    "posttrain-notify Secret), else nothing is sent. Never fails the run.",
+    "skip_if_unchanged": "Stop early, green, when the sources' content and every parameter that shapes the model "
+    "equal those of the latest release at release_uri (trained nothing new). On for 'posttrain pipeline "
+    "schedule' unless given.",
     "demo_overrides": "Embedded demo only: 'key=value' strings for 'posttrain demo-data' (e.g. n_code_train=500).",
     "tiny_model_overrides": "Embedded demo only: 'key=value' strings for 'posttrain tiny-model' "
     "(e.g. hidden_size=64, num_layers=2).",
@@ -120,6 +128,9 @@ PARAMETER_DOCS = {
 
 #: The arguments of the pipeline function being built (its parameters, as KFP channels), by name.
 BUILDING: contextvars.ContextVar[dict] = contextvars.ContextVar("BUILDING")
+#: While a pipeline is built: ``stack`` (groups that close when its function returns: the branch that runs
+#: only when the inputs changed) and ``fingerprint`` (the run's ``fingerprint sources`` task).
+SCOPE: contextvars.ContextVar[dict] = contextvars.ContextVar("SCOPE")
 
 
 def documented(summary: str):
@@ -136,13 +147,35 @@ def documented(summary: str):
         def build(*args, **kwargs):
             token = BUILDING.set(dict(signature.bind(*args, **kwargs).arguments))
             try:
-                return func(*args, **kwargs)
+                with notified(func.__name__.replace("_", "-")), contextlib.ExitStack() as stack:
+                    scope = SCOPE.set({"stack": stack})
+                    try:
+                        return func(*args, **kwargs)
+                    finally:
+                        SCOPE.reset(scope)
             finally:
                 BUILDING.reset(token)
 
         return build
 
     return decorate
+
+
+@contextlib.contextmanager
+def notified(name: str):
+    """Everything built inside runs in a ``dsl.ExitHandler`` whose exit task, ``notify``, posts how the run
+    ended to the run's ``notify_webhook`` (components/notify.py); it runs whether the tasks succeeded or not."""
+    given = BUILDING.get()
+    task = notify(
+        webhook=given["notify_webhook"],
+        pipeline=name,
+        run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        run_name=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+        pipeline_root=dsl.PIPELINE_ROOT_PLACEHOLDER,
+        release_uri=given.get("release_uri", ""),
+    )
+    with dsl.ExitHandler(configure(task, "notify"), name="run"):
+        yield
 
 
 #: The pipeline parameters that name a run's inputs: the release fingerprints them for its lineage.
@@ -152,6 +185,32 @@ SOURCE_PARAMETERS = ("base_model", "dataset", "preference_dataset", "prompt_data
 def arguments() -> dict:
     """Every parameter of the pipeline being built, by name: what the check task receives."""
     return dict(BUILDING.get())
+
+
+def compared_parameters() -> dict:
+    """The parameters ``skip_if_unchanged`` compares with the latest release's (trainer_lib.eval.retrain)."""
+    from trainer_lib.eval.retrain import NOT_COMPARED
+
+    return {name: value for name, value in arguments().items() if name not in NOT_COMPARED}
+
+
+def only_if_changed(parameters: dict, content: dsl.PipelineTask, after: dsl.PipelineTask) -> None:
+    """With ``skip_if_unchanged`` (pipelines that release): a ``check changes`` task compares the sources
+    fingerprint (``content``) and the parameters with the latest release's, and every task built after this
+    call, until the pipeline function returns, runs in a branch taken only when something changed."""
+    if "skip_if_unchanged" not in parameters:
+        return
+    compared = compared_parameters()
+    changed = check_changes(
+        sources_fingerprint=content.output,
+        compared=sorted(compared),
+        release_uri=parameters["release_uri"],
+        skip_if_unchanged=parameters["skip_if_unchanged"],
+        **compared,
+    )
+    SCOPE.get().update(fingerprint=content, changes=configure(changed.after(after), "check changes"))
+    branch = dsl.If(changed.output != "", name="inputs changed")  # (its output: "" when nothing changed)
+    SCOPE.get()["stack"].enter_context(branch)
 
 
 class Training(NamedTuple):
@@ -208,12 +267,13 @@ def start(
     bootstrap, keyed for the cache by the content of the given locations. ``parameters`` are all the
     pipeline's (:func:`arguments`): the check gets them, and the DAG itself (:func:`carry_spec`), to
     check the run even where the KFP API cannot be read."""
-    checked = configure(
-        check_config(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, compiled_spec="", **parameters), "check config"
-    )
+    accepted = check_config.component_spec.inputs  # (not the run's notify_webhook: no stage reads it)
+    given = {name: value for name, value in parameters.items() if name in accepted}
+    checked = configure(check_config(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, compiled_spec="", **given), "check config")
     content = configure(
         fingerprint(base_model=base_model, dataset=dataset, **datasets).after(checked), "fingerprint sources"
     )
+    only_if_changed(parameters, content, checked)
     return configure(
         bootstrap(
             base_model=base_model,
@@ -359,7 +419,7 @@ def evaluate_and_release(
         sizing=cluster.sizing,
     )
     sources = {name: value for name, value in arguments().items() if name in SOURCE_PARAMETERS}
-    configure(
+    published = configure(
         release(
             model=candidate,
             results=judged.outputs["results"],
@@ -372,6 +432,14 @@ def evaluate_and_release(
         ),
         f"release {candidate_label}",
     )
+    recorded = record_inputs(
+        released=published.outputs["released"],
+        run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+        sources_fingerprint=SCOPE.get()["fingerprint"].output,
+        parameters=SCOPE.get()["changes"].output,  # (inside the branch: the compared parameters, never "")
+        release_uri=release_uri,
+    )
+    configure(recorded, f"record inputs {candidate_label}")
     deploy_export(exported, judged.outputs["gate_passed"], candidate_label, serving)
     return judged
 
@@ -403,7 +471,8 @@ def posttrain_sft(
     export_overrides: list = [],
     demo_overrides: list = [],
     tiny_model_overrides: list = [],
-) -> Outputs:
+    notify_webhook: str = "",
+):
     boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides, parameters=arguments())
     training = Training(batch_size, max_length, seed)
     cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step, sizing_task(gpus_per_step, nodes_per_step, boot))
@@ -423,7 +492,8 @@ def posttrain_sft(
         prepare_overrides=prepare_overrides,
     )
     deploy_export(export_candidate(tuned, "SFT", serving, cluster), True, "SFT", serving)
-    return Outputs(model=tuned.outputs["output_model"], metrics=tuned.outputs["metrics"])
+    # (no pipeline outputs: KFP takes them only from outside the ExitHandler that every task runs in; the
+    # model and metrics are the SFT task's, and `posttrain pipeline run` links them from runs/latest)
 
 
 @dsl.pipeline(name="posttrain-dpo")
@@ -460,6 +530,8 @@ def posttrain_dpo(
     evaluate_overrides: list = [],
     demo_overrides: list = [],
     tiny_model_overrides: list = [],
+    notify_webhook: str = "",
+    skip_if_unchanged: bool = False,
 ):
     boot = start(
         base_model,
@@ -541,6 +613,8 @@ def posttrain_rlhf(
     evaluate_overrides: list = [],
     demo_overrides: list = [],
     tiny_model_overrides: list = [],
+    notify_webhook: str = "",
+    skip_if_unchanged: bool = False,
 ):
     boot = start(
         base_model,
@@ -651,6 +725,8 @@ def posttrain_all(
     evaluate_overrides: list = [],
     demo_overrides: list = [],
     tiny_model_overrides: list = [],
+    notify_webhook: str = "",
+    skip_if_unchanged: bool = False,
 ):
     boot = start(
         base_model,
@@ -739,7 +815,9 @@ def carry_spec(pipeline):
     from components.validation import pack_spec
 
     spec = pipeline.pipeline_spec
-    check = spec.root.dag.tasks["check-config"].inputs.parameters["compiled_spec"]
+    dags = [spec.root.dag, *(spec.components[name].dag for name in sorted(spec.components))]
+    (task,) = [dag.tasks["check-config"] for dag in dags if "check-config" in dag.tasks]  # (inside the handler)
+    check = task.inputs.parameters["compiled_spec"]
     check.runtime_value.constant.string_value = pack_spec(json_format.MessageToDict(spec))
     return pipeline
 

@@ -107,6 +107,9 @@ STAGE_KIND = {
     "release": "light",
     "export": "export",
     "deploy": "light",
+    "notify": "light",
+    "check-changes": "light",
+    "record-inputs": "light",
 }
 
 #: Secret key -> environment variable, and ConfigMap key -> environment variable.
@@ -129,7 +132,7 @@ RETRIES = {
 
 #: Tasks that act on the world (publish a model, load it on a server) or look at it (what is behind a
 #: location now) never answer from the cache.
-NOT_CACHED = {"check-config", "fingerprint", "release", "deploy"}
+NOT_CACHED = {"check-config", "fingerprint", "release", "deploy", "notify", "check-changes", "record-inputs"}
 
 #: Pod labels by component. ``check-config`` reads its run from the KFP API: on multi-user Kubeflow the
 #: ``access-ml-pipeline`` PodDefault (see docs/pipelines.md) projects the API token into pods with this label.
@@ -138,6 +141,10 @@ POD_LABELS = {"check-config": {"access-ml-pipeline": "true"}}
 #: Optional Secret with a Hugging Face token (key HF_TOKEN) for gated hub models and datasets.
 HF_SECRET = "posttrain-hf"
 HF_SECRET_ENV = {"HF_TOKEN": "HF_TOKEN"}
+#: Optional Secret with the webhook the ``notify`` exit task posts to when the run gives no ``notify_webhook``
+#: (key ``webhook``): a webhook URL usually carries its token, and run parameters are shown in the KFP UI.
+NOTIFY_SECRET = "posttrain-notify"
+NOTIFY_SECRET_ENV = {"webhook": "POSTTRAIN_NOTIFY_WEBHOOK"}
 #: Image pull secrets of a private registry holding IMAGE and CUDA_IMAGE (empty: none).
 IMAGE_PULL_SECRETS: list[str] = []
 #: A ReadWriteMany PVC shared by every task as the download cache of models and datasets ($POSTTRAIN_CACHE,
@@ -203,6 +210,8 @@ def configure(task: PipelineTask, display_name: str | None = None, accelerator=N
     kubernetes.use_secret_as_env(task, S3_SECRET, S3_SECRET_ENV, optional=True)
     kubernetes.use_config_map_as_env(task, CONFIG_MAP, CONFIG_MAP_ENV, optional=True)
     kubernetes.use_secret_as_env(task, HF_SECRET, HF_SECRET_ENV, optional=True)
+    if name == "notify":
+        kubernetes.use_secret_as_env(task, NOTIFY_SECRET, NOTIFY_SECRET_ENV, optional=True)
     if IMAGE_PULL_SECRETS:
         kubernetes.set_image_pull_secrets(task, IMAGE_PULL_SECRETS)
     if MODEL_CACHE_PVC:

@@ -123,10 +123,19 @@ def test_without_an_api_the_task_says_the_cli_checked(monkeypatch, capsys):
     assert "checked them before the run started" in capsys.readouterr().out
 
 
+def body_tasks(spec: dict) -> dict:
+    """The tasks of the DAG's body: every task runs inside its ExitHandler (the exit task notifies)."""
+    (tasks,) = [
+        c["dag"]["tasks"] for c in spec["components"].values() if "check-config" in c.get("dag", {}).get("tasks", {})
+    ]
+    return tasks
+
+
 @pytest.mark.parametrize("name", sorted(PIPELINES))
 def test_every_dag_starts_with_the_check_and_never_caches_it(name):
     spec = json_format.MessageToDict(PIPELINES[name].pipeline_spec)
-    tasks = spec["root"]["dag"]["tasks"]
+    assert set(spec["root"]["dag"]["tasks"]) == {"exit-handler-1", "notify"}
+    tasks = body_tasks(spec)
     assert "dependentTasks" not in tasks["check-config"]
     assert tasks["check-config"]["cachingOptions"].get("enableCache", False) is False
     assert tasks["fingerprint"]["dependentTasks"] == ["check-config"]
@@ -147,9 +156,9 @@ def task_inputs(pipeline: str, run_id: str, params: dict) -> dict:
     spec = json_format.MessageToDict(PIPELINES[pipeline].pipeline_spec)
     values = {**spec_defaults(spec), **params}
     inputs = {}
-    for name, source in spec["root"]["dag"]["tasks"]["check-config"]["inputs"]["parameters"].items():
+    for name, source in body_tasks(spec)["check-config"]["inputs"]["parameters"].items():
         if "componentInputParameter" in source:
-            inputs[name] = values[source["componentInputParameter"]]
+            inputs[name] = values[source["componentInputParameter"].removeprefix("pipelinechannel--")]
         else:
             constant = source["runtimeValue"]["constant"]
             inputs[name] = run_id if constant == dsl.PIPELINE_JOB_ID_PLACEHOLDER else constant
@@ -260,9 +269,14 @@ def test_an_api_that_never_answers_times_out_and_checks_from_the_parameters(monk
 @pytest.mark.parametrize("name", sorted(PIPELINES))
 def test_every_dag_gives_its_check_every_parameter_and_itself(name):
     spec = json_format.MessageToDict(PIPELINES[name].pipeline_spec)
-    inputs = spec["root"]["dag"]["tasks"]["check-config"]["inputs"]["parameters"]
-    wired = {k: v["componentInputParameter"] for k, v in inputs.items() if "componentInputParameter" in v}
-    assert wired == {p: p for p in spec["root"]["inputDefinitions"]["parameters"]}
+    inputs = body_tasks(spec)["check-config"]["inputs"]["parameters"]
+    wired = {
+        k: v["componentInputParameter"].removeprefix("pipelinechannel--")
+        for k, v in inputs.items()
+        if "componentInputParameter" in v
+    }
+    unread = {"notify_webhook", "skip_if_unchanged"}  # no stage config reads them
+    assert wired == {p: p for p in spec["root"]["inputDefinitions"]["parameters"] if p not in unread}
     carried = unpack_spec(inputs["compiled_spec"]["runtimeValue"]["constant"])
     assert set(carried["root"]["dag"]["tasks"]) == set(spec["root"]["dag"]["tasks"]) - {"check-config"}
     assert "{{$" not in inputs["compiled_spec"]["runtimeValue"]["constant"]  # no backend resolves anything in it

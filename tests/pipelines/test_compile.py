@@ -70,8 +70,11 @@ def test_sft_pipeline_interface(compiled):
     ):
         assert name in params
     assert params["base_model"]["defaultValue"] == "" and params["dataset"]["defaultValue"] == ""
-    assert set(spec["root"]["outputDefinitions"]["artifacts"]) == {"model", "metrics"}
-    tasks = {t["taskInfo"]["name"]: t for t in spec["root"]["dag"]["tasks"].values()}
+    # every task runs inside the ExitHandler whose exit task notifies (so no pipeline outputs: KFP takes them
+    # only from outside it)
+    assert "outputDefinitions" not in spec["root"] and set(spec["root"]["dag"]["tasks"]) == {"exit-handler-1", "notify"}
+    body = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    tasks = {t["taskInfo"]["name"]: t for t in body.values()}
     assert set(tasks) == {
         "check config",
         "fingerprint sources",
@@ -153,8 +156,9 @@ def test_training_requests_scale_with_gpus_per_step(compiled):
         spec, _ = load(compiled, name)
         (sizing,) = [task for component, task in _tasks(spec) if component == "training-resources"]
         given = sizing["inputs"]["parameters"]
-        assert given["gpus"] == {"componentInputParameter": "gpus_per_step"}
-        assert given["nodes"] == {"componentInputParameter": "nodes_per_step"}
+        # (inside the ExitHandler every pipeline parameter reaches a task as the handler's input)
+        assert given["gpus"] == {"componentInputParameter": "pipelinechannel--gpus_per_step"}
+        assert given["nodes"] == {"componentInputParameter": "pipelinechannel--nodes_per_step"}
         assert given["cpu_per_gpu"]["runtimeValue"]["constant"] == PER_GPU.cpu
         assert given["memory_gi_per_gpu"]["runtimeValue"]["constant"] == PER_GPU.memory_gi
         trainings = [task for component, task in _tasks(spec) if component == "train"]
@@ -267,17 +271,26 @@ def test_training_retries_and_nothing_that_publishes_is_cached(compiled):
                 assert (
                     task["inputs"]["parameters"]["checkpoint_root"]["runtimeValue"]["constant"] == "{{$.pipeline_root}}"
                 )  # checkpoints outside the artifact, found again by a retry
-            never_cached = ("check-config", "fingerprint", "release", "deploy")
+            never_cached = (
+                "check-config",
+                "fingerprint",
+                "release",
+                "deploy",
+                "notify",
+                "check-changes",
+                "record-inputs",
+            )
             if component in never_cached:
                 assert not task.get("cachingOptions", {}).get("enableCache"), (name, component)
             if component == "bootstrap":  # keyed for the cache by what is behind the given locations now
-                assert task["inputs"]["parameters"]["sources_fingerprint"]["taskOutputParameter"] == {
-                    "outputParameterKey": "Output",
-                    "producerTask": "fingerprint",
-                }
+                # (in the pipelines that release, from inside the branch taken when the inputs changed)
+                assert task["inputs"]["parameters"]["sources_fingerprint"] in (
+                    {"taskOutputParameter": {"outputParameterKey": "Output", "producerTask": "fingerprint"}},
+                    {"componentInputParameter": "pipelinechannel--fingerprint-Output"},
+                )
             elif (
-                not component.startswith("condition") and component not in never_cached
-            ):  # (condition groups are not tasks of their own)
+                not component.startswith(("condition", "exit-handler")) and component not in never_cached
+            ):  # (condition and exit-handler groups are not tasks of their own)
                 assert task.get("cachingOptions", {}).get("enableCache") is True, (name, component)
         assert {"train", "export", "deploy"} <= seen, name
 
