@@ -8,7 +8,8 @@ fails in seconds, naming the task, stage and key, before any pod trains for hour
 The API is read from ``$POSTTRAIN_KFP_API`` (the ``posttrain-config`` ConfigMap sets it on the
 cluster); without it (``kfp.local``, where the CLI already checked) the task only says so. Where the API
 cannot be reached or does not let the pod in (multi-user Kubeflow without the ``access-ml-pipeline``
-PodDefault), the task checks the run from its own inputs: every pipeline parameter (the DAG passes its
+PodDefault), or under plain Argo (``$POSTTRAIN_CHECK_FROM_INPUTS=1``, set by ``pipelines/argo.py``), the task
+checks the run from its own inputs: every pipeline parameter (the DAG passes its
 parameters here, so these are the values every stage of this run gets; the defaults stand for the
 parameters other pipelines have, and are never read) and ``compiled_spec``, the DAG compiled into the
 task (``components.validation``).
@@ -75,10 +76,11 @@ def check_config(
     import os
     import sys
 
-    from components.validation import ValidationError, check_task
+    from components.validation import ValidationError, check_inputs, check_task
 
     host = os.environ.get("POSTTRAIN_KFP_API", "")
-    if not host:
+    from_inputs = os.environ.get("POSTTRAIN_CHECK_FROM_INPUTS") == "1"  # plain Argo: no KFP API to ask
+    if not host and not from_inputs:
         print(
             "POSTTRAIN_KFP_API is not set: the stage configs are not checked here "
             "(posttrain pipeline run/submit/schedule checked them before the run started)"
@@ -86,7 +88,10 @@ def check_config(
         return 0
     parameters = {k: v for k, v in given.items() if k not in ("run_id", "compiled_spec")}
     try:
-        checked, origin = check_task(run_id, host, compiled_spec, parameters)
+        if host:
+            checked, origin = check_task(run_id, host, compiled_spec, parameters)
+        else:
+            checked, origin = check_inputs(compiled_spec, parameters)
     except (ValidationError, RuntimeError) as exc:
         sys.exit(f"check config: {exc}")
     print(f"run {run_id}: all {checked} stage configs are valid ({origin})")

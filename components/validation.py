@@ -372,8 +372,16 @@ def check_task(run_id: str, host: str, compiled_spec: str, parameters: dict) -> 
                 f"checked without the API: recompile it (posttrain pipeline compile) or give the pods the API"
             ) from None
         print(f"{exc}: validated the stage configs from the task's parameters", flush=True)
-        spec = unpack_spec(compiled_spec)
-        ours = spec["root"]["inputDefinitions"]["parameters"]  # the task's other inputs stand for other DAGs'
-        checked = check_spec(spec, {k: v for k, v in parameters.items() if k in ours})
-        return checked, "validated from the task's parameters: the run's values and the DAG compiled into the task"
+        return check_inputs(compiled_spec, parameters)
     return check_spec(spec, params), f"validated from the KFP API's copy of run {run_id}"
+
+
+def check_inputs(compiled_spec: str, parameters: dict) -> tuple[int, str]:
+    """Check a run from the ``check config`` task's own inputs: the run's ``parameters`` and
+    ``compiled_spec``, the DAG compiled into the task; ``(configs checked, where they came from)``."""
+    if not compiled_spec:
+        raise RuntimeError("this pipeline was compiled without its DAG in the check task: recompile it")
+    spec = unpack_spec(compiled_spec)
+    ours = spec["root"]["inputDefinitions"]["parameters"]  # the task's other inputs stand for other DAGs'
+    checked = check_spec(spec, {k: v for k, v in parameters.items() if k in ours})
+    return checked, "validated from the task's parameters: the run's values and the DAG compiled into the task"

@@ -227,6 +227,10 @@ def declared_parameters(component: dict, executor: dict | None) -> set[str]:
     return names | set(_INPUT_REF.findall(resources_spec))
 
 
+#: set on the check-config step: it checks the run from its parameters and the DAG compiled into it
+CHECK_FROM_INPUTS = "POSTTRAIN_CHECK_FROM_INPUTS"
+
+
 def container_template(name: str, component: dict, executor: dict, platform: dict, ctx: dict) -> dict:
     """One KFP executor as an Argo container template."""
     spec = executor.get("container")
@@ -259,6 +263,8 @@ def container_template(name: str, component: dict, executor: dict, platform: dic
         "args": function_arguments(component, function, ctx["status_task"]),
         "env": [dict(e) for e in spec.get("env", [])],
     }
+    if function == "check_config":  # no KFP API to read the run back from: check it from the task's inputs
+        container["env"].append({"name": CHECK_FROM_INPUTS, "value": "1"})
     fixed, patched = resources(spec.get("resources", {}))
     if fixed:
         container["resources"] = fixed

@@ -304,6 +304,8 @@ def run_step(template: dict, io_root, values: dict) -> subprocess.CompletedProce
     container = template["container"]
     command = [fill(a) for a in container["command"] + container["args"]]
     env = {**os.environ, "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}", "PYTHONPATH": REPO}
+    env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
+    env.pop("POSTTRAIN_KFP_API", None)
     return subprocess.run(command, cwd=io_root, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -395,3 +397,31 @@ def test_compile_target_argo_writes_templates_and_check_catches_drift(tmp_path, 
     err = capsys.readouterr().err
     # the untouched templates compare equal: only the edited and the extra file are reported
     assert err.count("out of date") == 2 and f"out of date: {drifted}" in err and "posttrain-gone.yaml" in err
+
+
+def test_the_check_config_step_checks_the_run_from_its_inputs(tmp_path):
+    """Plain Argo has no KFP API to read the run back from: the first step checks every stage config from
+    its parameters and the DAG compiled into it, and fails a run whose override is a typo."""
+    workflow = argo_file("posttrain-sft")["spec"]
+    templates = workflow["templates"]
+    (check,) = [t for t in templates if t["name"] == "check-config"]
+    assert {"name": argo.CHECK_FROM_INPUTS, "value": "1"} in check["container"]["env"]
+    (task,) = [t for d in templates for t in d.get("dag", {}).get("tasks", []) if t["name"] == "check-config"]
+    # what Argo hands the step for a run with the default parameters
+    defaults = {}  # the pipeline's parameters, as the root or the exit handler's DAG passes them down
+    for p in workflow["arguments"]["parameters"]:
+        defaults[f"{{{{workflow.parameters.{p['name']}}}}}"] = p.get("value")
+        defaults[f"{{{{inputs.parameters.pipelinechannel--{p['name']}}}}}"] = p.get("value")
+    compiled = {
+        p["name"]: defaults.get(p["value"], p["value"])
+        for p in task["arguments"]["parameters"]
+        if p["value"] in defaults or "{{" not in p["value"]
+    }
+    assert len(compiled["compiled_spec"]) > 1000  # the DAG, compiled into the task
+    (tmp_path / "good").mkdir()
+    good = run_step(check, tmp_path / "good", {**compiled, "run_id": "wf-1"})
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "stage configs are valid (validated from the task's parameters" in good.stdout
+    (tmp_path / "bad").mkdir()
+    bad = run_step(check, tmp_path / "bad", {**compiled, "run_id": "wf-2", "sft_overrides": '["no_such_key=1"]'})
+    assert bad.returncode != 0 and "no_such_key" in bad.stderr, bad.stdout + bad.stderr
