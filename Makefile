@@ -157,7 +157,7 @@ compile: setup
 # Benchmarks against TRL (benchmarks/vs_trl.py): TRL lives only in its own venv, never in ours.
 BENCH_VENV  ?= .venv-bench
 BENCH_STAMP := $(BENCH_VENV)/.installed
-BENCH_ARGS  ?= --algo sft --rounds 3
+BENCH_ARGS  ?= --algo all --size suite --rounds 1 --steps 4 --warmup 1
 
 $(BENCH_STAMP):
 	$(PYTHON) -m venv $(BENCH_VENV)

@@ -64,7 +64,7 @@ def overrides(spec: dict, output_dir: str) -> list[str]:
                 "reward.functions": f'["{spec["reward_function"]}"]',
             }
         )
-    return [f"{key}={value}" for key, value in common.items()]
+    return [f"{key}={value}" for key, value in common.items()] + spec.get("ours_overrides", [])
 
 
 def main(spec_path: str, out_path: str) -> int:

@@ -171,6 +171,7 @@ def build_workload(args, workdir: str) -> dict:
         "max_new_tokens": args.max_new_tokens,
         "temperature": 1.0,
         "reward_function": "benchmarks.vs_trl:length_reward",
+        "ours_overrides": list(args.ours_set),
     }
 
 
@@ -251,6 +252,13 @@ def parse_args(argv):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trl-python", default=os.path.join(ROOT, ".venv-bench", "bin", "python"))
     p.add_argument("--ours-only", action="store_true", help="skip TRL's side (no ratio line)")
+    p.add_argument(
+        "--ours-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a posttrain setting for our side, e.g. model.chunked_lm_head=false (repeatable)",
+    )
     p.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     p.add_argument("--profile", action="store_true", help="then one profiled run per side: where step time goes")
     args = p.parse_args(argv)
