@@ -48,18 +48,8 @@ SIZES = {
         embedding_rows=151936,
         max_length=1024,
     ),
-    # all 24 of Qwen2.5-0.5B's layers (bf16, CUDA only)
-    "0.5b": dict(
-        num_layers=24,
-        hidden_size=896,
-        num_heads=14,
-        num_kv_heads=2,
-        intermediate=4864,
-        vocab=8192,
-        embedding_rows=151936,
-        max_length=1024,
-    ),
 }
+SIZES["0.5b"] = {**SIZES["real"], "num_layers": 24}  # all 24 of Qwen2.5-0.5B's layers (bf16, CUDA only)
 #: ``make bench``: every stage at these sizes, on CPU.
 SUITE_SIZES = ("small", "real")
 
