@@ -94,6 +94,14 @@ def test_models_whose_logits_are_not_a_plain_projection_take_full_logits():
     assert scored_logprobs(marked, {"input_ids": batch()["input_ids"]}, batch()["input_ids"], batch()["labels"]) is None
     torch.testing.assert_close(causal_lm_loss(marked, batch()), tiny()(**batch()).loss)
 
+    class OlderRemoteCode(type(tiny())):  # a forward from before logits_to_keep
+        def forward(self, input_ids=None, attention_mask=None, labels=None, **kwargs):
+            return super().forward(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+
+    older = OlderRemoteCode(tiny().config)
+    assert head_weight(older) is None
+    assert causal_lm_loss(older, batch()).isfinite()
+
 
 STEP = textwrap.dedent(
     """

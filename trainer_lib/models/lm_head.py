@@ -8,6 +8,7 @@ without bias (Llama, Qwen2/3, Mistral, Gemma 1, Phi-3 ...), and not when:
 * ``model.chunked_lm_head=false`` (the model is then marked at load, :func:`use_full_logits`);
 * the model rescales or caps its logits (``final_logit_softcapping`` of Gemma 2/3, ``logit_scale``);
 * the head is wrapped (LoRA on ``lm_head``, ``modules_to_save``) or partitioned by ZeRO-3;
+* the model's forward takes no ``logits_to_keep`` (older remote modelling code);
 
 then the full logits are taken, as transformers computes them. Which path a stage uses is logged
 once per model (``lm head: ...``).
@@ -15,6 +16,7 @@ once per model (``lm head: ...``).
 
 from __future__ import annotations
 
+import inspect
 import logging
 
 import torch
@@ -46,6 +48,8 @@ def _why_full(base) -> str | None:
             return f"the model's config sets {key}"
     if hasattr(head.weight, "ds_id"):
         return "ZeRO-3 partitions the head"
+    if "logits_to_keep" not in inspect.signature(base.forward).parameters:  # e.g. older remote modelling code
+        return "the model's forward takes no logits_to_keep"
     return None
 
 
