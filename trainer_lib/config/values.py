@@ -1,4 +1,5 @@
-"""Single config values: booleans in text, and dotted keys (``engine.zero_stage``) in nested mappings.
+"""Single config values: booleans in text, seconds in environment variables, and dotted keys
+(``engine.zero_stage``) in nested mappings.
 
 The one place that parses them, for the typed configs, the TRL/LLaMA-Factory aliases and the
 pipeline parameters alike.
@@ -6,6 +7,7 @@ pipeline parameters alike.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from trainer_lib.errors import ConfigError
@@ -21,6 +23,19 @@ def parse_bool(value: Any, key: str) -> bool:
     if isinstance(value, str) and value.lower() in TRUE | FALSE:
         return value.lower() in TRUE
     raise ConfigError(f"{key}: expected true or false, got {value!r}")
+
+
+def env_seconds(name: str, default: float) -> float:
+    """A positive number of seconds from the environment variable ``name`` (``default`` when unset or
+    empty); a ConfigError naming the variable otherwise."""
+    text = os.environ.get(name, "")
+    try:
+        seconds = float(text) if text else default
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise ConfigError(f"{name}: expected a positive number of seconds, got {text!r}")
+    return seconds
 
 
 def section_for(tree: dict, dotted: str, conflict: str) -> tuple[dict, str]:

@@ -14,8 +14,6 @@ import re
 import sys
 import threading
 
-from trainer_lib.errors import ConfigError
-
 #: Seconds a collective (all-reduce, barrier) waits for the other ranks before it fails. A rank on another
 #: node that died is noticed here (on this node torchrun stops the job at once, trainer_lib.engine.launch);
 #: saving a large checkpoint to an object store keeps the others waiting at a barrier, so it is generous.
@@ -26,14 +24,9 @@ def collective_timeout():
     """The process group's timeout: ``$POSTTRAIN_COLLECTIVE_TIMEOUT_S`` seconds, default 600 (10 minutes)."""
     import datetime
 
-    text = os.environ.get(COLLECTIVE_TIMEOUT_ENV, "")
-    try:
-        seconds = float(text) if text else DEFAULT_COLLECTIVE_TIMEOUT_S
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ConfigError(f"{COLLECTIVE_TIMEOUT_ENV}: expected a positive number of seconds, got {text!r}")
-    return datetime.timedelta(seconds=seconds)
+    from trainer_lib.config.values import env_seconds
+
+    return datetime.timedelta(seconds=env_seconds(COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S))
 
 
 def say_after() -> float:

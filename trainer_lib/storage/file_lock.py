@@ -16,7 +16,7 @@ import os
 import socket
 import time
 
-from trainer_lib.errors import ConfigError, UserError
+from trainer_lib.errors import UserError
 
 log = logging.getLogger(__name__)
 
@@ -26,14 +26,9 @@ LOCK_WAIT_ENV, DEFAULT_LOCK_WAIT_S = "POSTTRAIN_LOCK_WAIT_S", 3600.0
 
 def lock_wait_s() -> float:
     """Seconds a wait on another process's lock lasts before it gives up (``$POSTTRAIN_LOCK_WAIT_S``)."""
-    text = os.environ.get(LOCK_WAIT_ENV, "")
-    try:
-        seconds = float(text) if text else DEFAULT_LOCK_WAIT_S
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise ConfigError(f"{LOCK_WAIT_ENV}: expected a positive number of seconds, got {text!r}")
-    return seconds
+    from trainer_lib.config.values import env_seconds
+
+    return env_seconds(LOCK_WAIT_ENV, DEFAULT_LOCK_WAIT_S)
 
 
 def holder(path: str) -> str:
