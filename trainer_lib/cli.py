@@ -136,6 +136,11 @@ def stage_main(name: str, argv: list[str]) -> int:
         from trainer_lib.config.aliases import ANNOUNCED_ENV
         from trainer_lib.engine.launch import launch_workers
 
+        if hasattr(cfg, "parallel"):  # a layout that cannot work is one line here, not one per rank
+            from trainer_lib.engine.parallel import check_launch
+
+            check_launch(cfg, args.nproc)
+
         return launch_workers(
             args.nproc, ["-m", "trainer_lib.cli", name, *argv_without_nproc(argv)], env={ANNOUNCED_ENV: "1"}
         )

@@ -85,6 +85,9 @@ class RLConfig(TrainingConfig):
     mini_batch_size: int = opt(0, "Completions per optimizer step, all ranks together (0: all of a step).")
     multi_adapter: bool = opt(False, "All RL roles as LoRA adapters on one frozen base; needs lora.r > 0.")
 
+    #: rollouts generate with the policy in one process per rank: no tensor or pipeline groups yet
+    MODEL_PARALLEL = ()
+
     def validate(self) -> None:
         super().validate()
         r = self.rollout

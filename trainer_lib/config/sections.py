@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from trainer_lib.errors import ConfigError
 from trainer_lib.models import chat_templates
@@ -250,6 +250,41 @@ class HubConfig:
 
 
 @dataclass
+class ParallelConfig:
+    tensor: int = opt(1, "Tensor-parallel size T: each layer's weights split over T ranks (DeepSpeed AutoTP).")
+    pipeline: int = opt(
+        1, "Pipeline-parallel size P: the decoder layers cut into P stages (DeepSpeed pipeline engine)."
+    )
+
+    def validate(self) -> None:
+        """The checks that need no world size or model: sizes, and what cannot be combined with what
+        (the rest: :func:`trainer_lib.engine.parallel.check_layout`)."""
+        check_positive(self, "tensor", "pipeline")
+        if self.tensor > 1 and self.pipeline > 1:
+            raise ConfigError(
+                f"parallel.tensor={self.tensor} with parallel.pipeline={self.pipeline}: tensor and pipeline "
+                f"parallelism together are not supported yet; choose one (docs/parallelism.md)"
+            )
+
+    def check_with(self, engine: EngineConfig, lora: LoraConfig) -> None:
+        """What DeepSpeed cannot combine with these sizes: its pipeline engine shards optimizer state
+        (ZeRO-1) at most, since ZeRO-2/3 would reduce or gather gradients and weights per micro-batch;
+        AutoTP shards plain linear layers, and a LoRA-wrapped one breaks its backward (pinned 0.19.8)."""
+        if self.tensor > 1 and lora.r > 0:
+            raise ConfigError(
+                f"parallel.tensor={self.tensor} with lora.r={lora.r}: DeepSpeed's AutoTP does not train LoRA "
+                f"adapters; train LoRA with data parallelism and ZeRO instead"
+            )
+        if self.pipeline > 1 and engine.zero_stage >= 2:
+            raise ConfigError(
+                f"parallel.pipeline={self.pipeline} with engine.zero_stage={engine.zero_stage}: DeepSpeed's "
+                f"pipeline engine supports ZeRO stages 0 and 1 only"
+            )
+        if self.pipeline > 1 and engine.offload_params:
+            raise ConfigError("parallel.pipeline with engine.offload_params: parameter offload needs ZeRO-3")
+
+
+@dataclass
 class PreemptionConfig:
     grace_s: float = opt(
         25.0,
@@ -270,6 +305,7 @@ class TrainingConfig:
     storage: StorageConfig = opt(StorageConfig, "Object store settings.")
     hub: HubConfig = opt(HubConfig, "Publishing the final model to a Hugging Face hub repo.")
     preemption: PreemptionConfig = opt(PreemptionConfig, "What a stage does on SIGTERM (eviction, preemption).")
+    parallel: ParallelConfig = opt(ParallelConfig, "Tensor and pipeline parallelism; data parallel = world / (T x P).")
     output_dir: str | None = opt(None, "Where logs and the final HF model go (local or URL).")
     checkpoint_dir: str | None = opt(None, "Where checkpoints go (local or URL); default <output_dir>/checkpoints.")
     max_steps: int = opt(100, "Optimizer steps to train for.")
@@ -293,6 +329,9 @@ class TrainingConfig:
     resume: bool = opt(True, "Resume from the latest complete checkpoint in output_dir if one exists.")
     report_to: list[str] = opt(["tensorboard"], "Trackers besides metrics.jsonl: tensorboard, mlflow, wandb, none.")
     loss_plot: bool = opt(False, "At the end, draw training_loss.png (and training_eval_loss.png...) into output_dir.")
+
+    #: the kinds of model parallelism (``parallel.*`` above 1) a stage's loop supports
+    MODEL_PARALLEL: ClassVar[tuple[str, ...]] = ("tensor",)
 
     def validate(self) -> None:
         _require(self.output_dir, "output_dir", "a local path or URL (s3://, gs://...)")
@@ -338,6 +377,15 @@ class TrainingConfig:
             raise ConfigError(f"adam_epsilon: expected a positive number, got {self.adam_epsilon}")
         self.data.validate()
         self.hub.validate()
+        self.parallel.validate()
+        self.parallel.check_with(self.engine, self.lora)
+        for key in ("tensor", "pipeline"):
+            if getattr(self.parallel, key) > 1 and key not in self.MODEL_PARALLEL:
+                runs = " and ".join(self.MODEL_PARALLEL) or "data"
+                raise ConfigError(
+                    f"parallel.{key}={getattr(self.parallel, key)}: this stage runs {runs} parallelism only "
+                    f"(docs/parallelism.md)"
+                )
         chat_templates.check(self.model.chat_template)
         # (a DeepSpeed file may set the stage: then DeepSpeed checks the offload against it)
         if self.engine.offload_optimizer and self.engine.zero_stage == 0 and not self.engine.deepspeed_config:

@@ -118,18 +118,47 @@ def effective(ours: dict, user: dict, source: str, train: bool = True) -> tuple[
 
 
 def model_states_estimate(
-    model, stage: int, offload_optimizer: bool, offload_params: bool, world_size: int, local_world_size: int
+    model,
+    stage: int,
+    offload_optimizer: bool,
+    offload_params: bool,
+    world_size: int,
+    local_world_size: int,
+    layout=None,
 ) -> tuple[int, int, str]:
     """(CPU bytes per node, accelerator bytes per rank, a one-line summary) for the model states
-    (parameters, gradients, optimizer) by DeepSpeed's own estimators, which assume mixed precision
-    and Adam. Stages 0 and 1 use the ZeRO-2 estimator: stage 0 as if on one rank (nothing is
-    partitioned), stage 1 as stage 2 (it partitions the optimizer states but keeps full gradients)."""
-    gpus, nodes = max(local_world_size, 1), max(world_size // max(local_world_size, 1), 1)
+    (parameters, gradients, optimizer) of ``model``: :func:`states_estimate` of its parameter count."""
     total = sum(_numel(p) for p in model.parameters())
+    largest = max((sum(_numel(p) for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    return states_estimate(
+        total, largest, stage, offload_optimizer, offload_params, world_size, local_world_size, layout
+    )
+
+
+def states_estimate(
+    total: int,
+    largest: int,
+    stage: int,
+    offload_optimizer: bool,
+    offload_params: bool,
+    world_size: int,
+    local_world_size: int,
+    layout=None,
+) -> tuple[int, int, str]:
+    """The model states' memory by DeepSpeed's own estimators, which assume mixed precision and Adam.
+    Stages 0 and 1 use the ZeRO-2 estimator: stage 0 as if on one rank (nothing is partitioned),
+    stage 1 as stage 2 (it partitions the optimizer states but keeps full gradients).
+
+    Under tensor or pipeline parallelism (``layout``, a :class:`trainer_lib.engine.parallel.Layout`) a
+    rank holds ``1 / (T x P)`` of the parameters (embeddings and norms split less evenly: an estimate)
+    and ZeRO partitions that share over the data-parallel ranks only."""
+    split = layout.tensor * layout.pipeline if layout is not None else 1
+    total, largest = -(-total // split), -(-largest // split)
+    local = max(local_world_size // split, 1)
+    gpus, nodes = local, max(max(world_size // split, 1) // local, 1)
     if stage == 3:
         from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
 
-        largest = max((sum(_numel(p) for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
         cpu, gpu, _ = estimate_zero3_model_states_mem_needs(
             total,
             largest,
@@ -149,9 +178,11 @@ def model_states_estimate(
             total, num_gpus_per_node=gpus, num_nodes=nodes, cpu_offload=offload_optimizer
         )
         name = "estimate_zero2_model_states_mem_needs"
+    shape = f", tensor {layout.tensor} x pipeline {layout.pipeline}" if split > 1 else ""
+    params = f"{total:,} params per rank" if split > 1 else f"{total:,} params"
     line = (
         f"memory estimate (DeepSpeed's {name}; ZeRO-{stage}, offload_optimizer={offload_optimizer}, "
-        f"offload_params={offload_params}, {world_size} rank(s)): {total:,} params need "
+        f"offload_params={offload_params}, {world_size} rank(s){shape}): {params} need "
         f"{size(gpu)} per accelerator and {size(cpu)} CPU per node for their states"
     )
     return int(cpu), int(gpu), line

@@ -90,10 +90,12 @@ def import_deepspeed():
 
 
 class DeepSpeedStrategy:
-    def __init__(self, engine: EngineConfig, micro_batch_size: int, seed: int = 0):
+    def __init__(self, engine: EngineConfig, micro_batch_size: int, seed: int = 0, parallel=None):
+        from trainer_lib.config.sections import ParallelConfig
         from trainer_lib.engine import deepspeed_file
 
         self.cfg = engine
+        self.parallel = parallel or ParallelConfig()  # tensor / pipeline sizes (trainer_lib.engine.parallel)
         self.micro_batch_size = micro_batch_size
         self.seed = seed
         self._initialized = False
@@ -115,6 +117,7 @@ class DeepSpeedStrategy:
 
         deepspeed = import_deepspeed()
 
+        found = self.layout  # refuses T x P that does not divide the world before any rank waits
         if not _launched():  # plain `python`/`posttrain`: a private one-process group
             os.environ.update(
                 RANK="0",
@@ -137,6 +140,8 @@ class DeepSpeedStrategy:
             get_accelerator().set_device(self.local_rank)
         self.set_seed(self.seed)
         self._initialized = True
+        if found.model_parallel:
+            self.print(found.describe())
 
     @property
     def rank(self) -> int:
@@ -153,6 +158,23 @@ class DeepSpeedStrategy:
     @property
     def is_rank_0(self) -> bool:
         return self.rank == 0
+
+    @property
+    def layout(self):
+        """How the ranks divide into tensor, pipeline and data parallel groups (:mod:`trainer_lib.engine.parallel`)."""
+        from trainer_lib.engine.parallel import layout
+
+        return layout(self.parallel, self.world_size)
+
+    @property
+    def data_world_size(self) -> int:
+        """Ranks that train on different rows: the world, less tensor and pipeline groups."""
+        return self.layout.data
+
+    @property
+    def data_rank(self) -> int:
+        """This rank's shard of the data: the ranks of one tensor group (or pipeline) share it."""
+        return self.layout.data_rank(self.rank)
 
     def set_seed(self, seed: int) -> None:
         import numpy as np
@@ -204,13 +226,15 @@ class DeepSpeedStrategy:
         totals (so a rank with no items still takes part); totals are summed here, then across
         ranks, and every rank returns the same dict. Under ZeRO-3 a forward is a collective, so
         every rank calls ``fn`` equally often: one short of an item repeats the first and drops it.
+        The ranks of a tensor group share their items (their forward is one computation) and count them once.
         """
         import torch
 
         modes = [model.training for model in models]
         totals = dict(zeros)
-        mine = items[self.rank :: self.world_size]
-        calls = -(-len(items) // self.world_size) if self.partitions_parameters else len(mine)
+        shards, tensor = self.data_world_size, self.parallel.tensor
+        mine = items[self.data_rank :: shards]
+        calls = -(-len(items) // shards) if self.partitions_parameters else len(mine)
         try:
             for model in models:
                 model.eval()
@@ -223,9 +247,9 @@ class DeepSpeedStrategy:
             for model, mode in zip(models, modes):
                 model.train(mode)
         floats = {k: v for k, v in totals.items() if not isinstance(v, torch.Tensor)}
-        reduced = self.all_reduce(floats, op="sum") if floats else {}
+        reduced = {k: v / tensor for k, v in self.all_reduce(floats, op="sum").items()} if floats else {}
         for key in sorted(set(totals) - set(floats)):
-            reduced[key] = self.all_reduce(totals[key], op="sum")
+            reduced[key] = self.all_reduce(totals[key], op="sum") / tensor
         return reduced
 
     def print(self, *args: Any) -> None:
@@ -235,7 +259,8 @@ class DeepSpeedStrategy:
     # ------------------------------------------------------------------ engines
     @property
     def train_batch_size(self) -> int:
-        return self.micro_batch_size * self.cfg.gradient_accumulation_steps * self.world_size
+        """Rows per optimizer step, all data-parallel ranks together."""
+        return self.micro_batch_size * self.cfg.gradient_accumulation_steps * self.data_world_size
 
     def ds_config(self, train: bool = True) -> dict:
         """The config DeepSpeed gets: ours (:meth:`_own_config`) with the user's
@@ -268,10 +293,13 @@ class DeepSpeedStrategy:
             zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
         if self.zero_stage == 3:
             zero["stage3_gather_16bit_weights_on_model_save"] = False
+        # DeepSpeed checks train_batch_size against the whole world under AutoTP (it makes the tensor
+        # groups later), against the data-parallel ranks under its pipeline engine
+        per_step = self.micro_batch_size * (self.world_size if self.parallel.tensor > 1 else self.data_world_size)
         return {
             "train_micro_batch_size_per_gpu": self.micro_batch_size,
             "gradient_accumulation_steps": self.cfg.gradient_accumulation_steps if train else 1,
-            "train_batch_size": self.train_batch_size if train else self.micro_batch_size * self.world_size,
+            "train_batch_size": per_step * self.cfg.gradient_accumulation_steps if train else per_step,
             "gradient_clipping": self.cfg.max_grad_norm if train else 0.0,
             "zero_optimization": zero,
             "bf16": {"enabled": self.cfg.precision == "bf16"},
@@ -279,7 +307,13 @@ class DeepSpeedStrategy:
             "zero_force_ds_cpu_optimizer": False,
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
+            **({"tensor_parallel": self._tensor_parallel()} if self.parallel.tensor > 1 else {}),
         }
+
+    def _tensor_parallel(self) -> dict:
+        """DeepSpeed AutoTP over ``parallel.tensor`` ranks. The LM head keeps full-vocabulary logits (it
+        would be vocabulary-sharded for a tied embedding): the DPO, KTO and RL losses read log-probs from them."""
+        return {"autotp_size": self.parallel.tensor, "vocab_parallel_lm_head": False}
 
     def _optimizer(
         self, model, lr: float, weight_decay: float, betas: tuple[float, float], eps: float, param_group=None
@@ -351,11 +385,26 @@ class DeepSpeedStrategy:
             raise UserError(
                 f"lr_scheduler_kwargs: {lr_scheduler} cannot start with {lr_scheduler_kwargs or {}}: {exc}"
             ) from None
+        self._check_model(model)
         config, dropped = self._effective_config(train=True)
         self._log_config(model, config, dropped)
         with self._naming_user_file():
             engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config)
         return engine
+
+    def _check_model(self, model) -> None:
+        """Under tensor or pipeline parallelism: the model can be cut this way (whole heads, equal stages)."""
+        if not self.layout.model_parallel:
+            return
+        from trainer_lib.engine.parallel import check_model
+
+        config = getattr(self.unwrap_peft(model), "config", None)
+        check_model(self.parallel, config.to_dict() if config is not None else {})
+
+    @staticmethod
+    def unwrap_peft(model):
+        """The transformers model under a PEFT wrapper (the model itself otherwise)."""
+        return model.get_base_model() if hasattr(model, "get_base_model") else model
 
     def _log_config(self, model, config: dict, dropped: list) -> None:
         """Rank 0 prints the effective DeepSpeed config (one JSON line) and DeepSpeed's estimate of
@@ -378,7 +427,13 @@ class DeepSpeedStrategy:
         local = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size))
         print(
             deepspeed_file.model_states_estimate(
-                model, self.zero_stage, self.offload_optimizer, self.offload_params, self.world_size, local
+                model,
+                self.zero_stage,
+                self.offload_optimizer,
+                self.offload_params,
+                self.world_size,
+                local,
+                self.layout,
             )[2],
             flush=True,
         )
@@ -404,7 +459,8 @@ class DeepSpeedStrategy:
         model.eval()
         for param in model.parameters():
             param.requires_grad_(False)
-        if self.zero_stage == 3:
+        if self.zero_stage == 3 or self.parallel.tensor > 1:  # partitioned, or sharded by AutoTP
+            self._check_model(model)
             with self._naming_user_file():
                 engine, *_ = deepspeed.initialize(model=model, config=self.ds_config(train=False))
             return engine
@@ -420,7 +476,8 @@ class DeepSpeedStrategy:
     def optimizer_step(self, engine) -> None:
         """Steps optimizer and scheduler only at the accumulation boundary (DeepSpeed decides)."""
         if self.zero_stage == 0 and engine.is_gradient_accumulation_boundary():
-            self._grad_norms[id(engine)] = _local_grad_norm(engine.module)  # ZeRO-0 does not record it
+            # ZeRO-0 does not record it
+            self._grad_norms[id(engine)] = _local_grad_norm(engine.module, self.parallel.tensor > 1)
         engine.step()
 
     def grad_norm(self, engine) -> float:
@@ -479,15 +536,18 @@ class DeepSpeedStrategy:
     @contextlib.contextmanager
     def gathered(self, tensors):
         """Full values of ``tensors`` (a module's parameters, or a list) on every rank for the duration:
-        a collective under ZeRO-3 (every rank enters it, in the same order), nothing otherwise.
-        Gather a few at a time: all of a large model at once is a full copy on every rank."""
-        if self.partitions_parameters:
-            import deepspeed
+        a collective under ZeRO-3 or tensor parallelism (every rank enters it, in the same order),
+        nothing otherwise. Gather a few at a time: all of a large model at once is a full copy on every rank."""
+        params = list(tensors.parameters()) if hasattr(tensors, "parameters") else list(tensors)
+        with contextlib.ExitStack() as stack:
+            if self.partitions_parameters:
+                import deepspeed
 
-            params = list(tensors.parameters()) if hasattr(tensors, "parameters") else list(tensors)
-            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-                yield
-        else:
+                stack.enter_context(deepspeed.zero.GatheredParameters(params, modifier_rank=None))
+            if self.parallel.tensor > 1:
+                from trainer_lib.engine.parallel import tensor_shards_gathered
+
+                stack.enter_context(tensor_shards_gathered(params))
             yield
 
     def unwrap(self, engine):
@@ -538,11 +598,26 @@ def _float64_vector(values: list, device) -> Any:
     )
 
 
-def _local_grad_norm(module) -> float:
+def _local_grad_norm(module, tensor_parallel: bool = False) -> float:
+    """The gradient norm of ``module`` (ZeRO-0). Under tensor parallelism a sharded weight's squares are summed
+    over its tensor group (AutoTP marks it ``tensor_model_parallel``); a replicated one (norms, tied
+    embeddings) counts once."""
     import torch
 
-    norms = [p.grad.detach().float().norm() for p in module.parameters() if p.grad is not None]
-    return float(torch.stack(norms).norm()) if norms else 0.0
+    sharded, replicated = [], []
+    for p in module.parameters():
+        if p.grad is not None:
+            (sharded if getattr(p, "tensor_model_parallel", False) else replicated).append(p.grad.detach().float())
+    squares = [
+        torch.stack([g.norm() ** 2 for g in grads]).sum() if grads else torch.zeros(())
+        for grads in (sharded, replicated)
+    ]
+    if tensor_parallel and sharded:
+        import torch.distributed as dist
+        from deepspeed.utils import groups
+
+        dist.all_reduce(squares[0], group=groups.get_tensor_model_parallel_group())
+    return float((squares[0] + squares[1]).sqrt())
 
 
 def rng_state() -> dict:

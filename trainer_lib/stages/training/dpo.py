@@ -397,14 +397,14 @@ def run(cfg: DPOConfig) -> dict:
     from trainer_lib.models.reference import forward_logps
 
     resolve_batch_size(cfg, sequences_per_row=2)  # a chosen and a rejected sequence per pair
-    strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
+    strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed, parallel=cfg.parallel)
     strategy.setup_distributed()
 
     # ---- data, and the order training takes its micro-batches in
     tokenizer = load_tokenizer(cfg.model)
     sets, fmt = build_splits(cfg, tokenizer)
     train = sets["train"]
-    order = TrainOrder(cfg, train, strategy.world_size, strategy.rank)
+    order = TrainOrder(cfg, train, strategy.data_world_size, strategy.data_rank)
     objective = select_objective(cfg)  # evaluation's, and training's unless beta-DPO's keys are set
     dynamic = DynamicBetaDPO.from_config(cfg, strategy.all_reduce)
     train_objective = objective if dynamic is None else with_rpo(dynamic, cfg.rpo_alpha)

@@ -152,13 +152,13 @@ def run(cfg: RewardConfig) -> dict:
     from trainer_lib.models.load import load_tokenizer
 
     resolve_batch_size(cfg, sequences_per_row=2)  # a chosen and a rejected sequence per pair
-    strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
+    strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed, parallel=cfg.parallel)
     strategy.setup_distributed()
 
     # ---- data, and the order training takes its micro-batches in
     tokenizer = load_tokenizer(cfg.model)
     train, evals, fmt = load_data(cfg, tokenizer)
-    order = TrainOrder(cfg, train, strategy.world_size, strategy.rank)
+    order = TrainOrder(cfg, train, strategy.data_world_size, strategy.data_rank)
 
     # ---- model: backbone + scalar head (LoRA keeps the head fully trainable)
     model = load_reward_model(cfg.model, tokenizer.pad_token_id, cfg.engine.precision, placement=strategy.placement())

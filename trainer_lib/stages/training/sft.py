@@ -91,13 +91,13 @@ def run(cfg: SFTConfig) -> dict:
     from trainer_lib.models.load import apply_lora, load_causal_lm, load_tokenizer
 
     resolve_batch_size(cfg)
-    strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed)
+    strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed, parallel=cfg.parallel)
     strategy.setup_distributed()
 
     # ---- data, and the order training takes its micro-batches in
     tokenizer = load_tokenizer(cfg.model)
     train, evals, fmt = load_data(cfg, tokenizer, strategy.device)
-    order = TrainOrder(cfg, train, strategy.world_size, strategy.rank)
+    order = TrainOrder(cfg, train, strategy.data_world_size, strategy.data_rank)
 
     # ---- model and engine
     model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision, placement=strategy.placement()), cfg.lora)

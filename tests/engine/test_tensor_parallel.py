@@ -1,0 +1,233 @@
+"""Tensor parallelism (``parallel.tensor``, DeepSpeed AutoTP) with real torchrun workers on CPU (gloo).
+
+A T=2 run of SFT on the tiny Llama must follow the one-process run: the same loss and gradient norm at
+every step and the same saved weights, within what a different order of float32 sums gives (each rank
+computes half of every projection and the halves are summed by an all-reduce: ~1e-7 relative per
+step, measured 8.5e-6 max abs weight difference after 6 steps at lr 3e-3 on 2026-12-02). It resumes
+bit-exact after a SIGKILL. Layouts that cannot work exit 2 with one line before any worker starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+import torch
+
+from tests.conftest import REPO, clean_env
+from trainer_lib.cli import main
+from trainer_lib.config.sections import ParallelConfig
+from trainer_lib.engine.checkpoint import MARKER, tag_for
+from trainer_lib.engine.parallel import Layout, check_model, layout
+from trainer_lib.errors import ConfigError
+
+ARGS = [
+    "batch_size=1",
+    "data.packing=false",
+    "data.max_length=64",
+    "lr=3e-3",
+    "seed=1",
+    "max_steps=6",
+    "save_steps=2",
+    "save_total_limit=2",
+    "logging_steps=1",
+    "eval_steps=3",
+    "data.eval_fraction=0.2",
+    "report_to=[none]",
+]
+SITE = """import os
+if os.environ.get("RANK") == os.environ.get("HOLD_RANK"):
+    from tests.paused_cli import install
+    install(os.environ["HOLD_EVENT"], os.environ["HOLD_PATTERN"], os.environ["HOLD_READY"])
+"""
+
+
+def _env(tmp_path, **extra) -> dict:
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(SITE)
+    env = clean_env()
+    env.update(OMP_NUM_THREADS="1", POSTTRAIN_CACHE=str(tmp_path / "cache"), **extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), REPO, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _command(argv: list[str], nproc: int) -> list[str]:
+    return [sys.executable, "-m", "trainer_lib.cli", "sft", "--nproc", str(nproc), *argv]
+
+
+def _run(argv: list[str], env: dict, nproc: int = 2) -> str:
+    done = subprocess.run(_command(argv, nproc), cwd=REPO, env=env, timeout=300, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return done.stdout + done.stderr
+
+
+def _weights(out) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(os.path.join(out, "model.safetensors"))
+
+
+def _metrics(out) -> list[dict]:
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"), encoding="utf-8")]
+    return [{k: v for k, v in r.items() if not ("time" in k or k.endswith("_per_s"))} for r in rows]
+
+
+def _series(out, key: str, split: str = "train") -> list[float]:
+    return [row[key] for row in _metrics(out) if key in row and row["split"] == split]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny_model_dir, chat_jsonl, tmp_path_factory):
+    """The same SFT run in one process and with parallel.tensor=2 on two workers."""
+    tmp = tmp_path_factory.mktemp("tensor_parallel")
+    argv = [f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", *ARGS]
+    assert main(["sft", *argv, f"output_dir={tmp / 'one'}"]) == 0
+    log = _run([*argv, "parallel.tensor=2", f"output_dir={tmp / 'tp'}"], _env(tmp))
+    return dict(argv=argv, tmp=tmp, one=tmp / "one", tp=tmp / "tp", log=log)
+
+
+@pytest.mark.distributed
+def test_two_tensor_ranks_follow_one_process(runs):
+    assert "parallel: tensor 2 x pipeline 1 x data 1 = 2 rank(s)" in runs["log"]
+    assert '"tensor_parallel": {"autotp_size": 2' in runs["log"]  # DeepSpeed got AutoTP
+    for key, split in (("loss", "train"), ("grad_norm", "train"), ("loss", "eval")):
+        one, tp = _series(runs["one"], key, split), _series(runs["tp"], key, split)
+        assert len(one) == len(tp) > 0, key
+        assert one == pytest.approx(tp, rel=1e-5), (key, split)
+    assert _series(runs["one"], "loss")[-1] < _series(runs["one"], "loss")[0]  # it trained
+    one, tp = _weights(runs["one"]), _weights(runs["tp"])
+    assert one.keys() == tp.keys()
+    for name in one:  # whole tensors, gathered from both ranks' shards
+        assert one[name].shape == tp[name].shape, name
+        assert torch.allclose(one[name], tp[name], atol=1e-4, rtol=0), name
+
+
+@pytest.mark.distributed
+def test_a_killed_tensor_parallel_run_resumes_bit_exact(runs):
+    """Rank 1 held as it creates step 4's checkpoint directory, every worker SIGKILLed there; the
+    rerun resumes from step 2 and ends equal to the uninterrupted T=2 run."""
+    tmp = runs["tmp"]
+    out, ready = tmp / "killed", tmp / "held"
+    argv = [*runs["argv"], "parallel.tensor=2", f"output_dir={out}"]
+    env = _env(tmp, HOLD_RANK="1", HOLD_EVENT="mkdir", HOLD_PATTERN=tag_for(4) + "$", HOLD_READY=str(ready))
+    launcher = subprocess.Popen(_command(argv, 2), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 240
+        while not ready.exists():
+            assert launcher.poll() is None and time.monotonic() < deadline, launcher.stdout.read().decode()[-3000:]
+            time.sleep(0.05)
+        for worker in psutil.Process(launcher.pid).children(recursive=True):
+            worker.send_signal(signal.SIGKILL)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert not (out / "summary.json").exists()
+    assert (out / "checkpoints" / tag_for(2) / MARKER).exists()
+    log = _run(argv, _env(tmp))
+    assert "resuming at step 2" in log
+    reference, resumed = _weights(runs["tp"]), _weights(out)
+    assert all(torch.equal(reference[name], resumed[name]) for name in reference)
+    assert _metrics(out) == _metrics(runs["tp"])
+
+
+@pytest.mark.distributed
+@pytest.mark.extended
+def test_tensor_and_data_parallel_on_four_ranks(runs):
+    """T=2 x DP=2: each tensor group trains on its own rows; with one row per micro-batch that is the
+    one-process run at gradient accumulation 2 (the same micro-batches, by the schedule's design)."""
+    tmp = runs["tmp"]
+    one, four = tmp / "one_accumulating", tmp / "four"
+    argv = [*runs["argv"], "eval_steps=0", "save_steps=0"]
+    assert main(["sft", *argv, "engine.gradient_accumulation_steps=2", f"output_dir={one}"]) == 0
+    log = _run([*argv, "parallel.tensor=2", "engine.zero_stage=2", f"output_dir={four}"], _env(tmp), nproc=4)
+    assert "parallel: tensor 2 x pipeline 1 x data 2 = 4 rank(s)" in log
+    assert _series(one, "loss") == pytest.approx(_series(four, "loss"), rel=1e-5)
+    reference, trained = _weights(one), _weights(four)
+    assert all(torch.allclose(reference[name], trained[name], atol=1e-4, rtol=0) for name in reference)
+
+
+@pytest.mark.parametrize(
+    "args, nproc, keys",
+    [
+        (["parallel.tensor=3"], 3, "parallel.tensor=3 does not divide the llama model's num_attention_heads (4)"),
+        (["parallel.tensor=2"], 3, "parallel.tensor=2 x parallel.pipeline=1 = 2 does not divide the world size 3"),
+        (["parallel.pipeline=2", "engine.zero_stage=3"], 2, "parallel.pipeline=2 with engine.zero_stage=3"),
+        (["parallel.tensor=2", "parallel.pipeline=2"], 4, "parallel.tensor=2 with parallel.pipeline=2"),
+        (["parallel.tensor=2", "lora.r=4"], 2, "parallel.tensor=2 with lora.r=4"),
+    ],
+)
+def test_a_layout_that_cannot_work_exits_2_in_one_line(tiny_model_dir, chat_jsonl, tmp_path, capsys, args, nproc, keys):
+    argv = ["sft", f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", f"output_dir={tmp_path / 'out'}"]
+    assert main([*argv, *args, "--nproc", str(nproc)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: " + keys) and "\n" not in err
+    assert not (tmp_path / "out").exists()  # no worker started, nothing written
+
+
+def test_rl_stages_refuse_model_parallelism(tiny_model_dir, tmp_path, capsys):
+    argv = ["grpo", f"model.path={tiny_model_dir}", f"data.path={tmp_path}/p.jsonl", f"output_dir={tmp_path}/o"]
+    assert main([*argv, "reward.functions=[length]", "parallel.tensor=2"]) == 2
+    assert "parallel.tensor=2: this stage runs data parallelism only" in capsys.readouterr().err
+
+
+def test_layout_follows_deepspeeds_rank_order():
+    # AutoTP's mesh is (data, tensor): ranks 0,1 are one tensor group and read data shard 0
+    assert [Layout(tensor=2, world=4).data_rank(r) for r in range(4)] == [0, 0, 1, 1]
+    # the pipeline topology is (pipe, data): ranks 0,1 are stage 0 of data shards 0 and 1
+    assert [Layout(pipeline=2, world=4).data_rank(r) for r in range(4)] == [0, 1, 0, 1]
+    assert Layout(tensor=2, world=8).data == 4 and Layout(world=3).data_rank(2) == 2
+    with pytest.raises(ConfigError, match="does not divide the world size 6"):
+        layout(ParallelConfig(tensor=4), 6)
+
+
+def test_model_checks_name_the_key_and_read_nested_text_configs():
+    with pytest.raises(ConfigError, match="num_key_value_heads"):
+        check_model(ParallelConfig(tensor=4), {"num_attention_heads": 8, "num_key_value_heads": 2})
+    with pytest.raises(ConfigError, match="num_hidden_layers"):
+        check_model(ParallelConfig(pipeline=2), {"text_config": {"num_hidden_layers": 3, "model_type": "qwen2"}})
+    check_model(ParallelConfig(tensor=2, pipeline=1), {"num_attention_heads": 4, "num_key_value_heads": 2})
+
+
+@pytest.mark.distributed
+@pytest.mark.extended
+@pytest.mark.parametrize("stage", ["dpo", "reward"])
+def test_preference_stages_follow_one_process(stage, tiny_model_dir, tmp_path):
+    """DPO (log-probs through the replicated LM head, a reference model sharded like the policy) and the
+    reward model (its score head) under T=2 give the one-process losses."""
+    rows = [("Is the sky green?", "No, it is blue.", "Yes."), ("What is 2+2?", "4", "5"), ("Say hi", "Hi!", "Bye.")]
+    data = tmp_path / "pairs.jsonl"
+    data.write_text(
+        "".join(
+            json.dumps({"prompt": p + " " * i, "chosen": c, "rejected": r}) + "\n" for i in range(4) for p, c, r in rows
+        )
+    )
+    argv = [stage, f"model.path={tiny_model_dir}", f"data.path={data}", "max_steps=4", "batch_size=2", "lr=1e-3"]
+    argv += ["logging_steps=1", "eval_steps=0", "save_steps=0", "data.eval_fraction=0", "report_to=[none]"]
+    assert main([*argv, f"output_dir={tmp_path / 'one'}"]) == 0
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer_lib.cli",
+            *argv,
+            "parallel.tensor=2",
+            "--nproc",
+            "2",
+            f"output_dir={tmp_path}/tp",
+        ],
+        cwd=REPO,
+        env=_env(tmp_path),
+        timeout=300,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    one, tp = _series(tmp_path / "one", "loss"), _series(tmp_path / "tp", "loss")
+    assert len(one) == 4 and one == pytest.approx(tp, rel=1e-4)
