@@ -193,7 +193,7 @@ def test_tools_and_tool_calls_go_through_the_chat_template(tiny_model_dir):
 
 
 def test_media_columns_are_refused_as_text_only(tmp_path):
-    info = {"mm": {"file_name": "mm.json", "formatting": "sharegpt", "columns": {"images": "images"}}}
+    info = {"mm": {"file_name": "mm.json", "formatting": "sharegpt", "columns": {"videos": "videos"}}}
     registry = _registry(tmp_path, {"mm.json": []}, info)
-    with pytest.raises(ValueError, match="images: names a media column; posttrain trains text-only models"):
+    with pytest.raises(ValueError, match="videos: names a media column; posttrain reads images, not video or audio"):
         registry_sources(["mm"], str(registry))

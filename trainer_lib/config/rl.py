@@ -31,11 +31,18 @@ class RolloutConfig:
 @dataclass
 class RewardSourcesConfig:
     functions: list[str] = opt([], "Reward functions: built-in names or module:function (docs/configuration.md).")
-    weights: list[float] = opt([], "Weights of the functions, then reward model, then classifier (empty: all 1.0).")
+    weights: list[float] = opt(
+        [], "Weights of the functions, then reward model, then classifier, then CLIP reward (empty: all 1.0)."
+    )
     model_path: str | None = opt(None, "Reward model (from `posttrain reward`), normalized with its stored mean/std.")
     classifier_path: str | None = opt(None, "Sequence classifier (HF id, dir or URL) scoring completions as a reward.")
     classifier_label: str = opt("", "Classifier label (name or index) scored as reward; required if it has several.")
     classifier_score: str = opt("probability", "The label's probability, or its raw logit.", ("probability", "logit"))
+    clip_path: str | None = opt(
+        None,
+        "CLIP-like dual encoder (HF id, dir or URL): rewards (cos + 1) / 2 of the completion and its prompt's "
+        "images in its embedding space; prompt rows need an images column (docs/multimodal.md).",
+    )
     clip: float = opt(0.0, "Clip the combined reward to [-clip, clip] after normalization (0: off).")
     normalize: str = opt("none", "Normalize the reward by this step's or running stats.", ("none", "batch", "running"))
     code_timeout: float = opt(3.0, "code_execution: wall-clock seconds per program in the sandbox.")
@@ -97,9 +104,10 @@ class RLConfig(TrainingConfig):
             raise ConfigError("rollout: expected temperature >= 0, 0 < top_p <= 1 and top_k >= 0")
         if self.reward.clip < 0:
             raise ConfigError(f"reward.clip: expected >= 0, got {self.reward.clip}")
-        if not self.reward.functions and not self.reward.model_path and not self.reward.classifier_path:
+        reward = self.reward
+        if not (reward.functions or reward.model_path or reward.classifier_path or reward.clip_path):
             raise ConfigError(
-                "reward.functions: required (or reward.model_path or reward.classifier_path), e.g. "
+                "reward.functions: required (or reward.model_path, reward.classifier_path or reward.clip_path), e.g. "
                 "reward.functions=code_execution or my_rewards:reward"
             )
         if self.prompts_per_step < 1 or self.ppo_epochs < 1 or self.mini_batch_size < 0:

@@ -85,6 +85,7 @@ def save_dataset_dict(dd, directory: str) -> None:
 BUILD_CODE = (
     "trainer_lib.data.dataset",
     "trainer_lib.data.normalize",
+    "trainer_lib.data.images",
     "trainer_lib.data.formats",
     "trainer_lib.data.sources",
     "trainer_lib.data.llamafactory",

@@ -362,5 +362,9 @@ def is_empty(row: Mapping[str, Any], fmt: str) -> bool:
 
 
 def canonical_key(row: Mapping[str, Any], fmt: str) -> str:
-    """Canonical JSON of a normalized row's format fields; equal for exact duplicates."""
-    return json.dumps({c: row[c] for c in FORMATS[fmt]}, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    """Canonical JSON of a normalized row's format fields (and its images' content hashes, when it has
+    images); equal for exact duplicates."""
+    key = {c: row[c] for c in FORMATS[fmt]}
+    if row.get("images"):  # the same text about another image is another row
+        key["images"] = [image.get("sha256") for image in row["images"]]
+    return json.dumps(key, sort_keys=True, ensure_ascii=False, separators=(",", ":"))

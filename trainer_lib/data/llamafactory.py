@@ -21,7 +21,9 @@ assistant message object answering a conversation that ends with a user turn) ``
 with a ``kto_tag`` column (true: desirable) ``unpaired_preference`` rows, the last assistant turn
 being the completion; an alpaca entry whose ``columns`` name no ``response`` (``{"prompt": "text"}``,
 LLaMA-Factory's pretraining corpora) ``text`` rows. A ``tools`` column (a JSON list of tool
-definitions) is kept as a JSON string column ``tools``, which the chat template renders.
+definitions) is kept as a JSON string column ``tools``, which the chat template renders; an ``images``
+column (LLaMA-Factory's ``mllm_demo``: ``"columns": {"messages": "messages", "images": "images"}``) becomes
+the row's ``images`` (:mod:`trainer_lib.data.images`). Video and audio columns are refused.
 
 Renamed columns are given like the ``columns`` (and, for sharegpt, ``tags``) of LLaMA-Factory's
 ``dataset_info.json``, in ``data.columns``: ``{"prompt": "question", "response": "answer"}``
@@ -62,10 +64,11 @@ SHAREGPT_TAGS = {
     "system_tag": "system",
 }
 #: columns either format may name, read only when named: the two answers of a ranking (preference)
-#: dataset, KTO's desirable/undesirable flag, the tools offered to the model (a JSON list).
-OPTIONAL_COLUMNS = ("chosen", "rejected", "kto_tag", "tools")
-#: LLaMA-Factory's multimodal columns, refused: posttrain trains text-only models.
-MEDIA_COLUMNS = ("images", "videos", "audios")
+#: dataset, KTO's desirable/undesirable flag, the tools offered to the model (a JSON list), the row's
+#: images (read as the ``images`` column, :mod:`trainer_lib.data.images`).
+OPTIONAL_COLUMNS = ("chosen", "rejected", "kto_tag", "tools", "images")
+#: LLaMA-Factory's other media columns, refused: posttrain reads images, not video or audio.
+MEDIA_COLUMNS = ("videos", "audios")
 SOURCE_FORMATS = ("alpaca", "sharegpt")
 
 
@@ -81,7 +84,7 @@ def source_format(columns: Mapping[str, str | None], fmt: str) -> str:
         raise ValueError(f"renames the columns of alpaca or sharegpt data, not of data.format={fmt}")
     media = sorted(keys & set(MEDIA_COLUMNS))
     if media:
-        raise ValueError(f"{media[0]}: names a media column; posttrain trains text-only models")
+        raise ValueError(f"{media[0]}: names a media column; posttrain reads images, not video or audio")
     known = (alpaca_keys if fmt == "alpaca" else sharegpt_keys) | set(OPTIONAL_COLUMNS)
     unknown = sorted(keys - known)
     if unknown:
@@ -165,6 +168,8 @@ def _shape(row: Mapping, location: str, target: str, names: dict, parse: Callabl
         out = {"prompt": messages[:-1], "completion": messages[-1:], "label": label}
     if names.get("tools"):
         out["tools"] = _tools(row.get(names["tools"]), names["tools"], location)
+    if names.get("images"):  # renamed to the images column, which the normalizer checks
+        out["images"] = row.get(names["images"])
     used = {v for v in names.values() if v}
     return {**out, **{k: v for k, v in row.items() if k not in used and k not in out}}
 

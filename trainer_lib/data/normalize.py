@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from trainer_lib.data import llamafactory
+from trainer_lib.data import images, llamafactory
 from trainer_lib.data.formats import (
     AUTO,
     FORMATS,
@@ -133,6 +133,8 @@ class Normalizer:
             self.conversational = row_is_conversational(out, self.fmt)
             self.kind_from = location
         fields = FORMATS[self.fmt]
+        if images.IMAGES in out:  # checked, read and hashed here; rows without the column are untouched
+            out[images.IMAGES] = images.normalize_images(out, fields, location)
         for col, value in out.items():
             if col in fields or value is None:
                 continue

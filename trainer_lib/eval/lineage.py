@@ -41,6 +41,7 @@ INPUT_KEYS = (
     "data.feedback_path",
     "reward.model_path",
     "reward.classifier_path",
+    "reward.clip_path",
     "critic.path",
 )
 #: The pipeline's given sources, in the order the ``fingerprint`` step combines them.

@@ -74,8 +74,8 @@ def prompt_inputs(rows: list[dict], tokenizer, n: int) -> tuple[list, list[list[
 
 def build_rewards(cfg, strategy, tokenizer, reward_model=None):
     """The configured reward sources, combined (functions in order, then the reward model, then the
-    classifier). ``reward_model``: reward.model_path's model already in memory (multi_adapter: its
-    adapter on the shared base), else it is loaded here."""
+    classifier, then the CLIP reward). ``reward_model``: reward.model_path's model already in memory
+    (multi_adapter: its adapter on the shared base), else it is loaded here."""
     from trainer_lib.rewards.combine import RewardCombiner
     from trainer_lib.rewards.functions import resolve
 
@@ -120,6 +120,16 @@ def build_rewards(cfg, strategy, tokenizer, reward_model=None):
                 ),
             )
         )
+    if cfg.reward.clip_path:
+        from trainer_lib.rewards.clip import ClipScorer
+
+        scorer = ClipScorer(
+            cfg.reward.clip_path,
+            batch_size=cfg.eval_batch_size,
+            device=strategy.device,
+            trust_remote_code=cfg.model.trust_remote_code,
+        )
+        sources.append(("clip", scorer))
     return RewardCombiner(
         sources,
         cfg.reward.weights,
