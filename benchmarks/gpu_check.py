@@ -8,13 +8,14 @@ On CUDA (the default when torch sees a GPU) it builds a Qwen2.5-0.5B-shaped Qwen
 weights, bf16) with a BPE tokenizer trained on the demo data (nothing is downloaded), then runs each part
 as its own ``posttrain`` stage process (``python -m trainer_lib.cli``, the module behind the console
 script): SFT with packing (flash_attention_2 when ``import flash_attn`` works), DPO, GRPO with the
-built-in ``length_penalty`` reward, SFT on 2 ranks (with 2 GPUs), SFT killed after a checkpoint and rerun,
-against an uninterrupted run (final weights compared), ``batch_size=auto``, evaluation in bf16 on 1 rank
+built-in ``length_penalty`` reward, SFT on 2 ranks and with ``parallel.tensor=2`` (with 2 GPUs), SFT
+killed after a checkpoint and rerun, against an uninterrupted run (final weights compared),
+``batch_size=auto``, evaluation in bf16 on 1 rank
 (and 2 with 2 GPUs, merged metrics equal), the export with its FP16 variant and parity, that FP16 model
 served by a local ``tritonserver`` on the GPU (when nvidia-pytriton is installed), vLLM evaluation when
 vLLM imports and, when TRL imports, ``benchmarks.vs_trl --algo sft``. On CPU (``--tiny``) the same parts
 run with a 2-layer, 64-wide model and a few steps, two at a time, without vs_trl, vLLM and the 2-rank
-training run. Each part is time-boxed; a failed part is recorded and the others still run. One JSON
+training runs. Each part is time-boxed; a failed part is recorded and the others still run. One JSON
 (``--out``; default ``$OUT/gpu_check.json`` when ``$OUT`` is set, else ``runs/gpu_check.json``),
 rewritten as each part ends, holds per part its status,
 exit code, wall time, tokens/s, MFU, peak memory (and the resume diff, the auto batch size), plus
@@ -373,6 +374,18 @@ def part_two_rank(ctx: Context) -> dict:
     argv = ["sft", "--nproc", "2", f"data.path={ctx.data}/sft.jsonl", "engine.zero_stage=2"]
     argv += [f"batch_size={s.batch_size}", *ctx.common(s.sft_steps // 2)]
     return {**stage_part(ctx, "two_rank", argv, mfu_gpus=2), "ranks": 2, "zero_stage": 2}
+
+
+def part_tensor_parallel(ctx: Context) -> dict:
+    """SFT with ``parallel.tensor=2`` (DeepSpeed AutoTP) on 2 GPUs: the 14 heads and 2 KV heads split in two."""
+    if ctx.device == "cpu":
+        return {"status": "skipped", "note": "not on CPU (tests/engine/test_tensor_parallel.py runs T=2 there)"}
+    if ctx.gpus < 2:
+        return {"status": "skipped", "note": f"{ctx.gpus} GPU: tensor parallelism needs 2"}
+    s = ctx.settings
+    argv = ["sft", "--nproc", "2", f"data.path={ctx.data}/sft.jsonl", "parallel.tensor=2", "engine.zero_stage=1"]
+    argv += [f"batch_size={s.batch_size}", *ctx.common(s.sft_steps // 2)]
+    return {**stage_part(ctx, "tensor_parallel", argv, mfu_gpus=2), "ranks": 2, "tensor": 2}
 
 
 def weights_diff(a: str, b: str) -> float:
@@ -744,6 +757,7 @@ def main(argv=None) -> int:
         "dpo": part_dpo,
         "grpo": part_grpo,
         "two_rank": part_two_rank,
+        "tensor_parallel": part_tensor_parallel,
         "resume": part_resume,
         "auto_batch": part_auto_batch,
         "evaluate": part_evaluate,

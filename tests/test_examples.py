@@ -20,6 +20,7 @@ def test_the_examples_are_there():
         "sft-llama-3-8b-zero3.yaml",
         "grpo-qwen2.5-1.5b-code.yaml",
         "sft-llama-3-70b-zero3-offload.yaml",
+        "sft-llama-3-70b-tp8.yaml",
     } <= set(FILES)
 
 

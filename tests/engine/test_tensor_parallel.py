@@ -231,3 +231,15 @@ def test_preference_stages_follow_one_process(stage, tiny_model_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     one, tp = _series(tmp_path / "one", "loss"), _series(tmp_path / "tp", "loss")
     assert len(one) == 4 and one == pytest.approx(tp, rel=1e-4)
+
+
+def test_the_70b_example_cuts_llama_3_70b_on_two_nodes(capsys):
+    """examples/sft-llama-3-70b-tp8.yaml on 2 nodes x 8 GPUs: tensor 8 x data 2, whole heads on every rank
+    (Llama-3-70B's config: 64 heads, 8 KV heads, 80 layers)."""
+    import yaml
+
+    assert main(["sft", "--config", os.path.join(REPO, "examples", "sft-llama-3-70b-tp8.yaml"), "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    parallel = ParallelConfig(**printed["parallel"])
+    assert layout(parallel, 16) == Layout(tensor=8, pipeline=1, world=16) and layout(parallel, 16).data == 2
+    check_model(parallel, {"num_attention_heads": 64, "num_key_value_heads": 8, "num_hidden_layers": 80})
