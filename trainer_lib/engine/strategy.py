@@ -100,6 +100,7 @@ class DeepSpeedStrategy:
         self.seed = seed
         self._initialized = False
         self._grad_norms: dict[int, float] = {}  # per engine (PPO has two)
+        self._scalars: list = []  # 0-dim parameters lifted to (1,) for DeepSpeed (lift_scalars)
         # a user's DeepSpeed file may set the stage and offload: everything here that depends on
         # them reads these three attributes, so the strategy follows the config DeepSpeed gets
         self.user_config = deepspeed_file.read(engine.deepspeed_config) if engine.deepspeed_config else {}
@@ -386,6 +387,7 @@ class DeepSpeedStrategy:
                 f"lr_scheduler_kwargs: {lr_scheduler} cannot start with {lr_scheduler_kwargs or {}}: {exc}"
             ) from None
         self._check_model(model)
+        self._scalars += lift_scalars(model)
         config, dropped = self._effective_config(train=True)
         self._log_config(model, config, dropped)
         with self._naming_user_file():
@@ -565,7 +567,10 @@ class DeepSpeedStrategy:
         """
         from trainer_lib.models.save import memory_log, save_hf_model
 
-        with memory_log(os.environ.get("POSTTRAIN_SAVE_MEMORY_LOG"), self.rank):  # how much the save takes
+        with (
+            memory_log(os.environ.get("POSTTRAIN_SAVE_MEMORY_LOG"), self.rank),  # how much the save takes
+            scalars_as_saved(self._scalars),
+        ):
             save_hf_model(
                 self.unwrap(engine),
                 tokenizer,
@@ -576,6 +581,28 @@ class DeepSpeedStrategy:
                 extra_files=extra_files,
             )
             self.barrier()
+
+
+def lift_scalars(model) -> list:
+    """Give the model's 0-dim parameters (CLIP's ``logit_scale``) the shape ``(1,)`` they broadcast the same
+    with: DeepSpeed's engine views every parameter as bytes to broadcast it, which a 0-dim tensor refuses
+    (pinned 0.19.8). Returns them, for :func:`scalars_as_saved`."""
+    scalars = [param for param in model.parameters() if param.dim() == 0]
+    for param in scalars:
+        param.data = param.data.reshape(1)
+    return scalars
+
+
+@contextlib.contextmanager
+def scalars_as_saved(scalars: list):
+    """The lifted parameters back in their own 0-dim shape while the model is written."""
+    for param in scalars:
+        param.data = param.data.reshape(())
+    try:
+        yield
+    finally:
+        for param in scalars:
+            param.data = param.data.reshape(1)
 
 
 def _float64_vector(values: list, device) -> Any:

@@ -11,6 +11,10 @@ directory (``num_labels=1``) at the root of ``output_dir``.
 
 Data: preference rows in any form ``prepare`` produces (plain or conversational, explicit or
 implicit prompt); an optional numeric ``margin`` column is the per-pair loss margin.
+
+A ``model.path`` that is a CLIP-like dual encoder trains a multimodal reward model instead: the same loop
+and loss on rows with an ``images`` column, scoring each completion by its similarity with the prompt's
+images (:mod:`trainer_lib.models.dual_encoder`); it is saved as the dual encoder, for ``reward.clip_path``.
 """
 
 from __future__ import annotations
@@ -43,10 +47,15 @@ METRICS = ("loss", "accuracy", "margin", "rewards/chosen", "rewards/rejected")
 
 
 def pair_rewards(engine, batch: dict, device):
-    """(chosen rewards, rejected rewards), each ``(B,)``, from ONE forward pass over ``2B`` rows."""
+    """(chosen rewards, rejected rewards), each ``(B,)``, from ONE forward pass over ``2B`` rows (and, for a
+    dual encoder, the rows' images)."""
     from trainer_lib.data.preference_batches import model_inputs, split_halves
     from trainer_lib.models.heads import sequence_rewards
 
+    if "pixel_values" in batch:
+        from trainer_lib.models.dual_encoder import pair_scores
+
+        return pair_scores(engine, batch, device)
     return split_halves(sequence_rewards(engine, model_inputs(batch, device)))
 
 
@@ -100,6 +109,33 @@ def load_data(cfg: RewardConfig, tokenizer) -> tuple[SplitBatches, SplitBatches,
     )
 
 
+def load_image_pairs(cfg: RewardConfig, processor) -> tuple[SplitBatches, SplitBatches, str]:
+    """:func:`load_data` for a dual encoder: each pair's two completion texts and its prompt's images, in
+    micro-batches of ``batch_size`` pairs (no tokenized cache: texts are short, images load per batch)."""
+    from trainer_lib.data.dataset import training_data
+    from trainer_lib.data.preference_batches import PAIRED_FORMATS
+    from trainer_lib.models.dual_encoder import collate_pairs, encode_pairs, text_limit
+    from trainer_lib.models.load import resolve_model_path
+
+    data = training_data(cfg.data, cfg.seed, allowed_formats=PAIRED_FORMATS, stage="the reward stage")
+    limit = text_limit(resolve_model_path(cfg.model.path, "model.path"), processor.tokenizer)
+    train, evals = (encode_pairs(data.splits[name], processor, limit) for name in ("train", "eval"))
+    if not train:
+        raise UserError(f"data.path: {cfg.data.path} has no preference pairs to train on")
+
+    def collate(examples):
+        return collate_pairs(examples, processor, limit)
+
+    def groups(rows: list, size: int) -> list[list[int]]:
+        return [list(range(start, min(start + size, len(rows)))) for start in range(0, len(rows), size)]
+
+    return (
+        SplitBatches(train, groups(train, cfg.batch_size), collate),
+        SplitBatches(evals, groups(evals, cfg.eval_batch_size), collate),
+        data.format,
+    )
+
+
 def evaluate(engine, strategy, evals: SplitBatches) -> dict:
     """Mean loss, pairwise accuracy, margin and rewards over ``evals`` (sharded across ranks)."""
 
@@ -121,7 +157,14 @@ def reference_batches(cfg: RewardConfig, train: SplitBatches, evals: SplitBatche
     use_eval = cfg.reference_set == "eval" and len(evals.examples)
     reference, name = (evals.examples, "eval") if use_eval else (train.examples, "train")
     if cfg.normalize_max_rows:
-        reference = reference.select(range(min(len(reference), cfg.normalize_max_rows)))
+        kept = range(min(len(reference), cfg.normalize_max_rows))
+        reference = reference.select(kept) if hasattr(reference, "select") else [reference[i] for i in kept]
+    if isinstance(reference, list):  # a dual encoder's pairs: in order, eval_batch_size at a time
+        groups = [
+            list(range(i, min(i + cfg.eval_batch_size, len(reference))))
+            for i in range(0, len(reference), cfg.eval_batch_size)
+        ]
+        return SplitBatches(reference, groups, train.collate), name
     groups = micro_batches(reference, cfg.eval_batch_size, cfg.data.max_length, packing=False)
     return SplitBatches(reference, groups, train.collate), name
 
@@ -148,21 +191,32 @@ def run(cfg: RewardConfig) -> dict:
     from trainer_lib.engine.strategy import DeepSpeedStrategy
     from trainer_lib.loop.cadence import Cadence
     from trainer_lib.losses import reward_centering_penalty
+    from trainer_lib.models import dual_encoder
     from trainer_lib.models.heads import STATS_FILE, apply_reward_lora, load_reward_model, store_stats
-    from trainer_lib.models.load import load_tokenizer
+    from trainer_lib.models.load import load_tokenizer, resolve_model_path
 
     resolve_batch_size(cfg, sequences_per_row=2)  # a chosen and a rejected sequence per pair
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed, parallel=cfg.parallel)
     strategy.setup_distributed()
 
     # ---- data, and the order training takes its micro-batches in
-    tokenizer = load_tokenizer(cfg.model)
-    train, evals, fmt = load_data(cfg, tokenizer)
+    dual = dual_encoder.is_dual_encoder(resolve_model_path(cfg.model.path, "model.path"))
+    if dual:  # a multimodal reward model: a dual encoder on image + text pairs
+        tokenizer = dual_encoder.load_processor(resolve_model_path(cfg.model.path, "model.path"))
+        train, evals, fmt = load_image_pairs(cfg, tokenizer)
+    else:
+        tokenizer = load_tokenizer(cfg.model)
+        train, evals, fmt = load_data(cfg, tokenizer)
     order = TrainOrder(cfg, train, strategy.data_world_size, strategy.data_rank)
 
-    # ---- model: backbone + scalar head (LoRA keeps the head fully trainable)
-    model = load_reward_model(cfg.model, tokenizer.pad_token_id, cfg.engine.precision, placement=strategy.placement())
-    model = apply_reward_lora(model, cfg.lora)
+    # ---- model: backbone + scalar head (LoRA keeps the head fully trainable), or the dual encoder
+    if dual:
+        model = dual_encoder.load_for_training(cfg, placement=strategy.placement())
+    else:
+        model = load_reward_model(
+            cfg.model, tokenizer.pad_token_id, cfg.engine.precision, placement=strategy.placement()
+        )
+        model = apply_reward_lora(model, cfg.lora)
     engine = strategy.prepare(model, total_steps=order.steps, **cfg.optimizer_args())
     evaluation = (lambda: evaluate(engine, strategy, evals)) if len(evals.examples) else None
     cadence = Cadence(cfg, strategy, "reward", order.steps, engine, evaluate=evaluation, window_keys=METRICS)
