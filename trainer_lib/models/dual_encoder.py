@@ -93,12 +93,6 @@ def load_for_training(cfg, placement=None):
     return model
 
 
-def _features(output):
-    from trainer_lib.rewards.clip import _features as features
-
-    return features(output)
-
-
 def similarity(model, batch: dict):
     """``(T,)`` float32 scores: each text's scaled cosine with the mean of its images' cosines (module doc).
     ``batch``: ``input_ids``/``attention_mask`` of T texts, ``pixel_values`` of M images and ``owner``
@@ -106,10 +100,13 @@ def similarity(model, batch: dict):
     import torch
     import torch.nn.functional as F
 
+    from trainer_lib.rewards.clip import embeddings_of
+
     base = getattr(model, "module", model)  # a DeepSpeed engine
     base = base.get_base_model() if hasattr(base, "get_base_model") else base
-    texts = F.normalize(_features(base.get_text_features(batch["input_ids"], batch["attention_mask"])).float(), dim=-1)
-    images = F.normalize(_features(base.get_image_features(pixel_values=batch["pixel_values"])).float(), dim=-1)
+    text_features = base.get_text_features(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    texts = F.normalize(embeddings_of(text_features).float(), dim=-1)
+    images = F.normalize(embeddings_of(base.get_image_features(pixel_values=batch["pixel_values"])).float(), dim=-1)
     rows = int(batch["owner"].max()) + 1
     # every text against every image of its own row, averaged: (T, M) masked to the row's images
     same_row = (batch["text_row"][:, None] == batch["owner"][None, :]).float()

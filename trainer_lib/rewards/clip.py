@@ -28,7 +28,7 @@ from trainer_lib.rewards.functions import completion_text
 CACHED_IMAGES = 4096
 
 
-def _features(output):
+def embeddings_of(output):
     """Projected embeddings from ``get_*_features``: a tensor (transformers 4) or an output whose
     ``pooler_output`` holds them (transformers 5)."""
     import torch
@@ -98,7 +98,7 @@ class ClipScorer:
             )
             inputs = {k: v.to(self.device) for k, v in batch.items() if k in ("input_ids", "attention_mask")}
             with torch.no_grad():
-                out.append(_features(self.model.get_text_features(**inputs)).float().cpu())
+                out.append(embeddings_of(self.model.get_text_features(**inputs)).float().cpu())
         return torch.nn.functional.normalize(torch.cat(out), dim=-1)
 
     def image_embeddings(self, refs: list[dict]):
@@ -115,7 +115,7 @@ class ClipScorer:
             pixels = self.image_processor(images=[load_image(ref) for _, ref in chunk], return_tensors="pt")
             with torch.no_grad():
                 values = pixels["pixel_values"].to(self.device, self.model.dtype)
-                embeds = _features(self.model.get_image_features(pixel_values=values)).float().cpu()
+                embeds = embeddings_of(self.model.get_image_features(pixel_values=values)).float().cpu()
             for (key, _), embed in zip(chunk, torch.nn.functional.normalize(embeds, dim=-1)):
                 self.image_cache[key] = embed
         rows = []
