@@ -7,6 +7,8 @@
 * :mod:`~trainer_lib.engine.batch_size`: ``batch_size=auto``, a probe for the largest micro-batch that fits.
 * :mod:`~trainer_lib.engine.checkpoint`: resumable checkpoints, local or at a storage URL, and the final model.
 * :mod:`~trainer_lib.engine.launch`: ``--nproc N``, local worker processes through torchrun.
+* :mod:`~trainer_lib.engine.parallel`: the tensor / pipeline / data layout of the ranks, and its checks.
+* :mod:`~trainer_lib.engine.pipeline`: a causal LM cut into stages for DeepSpeed's pipeline engine.
 
 Nothing is imported here: DeepSpeed and torch load when a strategy is built.
 """

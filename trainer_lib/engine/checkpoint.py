@@ -220,6 +220,22 @@ class CheckpointManager:
             )
         return None
 
+    def _layout(self) -> dict:
+        parallel = self.strategy.parallel
+        return {"tensor": parallel.tensor, "pipeline": parallel.pipeline}
+
+    def _other_layout(self, saved: dict | None) -> str | None:
+        """Why a checkpoint of another tensor/pipeline layout cannot load here (its files hold other
+        shards and stages), or None; markers from before the layout was recorded are T=1, P=1."""
+        saved = {"tensor": 1, "pipeline": 1, **(saved or {})}
+        if saved == self._layout():
+            return None
+        return (
+            f"saved with parallel.tensor={saved['tensor']} parallel.pipeline={saved['pipeline']}, this run has "
+            f"parallel.tensor={self._layout()['tensor']} parallel.pipeline={self._layout()['pipeline']}; resume "
+            f"with the layout it was saved with"
+        )
+
     def _fetch_and_check(self, tag: str) -> str | None:
         """Download ``tag`` (URL locations) and check its files against its marker, once per node;
         what is wrong with it, agreed by every rank (None: nothing)."""
@@ -230,8 +246,10 @@ class CheckpointManager:
                 if self.ckpt_remote:
                     storage.download_dir(storage.join(self.ckpt_root, tag), local)
                 with open(os.path.join(local, MARKER), encoding="utf-8") as fh:
-                    files = json.load(fh).get("files")
+                    marker = json.load(fh)
+                files = marker.get("files")
                 problem = check_digests(local, files) if files else None
+                problem = problem or self._other_layout(marker.get("parallel"))
                 old = [] if problem else old_format_files(local)
             except storage.StorageError as exc:  # a transient failure stays one: exit 1 and a retry
                 if "checksum mismatch" not in str(exc):
@@ -317,6 +335,7 @@ class CheckpointManager:
                     "step": step,
                     "time": time.time(),
                     "world_size": self.strategy.world_size,
+                    "parallel": self._layout(),
                     "files": file_digests(local),
                 }
             )

@@ -101,6 +101,7 @@ class DeepSpeedStrategy:
         self._initialized = False
         self._grad_norms: dict[int, float] = {}  # per engine (PPO has two)
         self._scalars: list = []  # 0-dim parameters lifted to (1,) for DeepSpeed (lift_scalars)
+        self._pipeline_source = None  # the Hugging Face model behind a pipeline engine (pipelined)
         # a user's DeepSpeed file may set the stage and offload: everything here that depends on
         # them reads these three attributes, so the strategy follows the config DeepSpeed gets
         self.user_config = deepspeed_file.read(engine.deepspeed_config) if engine.deepspeed_config else {}
@@ -227,15 +228,18 @@ class DeepSpeedStrategy:
         totals (so a rank with no items still takes part); totals are summed here, then across
         ranks, and every rank returns the same dict. Under ZeRO-3 a forward is a collective, so
         every rank calls ``fn`` equally often: one short of an item repeats the first and drops it.
-        The ranks of a tensor group share their items (their forward is one computation) and count them once.
+        The ranks of a tensor group or a pipeline share their items (their forward is one computation)
+        and count them once.
         """
         import torch
 
         modes = [model.training for model in models]
         totals = dict(zeros)
-        shards, tensor = self.data_world_size, self.parallel.tensor
+        shards, tensor = self.data_world_size, self.parallel.tensor * self.parallel.pipeline
         mine = items[self.data_rank :: shards]
-        calls = -(-len(items) // shards) if self.partitions_parameters else len(mine)
+        # a ZeRO-3 forward gathers weights and a pipeline's ends in a barrier: every rank calls fn alike
+        equal = self.partitions_parameters or self.parallel.pipeline > 1
+        calls = -(-len(items) // shards) if equal else len(mine)
         try:
             for model in models:
                 model.eval()
@@ -394,6 +398,27 @@ class DeepSpeedStrategy:
             engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config)
         return engine
 
+    def pipelined(self, model):
+        """``model`` as DeepSpeed's pipeline engine wants it under ``parallel.pipeline > 1`` (a ``PipelineModule``
+        of its layers, :mod:`trainer_lib.engine.pipeline`), else itself; :meth:`prepare` it next. The
+        Hugging Face model is kept for :meth:`save_hf_model`."""
+        if self.parallel.pipeline <= 1:
+            return model
+        from trainer_lib.engine.pipeline import pipeline_module
+
+        self._check_model(model)
+        interval = 1 if self.cfg.gradient_checkpointing else 0
+        self._pipeline_source = model
+        return pipeline_module(model, self.parallel.pipeline, activation_checkpoint_interval=interval)
+
+    def is_pipeline(self, engine) -> bool:
+        """Whether ``engine`` is DeepSpeed's pipeline engine (trained a whole step at a time)."""
+        if self.parallel.pipeline <= 1:
+            return False
+        from deepspeed.runtime.pipe.engine import PipelineEngine
+
+        return isinstance(engine, PipelineEngine)
+
     def _check_model(self, model) -> None:
         """Under tensor or pipeline parallelism: the model can be cut this way (whole heads, equal stages)."""
         if not self.layout.model_parallel:
@@ -489,6 +514,10 @@ class DeepSpeedStrategy:
 
     def recorded_grad_norm(self, engine) -> float | None:
         """:meth:`grad_norm`, or None before the engine recorded one."""
+        if self.is_pipeline(engine):
+            from trainer_lib.engine.pipeline import grad_norm
+
+            return grad_norm(engine)
         norm = engine.get_global_grad_norm() if self.zero_stage else self._grad_norms.get(id(engine))
         return float(norm) if norm is not None else None
 
@@ -571,6 +600,11 @@ class DeepSpeedStrategy:
             memory_log(os.environ.get("POSTTRAIN_SAVE_MEMORY_LOG"), self.rank),  # how much the save takes
             scalars_as_saved(self._scalars),
         ):
+            if self.is_pipeline(engine):  # each tensor sent from its stage to rank 0
+                from trainer_lib.engine.pipeline import save_pipeline_hf_model
+
+                save_pipeline_hf_model(engine, self._pipeline_source, tokenizer, out_dir, extra_files, merge_lora)
+                return
             save_hf_model(
                 self.unwrap(engine),
                 tokenizer,

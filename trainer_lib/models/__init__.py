@@ -4,6 +4,7 @@
 * :mod:`~trainer_lib.models.chat_templates`: ``model.chat_template`` (built-in names, Jinja text or a file).
 * :mod:`~trainer_lib.models.attention`: packed rows attended per sequence with sdpa.
 * :mod:`~trainer_lib.models.heads`: reward models (a scalar head) and their stored mean/std.
+* :mod:`~trainer_lib.models.dual_encoder`: a multimodal reward model, a CLIP-like dual encoder on image + text pairs.
 * :mod:`~trainer_lib.models.reference`: reference log-probs for preference training (model, adapters off,
   precomputed).
 * :mod:`~trainer_lib.models.multi_adapter`: one frozen base shared by the RL roles as LoRA adapters.

@@ -7,6 +7,7 @@ scorer, and how several sources combine into one scalar per completion.
     syntax_tree.py the code_ast built-in: syntax, entry point and arity, forbidden names, by the syntax tree
     refusal_rules.py  whether a response reads as a refusal (the refusal reward and the evaluation's judge)
     model.py       a trained reward model as a reward function (normalized by its stored stats)
+    clip.py        a CLIP-like dual encoder scoring a completion against its prompt's images
     combine.py     weights, clipping, batch/running normalization
 
 Nothing is imported here, so importing the package stays cheap.

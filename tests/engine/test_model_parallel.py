@@ -1,10 +1,13 @@
-"""Tensor parallelism (``parallel.tensor``, DeepSpeed AutoTP) with real torchrun workers on CPU (gloo).
+"""Tensor and pipeline parallelism (``parallel.tensor``: DeepSpeed AutoTP; ``parallel.pipeline``: its
+pipeline engine) through ``posttrain sft --nproc``, real torchrun workers on CPU (gloo).
 
-A T=2 run of SFT on the tiny Llama must follow the one-process run: the same loss and gradient norm at
-every step and the same saved weights, within what a different order of float32 sums gives (each rank
-computes half of every projection and the halves are summed by an all-reduce: ~1e-7 relative per
-step, measured 8.5e-6 max abs weight difference after 6 steps at lr 3e-3 on 2026-12-02). It resumes
-bit-exact after a SIGKILL. Layouts that cannot work exit 2 with one line before any worker starts.
+A T=2 and a P=2 run of SFT on the tiny Llama must follow the one-process run: the same loss, gradient
+norm and eval loss at every step (rel 1e-5) and the same saved weights (abs 1e-4), within what a
+different order of float32 sums gives (under T each rank computes half of every projection and the
+halves are summed by an all-reduce; under P the clip norm is summed over the stages: ~1e-7 relative
+per step, measured 8.5e-6 and 7.6e-6 max abs weight difference after 6 steps at lr 3e-3,
+2026-12-02). Each resumes bit-exact after a SIGKILL. Layouts that cannot work exit 2 with one line
+before any worker starts.
 """
 
 from __future__ import annotations
@@ -90,32 +93,45 @@ def runs(tiny_model_dir, chat_jsonl, tmp_path_factory):
     argv = [f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", *ARGS]
     assert main(["sft", *argv, f"output_dir={tmp / 'one'}"]) == 0
     log = _run([*argv, "parallel.tensor=2", f"output_dir={tmp / 'tp'}"], _env(tmp))
-    return dict(argv=argv, tmp=tmp, one=tmp / "one", tp=tmp / "tp", log=log)
+    pipe_log = _run([*argv, "parallel.pipeline=2", f"output_dir={tmp / 'pp'}"], _env(tmp))
+    return dict(argv=argv, tmp=tmp, one=tmp / "one", tp=tmp / "tp", pp=tmp / "pp", log=log, pipe_log=pipe_log)
 
 
 @pytest.mark.distributed
-def test_two_tensor_ranks_follow_one_process(runs):
-    assert "parallel: tensor 2 x pipeline 1 x data 1 = 2 rank(s)" in runs["log"]
-    assert '"tensor_parallel": {"autotp_size": 2' in runs["log"]  # DeepSpeed got AutoTP
+@pytest.mark.parametrize(
+    "run, line",
+    [
+        ("tp", "parallel: tensor 2 x pipeline 1 x data 1 = 2 rank(s)"),
+        ("pp", "parallel: tensor 1 x pipeline 2 x data 1 = 2 rank(s)"),
+    ],
+)
+def test_two_model_parallel_ranks_follow_one_process(runs, run, line):
+    """T=2 (each projection split) and P=2 (the two decoder layers on two stages) train as one process does."""
+    assert line in runs["log" if run == "tp" else "pipe_log"]
     for key, split in (("loss", "train"), ("grad_norm", "train"), ("loss", "eval")):
-        one, tp = _series(runs["one"], key, split), _series(runs["tp"], key, split)
-        assert len(one) == len(tp) > 0, key
-        assert one == pytest.approx(tp, rel=1e-5), (key, split)
+        one, split_run = _series(runs["one"], key, split), _series(runs[run], key, split)
+        assert len(one) == len(split_run) > 0, key
+        assert one == pytest.approx(split_run, rel=1e-5), (key, split)
     assert _series(runs["one"], "loss")[-1] < _series(runs["one"], "loss")[0]  # it trained
-    one, tp = _weights(runs["one"]), _weights(runs["tp"])
-    assert one.keys() == tp.keys()
-    for name in one:  # whole tensors, gathered from both ranks' shards
-        assert one[name].shape == tp[name].shape, name
-        assert torch.allclose(one[name], tp[name], atol=1e-4, rtol=0), name
+    one, trained = _weights(runs["one"]), _weights(runs[run])
+    assert one.keys() == trained.keys()
+    for name in one:  # whole tensors, gathered from both ranks' shards or stages
+        assert one[name].shape == trained[name].shape, name
+        assert torch.allclose(one[name], trained[name], atol=1e-4, rtol=0), name
 
 
 @pytest.mark.distributed
-def test_a_killed_tensor_parallel_run_resumes_bit_exact(runs):
+@pytest.mark.parametrize(
+    "run, setting",
+    [("tp", "parallel.tensor=2"), pytest.param("pp", "parallel.pipeline=2", marks=pytest.mark.extended)],
+)
+def test_a_killed_model_parallel_run_resumes_bit_exact(runs, run, setting):
     """Rank 1 held as it creates step 4's checkpoint directory, every worker SIGKILLed there; the
-    rerun resumes from step 2 and ends equal to the uninterrupted T=2 run."""
+    rerun resumes from step 2 and ends equal to the uninterrupted run. (P=2 in make test-all: the
+    pipeline engine's own save and load are checked bit-exact in test_pipeline_parallel.py.)"""
     tmp = runs["tmp"]
-    out, ready = tmp / "killed", tmp / "held"
-    argv = [*runs["argv"], "parallel.tensor=2", f"output_dir={out}"]
+    out, ready = tmp / f"killed_{run}", tmp / f"held_{run}"
+    argv = [*runs["argv"], setting, f"output_dir={out}"]
     env = _env(tmp, HOLD_RANK="1", HOLD_EVENT="mkdir", HOLD_PATTERN=tag_for(4) + "$", HOLD_READY=str(ready))
     launcher = subprocess.Popen(_command(argv, 2), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
@@ -132,9 +148,9 @@ def test_a_killed_tensor_parallel_run_resumes_bit_exact(runs):
     assert (out / "checkpoints" / tag_for(2) / MARKER).exists()
     log = _run(argv, _env(tmp))
     assert "resuming at step 2" in log
-    reference, resumed = _weights(runs["tp"]), _weights(out)
+    reference, resumed = _weights(runs[run]), _weights(out)
     assert all(torch.equal(reference[name], resumed[name]) for name in reference)
-    assert _metrics(out) == _metrics(runs["tp"])
+    assert _metrics(out) == _metrics(runs[run])
 
 
 @pytest.mark.distributed
@@ -243,3 +259,16 @@ def test_the_70b_example_cuts_llama_3_70b_on_two_nodes(capsys):
     parallel = ParallelConfig(**printed["parallel"])
     assert layout(parallel, 16) == Layout(tensor=8, pipeline=1, world=16) and layout(parallel, 16).data == 2
     check_model(parallel, {"num_attention_heads": 64, "num_key_value_heads": 8, "num_hidden_layers": 80})
+
+
+@pytest.mark.distributed
+def test_a_checkpoint_resumes_only_under_its_own_layout(runs, tmp_path, capsys):
+    """The T=2 run's checkpoints hold half-projections: a one-process rerun is refused, naming the layout."""
+    import shutil
+
+    copy = tmp_path / "tp"
+    shutil.copytree(runs["tp"], copy)
+    (copy / "summary.json").unlink()  # not finished: the rerun would resume
+    assert main(["sft", *runs["argv"], f"output_dir={copy}"]) == 2
+    err = capsys.readouterr().err
+    assert "saved with parallel.tensor=2 parallel.pipeline=1, this run has parallel.tensor=1" in err
