@@ -174,6 +174,7 @@ def test_tensor_and_data_parallel_on_four_ranks(runs):
     [
         (["parallel.tensor=3"], 3, "parallel.tensor=3 does not divide the llama model's num_attention_heads (4)"),
         (["parallel.tensor=2"], 3, "parallel.tensor=2 x parallel.pipeline=1 = 2 does not divide the world size 3"),
+        (["parallel.pipeline=3"], 3, "parallel.pipeline=3 does not divide the llama model's num_hidden_layers (2)"),
         (["parallel.pipeline=2", "engine.zero_stage=3"], 2, "parallel.pipeline=2 with engine.zero_stage=3"),
         (["parallel.tensor=2", "parallel.pipeline=2"], 4, "parallel.tensor=2 with parallel.pipeline=2"),
         (["parallel.tensor=2", "lora.r=4"], 2, "parallel.tensor=2 with lora.r=4"),
