@@ -10,7 +10,9 @@ Imports only torch and transformers, so it runs in ``.venv-bench`` as well as in
   ``TrainerCallback.on_step_end``); the first ``warmup`` steps are left out of the timing;
 * peak memory: peak RSS of this process (CPU) or ``torch.cuda.max_memory_allocated`` (CUDA);
 * machine peak: a large matmul timed in this process, for model FLOPs utilisation
-  ``6 * params * trained_tokens / seconds / peak``;
+  ``6 * params * trained_tokens / seconds / peak``, where ``params`` are the matmul parameters a token
+  goes through: the body without its embedding table (a lookup, no FLOPs), plus the LM head's
+  ``vocab x hidden`` when the model has one (a causal LM; a reward model's score head is ``hidden x 1``);
 * with ``spec["profile"]``: ``torch.profiler`` over the timed steps, reported as each operator's
   share of self CPU time (what a step spends its time in; the profiler slows the step, so a
   profiled run's throughput is not a benchmark figure).
@@ -93,7 +95,8 @@ class Probe:
         self.generate_rows = 0
         self.marks: list[tuple[float, int, int]] = []  # (time, trained, generated) at each step end
         self.losses: list[float] = []
-        self.parameters = 0
+        self.parameters = 0  # matmul parameters per trained token (module doc)
+        self.head_parameters = 0
         self.one_off_seconds = 0.0  # work done once for the whole run (DPO's precomputed reference)
         self.peak_flops = measure_peak_flops(device)
 
@@ -114,7 +117,9 @@ class Probe:
                 probe.trained_tokens += int(ids.numel())
             else:
                 probe.trained_tokens += int(kwargs["inputs_embeds"].shape[:2].numel())
-            probe.parameters = probe.parameters or sum(p.numel() for p in module.parameters())
+            if not probe.parameters:  # the body's matmuls: its parameters less the embedding table
+                table = module.get_input_embeddings().weight.numel()
+                probe.parameters = sum(p.numel() for p in module.parameters()) - table + probe.head_parameters
 
         # A hook on every LlamaModel instance (the body under both heads): trainers may replace the
         # top-level forward (TRL's fused LM head), but they still call the body through nn.Module.
@@ -126,6 +131,14 @@ class Probe:
             self.register_forward_pre_hook(count, with_kwargs=True)
 
         transformers.LlamaModel.__init__ = hooked_init
+        head_init = transformers.LlamaForCausalLM.__init__
+
+        @functools.wraps(head_init)
+        def counted_head_init(self, *args, **kwargs):
+            head_init(self, *args, **kwargs)
+            probe.head_parameters = self.lm_head.weight.numel()  # tied or not, a matmul per token
+
+        transformers.LlamaForCausalLM.__init__ = counted_head_init
         generate = transformers.LlamaForCausalLM.generate
 
         @functools.wraps(generate)
