@@ -167,3 +167,23 @@ def test_one_read_per_step_check_and_one_per_record_whatever_the_number_of_metri
         "samples_per_s",
         "tokens_per_s",
     }
+
+
+def test_a_tensor_group_counts_its_rows_once(strategy):
+    """Under parallel.tensor=2 both ranks of the group count the same rows: the all-reduced work is
+    halved, the means are not (two ranks simulated: the all-reduce doubles every sum)."""
+    from trainer_lib.config.sections import ParallelConfig
+
+    def record(parallel):
+        strategy.parallel = parallel
+        strategy.all_reduce = lambda value, op="mean": {k: 2 * v for k, v in value.items()}
+        window = MetricsWindow()
+        window.add("loss", 3.0)
+        window.count(samples=4, tokens=40)
+        window.start -= 10.0  # ten seconds of work
+        return window.reduce(strategy)
+
+    data, tensor = record(ParallelConfig()), record(ParallelConfig(tensor=2))
+    assert data["loss"] == tensor["loss"] == 3.0
+    assert tensor["samples_per_s"] == pytest.approx(data["samples_per_s"] / 2, rel=1e-3)
+    assert tensor["tokens_per_s"] == pytest.approx(4.0, rel=1e-3)  # 40 tokens in 10 s, counted once

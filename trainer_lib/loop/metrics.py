@@ -107,7 +107,11 @@ class MetricsWindow:
         sums = strategy.all_reduce(flat, op="sum")
         means = means_of(sums, [k for k in sums if not k.startswith("#") and not k.endswith("#n")])
         self._reset()
-        return {**means, "samples_per_s": sums["#samples"] / elapsed, "tokens_per_s": sums["#tokens"] / elapsed}
+        # the ranks of a tensor group or a pipeline count the same rows: once per data-parallel replica
+        parallel = getattr(strategy, "parallel", None)
+        shared = parallel.tensor * parallel.pipeline if parallel is not None else 1
+        samples, tokens = sums["#samples"] / shared, sums["#tokens"] / shared
+        return {**means, "samples_per_s": samples / elapsed, "tokens_per_s": tokens / elapsed}
 
 
 def sums_and_counts(values: dict) -> dict:
