@@ -213,11 +213,19 @@ def test_model_checks_name_the_key_and_read_nested_text_configs():
 
 
 @pytest.mark.distributed
-@pytest.mark.extended
-@pytest.mark.parametrize("stage", ["dpo", "reward"])
-def test_preference_stages_follow_one_process(stage, tiny_model_dir, tmp_path):
-    """DPO (log-probs through the replicated LM head, a reference model sharded like the policy) and the
-    reward model (its score head) under T=2 give the one-process losses."""
+@pytest.mark.parametrize(
+    "stage, setting",
+    [
+        pytest.param("dpo", "parallel.tensor=2", marks=pytest.mark.extended),
+        pytest.param("reward", "parallel.tensor=2", marks=pytest.mark.extended),
+        ("dpo", "parallel.pipeline=2"),
+    ],
+)
+def test_preference_stages_follow_one_process(stage, setting, tiny_model_dir, tmp_path):
+    """DPO under T=2 (log-probs through the replicated LM head, a reference model sharded like the policy)
+    and under P=2 (the last stage turns logits into sequence log-probs; the reference precomputed through
+    the pipeline first), and the reward model (its score head) under T=2 give the one-process losses,
+    metrics and weights. The one-process DPO precomputes its reference too, as P=2 always does."""
     rows = [("Is the sky green?", "No, it is blue.", "Yes."), ("What is 2+2?", "4", "5"), ("Say hi", "Hi!", "Bye.")]
     data = tmp_path / "pairs.jsonl"
     data.write_text(
@@ -226,19 +234,11 @@ def test_preference_stages_follow_one_process(stage, tiny_model_dir, tmp_path):
         )
     )
     argv = [stage, f"model.path={tiny_model_dir}", f"data.path={data}", "max_steps=4", "batch_size=2", "lr=1e-3"]
-    argv += ["logging_steps=1", "eval_steps=0", "save_steps=0", "data.eval_fraction=0", "report_to=[none]"]
+    argv += ["logging_steps=1", "eval_steps=2", "save_steps=0", "data.eval_fraction=0.25", "report_to=[none]"]
+    argv += ["reference=precomputed"] if stage == "dpo" else []
     assert main([*argv, f"output_dir={tmp_path / 'one'}"]) == 0
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainer_lib.cli",
-            *argv,
-            "parallel.tensor=2",
-            "--nproc",
-            "2",
-            f"output_dir={tmp_path}/tp",
-        ],
+        [sys.executable, "-m", "trainer_lib.cli", *argv, setting, "--nproc", "2", f"output_dir={tmp_path}/split"],
         cwd=REPO,
         env=_env(tmp_path),
         timeout=300,
@@ -246,8 +246,14 @@ def test_preference_stages_follow_one_process(stage, tiny_model_dir, tmp_path):
         text=True,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    one, tp = _series(tmp_path / "one", "loss"), _series(tmp_path / "tp", "loss")
-    assert len(one) == 4 and one == pytest.approx(tp, rel=1e-4)
+    keys = ("loss", "rewards/accuracy", "rewards/margins", "logps/chosen", "accuracy", "grad_norm")
+    for split in ("train", "eval"):
+        for key in keys:
+            one, split_run = _series(tmp_path / "one", key, split), _series(tmp_path / "split", key, split)
+            assert one == pytest.approx(split_run, rel=1e-4, abs=1e-6), (key, split)
+    assert len(_series(tmp_path / "one", "loss")) == 4
+    reference, trained = _weights(tmp_path / "one"), _weights(tmp_path / "split")
+    assert all(torch.allclose(reference[name], trained[name], atol=1e-4, rtol=0) for name in reference)
 
 
 def test_the_70b_example_cuts_llama_3_70b_on_two_nodes(capsys):
@@ -273,3 +279,18 @@ def test_a_checkpoint_resumes_only_under_its_own_layout(runs, tmp_path, capsys):
     assert main(["sft", *runs["argv"], f"output_dir={copy}"]) == 2
     err = capsys.readouterr().err
     assert "saved with parallel.tensor=2 parallel.pipeline=1, this run has parallel.tensor=1" in err
+
+
+@pytest.mark.parametrize(
+    "args, why",
+    [
+        (["loss=kto"], "not with loss=kto"),
+        (["beta_alpha=0.5"], "not with beta-DPO"),
+        (["reference=model"], "not with a reference other than the starting model"),
+        (["reference_model_path=/elsewhere"], "not with a reference other than the starting model"),
+    ],
+)
+def test_dpo_under_a_pipeline_refuses_what_it_cannot_run(tiny_model_dir, tmp_path, capsys, args, why):
+    argv = ["dpo", f"model.path={tiny_model_dir}", f"data.path={tmp_path}/p.jsonl", f"output_dir={tmp_path}/o"]
+    assert main([*argv, "parallel.pipeline=2", *args]) == 2
+    assert f"parallel.pipeline=2: {why}" in capsys.readouterr().err

@@ -253,7 +253,7 @@ class HubConfig:
 class ParallelConfig:
     tensor: int = opt(1, "Tensor-parallel size T: each layer's weights split over T ranks (DeepSpeed AutoTP).")
     pipeline: int = opt(
-        1, "Pipeline-parallel size P (SFT): the decoder layers cut into P stages (DeepSpeed's pipeline engine)."
+        1, "Pipeline-parallel size P (SFT, DPO): the decoder layers cut into P stages (DeepSpeed's pipeline engine)."
     )
 
     def validate(self) -> None:

@@ -267,9 +267,10 @@ def _release_other_stages(model, module) -> None:
 # ---------------------------------------------------------------------------------------- training
 
 
-def pipe_inputs(batch: dict) -> tuple:
+def pipe_inputs(batch: dict, labels=None) -> tuple:
     """A collated batch (input_ids, labels, maybe position_ids and attention_mask) as the pipe engine
-    takes a micro-batch: ``((input_ids, position_ids, attention_mask), labels)``, all long tensors."""
+    takes a micro-batch: ``((input_ids, position_ids, attention_mask), labels)``, all long tensors;
+    ``labels`` (a tensor or a tuple of tensors for the last stage's loss) instead of the batch's."""
     import torch
 
     ids = batch["input_ids"]
@@ -278,13 +279,14 @@ def pipe_inputs(batch: dict) -> tuple:
         positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
     mask = batch.get("attention_mask")
     mask = torch.ones_like(ids) if mask is None else mask.long()
-    return (ids, positions.expand_as(ids).contiguous(), mask), batch["labels"]
+    return (ids, positions.expand_as(ids).contiguous(), mask), batch["labels"] if labels is None else labels
 
 
-def train_step(engine, batches: list[dict]) -> float:
+def train_step(engine, batches: list[dict], labels: list | None = None) -> float:
     """One optimizer step of the pipeline over exactly ``gradient_accumulation_steps`` micro-batches,
     every rank of the pipeline passing the same list (the first stage reads the inputs, the last the
-    labels). Returns the step's loss, the mean of the micro-batches' token-mean losses, on every rank."""
+    labels, or ``labels[i]`` for micro-batch i). Returns the step's loss, the mean of the micro-batches'
+    losses, on every rank."""
     if len(batches) != engine.micro_batches:
         raise ValueError(
             f"a pipeline step takes gradient_accumulation_steps={engine.micro_batches} micro-batches, "
@@ -292,7 +294,40 @@ def train_step(engine, batches: list[dict]) -> float:
         )
     if not hasattr(engine, "posttrain_grad_norm"):
         _record_grad_norm(engine)
-    return float(engine.train_batch(data_iter=iter([pipe_inputs(b) for b in batches])))
+    labels = labels or [None] * len(batches)
+    return float(engine.train_batch(data_iter=iter([pipe_inputs(b, y) for b, y in zip(batches, labels)])))
+
+
+def from_last_stage(engine, value):
+    """``value`` as the last stage of this rank's pipeline has it (any picklable object, e.g. CPU tensors
+    a loss function kept), on every rank of the pipeline."""
+    import torch.distributed as dist
+
+    grid = engine.grid
+    last = grid.stage_to_global(stage_id=engine.num_stages - 1, data=grid.data_parallel_id)
+    box = [value if engine.is_last_stage() else None]
+    dist.broadcast_object_list(box, src=last, group=grid.get_pipe_parallel_group())
+    return box[0]
+
+
+def last_stage_outputs(engine, batches: list[dict], labels: list, output_fn) -> list:
+    """``output_fn(logits, labels[i])`` of each micro-batch without gradients, computed by the last stage
+    and returned on every rank of the pipeline (as CPU tensors). Every rank of every replica calls it
+    equally often (it holds a barrier)."""
+    loss_fn, kept = engine.module.loss_fn, []
+
+    def keep(logits, batch_labels):
+        out = output_fn(logits, batch_labels)
+        kept.append(out.detach().cpu())
+        return out.sum()
+
+    engine.module.loss_fn = keep
+    try:
+        data = iter([pipe_inputs(b, y) for b, y in zip(batches, labels)])
+        engine.eval_batch(data, compute_loss=True, reduce_output=None, bcast_loss=False, num_micro_batches=len(batches))
+    finally:
+        engine.module.loss_fn = loss_fn
+    return from_last_stage(engine, kept)
 
 
 def _record_grad_norm(engine) -> None:

@@ -53,6 +53,8 @@ class DPOConfig(TrainingConfig):
     reference_model_path: str | None = opt(None, "Reference model; default model.path.")
     reference_logps_path: str | None = opt(None, "Precomputed log-probs' cache; default <output_dir>/reference_logps.")
 
+    MODEL_PARALLEL = ("tensor", "pipeline")
+
     def reference_mode(self, whole_epoch: bool = False) -> str:
         """``whole_epoch``: the run trains on every train row at least once. Then ``auto`` precomputes a
         paired loss's reference (each row's log-probs once, instead of a forward per row, epoch and
@@ -60,6 +62,8 @@ class DPOConfig(TrainingConfig):
         which rows share a micro-batch, so they are never precomputed by ``auto``."""
         if self.loss == "simpo":
             return "none"
+        if self.reference == "auto" and self.parallel.pipeline > 1:  # the pipeline computes it once, up front
+            return "precomputed"
         if self.reference == "auto":
             if whole_epoch and self.loss != "kto":
                 return "precomputed"
@@ -85,11 +89,26 @@ class DPOConfig(TrainingConfig):
         if min(self.kto_desirable_weight, self.kto_undesirable_weight) < 0:
             raise ConfigError("kto_desirable_weight/kto_undesirable_weight: expected >= 0")
         uses_base = self.reference_model_path in (None, self.model.path)
+        if self.parallel.pipeline > 1:
+            self.check_pipeline(uses_base)
         if self.reference_mode() == "adapter" and (self.lora.r == 0 or not uses_base):
             raise ConfigError(
                 "reference: 'adapter' needs lora.r > 0 and the reference to be model.path "
                 "(set reference=model for another reference model)"
             )
+
+    def check_pipeline(self, uses_base: bool) -> None:
+        """Under ``parallel.pipeline > 1`` the policy is the only model: paired losses, the reference
+        precomputed with it before training (so the starting model), no loss that reduces across ranks."""
+        why = None
+        if self.loss == "kto":
+            why = "loss=kto (its KL reference point pairs rows across the micro-batch)"
+        elif self.beta_alpha or self.beta_filter:
+            why = "beta-DPO (beta_alpha, beta_filter: its batch statistics are reduced across ranks mid-step)"
+        elif self.reference_mode() in ("model", "adapter") or not uses_base:
+            why = "a reference other than the starting model, precomputed (reference=auto or precomputed)"
+        if why:
+            raise ConfigError(f"parallel.pipeline={self.parallel.pipeline}: not with {why}; docs/parallelism.md")
 
 
 CONFIG = DPOConfig
@@ -321,17 +340,16 @@ def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
     return sets, data.format
 
 
-def evaluate(engine, strategy, name: str, split: Split, reference, objective, cfg: DPOConfig) -> dict:
+def evaluate(steps, strategy, name: str, split: Split, reference, objective, cfg: DPOConfig) -> dict:
     """Mean metrics over one eval split (sharded across ranks); the loss where it applies."""
     from trainer_lib.loop.metrics import means_of, sums_and_counts
-    from trainer_lib.models.reference import forward_logps
 
     with_loss = split.kind == ("unpaired" if cfg.loss == "kto" else "paired")
     keys = METRICS[split.kind]
 
     def sums(group: list[int]) -> dict:
         batch = split.collated(group)
-        policy = forward_logps(engine, batch, strategy.device)
+        policy = steps.logps(batch)
         ref = reference(name, group, batch) if reference is not None else None
         values = batch_metrics(split.kind, policy, ref, cfg.beta, batch)
         if with_loss:
@@ -339,14 +357,14 @@ def evaluate(engine, strategy, name: str, split: Split, reference, objective, cf
         return sums_and_counts(values)
 
     zeros = {f"{k}{suffix}": 0.0 for k in keys for suffix in ("", "#n")}
-    return means_of(strategy.sharded_sums(split.groups, sums, zeros, models=(engine,)), keys)
+    return means_of(strategy.sharded_sums(split.groups, sums, zeros, models=(steps.engine,)), keys)
 
 
-def evaluate_all(engine, strategy, sets: dict, reference, objective, cfg: DPOConfig) -> dict:
+def evaluate_all(steps, strategy, sets: dict, reference, objective, cfg: DPOConfig) -> dict:
     metrics = {}
     for name in ("eval", "eval_unpaired"):
         if name in sets:
-            result = evaluate(engine, strategy, name, sets[name], reference, objective, cfg)
+            result = evaluate(steps, strategy, name, sets[name], reference, objective, cfg)
             if name == "eval_unpaired" and "eval" in sets:  # KTO on pairs: its loss and KL only
                 result = {k: result[k] for k in ("loss", "kl") if k in result}
             metrics.update(result)
@@ -356,7 +374,7 @@ def evaluate_all(engine, strategy, sets: dict, reference, objective, cfg: DPOCon
 # --------------------------------------------------------------------------- reference
 
 
-def build_reference(cfg: DPOConfig, strategy, engine, sets: dict, mode: str) -> tuple[Callable | None, str | None]:
+def build_reference(cfg: DPOConfig, strategy, steps, sets: dict, mode: str) -> tuple[Callable | None, str | None]:
     """``(reference, status)`` for ``mode`` (``cfg.reference_mode()``): a frozen model, the LoRA policy with its
     adapters disabled, a precomputed table (status "loaded" or "computed"), or None (SimPO is reference-free)."""
     from trainer_lib.models.load import load_causal_lm
@@ -368,8 +386,10 @@ def build_reference(cfg: DPOConfig, strategy, engine, sets: dict, mode: str) -> 
         return FrozenModelReference(strategy.prepare_frozen(model), strategy.device)
 
     def live():  # what a precomputed table is computed with, once
+        if strategy.is_pipeline(steps.engine):  # the policy before its first step (DPOConfig.check_pipeline)
+            return lambda split, ids, batch: steps.logps(batch)
         return (
-            AdapterReference(engine, strategy)
+            AdapterReference(steps.engine, strategy)
             if cfg.lora.r > 0 and cfg.reference_model_path in (None, cfg.model.path)
             else frozen_model()
         )
@@ -377,7 +397,7 @@ def build_reference(cfg: DPOConfig, strategy, engine, sets: dict, mode: str) -> 
     if mode == "model":
         return frozen_model(), None
     if mode == "adapter":
-        return AdapterReference(engine, strategy), None
+        return AdapterReference(steps.engine, strategy), None
     if mode == "precomputed":
         directory = cfg.reference_logps_path or storage.join(cfg.output_dir, "reference_logps")
         identity = [cfg.reference_model_path or cfg.model.path, cfg.engine.precision]
@@ -389,12 +409,11 @@ def build_reference(cfg: DPOConfig, strategy, engine, sets: dict, mode: str) -> 
 
 
 def run(cfg: DPOConfig) -> dict:
-    from trainer_lib.data.tokenize import count_tokens
     from trainer_lib.engine.batch_size import resolve_batch_size
     from trainer_lib.engine.strategy import DeepSpeedStrategy
     from trainer_lib.loop.cadence import Cadence
     from trainer_lib.models.load import apply_lora, load_causal_lm, load_tokenizer
-    from trainer_lib.models.reference import forward_logps
+    from trainer_lib.stages.training.dpo_steps import MicroBatchSteps, PipelineSteps
 
     resolve_batch_size(cfg, sequences_per_row=2)  # a chosen and a rejected sequence per pair
     strategy = DeepSpeedStrategy(cfg.engine, micro_batch_size=cfg.batch_size, seed=cfg.seed, parallel=cfg.parallel)
@@ -411,8 +430,14 @@ def run(cfg: DPOConfig) -> dict:
 
     # ---- policy engine
     model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision, placement=strategy.placement()), cfg.lora)
-    engine = strategy.prepare(model, total_steps=order.steps, **cfg.optimizer_args())
-    evaluation = (lambda: evaluate_all(engine, strategy, sets, reference, objective, cfg)) if len(sets) > 1 else None
+    engine = strategy.prepare(strategy.pipelined(model), total_steps=order.steps, **cfg.optimizer_args())
+    steps = (PipelineSteps if strategy.is_pipeline(engine) else MicroBatchSteps)(
+        engine,
+        strategy,
+        train_objective,
+        lambda policy, ref, batch: batch_metrics(train.kind, policy, ref, cfg.beta, batch),
+    )
+    evaluation = (lambda: evaluate_all(steps, strategy, sets, reference, objective, cfg)) if len(sets) > 1 else None
     cadence = Cadence(
         cfg,
         strategy,
@@ -427,7 +452,7 @@ def run(cfg: DPOConfig) -> dict:
 
     # ---- reference (before the step-0 evaluation, which uses it)
     mode = cfg.reference_mode(whole_epoch=order.covers_epoch())
-    reference, status = build_reference(cfg, strategy, engine, sets, mode)
+    reference, status = build_reference(cfg, strategy, steps, sets, mode)
     cadence.restore(
         f"loss={cfg.loss}, reference={mode}, {len(train.examples)} train examples ({fmt}), "
         f"{len(train.groups)} micro-batches"
@@ -435,14 +460,7 @@ def run(cfg: DPOConfig) -> dict:
 
     # ---- the loop
     for step in cadence.steps():
-        for ids, batch in order.micro_batches(step):
-            policy = forward_logps(engine, batch, strategy.device)
-            ref = reference("train", ids, batch) if reference is not None else None
-            losses = train_objective(policy, ref, batch)
-            strategy.backward(losses.mean(), engine)
-            strategy.optimizer_step(engine)
-            cadence.window.add_all({"loss": losses, **batch_metrics(train.kind, policy, ref, cfg.beta, batch)})
-            cadence.window.count(samples=len(ids), tokens=count_tokens(batch))
+        steps.train(order.micro_batches(step), reference, cadence.window)
         cadence.after_step(step, epoch=order.epoch(step))
 
     # ---- final evaluation and Hugging Face export (LoRA merged)
