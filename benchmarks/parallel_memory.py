@@ -38,6 +38,7 @@ LAYOUTS = [
     ("Llama-3.1-70B", 2, 8, 1, 3, True, False),
     ("Llama-3.1-70B", 2, 1, 2, 1, False, False),
     ("Llama-3.1-70B", 2, 8, 2, 1, False, False),
+    ("Llama-3.1-70B", 2, 8, 2, 1, True, False),
     ("Llama-3.1-405B", 4, 1, 1, 3, False, False),
     ("Llama-3.1-405B", 4, 8, 1, 3, False, False),
     ("Llama-3.1-405B", 4, 8, 4, 1, False, False),

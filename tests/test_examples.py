@@ -21,6 +21,7 @@ def test_the_examples_are_there():
         "grpo-qwen2.5-1.5b-code.yaml",
         "sft-llama-3-70b-zero3-offload.yaml",
         "sft-llama-3-70b-tp8.yaml",
+        "sft-llama-3-70b-tp8-pp2.yaml",
     } <= set(FILES)
 
 

@@ -169,6 +169,33 @@ def test_tensor_and_data_parallel_on_four_ranks(runs):
     assert all(torch.allclose(reference[name], trained[name], atol=1e-4, rtol=0) for name in reference)
 
 
+@pytest.mark.distributed
+@pytest.mark.extended
+def test_tensor_groups_inside_pipeline_stages_on_four_ranks(runs):
+    """T=2 x P=2 (3D without data parallel): each stage's projections split over its two ranks with
+    DeepSpeed's AutoTP layers inside the pipeline engine; the one-process run's numbers and weights,
+    and a resume from its step-4 checkpoint that ends bit-exact."""
+    import shutil
+
+    tmp = runs["tmp"]
+    out = tmp / "tp_pp"
+    argv = [*runs["argv"], "parallel.tensor=2", "parallel.pipeline=2"]
+    log = _run([*argv, f"output_dir={out}"], _env(tmp), nproc=4)
+    assert "parallel: tensor 2 x pipeline 2 x data 1 = 4 rank(s)" in log
+    for key, split in (("loss", "train"), ("grad_norm", "train"), ("loss", "eval")):
+        assert _series(runs["one"], key, split) == pytest.approx(_series(out, key, split), rel=1e-5), (key, split)
+    reference, trained = _weights(runs["one"]), _weights(out)
+    assert all(torch.allclose(reference[name], trained[name], atol=1e-4, rtol=0) for name in reference)
+    # a rerun from step 4's checkpoint (the later one gone, as if killed before it) ends where this run did
+    resumed = tmp / "tp_pp_resumed"
+    shutil.copytree(out, resumed)
+    shutil.rmtree(resumed / "checkpoints" / tag_for(6))
+    (resumed / "summary.json").unlink()
+    assert "resuming at step 4" in _run([*argv, f"output_dir={resumed}"], _env(tmp), nproc=4)
+    final = _weights(resumed)
+    assert all(torch.equal(trained[name], final[name]) for name in trained)
+
+
 @pytest.mark.parametrize(
     "args, nproc, keys",
     [
@@ -176,7 +203,7 @@ def test_tensor_and_data_parallel_on_four_ranks(runs):
         (["parallel.tensor=2"], 3, "parallel.tensor=2 x parallel.pipeline=1 = 2 does not divide the world size 3"),
         (["parallel.pipeline=3"], 3, "parallel.pipeline=3 does not divide the llama model's num_hidden_layers (2)"),
         (["parallel.pipeline=2", "engine.zero_stage=3"], 2, "parallel.pipeline=2 with engine.zero_stage=3"),
-        (["parallel.tensor=2", "parallel.pipeline=2"], 4, "parallel.tensor=2 with parallel.pipeline=2"),
+        (["parallel.tensor=2", "parallel.pipeline=2"], 6, "parallel.tensor=2 x parallel.pipeline=2 = 4 does not"),
         (["parallel.tensor=2", "lora.r=4"], 2, "parallel.tensor=2 with lora.r=4"),
     ],
 )
@@ -199,6 +226,8 @@ def test_layout_follows_deepspeeds_rank_order():
     assert [Layout(tensor=2, world=4).data_rank(r) for r in range(4)] == [0, 0, 1, 1]
     # the pipeline topology is (pipe, data): ranks 0,1 are stage 0 of data shards 0 and 1
     assert [Layout(pipeline=2, world=4).data_rank(r) for r in range(4)] == [0, 1, 0, 1]
+    # tensor groups inside pipeline stages: (pipe, data, model), model innermost
+    assert [Layout(tensor=2, pipeline=2, world=8).data_rank(r) for r in range(8)] == [0, 0, 1, 1, 0, 0, 1, 1]
     assert Layout(tensor=2, world=8).data == 4 and Layout(world=3).data_rank(2) == 2
     with pytest.raises(ConfigError, match="does not divide the world size 6"):
         layout(ParallelConfig(tensor=4), 6)
@@ -256,15 +285,20 @@ def test_preference_stages_follow_one_process(stage, setting, tiny_model_dir, tm
     assert all(torch.allclose(reference[name], trained[name], atol=1e-4, rtol=0) for name in reference)
 
 
-def test_the_70b_example_cuts_llama_3_70b_on_two_nodes(capsys):
-    """examples/sft-llama-3-70b-tp8.yaml on 2 nodes x 8 GPUs: tensor 8 x data 2, whole heads on every rank
-    (Llama-3-70B's config: 64 heads, 8 KV heads, 80 layers)."""
+@pytest.mark.parametrize(
+    "name, shape",
+    [("sft-llama-3-70b-tp8.yaml", (8, 1, 2)), ("sft-llama-3-70b-tp8-pp2.yaml", (8, 2, 1))],
+)
+def test_the_70b_examples_cut_llama_3_70b_on_two_nodes(capsys, name, shape):
+    """The 70B examples on 2 nodes x 8 GPUs: tensor 8 x data 2, or tensor 8 x pipeline 2; whole heads on
+    every rank and stages of equal depth (Llama-3-70B's config: 64 heads, 8 KV heads, 80 layers)."""
     import yaml
 
-    assert main(["sft", "--config", os.path.join(REPO, "examples", "sft-llama-3-70b-tp8.yaml"), "--print-config"]) == 0
+    assert main(["sft", "--config", os.path.join(REPO, "examples", name), "--print-config"]) == 0
     printed = yaml.safe_load(capsys.readouterr().out)
     parallel = ParallelConfig(**printed["parallel"])
-    assert layout(parallel, 16) == Layout(tensor=8, pipeline=1, world=16) and layout(parallel, 16).data == 2
+    found = layout(parallel, 16)
+    assert (found.tensor, found.pipeline, found.data) == shape
     check_model(parallel, {"num_attention_heads": 64, "num_key_value_heads": 8, "num_hidden_layers": 80})
 
 

@@ -260,11 +260,6 @@ class ParallelConfig:
         """The checks that need no world size or model: sizes, and what cannot be combined with what
         (the rest: :func:`trainer_lib.engine.parallel.check_layout`)."""
         check_positive(self, "tensor", "pipeline")
-        if self.tensor > 1 and self.pipeline > 1:
-            raise ConfigError(
-                f"parallel.tensor={self.tensor} with parallel.pipeline={self.pipeline}: tensor and pipeline "
-                f"parallelism together are not supported yet; choose one (docs/parallelism.md)"
-            )
 
     def check_with(self, engine: EngineConfig, lora: LoraConfig) -> None:
         """What DeepSpeed cannot combine with these sizes: its pipeline engine shards optimizer state

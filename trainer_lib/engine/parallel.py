@@ -5,7 +5,8 @@ refuse a layout before any weight is loaded.
 left: ``world / (T x P)``. The ranks of one tensor group (or one pipeline) train on the same rows,
 so the data order is sharded by data-parallel rank only (:meth:`Layout.data_rank`). Rank numbering
 follows DeepSpeed's own groups: AutoTP's device mesh is (data, tensor), tensor innermost; the
-pipeline engine's topology is (pipe, data), data innermost.
+pipeline engine's topology is (pipe, data), data innermost, or with tensor groups inside the stages
+(pipe, data, model), model innermost.
 """
 
 from __future__ import annotations
@@ -35,11 +36,9 @@ class Layout:
 
     def data_rank(self, rank: int) -> int:
         """This rank's place among the data-parallel ranks (the shard of the data it reads)."""
-        if self.tensor > 1:
-            return rank // self.tensor
-        if self.pipeline > 1:
-            return rank % self.data
-        return rank
+        if self.pipeline > 1:  # (pipe, data, model): model innermost, then data
+            return (rank // self.tensor) % self.data
+        return rank // self.tensor
 
     def describe(self) -> str:
         return f"parallel: tensor {self.tensor} x pipeline {self.pipeline} x data {self.data} = {self.world} rank(s)"

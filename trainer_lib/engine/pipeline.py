@@ -197,7 +197,9 @@ def _layer_modules(layer):
     return [layer.module_args[0]] if hasattr(layer, "module_args") else [layer]
 
 
-def pipeline_module(model, stages: int, *, activation_checkpoint_interval: int = 0, seed_layers: bool = False):
+def pipeline_module(
+    model, stages: int, *, tensor: int = 1, activation_checkpoint_interval: int = 0, seed_layers: bool = False
+):
     """A ``deepspeed.pipe.PipelineModule`` of ``stages`` stages over a loaded HF causal LM (Llama,
     Mistral, Qwen2/3), or a PEFT LoRA model of one; call after the process group is up, on every rank,
     with the same model.
@@ -207,6 +209,9 @@ def pipeline_module(model, stages: int, *, activation_checkpoint_interval: int =
     the first and last stages share the embedding through DeepSpeed's tied layers, whose gradients
     are summed across the two. The weights of the other stages' layers are released on this rank:
     ``model`` is then only good for :func:`save_pipeline_hf_model`.
+
+    ``tensor=T > 1`` splits each stage's decoder layers over T ranks as well (:func:`_shard_stage`): the
+    topology is then (pipe, data, model), a stage's T ranks its tensor group.
 
     Raises ConfigError for families it cannot split, LoRA ``modules_to_save`` or LoRA on a tied head,
     and fewer decoder layers than stages.
@@ -218,12 +223,18 @@ def pipeline_module(model, stages: int, *, activation_checkpoint_interval: int =
             f"each stage needs at least one"
         )
     import torch
+    import torch.distributed as dist
     from deepspeed.pipe import PipelineModule
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
     layers = _layer_list(model)
+    shape = {"num_stages": stages}
+    if tensor > 1:
+        replicas = dist.get_world_size() // (stages * tensor)
+        shape = {"topology": PipeModelDataParallelTopology(num_pp=stages, num_mp=tensor, num_dp=replicas)}
     module = PipelineModule(
         layers=layers,
-        num_stages=stages,
+        **shape,
         loss_fn=next_token_loss,
         seed_layers=seed_layers,
         partition_method=PARTITION,
@@ -232,14 +243,45 @@ def pipeline_module(model, stages: int, *, activation_checkpoint_interval: int =
         checkpointable_layers=["DecoderLayerPipe"],
         dynamic_shape=True,  # micro-batches differ in length: each activation send carries its shape
     )
+    sharded = _shard_stage(module) if tensor > 1 else set()
+    first_of_group = module._grid.get_slice_parallel_rank() == 0
     for param in module.parameters():
         # DeepSpeed's fp32 clipping (ZeRO-0) sums squared gradient norms over the pipeline's ranks but counts
         # only the first stage's parameters unless they are marked model-parallel: without this the clip
-        # coefficient comes from the first stage's gradients alone. A tied copy on a later stage counts once.
-        param.model_parallel = not getattr(param, "ds_pipe_replicated", False)
+        # coefficient comes from the first stage's gradients alone. A tied copy on a later stage counts once,
+        # and so does a weight every rank of a tensor group holds whole (norms, embeddings).
+        whole = id(param) not in sharded
+        param.model_parallel = not getattr(param, "ds_pipe_replicated", False) and (first_of_group or not whole)
     module.posttrain_owners = _owners(model, layers, module)
     _release_other_stages(model, module)
     return module
+
+
+#: the projections AutoTP's layers split by output (column parallel) and by input (row parallel, all-reduced)
+COLUMN = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
+ROW = ("o_proj", "down_proj")
+
+
+def _shard_stage(module) -> set[int]:
+    """Split the projections of this rank's decoder layers over its tensor group with DeepSpeed's AutoTP
+    training layers (``LinearLayer``, ``LinearAllreduce``), in place: each rank keeps whole heads. The ids
+    of the parameters now sharded."""
+    from deepspeed.module_inject.layers import LinearAllreduce, LinearLayer, set_autotp_mode
+
+    set_autotp_mode(training=True)
+    group, sharded = module._grid.get_slice_parallel_group(), set()
+    for layer in module.forward_funcs:
+        if type(layer).__name__ != "DecoderLayerPipe":
+            continue
+        for parent in (layer.layer.self_attn, layer.layer.mlp):
+            for name in (*COLUMN, *ROW):
+                linear = getattr(parent, name, None)
+                if linear is None:
+                    continue
+                split = (LinearLayer if name in COLUMN else LinearAllreduce)(linear, group)
+                setattr(parent, name, split)
+                sharded.update(id(p) for p in split.parameters() if getattr(p, "tensor_model_parallel", False))
+    return sharded
 
 
 def _owners(model, layers: list, module) -> dict[str, int]:
@@ -426,14 +468,23 @@ def save_pipeline_hf_model(
     from trainer_lib.models.save import save_hf_model
 
     grid = engine.grid
-    rank, writer = dist.get_rank(), grid.stage_to_global(stage_id=0, data=0)
+    first = {"data": 0, **({"model": 0} if grid.get_slice_parallel_world_size() > 1 else {})}
+    rank, writer = dist.get_rank(), grid.stage_to_global(stage_id=0, **first)
     owners = engine.module.posttrain_owners
     owner_ranks = {
-        id(p): grid.stage_to_global(stage_id=owners[name], data=0)
+        id(p): grid.stage_to_global(stage_id=owners[name], **first)
         for name, p in model.named_parameters(remove_duplicate=False)
         if name in owners
     }
-    gather = functools.partial(_sent_to_writer, owner_ranks, rank, writer, engine.device)
+    sent = functools.partial(_sent_to_writer, owner_ranks, rank, writer, engine.device)
+
+    @contextlib.contextmanager
+    def gather(tensors):
+        from trainer_lib.engine.parallel import tensor_shards_gathered
+
+        with tensor_shards_gathered(list(tensors)), sent(tensors):  # a stage's shards joined, then sent
+            yield
+
     save_hf_model(
         model,
         tokenizer,

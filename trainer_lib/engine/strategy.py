@@ -300,7 +300,7 @@ class DeepSpeedStrategy:
             zero["stage3_gather_16bit_weights_on_model_save"] = False
         # DeepSpeed checks train_batch_size against the whole world under AutoTP (it makes the tensor
         # groups later), against the data-parallel ranks under its pipeline engine
-        per_step = self.micro_batch_size * (self.world_size if self.parallel.tensor > 1 else self.data_world_size)
+        per_step = self.micro_batch_size * (self.world_size if self.autotp else self.data_world_size)
         return {
             "train_micro_batch_size_per_gpu": self.micro_batch_size,
             "gradient_accumulation_steps": self.cfg.gradient_accumulation_steps if train else 1,
@@ -312,8 +312,21 @@ class DeepSpeedStrategy:
             "zero_force_ds_cpu_optimizer": False,
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
-            **({"tensor_parallel": self._tensor_parallel()} if self.parallel.tensor > 1 else {}),
+            **({"tensor_parallel": self._tensor_parallel()} if self.autotp else {}),
+            # tensor groups inside pipeline stages send whole activations: DeepSpeed's split sends cache the
+            # first micro-batch's shape, and packed micro-batches differ in length
+            **(
+                {"pipeline": {"pipe_partitioned": False, "grad_partitioned": False}}
+                if self.parallel.pipeline > 1
+                else {}
+            ),
         }
+
+    @property
+    def autotp(self) -> bool:
+        """Tensor parallelism by DeepSpeed's engine (AutoTP over the whole model); inside a pipeline the
+        pipeline module splits its stages itself (:mod:`trainer_lib.engine.pipeline`)."""
+        return self.parallel.tensor > 1 and self.parallel.pipeline == 1
 
     def _tensor_parallel(self) -> dict:
         """DeepSpeed AutoTP over ``parallel.tensor`` ranks. The LM head keeps full-vocabulary logits (it
@@ -409,7 +422,9 @@ class DeepSpeedStrategy:
         self._check_model(model)
         interval = 1 if self.cfg.gradient_checkpointing else 0
         self._pipeline_source = model
-        return pipeline_module(model, self.parallel.pipeline, activation_checkpoint_interval=interval)
+        return pipeline_module(
+            model, self.parallel.pipeline, tensor=self.parallel.tensor, activation_checkpoint_interval=interval
+        )
 
     def is_pipeline(self, engine) -> bool:
         """Whether ``engine`` is DeepSpeed's pipeline engine (trained a whole step at a time)."""
@@ -486,7 +501,7 @@ class DeepSpeedStrategy:
         model.eval()
         for param in model.parameters():
             param.requires_grad_(False)
-        if self.zero_stage == 3 or self.parallel.tensor > 1:  # partitioned, or sharded by AutoTP
+        if self.zero_stage == 3 or self.autotp:  # partitioned, or sharded by AutoTP
             self._check_model(model)
             with self._naming_user_file():
                 engine, *_ = deepspeed.initialize(model=model, config=self.ds_config(train=False))
