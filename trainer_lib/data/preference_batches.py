@@ -26,6 +26,8 @@ from trainer_lib.data.tokenize import chat_text, render_prompt
 from trainer_lib.errors import UserError
 
 PAIRED_FORMATS = ("preference",)
+#: the image tensors a vision-language model's batch carries (data/vision_tokenize.py) into its forward.
+IMAGE_INPUTS = ("pixel_values", "image_sizes", "image_grid_thw")
 UNPAIRED_FORMATS = ("unpaired_preference",)
 
 
@@ -152,6 +154,8 @@ def token_fingerprint(examples: list[dict], *extra: str) -> str:
         for key in sorted(k for k in ex if k.endswith("_ids")):
             h.update(key.encode())
             h.update(",".join(map(str, ex[key])).encode())
+        if ex.get("images"):  # image rows: the same token ids over other pictures are other examples
+            h.update(ex["images"].encode())
         h.update(b"\n")
     return h.hexdigest()
 
@@ -226,11 +230,15 @@ def model_inputs(batch: dict, device) -> dict:
     """The tensors a model's forward takes, moved to ``device``. A packed row: ids, positions and the
     sequence boundaries as transformers' flash-attention kwargs, so that no attention layer has to find
     them (``models/attention.py``); the longest sequence is read from the collated (host) tensor."""
+    pixels = {key: batch[key].to(device) for key in IMAGE_INPUTS if key in batch}  # a vision-language model's
     if "segment_ids" not in batch:
-        return {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
+        ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+        return {"input_ids": ids, "attention_mask": mask, **pixels}
     from trainer_lib.models.attention import boundary_kwargs
 
     inputs = {"input_ids": batch["input_ids"].to(device), "position_ids": batch["position_ids"].to(device)}
+    if pixels:  # a VLM hands the flash-attention kwargs to its vision tower too; positions mark the boundaries
+        return {**inputs, **pixels}
     return {**inputs, **boundary_kwargs(batch["cu_seq_lens"], device)}
 
 

@@ -123,6 +123,17 @@ def _text_and_spans(row: dict, fmt: str, tokenizer) -> tuple[str, list[tuple[int
     raise UserError(f"data.format: SFT cannot train on '{fmt}' data")
 
 
+def text_and_spans(row: dict, fmt: str, tokenizer) -> tuple[str, list[tuple[int, int]]]:
+    """The text a model sees for a row and the character spans it learns to predict (for the image rows
+    of :mod:`trainer_lib.data.vision_tokenize`)."""
+    return _text_and_spans(row, fmt, tokenizer)
+
+
+def span_labels(ids: list[int], offsets: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[int]:
+    """Each token id where the token starts inside one of ``spans``, else IGNORE."""
+    return _labels(ids, offsets, spans)
+
+
 def tokenize_sft_rows(rows: list[dict], fmt: str, tokenizer, max_length: int) -> list[dict]:
     """``{"input_ids", "labels"}`` for each normalized row of format ``fmt`` (one tokenizer call)."""
     rendered = [_text_and_spans(row, fmt, tokenizer) for row in rows]

@@ -13,7 +13,11 @@ Kinds (the function, and the columns it makes):
 * ``pairs``: :func:`trainer_lib.data.preference_batches.tokenize_pairs_batch`: ``prompt_ids``,
   ``chosen_ids``, ``rejected_ids`` (and ``margin`` when the data has one);
 * ``unpaired``: :func:`trainer_lib.data.preference_batches.tokenize_unpaired_batch`: ``prompt_ids``,
-  ``completion_ids``, ``label``.
+  ``completion_ids``, ``label``;
+* ``sft_images``: :func:`trainer_lib.data.vision_tokenize.tokenize_image_sft_batch`: ``sft``'s columns and
+  ``images`` (the row's image references as JSON; pixels are made when a micro-batch is collated);
+* ``pairs_images``: :func:`trainer_lib.data.vision_tokenize.tokenize_image_pairs_batch`: ``pairs``' columns
+  and ``images``.
 """
 
 from __future__ import annotations
@@ -33,7 +37,12 @@ KINDS = {
     "sft": ("trainer_lib.data.tokenize", "tokenize_sft_batch"),
     "pairs": ("trainer_lib.data.preference_batches", "tokenize_pairs_batch"),
     "unpaired": ("trainer_lib.data.preference_batches", "tokenize_unpaired_batch"),
+    "sft_images": ("trainer_lib.data.vision_tokenize", "tokenize_image_sft_batch"),
+    "pairs_images": ("trainer_lib.data.vision_tokenize", "tokenize_image_pairs_batch"),
 }
+#: kinds for a vision-language model: their ``tokenizer`` is the model's processor (models/vision.py), whose
+#: image settings (how many tokens an image becomes) are part of the cache key; image hashes are in the data's.
+IMAGE_KINDS = ("sft_images", "pairs_images")
 
 
 @contextlib.contextmanager
@@ -175,7 +184,7 @@ def tokenize_split(
     module, name = KINDS[kind]
     function = getattr(importlib.import_module(module), name)
     kwargs = {"tokenizer": tokenizer, "max_length": max_length}
-    if kind == "sft":
+    if kind in ("sft", "sft_images"):
         kwargs["fmt"] = fmt
     parts = None
     if fingerprint is not None:
@@ -184,9 +193,13 @@ def tokenize_split(
             "kind": kind,
             "format": fmt,
             "max_length": max_length,
-            "tokenizer": cache.tokenizer_fingerprint(tokenizer),
+            "tokenizer": cache.tokenizer_fingerprint(tokenizer.tokenizer if kind in IMAGE_KINDS else tokenizer),
             "code": cache.code_version(module, __name__, "trainer_lib.data.tokenize"),
         }
+        if kind in IMAGE_KINDS:
+            from trainer_lib.models.vision import processor_fingerprint
+
+            parts["processor"] = processor_fingerprint(tokenizer)
 
     def build(tmp: str) -> dict:
         start = time.monotonic()
@@ -233,7 +246,7 @@ def _empty_features(columns: dict, kind: str) -> dict:
     """Features of a tokenized split with no rows (token id lists, and the scalars of the kind)."""
     import datasets
 
-    scalar = {"length": "int64", "margin": "float64", "label": "bool"}
+    scalar = {"length": "int64", "margin": "float64", "label": "bool", "images": "string"}
     return datasets.Features(
         {c: datasets.Value(scalar[c]) if c in scalar else datasets.List(datasets.Value("int64")) for c in columns}
     ).to_dict()

@@ -76,6 +76,14 @@ def load_tokenizer(cfg: ModelConfig, padding_side: str = "right"):
     return tokenizer
 
 
+def load_processor(cfg: ModelConfig, tokenizer):
+    """A vision-language ``model.path``'s processor holding ``tokenizer`` (models/vision.py); None for a text model."""
+    from trainer_lib.models.vision import processor_for
+
+    revision = hub_revision(cfg, cfg.path)
+    return processor_for(resolve_model_path(cfg.path), tokenizer, revision, cfg.trust_remote_code, cfg.path)
+
+
 def torch_dtype(precision: str):
     import torch
 
@@ -105,16 +113,25 @@ def attention_implementation(cfg: ModelConfig) -> str:
 
 
 def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None = None, placement=None):
-    """``model.path`` (or ``path``) as a causal LM in ``precision``, placed by ``placement`` (a :class:`Placement`)."""
+    """``model.path`` (or ``path``) as a causal LM in ``precision``, placed by ``placement`` (a :class:`Placement`).
+
+    A vision-language model (models/vision.py) loads with the image-text-to-text auto class instead, its
+    vision tower frozen."""
     from transformers import AutoModelForCausalLM
+
+    from trainer_lib.models import vision
 
     source = path or cfg.path
     revision = hub_revision(cfg, source)
     attention = attention_implementation(cfg)
+    local = resolve_model_path(source)
+    auto_class = AutoModelForCausalLM
+    if vision.source_is_vision_language(local, revision, cfg.trust_remote_code):
+        from transformers import AutoModelForImageTextToText as auto_class
     try:
         model = load_pretrained(
-            AutoModelForCausalLM,
-            resolve_model_path(source),
+            auto_class,
+            local,
             placement,
             revision=revision,
             dtype=torch_dtype(precision),
@@ -123,6 +140,8 @@ def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None =
         )
     except (OSError, ValueError) as exc:  # not a model directory, unknown hub id, missing weights or config
         raise _failed("model.path", "a causal LM", source, revision, exc) from None
+    if vision.is_vision_language(model.config):
+        vision.freeze_vision_tower(model)
     if not cfg.chunked_lm_head:
         from trainer_lib.models.lm_head import use_full_logits
 
@@ -325,6 +344,8 @@ def apply_lora(model, lora: LoraConfig, task_type: str = "CAUSAL_LM", modules_to
     from peft import LoraConfig as PeftLoraConfig
     from peft import get_peft_model
 
+    from trainer_lib.models import vision
+
     targets: str | list[str] = list(lora.target_modules)
     if targets == [ALL_LINEAR]:
         targets = ALL_LINEAR  # PEFT's shorthand: every nn.Linear except the output head
@@ -336,6 +357,8 @@ def apply_lora(model, lora: LoraConfig, task_type: str = "CAUSAL_LM", modules_to
                 f"lora.target_modules: {missing} not found in the model (linear layers include "
                 f"e.g. {sorted(n for n in names if n.endswith('proj'))[:8]}, or use all-linear)"
             )
+    if vision.is_vision_language(getattr(model, "config", None)):  # adapters in the language model only
+        targets = vision.language_model_targets(model, targets)
     peft_cfg = PeftLoraConfig(
         r=lora.r,
         lora_alpha=lora.alpha,

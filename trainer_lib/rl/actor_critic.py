@@ -220,6 +220,14 @@ def build_models(
     (separate engines: the actor's for ``actor_updates``, default ``updates``); ``with_critic`` adds PPO's
     critic (``cfg.critic.path``, ``cfg.critic_lr``), ``use_reference`` the reference policy,
     ``with_masking_copy`` NLPO's frozen copy of the initial actor (separate models only)."""
+    from trainer_lib.errors import UserError
+    from trainer_lib.rl import experience
+
+    if (with_critic or cfg.multi_adapter) and experience.policy_processor(cfg.model, tokenizer) is not None:
+        raise UserError(
+            f"model.path: {cfg.model.path} is a vision-language model; of the online RL stages only GRPO (and RLOO) "
+            "without multi_adapter trains one (a critic or a shared base does not take images yet)"
+        )
     if cfg.multi_adapter:
         if with_masking_copy:
             raise ValueError("build_models: a masking copy needs separate models (multi_adapter=false)")

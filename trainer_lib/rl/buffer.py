@@ -324,4 +324,17 @@ def concat_rollouts(parts: list):
         torch.cat([right(p.response_mask, response_width) for p in parts]),
         [c for p in parts for c in p.completions],
         [f for p in parts for f in p.finished],
+        **concat_images(parts),
     )
+
+
+def concat_images(parts: list) -> dict:
+    """``{"pixel_values", "image_counts"}`` of several rollouts' rows, in order; empty without images."""
+    import torch
+
+    if all(p.pixel_values is None for p in parts):
+        return {}
+    return {
+        "pixel_values": torch.cat([p.pixel_values for p in parts if p.pixel_values is not None]),
+        "image_counts": [c for p in parts for c in (p.image_counts or [0] * len(p))],
+    }

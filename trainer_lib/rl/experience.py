@@ -44,6 +44,20 @@ def start(cfg, priority_signal=None):
     return strategy, tokenizer, eval_rows, schedule
 
 
+_PROCESSORS: dict = {}
+
+
+def policy_processor(model_cfg, tokenizer):
+    """A vision-language policy's processor (holding ``tokenizer``), None for a text policy; loaded once per
+    model and tokenizer, as every step's rollout needs it."""
+    from trainer_lib.models.load import load_processor
+
+    key = (model_cfg.path, model_cfg.revision, model_cfg.trust_remote_code, id(tokenizer))
+    if key not in _PROCESSORS:
+        _PROCESSORS[key] = load_processor(model_cfg, tokenizer)
+    return _PROCESSORS[key]
+
+
 def load_prompts(cfg, tokenizer) -> tuple[list[dict], list[dict]]:
     """(train rows, eval rows) of normalized prompt rows; prompts longer than data.max_length
     tokens are dropped."""
@@ -190,8 +204,12 @@ def sample_and_score(engine, strategy, tokenizer, schedule, step: int, cfg, rewa
     schedule.before_step(step)
     rewards.trainer_state = schedule.trainer_state(step)
 
+    processor = policy_processor(cfg.model, tokenizer)
+
     def sample_and_score_rows(rows: list[dict], seed: int):
-        rollout, prompts, columns = sample(engine, strategy, tokenizer, rows, cfg.rollout, seed, logits_processor)
+        rollout, prompts, columns = sample(
+            engine, strategy, tokenizer, rows, cfg.rollout, seed, logits_processor, processor=processor
+        )
         scores, metrics = score_rollout(rewards, strategy, rollout, prompts, columns, cfg.rollout.n)
         return rollout, scores, metrics
 
@@ -202,16 +220,18 @@ def held_out_evaluation(engine, strategy, tokenizer, rows: list[dict], rewards, 
     """The stage's ``evaluate()`` for its Cadence: greedy held-out reward; None without eval prompts."""
     if not rows:
         return None
-    return lambda: evaluate(engine, strategy, tokenizer, rows, rewards, cfg.rollout, cfg.seed)
+    processor = policy_processor(cfg.model, tokenizer)
+    return lambda: evaluate(engine, strategy, tokenizer, rows, rewards, cfg.rollout, cfg.seed, processor)
 
 
-def evaluate(engine, strategy, tokenizer, rows: list[dict], rewards, rollout_cfg, seed: int) -> dict:
-    """Mean raw (weighted, not normalized) reward of greedy completions of held-out prompts."""
+def evaluate(engine, strategy, tokenizer, rows: list[dict], rewards, rollout_cfg, seed: int, processor=None) -> dict:
+    """Mean raw (weighted, not normalized) reward of greedy completions of held-out prompts (``processor``: a
+    vision-language policy's, whose prompts carry their images)."""
     greedy = dataclasses.replace(rollout_cfg, n=1, temperature=0.0)
     chunks = [rows[i : i + greedy.batch_size] for i in range(0, len(rows), greedy.batch_size)]
 
     def sums(chunk: list[dict]) -> dict:
-        rollout, prompts, columns = sample(engine, strategy, tokenizer, chunk, greedy, seed)
+        rollout, prompts, columns = sample(engine, strategy, tokenizer, chunk, greedy, seed, processor=processor)
         table = reward_table(rewards, rollout, prompts, columns, 1)
         return {
             "total": float(rewards.weighted(table).sum()),
@@ -269,11 +289,19 @@ def per_micro_batch(fn, rollout, micro: int):
     return out
 
 
-def sample(engine, strategy, tokenizer, rows: list[dict], rollout_cfg, seed: int, logits_processor=None):
-    """Generate ``rollout.n`` completions per row with the engine's current weights."""
+def sample(
+    engine, strategy, tokenizer, rows: list[dict], rollout_cfg, seed: int, logits_processor=None, *, processor=None
+):
+    """Generate ``rollout.n`` completions per row with the engine's current weights; with a vision-language
+    policy's ``processor``, each prompt's image tokens expanded and its pixels passed to generation."""
     from trainer_lib.rl.rollout import generate
 
     prompts, prompt_ids, columns = prompt_inputs(rows, tokenizer, rollout_cfg.n)
+    pixel_values = None
+    if processor is not None:
+        from trainer_lib.data.vision_tokenize import image_prompts
+
+        prompt_ids, pixel_values = image_prompts(rows, processor)
     # ZeRO-3: weights fetched layer by layer by DeepSpeed's hooks, all ranks stepping together
     rollout = generate(
         strategy.unwrap(engine),
@@ -289,6 +317,7 @@ def sample(engine, strategy, tokenizer, rows: list[dict], rollout_cfg, seed: int
         seed=seed,
         synced_gpus=strategy.partitions_parameters and strategy.world_size > 1,
         logits_processor=logits_processor,
+        pixel_values=pixel_values,
     )
     return rollout, prompts, columns
 

@@ -16,6 +16,9 @@ Layout of a :class:`Rollout` of ``N`` sequences (``n`` consecutive ones per prom
     prompt_ids     (N, P)  left-padded         prompt_mask    (N, P)  1 on prompt tokens
     response_ids   (N, R)  right-padded        response_mask  (N, R)  1 up to and including
                                                                       the eos / stop token
+A vision-language policy's rollout also holds ``pixel_values``: the images of all its rows, in row order
+(``image_counts`` per row), passed to ``generate`` and to every forward over the rollout.
+
 A response ends at the first eos (the tokenizer's, or any the checkpoint's generation config
 lists), at the token that completes a stop string (the text is cut before the stop string, the
 token stays so the policy learns to stop), or at ``max_new_tokens`` (``finished`` is False then).
@@ -23,6 +26,7 @@ token stays so the policy learns to stop), or at ``max_new_tokens`` (``finished`
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 
@@ -38,6 +42,8 @@ class Rollout:
     completions: list[str]
     finished: list[bool]
     stats: dict = field(default_factory=dict)
+    pixel_values: torch.Tensor | None = None  # a vision-language policy's images, all rows' in row order
+    image_counts: list[int] | None = None  # images per row
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -55,14 +61,31 @@ class Rollout:
             response_mask[:, :width],
             [self.completions[i] for i in rows.tolist()],
             [self.finished[i] for i in rows.tolist()],
+            **self.images_of(rows.tolist()),
         )
 
+    def images_of(self, rows: list[int]) -> dict:
+        """``{"pixel_values", "image_counts"}`` of the given rows; empty without images."""
+        if self.pixel_values is None:
+            return {}
+        starts = [0, *itertools.accumulate(self.image_counts)]
+        index = [j for i in rows for j in range(starts[i], starts[i + 1])]
+        if not index:
+            return {}
+        return {
+            "pixel_values": self.pixel_values[torch.tensor(index, dtype=torch.long)],
+            "image_counts": [self.image_counts[i] for i in rows],
+        }
+
     def model_inputs(self, device) -> dict:
-        """``input_ids`` / ``attention_mask`` / ``position_ids`` of prompt + response."""
+        """``input_ids`` / ``attention_mask`` / ``position_ids`` of prompt + response (and ``pixel_values``)."""
         input_ids = torch.cat([self.prompt_ids, self.response_ids], dim=1).to(device)
         attention_mask = torch.cat([self.prompt_mask, self.response_mask], dim=1).to(device)
         position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
-        return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+        if self.pixel_values is not None:
+            inputs["pixel_values"] = self.pixel_values.to(device)
+        return inputs
 
     def response_lengths(self) -> torch.Tensor:
         return self.response_mask.sum(1)
@@ -181,6 +204,7 @@ def generate(
     seed: int = 0,
     synced_gpus: bool = False,
     logits_processor=None,
+    pixel_values: list | None = None,
 ) -> Rollout:
     """``n`` samples for each prompt (token ids), ``batch_size`` sequences per ``generate`` call.
 
@@ -190,11 +214,16 @@ def generate(
     ``logits_processor``: ``(prompt ids, prompt attention mask) -> transformers.LogitsProcessor``,
     called for each ``generate`` call (a chunk of left-padded prompts); transformers applies the
     processor to the raw next-token logits before temperature, top-k and top-p (NLPO's action mask).
+    ``pixel_values``: a vision-language policy's images, one ``(images, 3, H, W)`` tensor (or None) per prompt.
     """
     device = next(model.parameters()).device
     eos_ids = _eos_ids(model, tokenizer)
     config = _generation_config(eos_ids, tokenizer.pad_token_id, max_new_tokens, temperature, top_p, top_k)
+    image_token = getattr(model.config, "image_token_id", None)
+    if image_token is not None:  # a vision-language policy never writes an image token (it has no pixels for it)
+        config.suppress_tokens = [image_token]
     expanded = [list(p) for p in prompt_ids for _ in range(n)]
+    pixels = None if pixel_values is None else [p for p in pixel_values for _ in range(n)]
     pad = tokenizer.pad_token_id
     responses, texts, finished = [], [], []
     was_training = model.training
@@ -212,7 +241,12 @@ def generate(
                 from transformers import LogitsProcessorList
 
                 processors = LogitsProcessorList([logits_processor(ids.to(device), mask.to(device))])
+            images = {}
+            if pixels is not None and any(p is not None for p in pixels[chunk_start : chunk_start + batch_size]):
+                chunk_pixels = [p for p in pixels[chunk_start : chunk_start + batch_size] if p is not None]
+                images["pixel_values"] = torch.cat(chunk_pixels).to(device)
             out = model.generate(
+                **images,
                 input_ids=ids.to(device),
                 attention_mask=mask.to(device),
                 generation_config=config,
@@ -231,7 +265,11 @@ def generate(
     response_tensor, response_mask = _pad(responses, pad, left=False)
     tokens = int(response_mask.sum())
     stats = {"generate_time": elapsed, "generated_tokens": tokens, "tokens_per_s": tokens / max(elapsed, 1e-9)}
-    return Rollout(prompt_tensor, prompt_mask, response_tensor, response_mask, texts, finished, stats)
+    images = {}
+    if pixels is not None and any(p is not None for p in pixels):
+        images["pixel_values"] = torch.cat([p for p in pixels if p is not None])
+        images["image_counts"] = [0 if p is None else p.shape[0] for p in pixels]
+    return Rollout(prompt_tensor, prompt_mask, response_tensor, response_mask, texts, finished, stats, **images)
 
 
 def token_logprobs(

@@ -114,6 +114,13 @@ def run(cfg: ExportConfig) -> dict:
         raise UserError(f"model_path: {cfg.model_path} does not exist") from None
     if os.path.isdir(model_dir) and not os.path.exists(os.path.join(model_dir, "config.json")):
         raise UserError(f"model_path: {cfg.model_path} has no config.json; expected a Hugging Face model directory")
+    from trainer_lib.models.vision import source_is_vision_language
+
+    if source_is_vision_language(model_dir):  # the ONNX decoder graph has no vision tower or pixel inputs
+        raise UserError(
+            f"model_path: {cfg.model_path} is a vision-language model; export builds text-only ONNX decoders, "
+            "and exporting or serving multimodal models is not supported yet (docs/multimodal.md)"
+        )
     tokenizer = _load_tokenizer(model_dir, cfg.model_path)
     prompts = _prompt_ids(cfg.parity, tokenizer)
 

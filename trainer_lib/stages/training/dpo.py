@@ -298,6 +298,8 @@ def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
     from trainer_lib.data.dataset import training_data
     from trainer_lib.data.tokenize import micro_batches
     from trainer_lib.data.tokenized import tokenize_train_eval
+    from trainer_lib.data.vision_tokenize import with_pair_images
+    from trainer_lib.models.load import load_processor
 
     kto = cfg.loss == "kto"
     allowed = pref.PAIRED_FORMATS + (pref.UNPAIRED_FORMATS if kto else ())
@@ -310,6 +312,9 @@ def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
     )
     max_len, pad = cfg.data.max_length, tokenizer.pad_token_id
     paired = data.format in pref.PAIRED_FORMATS
+    processor = load_processor(cfg.model, tokenizer)  # a vision-language model's; None for a text model
+    if processor is not None and kto:
+        raise UserError("loss=kto: not supported for vision-language models yet; use a paired loss (sigmoid, ...)")
 
     def unpaired(examples: list[dict], seed: int) -> list[dict]:
         return pref.assign_kl_completions(pref.unpair(examples) if paired else examples, seed, max_len)
@@ -321,11 +326,15 @@ def build_splits(cfg: DPOConfig, tokenizer) -> tuple[dict, str]:
     def split(kind: str, examples: list[dict], batch_size: int) -> Split:
         collate = pref.collate_pairs if kind == "paired" else pref.collate_unpaired
         groups = micro_batches(examples, batch_size, max_len, packing=False)
-        return Split(examples, groups, lambda rows: collate(rows, pad, packed=packed), kind)
+
+        def collated(rows: list[dict]) -> dict:
+            return collate(rows, pad, packed=packed)
+
+        return Split(examples, groups, collated if processor is None else with_pair_images(collated, processor), kind)
 
     # tokenized by data.num_workers processes and cached; the examples are then lists (KTO pairs them up)
-    kind = "pairs" if paired else "unpaired"
-    train, evals = (ds.to_list() for ds in tokenize_train_eval(data, kind, tokenizer, cfg.data))
+    kind = ("pairs" if processor is None else "pairs_images") if paired else "unpaired"
+    train, evals = (ds.to_list() for ds in tokenize_train_eval(data, kind, processor or tokenizer, cfg.data))
     if not train:
         raise UserError(f"data.path: {cfg.data.path} has no rows to train on")
     sets = {
@@ -469,4 +478,8 @@ def run(cfg: DPOConfig) -> dict:
     )
     if status:
         summary["reference_logps"] = status
-    return cadence.save_model(tokenizer, summary)
+    from trainer_lib.models.load import load_processor
+    from trainer_lib.models.vision import processor_files
+
+    # a vision-language model's processor files beside the tokenizer's, so the saved model loads with AutoProcessor
+    return cadence.save_model(tokenizer, summary, extra_files=processor_files(load_processor(cfg.model, tokenizer)))

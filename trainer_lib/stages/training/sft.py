@@ -30,9 +30,10 @@ class SFTConfig(TrainingConfig):
 CONFIG = SFTConfig
 
 
-def make_collate(cfg: TrainingConfig, pad_token_id: int, device):
+def make_collate(cfg: TrainingConfig, pad_token_id: int, device, processor=None):
     """Tokenized examples -> one micro-batch on ``device``: a packed row (``data.packing``, with its sequence
-    boundaries as flash-attention kwargs unless the model's code is remote) or padded rows."""
+    boundaries as flash-attention kwargs unless the model's code is remote) or padded rows; with a
+    vision-language model's ``processor``, the pixels of the examples' images too."""
     import torch
 
     from trainer_lib.data.tokenize import collate_packed, collate_padded
@@ -47,6 +48,10 @@ def make_collate(cfg: TrainingConfig, pad_token_id: int, device):
         bounds = torch.tensor([0, *itertools.accumulate(len(ex["input_ids"]) for ex in examples)])
         return {**batch, **boundary_kwargs(bounds, device)}
 
+    if processor is not None:
+        from trainer_lib.data.vision_tokenize import with_images
+
+        return with_images(collate, processor, device)
     return collate
 
 
@@ -56,13 +61,16 @@ def load_data(cfg: SFTConfig, tokenizer, device) -> tuple[SplitBatches, SplitBat
     from trainer_lib.data.dataset import training_data
     from trainer_lib.data.tokenize import micro_batches
     from trainer_lib.data.tokenized import tokenize_train_eval
+    from trainer_lib.models.load import load_processor
 
     data = training_data(cfg.data, cfg.seed, allowed_formats=SFT_FORMATS, tokenizer=tokenizer)
-    train, evals = tokenize_train_eval(data, "sft", tokenizer, cfg.data)
+    processor = load_processor(cfg.model, tokenizer)  # a vision-language model's; None for a text model
+    kind = "sft" if processor is None else "sft_images"
+    train, evals = tokenize_train_eval(data, kind, processor or tokenizer, cfg.data)
     if not len(train):
         raise UserError(f"data.path: {cfg.data.path} has no trainable rows (every completion is empty or truncated)")
     max_len, packing = cfg.data.max_length, cfg.data.packing
-    collate = make_collate(cfg, tokenizer.pad_token_id, device)
+    collate = make_collate(cfg, tokenizer.pad_token_id, device, processor)
     return (
         SplitBatches(train, micro_batches(train, cfg.batch_size, max_len, packing), collate),
         SplitBatches(evals, micro_batches(evals, cfg.eval_batch_size, max_len, packing) if len(evals) else [], collate),
@@ -160,4 +168,8 @@ def run(cfg: SFTConfig) -> dict:
     summary = cadence.finish({"stage": "sft", "train_examples": len(train.examples), "format": fmt})
     if "eval" in summary:
         summary["eval_loss"] = summary["eval"]["loss"]
-    return cadence.save_model(tokenizer, summary)
+    from trainer_lib.models.load import load_processor
+    from trainer_lib.models.vision import processor_files
+
+    # a vision-language model's processor files beside the tokenizer's, so the saved model loads with AutoProcessor
+    return cadence.save_model(tokenizer, summary, extra_files=processor_files(load_processor(cfg.model, tokenizer)))
