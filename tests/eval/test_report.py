@@ -142,14 +142,19 @@ def test_sample_sections_put_every_models_output_side_by_side():
         }
 
     per_problem = {"sft": rows(["no", "ok", "sure"]), "dpo": rows(["no", "no", "no"])}
+    for label, matched in (("sft", False), ("dpo", True)):
+        row = {"prompt": "p", "label": "a red square", "completion": label, "clip_score": 0.75, "matched": matched}
+        per_problem[label]["image_match"] = [row]
     sections = sample_sections(per_problem, count=1)
     assert [s["title"] for s in sections] == [
         "Held-out code tasks",
         "Red-team prompts",
         "Benign prompts",
         "HumanEval (first sample)",
+        "Image prompts",
     ]
-    tasks, harmful, benign, humaneval = sections
+    tasks, harmful, benign, humaneval, images = sections
+    assert images["rows"][0]["tags"] == {"sft": ("no match", False), "dpo": ("match, CLIP 0.75", True)}
     assert tasks["rows"] == [
         {
             "prompt": "t0",

@@ -67,3 +67,44 @@ def cosine_table(scorer, texts: list[str], images: list[dict]):
 def image_text_match(scorer, texts: list[str], images: list[dict], labels: Sequence[str], k: int, seed: int) -> dict:
     """The metrics of module doc for completions ``texts`` of the pairs whose images are ``images``."""
     return match_metrics(cosine_table(scorer, texts, images).tolist(), choose_distractors(labels, k, seed))
+
+
+def load_pairs(path: str, limit: int = 0) -> list[dict]:
+    """Held-out rows ``{"prompt", "images", "label"}`` from any dataset source (``image_match.path``):
+    a prompt (text or messages) and its ``images`` column, checked and hashed as training data is
+    (:mod:`trainer_lib.data.images`); ``label`` is the row's own ``label`` column (e.g. the true
+    description: two rows with one label are never each other's distractors), else its first image's hash."""
+    from trainer_lib.data.images import IMAGES, normalize_images
+    from trainer_lib.data.sources import iter_source
+    from trainer_lib.errors import DataError, UserError
+
+    rows = []
+    for location, row in iter_source(path, key="image_match.path"):
+        prompt = row.get("prompt")
+        if not (isinstance(prompt, str) and prompt.strip()) and not isinstance(prompt, list):
+            raise DataError(location, "prompt", "a non-empty string or a list of messages", prompt)
+        if not row.get(IMAGES):
+            raise DataError(location, IMAGES, "a list of one or more images the prompt is about", row.get(IMAGES))
+        images = normalize_images(row, ("prompt",), location)
+        rows.append({"prompt": prompt, "images": images, "label": str(row.get("label") or images[0]["sha256"])})
+        if limit and len(rows) >= limit:
+            break
+    if not rows:
+        raise UserError(f"image_match.path: {path}: no rows")
+    return rows
+
+
+def score_pairs(scorer, rows: list[dict], completions: list[str], k: int, seed: int) -> tuple[dict, list[dict]]:
+    """(metrics, per-pair rows) of one model's completions to ``rows``: each completion against its row's
+    first image in a line-up of ``k`` distractors (module doc)."""
+    from trainer_lib.rewards.functions import completion_text
+
+    texts = [completion_text(c) for c in completions]
+    table = cosine_table(scorer, texts, [row["images"][0] for row in rows]).tolist()
+    lineups = choose_distractors([row["label"] for row in rows], k, seed)
+    hits = retrieval_hits(table, lineups)
+    per_pair = [
+        {"label": row["label"], "completion": text, "clip_score": (table[i][i] + 1) / 2, "matched": hit}
+        for i, (row, text, hit) in enumerate(zip(rows, texts, hits))
+    ]
+    return match_metrics(table, lineups), per_pair

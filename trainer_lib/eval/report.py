@@ -27,6 +27,8 @@ METRIC_ORDER = (
     "over_refusal_rate",
     "reward_win_rate",
     "reward_mean",
+    "image_text_match_accuracy",
+    "clip_score_mean",
 )
 LOWER_IS_BETTER = ("over_refusal_rate", "style_violations_mean")
 NOT_RATES = ("reward_mean", "style_violations_mean")  # never in the bar chart of rates, even when in [0, 1]
@@ -287,7 +289,7 @@ def sample_sections(per_problem: dict[str, dict[str, list[dict]]], count: int) -
     """The first ``count`` prompts of each eval set with every model's output and verdict tag.
 
     ``per_problem`` maps each model's label to its per-problem rows by eval set (``humaneval``,
-    ``tasks``, ``safety``); every model answered the same prompts in the same order."""
+    ``tasks``, ``safety``, ``image_match``); every model answered the same prompts in the same order."""
     labels = list(per_problem)
     if not labels or count <= 0:
         return []
@@ -335,6 +337,13 @@ def sample_sections(per_problem: dict[str, dict[str, list[dict]]], count: int) -
             lambda r: True,
             lambda r: r["samples"][0]["completion"],
             lambda r: (r["samples"][0]["result"], r["samples"][0]["result"] == "passed"),
+        ),
+        section(
+            "Image prompts",
+            "image_match",
+            lambda r: True,
+            lambda r: r["completion"],
+            lambda r: (f"match, CLIP {r['clip_score']:.2f}" if r["matched"] else "no match", r["matched"]),
         ),
     ]
 
@@ -415,6 +424,11 @@ def setup_list(result: dict) -> str:
         s = data["safety"]
         items.append(
             f"<b>Safety prompts</b>: {s['harmful']} harmful and {s['benign']} benign from {_e(s['path'])}, greedy."
+        )
+    if "image_match" in data:
+        items.append(
+            f"<b>Image-text match</b>: {data['image_match']['count']} held-out prompts with images, greedy; a "
+            "completion matches when the held-out scorer ranks its own image above the distractors."
         )
     if result.get("reward_model"):
         items.append(

