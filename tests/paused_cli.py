@@ -50,6 +50,29 @@ def install(event: str, pattern: str, ready_file: str) -> None:
     sys.addaudithook(hook)
 
 
+#: a worker's sitecustomize: the rank HOLD_RANK installs the hook (torchrun workers are not started by main)
+WORKER_SITE = """import os
+if os.environ.get("RANK") == os.environ.get("HOLD_RANK"):
+    from tests.paused_cli import install
+    install(os.environ["HOLD_EVENT"], os.environ["HOLD_PATTERN"], os.environ["HOLD_READY"])
+"""
+
+
+def worker_env(tmp_path, **extra) -> dict:
+    """The environment of a ``posttrain ... --nproc N`` test run: one thread per worker, its own data cache
+    under ``tmp_path``, and the hold hook in the worker whose RANK is ``HOLD_RANK`` (given in ``extra``
+    with HOLD_EVENT, HOLD_PATTERN and HOLD_READY as :func:`install` takes them; without them no worker holds)."""
+    from tests.conftest import REPO, clean_env
+
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(WORKER_SITE)
+    env = clean_env()
+    env.update(OMP_NUM_THREADS="1", POSTTRAIN_CACHE=str(tmp_path / "cache"), **extra)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), REPO, env.get("PYTHONPATH")) if p)
+    return env
+
+
 def main(argv: list[str]) -> int:
     event, pattern, ready_file, separator, *command = argv
     if separator != "--" or event not in _EVENTS:

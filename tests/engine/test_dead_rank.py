@@ -19,7 +19,8 @@ import psutil
 import pytest
 import torch
 
-from tests.conftest import REPO, clean_env
+from tests.conftest import REPO
+from tests.paused_cli import worker_env
 from trainer_lib.engine.checkpoint import MARKER, tag_for
 
 pytestmark = pytest.mark.distributed
@@ -36,21 +37,6 @@ ARGS = [
     "logging_steps=1",
     "eval_steps=0",
 ]
-SITE = """import os
-if os.environ.get("RANK") == os.environ.get("HOLD_RANK"):
-    from tests.paused_cli import install
-    install(os.environ["HOLD_EVENT"], os.environ["HOLD_PATTERN"], os.environ["HOLD_READY"])
-"""
-
-
-def _env(tmp_path, **extra) -> dict:
-    site = tmp_path / "site"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(SITE)
-    env = clean_env()
-    env.update(OMP_NUM_THREADS="1", POSTTRAIN_CACHE=str(tmp_path / "cache"), **extra)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), REPO, env.get("PYTHONPATH")) if p)
-    return env
 
 
 def _posttrain(argv: list[str], env: dict) -> subprocess.CompletedProcess:
@@ -77,7 +63,7 @@ def killed(tiny_model_dir, chat_jsonl, tmp_path_factory):
     tmp_path = tmp_path_factory.mktemp("dead_rank")
     argv = [f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", *ARGS]
     out, ready, log = tmp_path / "run", tmp_path / "held", tmp_path / "killed.log"
-    env = _env(tmp_path, HOLD_RANK="1", HOLD_EVENT="mkdir", HOLD_PATTERN=tag_for(4) + "$", HOLD_READY=str(ready))
+    env = worker_env(tmp_path, HOLD_RANK="1", HOLD_EVENT="mkdir", HOLD_PATTERN=tag_for(4) + "$", HOLD_READY=str(ready))
     env["POSTTRAIN_COLLECTIVE_TIMEOUT_S"] = "24"  # a waiting rank says so after 24 / 8 = 3 s
     with open(log, "w") as fh:
         launcher = subprocess.Popen(
@@ -137,7 +123,7 @@ def test_a_killed_rank_ends_the_job_in_one_line(killed):
 @pytest.mark.extended  # 3 more two-process runs; the one-process kill-resume cases cover the checkpoint code
 def test_the_rerun_after_a_dead_rank_resumes_bit_exact(killed):
     argv, tmp_path, out = killed["argv"], killed["tmp"], killed["out"]
-    plain = _env(tmp_path)
+    plain = worker_env(tmp_path)
     rerun = _posttrain([*argv, f"output_dir={out}"], plain)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     assert re.search(r"resuming at step 2\b", rerun.stdout + rerun.stderr)
@@ -195,7 +181,7 @@ def test_sigterm_to_the_launcher_reaches_every_rank(tiny_model_dir, chat_jsonl, 
     launcher = subprocess.Popen(
         [sys.executable, "-m", "trainer_lib.cli", "sft", "--nproc", "2", *argv],
         cwd=REPO,
-        env=_env(tmp_path),
+        env=worker_env(tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -23,7 +23,8 @@ import psutil
 import pytest
 import torch
 
-from tests.conftest import REPO, clean_env
+from tests.conftest import REPO
+from tests.paused_cli import worker_env
 from trainer_lib.cli import main
 from trainer_lib.config.sections import ParallelConfig
 from trainer_lib.engine.checkpoint import MARKER, tag_for
@@ -44,21 +45,6 @@ ARGS = [
     "data.eval_fraction=0.2",
     "report_to=[none]",
 ]
-SITE = """import os
-if os.environ.get("RANK") == os.environ.get("HOLD_RANK"):
-    from tests.paused_cli import install
-    install(os.environ["HOLD_EVENT"], os.environ["HOLD_PATTERN"], os.environ["HOLD_READY"])
-"""
-
-
-def _env(tmp_path, **extra) -> dict:
-    site = tmp_path / "site"
-    site.mkdir(exist_ok=True)
-    (site / "sitecustomize.py").write_text(SITE)
-    env = clean_env()
-    env.update(OMP_NUM_THREADS="1", POSTTRAIN_CACHE=str(tmp_path / "cache"), **extra)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), REPO, env.get("PYTHONPATH")) if p)
-    return env
 
 
 def _command(argv: list[str], nproc: int) -> list[str]:
@@ -92,8 +78,8 @@ def runs(tiny_model_dir, chat_jsonl, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("tensor_parallel")
     argv = [f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", *ARGS]
     assert main(["sft", *argv, f"output_dir={tmp / 'one'}"]) == 0
-    log = _run([*argv, "parallel.tensor=2", f"output_dir={tmp / 'tp'}"], _env(tmp))
-    pipe_log = _run([*argv, "parallel.pipeline=2", f"output_dir={tmp / 'pp'}"], _env(tmp))
+    log = _run([*argv, "parallel.tensor=2", f"output_dir={tmp / 'tp'}"], worker_env(tmp))
+    pipe_log = _run([*argv, "parallel.pipeline=2", f"output_dir={tmp / 'pp'}"], worker_env(tmp))
     return dict(argv=argv, tmp=tmp, one=tmp / "one", tp=tmp / "tp", pp=tmp / "pp", log=log, pipe_log=pipe_log)
 
 
@@ -132,7 +118,7 @@ def test_a_killed_model_parallel_run_resumes_bit_exact(runs, run, setting):
     tmp = runs["tmp"]
     out, ready = tmp / f"killed_{run}", tmp / f"held_{run}"
     argv = [*runs["argv"], setting, f"output_dir={out}"]
-    env = _env(tmp, HOLD_RANK="1", HOLD_EVENT="mkdir", HOLD_PATTERN=tag_for(4) + "$", HOLD_READY=str(ready))
+    env = worker_env(tmp, HOLD_RANK="1", HOLD_EVENT="mkdir", HOLD_PATTERN=tag_for(4) + "$", HOLD_READY=str(ready))
     launcher = subprocess.Popen(_command(argv, 2), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 240
@@ -146,7 +132,7 @@ def test_a_killed_model_parallel_run_resumes_bit_exact(runs, run, setting):
         launcher.wait()
     assert not (out / "summary.json").exists()
     assert (out / "checkpoints" / tag_for(2) / MARKER).exists()
-    log = _run(argv, _env(tmp))
+    log = _run(argv, worker_env(tmp))
     assert "resuming at step 2" in log
     reference, resumed = _weights(runs[run]), _weights(out)
     assert all(torch.equal(reference[name], resumed[name]) for name in reference)
@@ -162,7 +148,7 @@ def test_tensor_and_data_parallel_on_four_ranks(runs):
     one, four = tmp / "one_accumulating", tmp / "four"
     argv = [*runs["argv"], "eval_steps=0", "save_steps=0"]
     assert main(["sft", *argv, "engine.gradient_accumulation_steps=2", f"output_dir={one}"]) == 0
-    log = _run([*argv, "parallel.tensor=2", "engine.zero_stage=2", f"output_dir={four}"], _env(tmp), nproc=4)
+    log = _run([*argv, "parallel.tensor=2", "engine.zero_stage=2", f"output_dir={four}"], worker_env(tmp), nproc=4)
     assert "parallel: tensor 2 x pipeline 1 x data 2 = 4 rank(s)" in log
     assert _series(one, "loss") == pytest.approx(_series(four, "loss"), rel=1e-5)
     reference, trained = _weights(one), _weights(four)
@@ -180,7 +166,7 @@ def test_tensor_groups_inside_pipeline_stages_on_four_ranks(runs):
     tmp = runs["tmp"]
     out = tmp / "tp_pp"
     argv = [*runs["argv"], "parallel.tensor=2", "parallel.pipeline=2"]
-    log = _run([*argv, f"output_dir={out}"], _env(tmp), nproc=4)
+    log = _run([*argv, f"output_dir={out}"], worker_env(tmp), nproc=4)
     assert "parallel: tensor 2 x pipeline 2 x data 1 = 4 rank(s)" in log
     for key, split in (("loss", "train"), ("grad_norm", "train"), ("loss", "eval")):
         assert _series(runs["one"], key, split) == pytest.approx(_series(out, key, split), rel=1e-5), (key, split)
@@ -191,7 +177,7 @@ def test_tensor_groups_inside_pipeline_stages_on_four_ranks(runs):
     shutil.copytree(out, resumed)
     shutil.rmtree(resumed / "checkpoints" / tag_for(6))
     (resumed / "summary.json").unlink()
-    assert "resuming at step 4" in _run([*argv, f"output_dir={resumed}"], _env(tmp), nproc=4)
+    assert "resuming at step 4" in _run([*argv, f"output_dir={resumed}"], worker_env(tmp), nproc=4)
     final = _weights(resumed)
     assert all(torch.equal(trained[name], final[name]) for name in trained)
 
@@ -269,7 +255,7 @@ def test_preference_stages_follow_one_process(stage, setting, tiny_model_dir, tm
     done = subprocess.run(
         [sys.executable, "-m", "trainer_lib.cli", *argv, setting, "--nproc", "2", f"output_dir={tmp_path}/split"],
         cwd=REPO,
-        env=_env(tmp_path),
+        env=worker_env(tmp_path),
         timeout=300,
         capture_output=True,
         text=True,
