@@ -52,7 +52,9 @@ def _refuse(what: str) -> ConfigError:
 
 def _causal_lm(model):
     """The transformers model inside a PEFT model (its LoRA layers in place), or ``model`` itself."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+    from trainer_lib.models.load import base_model
+
+    return base_model(model)
 
 
 def _check_splittable(model) -> None:

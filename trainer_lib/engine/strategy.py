@@ -439,14 +439,10 @@ class DeepSpeedStrategy:
         if not self.layout.model_parallel:
             return
         from trainer_lib.engine.parallel import check_model
+        from trainer_lib.models.load import base_model
 
-        config = getattr(self.unwrap_peft(model), "config", None)
+        config = getattr(base_model(model), "config", None)
         check_model(self.parallel, config.to_dict() if config is not None else {})
-
-    @staticmethod
-    def unwrap_peft(model):
-        """The transformers model under a PEFT wrapper (the model itself otherwise)."""
-        return model.get_base_model() if hasattr(model, "get_base_model") else model
 
     def _log_config(self, model, config: dict, dropped: list) -> None:
         """Rank 0 prints the effective DeepSpeed config (one JSON line) and DeepSpeed's estimate of

@@ -100,10 +100,11 @@ def similarity(model, batch: dict):
     import torch
     import torch.nn.functional as F
 
+    from trainer_lib.models.load import base_model
     from trainer_lib.rewards.clip import embeddings_of
 
     base = getattr(model, "module", model)  # a DeepSpeed engine
-    base = base.get_base_model() if hasattr(base, "get_base_model") else base
+    base = base_model(base)
     text_features = base.get_text_features(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
     texts = F.normalize(embeddings_of(text_features).float(), dim=-1)
     images = F.normalize(embeddings_of(base.get_image_features(pixel_values=batch["pixel_values"])).float(), dim=-1)

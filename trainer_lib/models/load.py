@@ -84,6 +84,11 @@ def load_processor(cfg: ModelConfig, tokenizer):
     return processor_for(resolve_model_path(cfg.path), tokenizer, revision, cfg.trust_remote_code, cfg.path)
 
 
+def base_model(model):
+    """The transformers model inside a PEFT wrapper (its LoRA layers in place), or ``model`` itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def torch_dtype(precision: str):
     import torch
 

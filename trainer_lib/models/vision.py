@@ -32,8 +32,10 @@ PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 
 
 def is_vision_language(config) -> bool:
-    """Whether a transformers config (or a model's) is a vision-language model's: it has a vision tower."""
-    return getattr(config, "vision_config", None) is not None
+    """Whether a transformers config (or a model's) is a vision-language model's: a vision tower whose
+    output fills image tokens of the text (a dual encoder such as CLIP has a vision tower and no such token)."""
+    has_token = any(getattr(config, key, None) is not None for key in ("image_token_id", "image_token_index"))
+    return getattr(config, "vision_config", None) is not None and has_token
 
 
 def source_is_vision_language(source: str, revision: str | None = None, trust_remote_code: bool = False) -> bool:
