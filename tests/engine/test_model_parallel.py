@@ -314,3 +314,28 @@ def test_dpo_under_a_pipeline_refuses_what_it_cannot_run(tiny_model_dir, tmp_pat
     argv = ["dpo", f"model.path={tiny_model_dir}", f"data.path={tmp_path}/p.jsonl", f"output_dir={tmp_path}/o"]
     assert main([*argv, "parallel.pipeline=2", *args]) == 2
     assert f"parallel.pipeline=2: {why}" in capsys.readouterr().err
+
+
+@pytest.mark.distributed
+@pytest.mark.extended
+@pytest.mark.parametrize("family", ["qwen2", "mistral"])
+def test_tensor_parallel_follows_one_process_for_other_families(family, tiny_model_dir, chat_jsonl, tmp_path):
+    """AutoTP on Qwen2 (biased q/k/v projections, tied head) and Mistral (untied head) as on Llama."""
+    from transformers import AutoTokenizer, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    shape = dict(vocab_size=len(tokenizer), hidden_size=64, num_hidden_layers=2, num_attention_heads=4)
+    shape.update(num_key_value_heads=2, intermediate_size=128, pad_token_id=tokenizer.pad_token_id)
+    config, model_class = {
+        "qwen2": (Qwen2Config(**shape, tie_word_embeddings=True), Qwen2ForCausalLM),
+        "mistral": (MistralConfig(**shape, tie_word_embeddings=False), MistralForCausalLM),
+    }[family]
+    torch.manual_seed(0)
+    model_class(config).save_pretrained(tmp_path / family)
+    tokenizer.save_pretrained(tmp_path / family)
+    argv = [f"model.path={tmp_path / family}", f"data.path={chat_jsonl}", *ARGS, "eval_steps=0", "save_steps=0"]
+    assert main(["sft", *argv, f"output_dir={tmp_path / 'one'}"]) == 0
+    _run([*argv, "parallel.tensor=2", f"output_dir={tmp_path / 'tp'}"], worker_env(tmp_path))
+    assert _series(tmp_path / "one", "loss") == pytest.approx(_series(tmp_path / "tp", "loss"), rel=1e-5)
+    reference, trained = _weights(tmp_path / "one"), _weights(tmp_path / "tp")
+    assert all(torch.allclose(reference[name], trained[name], atol=1e-4, rtol=0) for name in reference)
