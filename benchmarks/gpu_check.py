@@ -8,9 +8,9 @@ On CUDA (the default when torch sees a GPU) it builds a Qwen2.5-0.5B-shaped Qwen
 weights, bf16) with a BPE tokenizer trained on the demo data (nothing is downloaded), then runs each part
 as its own ``posttrain`` stage process (``python -m trainer_lib.cli``, the module behind the console
 script): SFT with packing (flash_attention_2 when ``import flash_attn`` works), DPO, GRPO with the
-built-in ``length_penalty`` reward, SFT on 2 ranks and with ``parallel.tensor=2`` (with 2 GPUs), SFT
-killed after a checkpoint and rerun, against an uninterrupted run (final weights compared),
-``batch_size=auto``, evaluation in bf16 on 1 rank
+built-in ``length_penalty`` reward, SFT on 2 ranks, with ``parallel.tensor=2`` and with
+``parallel.pipeline=2`` (with 2 GPUs), SFT killed after a checkpoint and rerun, against an
+uninterrupted run (final weights compared), ``batch_size=auto``, evaluation in bf16 on 1 rank
 (and 2 with 2 GPUs, merged metrics equal), the export with its FP16 variant and parity, that FP16 model
 served by a local ``tritonserver`` on the GPU (when nvidia-pytriton is installed), vLLM evaluation when
 vLLM imports and, when TRL imports, ``benchmarks.vs_trl --algo sft``. On CPU (``--tiny``) the same parts
@@ -388,6 +388,18 @@ def part_tensor_parallel(ctx: Context) -> dict:
     return {**stage_part(ctx, "tensor_parallel", argv, mfu_gpus=2), "ranks": 2, "tensor": 2}
 
 
+def part_pipeline_parallel(ctx: Context) -> dict:
+    """SFT with ``parallel.pipeline=2`` (DeepSpeed's pipeline engine) on 2 GPUs: the 24 layers in two stages."""
+    if ctx.device == "cpu":
+        return {"status": "skipped", "note": "not on CPU (tests/engine/test_model_parallel.py runs P=2 there)"}
+    if ctx.gpus < 2:
+        return {"status": "skipped", "note": f"{ctx.gpus} GPU: pipeline parallelism needs 2"}
+    s = ctx.settings
+    argv = ["sft", "--nproc", "2", f"data.path={ctx.data}/sft.jsonl", "parallel.pipeline=2", "engine.zero_stage=1"]
+    argv += [f"batch_size={s.batch_size}", "engine.gradient_accumulation_steps=4", *ctx.common(s.sft_steps // 2)]
+    return {**stage_part(ctx, "pipeline_parallel", argv, mfu_gpus=2), "ranks": 2, "pipeline": 2}
+
+
 def weights_diff(a: str, b: str) -> float:
     """Largest absolute difference between two runs' model.safetensors (inf when their tensors differ)."""
     from safetensors.torch import load_file
@@ -758,6 +770,7 @@ def main(argv=None) -> int:
         "grpo": part_grpo,
         "two_rank": part_two_rank,
         "tensor_parallel": part_tensor_parallel,
+        "pipeline_parallel": part_pipeline_parallel,
         "resume": part_resume,
         "auto_batch": part_auto_batch,
         "evaluate": part_evaluate,
