@@ -308,6 +308,19 @@ def read_config(model_dir: str) -> str | None:
     return storage.read_text(path) if storage.exists(path) else None
 
 
+def load(client, model_dir: str, model_name: str) -> None:
+    """Have the server (re)load ``model_name`` with the config the repository holds now, sent with the
+    request. Triton tells from the files' modification times whether a model changed, and an S3 store
+    keeps those to the second: a config rewritten within a second of the last load went unseen (a
+    deploy right after the server started reloaded the old version, and its smoke request found no new one)."""
+    from google.protobuf import json_format, text_format
+    from tritonclient.grpc import model_config_pb2
+
+    text = read_config(model_dir)
+    config = json_format.MessageToJson(text_format.Parse(text, model_config_pb2.ModelConfig())) if text else None
+    client.load_model(model_name, config=config)
+
+
 # --------------------------------------------------------------------------- the deploy lock
 
 #: the lock file (object) of a model directory while a deploy or rollback changes it

@@ -260,7 +260,7 @@ def load_and_check(client, cfg: DeployConfig, version: int) -> tuple[tuple[str, 
 
     say(f"loading {cfg.model_name} on {cfg.triton.url}")
     try:
-        client.load_model(cfg.model_name)
+        repo.load(client, storage.join(cfg.repository, cfg.model_name), cfg.model_name)
     except Exception as exc:
         return ("load", reason(exc)), None
     try:
@@ -294,7 +294,7 @@ def _roll_back(
             if old_config is None:
                 client.unload_model(cfg.model_name)
             else:
-                client.load_model(cfg.model_name)
+                repo.load(client, model_dir, cfg.model_name)
         except Exception as exc:
             note = f"; restoring the server failed too: {reason(exc)}"
     storage.delete(version_dir)

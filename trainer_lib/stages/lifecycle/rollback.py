@@ -151,7 +151,7 @@ def _restore(client, cfg: RollbackConfig, config_path: str, old_config: str) -> 
     """Put the old config back and reload it; a note for the error message if the server refused."""
     storage.write_text(config_path, old_config)
     try:
-        client.load_model(cfg.model_name)
+        repo.load(client, storage.join(cfg.repository, cfg.model_name), cfg.model_name)
     except Exception as exc:
         return f"; restoring the server failed too: {deploy.reason(exc)}"
     return ""
