@@ -376,28 +376,17 @@ def part_two_rank(ctx: Context) -> dict:
     return {**stage_part(ctx, "two_rank", argv, mfu_gpus=2), "ranks": 2, "zero_stage": 2}
 
 
-def part_tensor_parallel(ctx: Context) -> dict:
-    """SFT with ``parallel.tensor=2`` (DeepSpeed AutoTP) on 2 GPUs: the 14 heads and 2 KV heads split in two."""
+def model_parallel_part(ctx: Context, name: str, key: str, extra: tuple = ()) -> dict:
+    """SFT with ``parallel.<key>=2`` on 2 GPUs (ZeRO-1): Qwen2.5-0.5B's 14 heads and 2 KV heads split in two
+    (``tensor``, DeepSpeed AutoTP), or its 24 layers in two stages (``pipeline``, DeepSpeed's pipeline engine)."""
     if ctx.device == "cpu":
-        return {"status": "skipped", "note": "not on CPU (tests/engine/test_tensor_parallel.py runs T=2 there)"}
+        return {"status": "skipped", "note": f"not on CPU (tests/engine/test_model_parallel.py runs {key}=2 there)"}
     if ctx.gpus < 2:
-        return {"status": "skipped", "note": f"{ctx.gpus} GPU: tensor parallelism needs 2"}
+        return {"status": "skipped", "note": f"{ctx.gpus} GPU: {key} parallelism needs 2"}
     s = ctx.settings
-    argv = ["sft", "--nproc", "2", f"data.path={ctx.data}/sft.jsonl", "parallel.tensor=2", "engine.zero_stage=1"]
-    argv += [f"batch_size={s.batch_size}", *ctx.common(s.sft_steps // 2)]
-    return {**stage_part(ctx, "tensor_parallel", argv, mfu_gpus=2), "ranks": 2, "tensor": 2}
-
-
-def part_pipeline_parallel(ctx: Context) -> dict:
-    """SFT with ``parallel.pipeline=2`` (DeepSpeed's pipeline engine) on 2 GPUs: the 24 layers in two stages."""
-    if ctx.device == "cpu":
-        return {"status": "skipped", "note": "not on CPU (tests/engine/test_model_parallel.py runs P=2 there)"}
-    if ctx.gpus < 2:
-        return {"status": "skipped", "note": f"{ctx.gpus} GPU: pipeline parallelism needs 2"}
-    s = ctx.settings
-    argv = ["sft", "--nproc", "2", f"data.path={ctx.data}/sft.jsonl", "parallel.pipeline=2", "engine.zero_stage=1"]
-    argv += [f"batch_size={s.batch_size}", "engine.gradient_accumulation_steps=4", *ctx.common(s.sft_steps // 2)]
-    return {**stage_part(ctx, "pipeline_parallel", argv, mfu_gpus=2), "ranks": 2, "pipeline": 2}
+    argv = ["sft", "--nproc", "2", f"data.path={ctx.data}/sft.jsonl", f"parallel.{key}=2", "engine.zero_stage=1"]
+    argv += [f"batch_size={s.batch_size}", *extra, *ctx.common(s.sft_steps // 2)]
+    return {**stage_part(ctx, name, argv, mfu_gpus=2), "ranks": 2, key: 2}
 
 
 def weights_diff(a: str, b: str) -> float:
@@ -769,8 +758,10 @@ def main(argv=None) -> int:
         "dpo": part_dpo,
         "grpo": part_grpo,
         "two_rank": part_two_rank,
-        "tensor_parallel": part_tensor_parallel,
-        "pipeline_parallel": part_pipeline_parallel,
+        "tensor_parallel": lambda c: model_parallel_part(c, "tensor_parallel", "tensor"),
+        "pipeline_parallel": lambda c: model_parallel_part(
+            c, "pipeline_parallel", "pipeline", ("engine.gradient_accumulation_steps=4",)
+        ),
         "resume": part_resume,
         "auto_batch": part_auto_batch,
         "evaluate": part_evaluate,

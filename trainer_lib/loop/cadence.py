@@ -243,9 +243,13 @@ class Cadence:
         files = dict(extra_files or {})
         if self.strategy.is_rank_0:  # what made this model, for a release's lineage (trainer_lib/eval/lineage.py)
             from trainer_lib.eval.lineage import LINEAGE_FILE, stage_record
+            from trainer_lib.models.load import load_processor
+            from trainer_lib.models.vision import processor_files
 
             record = stage_record(self.cfg, self.stage, getattr(self.strategy, "effective_config", None))
             files[LINEAGE_FILE] = json.dumps(record, indent=2)
+            # a vision-language model's processor files beside the tokenizer's: it loads back with AutoProcessor
+            files.update(processor_files(load_processor(self.cfg.model, tokenizer)))
         self.ckpt.finish(self.engine, tokenizer, summary, extra_files=files)
         if self.cfg.hub.push and self.strategy.is_rank_0:
             self.push_to_hub()

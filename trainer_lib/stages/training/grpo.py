@@ -273,8 +273,4 @@ def run(cfg: GRPOConfig) -> dict:
     if "eval" in summary:
         summary["eval_reward"] = summary["eval"]["reward"]
     models.keep_policy_only()
-    from trainer_lib.models.load import load_processor
-    from trainer_lib.models.vision import processor_files
-
-    # a vision-language model's processor files beside the tokenizer's, so the saved model loads with AutoProcessor
-    return cadence.save_model(tokenizer, summary, extra_files=processor_files(load_processor(cfg.model, tokenizer)))
+    return cadence.save_model(tokenizer, summary)

@@ -168,8 +168,4 @@ def run(cfg: SFTConfig) -> dict:
     summary = cadence.finish({"stage": "sft", "train_examples": len(train.examples), "format": fmt})
     if "eval" in summary:
         summary["eval_loss"] = summary["eval"]["loss"]
-    from trainer_lib.models.load import load_processor
-    from trainer_lib.models.vision import processor_files
-
-    # a vision-language model's processor files beside the tokenizer's, so the saved model loads with AutoProcessor
-    return cadence.save_model(tokenizer, summary, extra_files=processor_files(load_processor(cfg.model, tokenizer)))
+    return cadence.save_model(tokenizer, summary)
