@@ -64,6 +64,7 @@ def test_the_engine_gets_the_settings(strategy, tiny_model_dir):
     )
     group = engine.optimizer.param_groups[0]
     assert group["betas"] == (0.8, 0.999) and group["eps"] == 1e-6
+    assert group["fused"] is True  # one fused AdamW pass per tensor, not torch's per-tensor loop on CPU
     lrs = []
     for _ in range(6):
         lrs.append(engine.lr_scheduler.get_last_lr()[0])
