@@ -101,3 +101,25 @@ def test_token_logprobs_are_padding_invariant_and_match_the_greedy_choice(policy
     assert torch.allclose(batched, best, atol=1e-5)
     assert ((entropy > 0) == rollout.response_mask.bool()).all()
     assert (batched[rollout.response_mask == 0] == 0).all()
+
+
+def test_a_shared_prompt_cache_gives_each_sample_the_logits_of_its_own_prefill(policy):
+    from trainer_lib.rl.rollout import shared_prompt_cache
+
+    model, tokenizer, prompts = policy
+    width = max(len(p) for p in prompts)  # left-padded, as generate pads them
+    ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    with torch.no_grad():
+        alone = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
+        cache = shared_prompt_cache(model, ids, mask, n=3)
+        assert cache.get_seq_length() == ids.shape[1] - 1
+        last = model(
+            input_ids=ids[:, -1:].repeat_interleave(3, 0),
+            attention_mask=mask.repeat_interleave(3, 0),
+            position_ids=positions[:, -1:].repeat_interleave(3, 0),
+            cache=cache,
+        ).logits[:, -1]
+    torch.testing.assert_close(last, alone.repeat_interleave(3, 0), rtol=1e-5, atol=1e-5)
+    assert not torch.equal(last[0], last[3])  # rows 0-2 and 3-5 are different prompts

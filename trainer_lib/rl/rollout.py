@@ -6,7 +6,10 @@ This module is the seam for a faster engine (vLLM, SGLang): the RL stages only c
 Generation uses the model's own ``generate`` with a KV cache on left-padded batches, with
 every sampling setting passed explicitly (a checkpoint's ``generation_config.json`` cannot
 switch on a top-k or repetition penalty behind our back), and a fixed seed per call, so a
-resumed run samples exactly what the interrupted one would have. Under ZeRO-3 pass
+resumed run samples exactly what the interrupted one would have. The ``n`` samples of a prompt share
+its KV cache: every prompt but its last token goes through the model once, and the cache is repeated
+for its ``n`` rows (``n - 1`` of every ``n`` prompt forwards saved; the samples are those of ``n``
+separate prefills up to float rounding). Under ZeRO-3 pass
 ``synced_gpus=True``: DeepSpeed's hooks then fetch each layer's weights for each forward (no rank
 holds the whole model), which is a collective, so a rank whose rows are all done keeps stepping
 until every rank's are (transformers' ``synced_gpus``).
@@ -175,6 +178,26 @@ def cut_completion(
     return _cut(tokenizer, list(ids), list(stop), eos_ids)
 
 
+def shared_prompt_cache(model, ids: torch.Tensor, mask: torch.Tensor, n: int):
+    """The KV cache of left-padded prompts ``ids`` (one row per prompt) up to their last token, computed once
+    and repeated for the ``n`` samples of each prompt: ``generate`` given it and the prompts repeated ``n``
+    times runs only their last token. Positions as ``generate`` numbers left-padded rows."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=model.config)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    model(
+        input_ids=ids[:, :-1],
+        attention_mask=mask[:, :-1],
+        position_ids=positions[:, :-1],
+        cache=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache.batch_repeat_interleave(n)
+    return cache
+
+
 def _pad(rows: list[list[int]], value: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
     width = max((len(r) for r in rows), default=0)
     ids = torch.full((len(rows), width), value, dtype=torch.long)
@@ -230,11 +253,18 @@ def generate(
     model.eval()
     start = time.perf_counter()
     devices = [device.index or 0] if device.type == "cuda" else []
+    # the n samples of a prompt share its prefill (not under synced_gpus, whose ranks must run the same forwards,
+    # nor with images), when a chunk holds whole groups
+    share = n > 1 and batch_size >= n and not synced_gpus and pixels is None
+    step = batch_size - batch_size % n if share else batch_size
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
-        for chunk_start in range(0, len(expanded), batch_size):
-            chunk = expanded[chunk_start : chunk_start + batch_size]
+        for chunk_start in range(0, len(expanded), step):
+            chunk = expanded[chunk_start : chunk_start + step]
             ids, mask = _pad(chunk, pad, left=True)
+            shared = {}
+            if share and ids.shape[1] > 1:
+                shared["cache"] = shared_prompt_cache(model, ids[::n].to(device), mask[::n].to(device), n)
             criteria = _stopping_criteria(tokenizer, list(stop), ids.shape[1])
             processors = None
             if logits_processor is not None:
@@ -247,6 +277,7 @@ def generate(
                 images["pixel_values"] = torch.cat(chunk_pixels).to(device)
             out = model.generate(
                 **images,
+                **shared,
                 input_ids=ids.to(device),
                 attention_mask=mask.to(device),
                 generation_config=config,
