@@ -81,6 +81,27 @@ class AdapterReference:
             return forward_logps(self.engine, batch, self.strategy.device)
 
 
+class StartingPolicyReference:
+    """The policy itself before its first step, in eval mode: the reference model when that is the model the
+    policy was loaded from, with no second copy loaded. Only for computing a precomputed table before training
+    starts (or resumes): afterwards the policy is no longer its starting model."""
+
+    def __init__(self, engine, strategy):
+        self.engine, self.strategy = engine, strategy
+
+    def __call__(self, split: str, ids: list[int], batch: dict) -> SequenceLogps:
+        import torch
+
+        module = self.strategy.unwrap(self.engine)
+        was_training = module.training
+        module.eval()  # as a frozen reference runs: no dropout
+        try:
+            with torch.no_grad():
+                return forward_logps(self.engine, batch, self.strategy.device)
+        finally:
+            module.train(was_training)
+
+
 class PrecomputedReference:
     """Log-probs looked up by example index in ``{split: (N, 4) tensor}`` tables."""
 

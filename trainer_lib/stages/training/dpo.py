@@ -387,21 +387,26 @@ def build_reference(cfg: DPOConfig, strategy, steps, sets: dict, mode: str) -> t
     """``(reference, status)`` for ``mode`` (``cfg.reference_mode()``): a frozen model, the LoRA policy with its
     adapters disabled, a precomputed table (status "loaded" or "computed"), or None (SimPO is reference-free)."""
     from trainer_lib.models.load import load_causal_lm
-    from trainer_lib.models.reference import AdapterReference, FrozenModelReference, precomputed_reference
+    from trainer_lib.models.reference import (
+        AdapterReference,
+        FrozenModelReference,
+        StartingPolicyReference,
+        precomputed_reference,
+    )
 
     def frozen_model():
         path = cfg.reference_model_path or cfg.model.path
         model = load_causal_lm(cfg.model, cfg.engine.precision, path, placement=strategy.placement(train=False))
         return FrozenModelReference(strategy.prepare_frozen(model), strategy.device)
 
-    def live():  # what a precomputed table is computed with, once
+    def live():  # what a precomputed table is computed with, once, before the policy's first step (or resume)
         if strategy.is_pipeline(steps.engine):  # the policy before its first step (DPOConfig.check_pipeline)
             return lambda split, ids, batch: steps.logps(batch)
-        return (
-            AdapterReference(steps.engine, strategy)
-            if cfg.lora.r > 0 and cfg.reference_model_path in (None, cfg.model.path)
-            else frozen_model()
-        )
+        if cfg.reference_model_path not in (None, cfg.model.path):
+            return frozen_model()
+        # the reference is the starting model: the policy itself (its base weights under LoRA), not a second copy
+        starting = AdapterReference if cfg.lora.r > 0 else StartingPolicyReference
+        return starting(steps.engine, strategy)
 
     if mode == "model":
         return frozen_model(), None
