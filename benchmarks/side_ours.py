@@ -35,7 +35,6 @@ def overrides(spec: dict, output_dir: str) -> list[str]:
         "engine.gradient_checkpointing": "false",
         "engine.gradient_accumulation_steps": spec["accumulation"],
         "data.max_length": spec["max_length"],
-        "data.packing": "false",
         "data.eval_fraction": 0,
         "save_steps": 0,
         "eval_steps": 0,
@@ -44,6 +43,10 @@ def overrides(spec: dict, output_dir: str) -> list[str]:
         "resume": "false",
         "seed": spec["seed"],
     }
+    if spec["algo"] == "sft":
+        # SFT packing would put more rows in a step than TRL's; DPO and the reward model keep their default,
+        # each micro-batch's pairs as one padding-free row (the same pairs per step as TRL's padded batch)
+        common["data.packing"] = "false"
     if spec["algo"] == "dpo":
         common.update({"loss": "sigmoid", "beta": spec["dpo_beta"]})  # our default reference: precomputed
     if spec["algo"] == "grpo":
