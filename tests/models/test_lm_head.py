@@ -86,6 +86,62 @@ def test_scored_logprobs_of_a_frozen_head_equal_full_logits_with_lora_gradients(
         torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def padded_batch(left: bool):
+    """Rows of 12, 7 and 4 real tokens, padded on the left (with positions counted from each row's first
+    real token, as a rollout numbers them) or on the right (no positions: transformers counts columns)."""
+    data = batch()
+    mask = torch.ones_like(data["input_ids"])
+    for row, real in ((1, 7), (2, 4)):
+        pads = slice(0, 12 - real) if left else slice(real, 12)
+        mask[row, pads] = 0
+        data["input_ids"][row, pads] = 0
+        data["labels"][row, pads] = -100
+        data["labels"][row, 12 - real if left else 0] = -100  # a row's first token is nobody's target
+    data["labels"][:, :3] = -100
+    data["attention_mask"] = mask
+    if left:
+        data["position_ids"] = (mask.cumsum(1) - 1).clamp(min=0)
+    return data
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "posttrain_sdpa", "eager"])
+@pytest.mark.parametrize("left", [True, False], ids=["left-padded", "right-padded"])
+def test_a_padded_batch_runs_padding_free_with_the_padded_losses_and_gradients(attention, left):
+    from trainer_lib.models.attention import register
+    from trainer_lib.models.lm_head import padding_free_inputs
+
+    register()
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("llama", **SMALL)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attention)
+    data = padded_batch(left)
+    inputs = {key: value for key, value in data.items() if key != "labels"}
+    keep, packed = padding_free_inputs(model, inputs)
+    assert packed["input_ids"].shape == (1, 23) and int(keep.sum()) == 23  # the 36 padded positions hold 23 tokens
+    seen = []
+    model.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["input_ids"].shape), with_kwargs=True
+    )
+
+    mask = (data["labels"] != -100)[:, 1:].float()
+    logits = model(**inputs).logits[:, :-1]
+    want_nll = torch.nn.functional.cross_entropy(logits.reshape(-1, 97), data["labels"][:, 1:].reshape(-1))
+    want_logps = torch.log_softmax(logits, -1).gather(-1, data["input_ids"][:, 1:, None]).squeeze(-1) * mask
+    (want_nll + (want_logps * torch.linspace(-1, 1, 11)).sum()).backward()
+    want_grads = grads(model)
+    model.zero_grad()
+    got_nll = causal_lm_loss(model, data)
+    got_logps, _ = scored_logprobs(model, inputs, data["input_ids"][:, 1:], mask)
+    (got_nll + (got_logps * torch.linspace(-1, 1, 11)).sum()).backward()
+    assert seen[1:] == [(1, 23), (1, 23)]  # the padded reference, then both tiled paths padding-free
+    torch.testing.assert_close(got_nll, want_nll, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got_logps, want_logps, rtol=1e-5, atol=1e-5)
+    got_grads = grads(model)
+    assert got_grads.keys() == want_grads.keys()
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(got_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_models_whose_logits_are_not_a_plain_projection_take_full_logits():
     assert head_weight(tiny("gemma2", head_dim=8, final_logit_softcapping=30.0)) is None
     marked = tiny()

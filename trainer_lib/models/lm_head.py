@@ -67,9 +67,41 @@ def head_weight(model) -> torch.Tensor | None:
 
 
 def final_hidden(model, inputs: dict) -> torch.Tensor:
-    """``(B, T, H)`` final hidden states (after the last norm), with the head applied to one position only."""
-    out = model(**inputs, use_cache=False, output_hidden_states=-1, logits_to_keep=1)
-    return out.hidden_states[-1]
+    """``(B, T, H)`` final hidden states (after the last norm), with the head applied to one position only.
+
+    A padded batch runs padding-free: its rows' real tokens as one row, each sequence attending to itself
+    only (as ``data.packing``'s rows, ``models/attention.py``), at their own positions; the states are put
+    back in place, zeros at padding. The same states as the padded forward (to float rounding, tested),
+    without the work on padding: a rollout's left-padded prompts are as wide as its longest."""
+    flat = padding_free_inputs(model, inputs)
+    if flat is None:
+        return model(**inputs, use_cache=False, output_hidden_states=-1, logits_to_keep=1).hidden_states[-1]
+    keep, packed = flat
+    hidden = model(**packed, use_cache=False, output_hidden_states=-1, logits_to_keep=1).hidden_states[-1][0]
+    return hidden.new_zeros(*keep.shape, hidden.shape[-1]).masked_scatter(keep.unsqueeze(-1), hidden)
+
+
+def padding_free_inputs(model, inputs: dict) -> tuple[torch.Tensor, dict] | None:
+    """``(real-token mask (B, T), one-row inputs)`` for a padded batch of ids, attention mask and optional
+    positions (default: the column, as transformers numbers them); None where it does not apply: no padding,
+    any other input (images), an empty row, or modelling code outside transformers (remote code)."""
+    from trainer_lib.models.attention import boundary_kwargs
+
+    mask = inputs.get("attention_mask")
+    if mask is None or mask.dim() != 2 or set(inputs) - {"input_ids", "attention_mask", "position_ids"}:
+        return None
+    if not type(_unwrapped(model)).__module__.startswith("transformers."):
+        return None
+    keep = mask.bool()
+    lengths = keep.sum(1).cpu()
+    if bool(keep.all()) or not bool(lengths.all()):
+        return None
+    positions = inputs.get("position_ids")
+    if positions is None:
+        positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    bounds = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    packed = {"input_ids": inputs["input_ids"][keep][None], "position_ids": positions[keep][None]}
+    return keep, {**packed, **boundary_kwargs(bounds, mask.device)}
 
 
 def causal_lm_loss(model, batch: dict) -> torch.Tensor:
