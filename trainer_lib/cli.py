@@ -147,12 +147,12 @@ def stage_main(name: str, argv: list[str]) -> int:
     try:
         summary = run_config(name, cfg)
     except RuntimeError as exc:  # a worker whose peer died: one line, the launcher names the rank and ends the job
-        from trainer_lib.engine.collectives import LOST_PEER_EXIT, lost_peer_line
+        from trainer_lib.engine.collectives import LOST_PEER_EXIT, lost_peer_line, say
 
         line = lost_peer_line(exc) if "TORCHELASTIC_RUN_ID" in os.environ else None
         if line is None:
             raise
-        print(f"error: {line}", file=sys.stderr, flush=True)
+        say(f"error: {line}")
         return LOST_PEER_EXIT
     finally:
         if "TORCHELASTIC_RUN_ID" in os.environ:  # a worker of --nproc / torchrun

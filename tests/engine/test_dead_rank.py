@@ -110,10 +110,11 @@ def test_a_killed_rank_ends_the_job_in_one_line(killed):
     ), text[-3000:]
     # the survivor, if its broken collective fails before torchrun stops it, says so in one line too
     assert all(line.startswith("error: rank 0: a collective with the other ranks failed") for line in errors[:-1])
-    assert (
+    waiting = (
         f"rank 0: still saving checkpoint {tag_for(4)} (its barriers wait for every rank) (a collective gives up "
         "after 24 s, $POSTTRAIN_COLLECTIVE_TIMEOUT_S)"
-    ) in text.splitlines()
+    )
+    assert waiting in text.splitlines(), [repr(line) for line in text.splitlines() if "still saving" in line]
     assert "Traceback" not in text, text[-3000:]  # neither torchrun's ChildFailedError nor the survivor's
     assert not killed["workers"][0].is_running()
     assert os.path.exists(killed["out"] / "checkpoints" / tag_for(2) / MARKER)
@@ -202,3 +203,36 @@ def test_sigterm_to_the_launcher_reaches_every_rank(tiny_model_dir, chat_jsonl, 
     assert len(stops) == 1, output[-3000:]
     assert (out / "checkpoints" / tag_for(int(stops.pop())) / MARKER).exists()
     assert "Traceback" not in output, output[-3000:]
+
+
+def test_a_slow_wait_says_so_in_one_write(monkeypatch):
+    """The ranks of a job share one log: a line written as text, then newline, merges with another rank's
+    (seen as two ranks' waits on one line); each line goes in one write."""
+    import io
+
+    from trainer_lib.engine.collectives import COLLECTIVE_TIMEOUT_ENV, said_if_slow
+
+    class Writes(io.StringIO):
+        def __init__(self):
+            super().__init__()
+            self.calls = []
+
+        def write(self, text):
+            self.calls.append(text)
+            return super().write(text)
+
+    monkeypatch.setenv(COLLECTIVE_TIMEOUT_ENV, "0.8")  # says so after 0.1 s
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setattr(sys, "stderr", Writes())
+    with said_if_slow("saving checkpoint step-00000004"):
+        deadline = time.monotonic() + 10
+        while not sys.stderr.calls and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert sys.stderr.calls == [
+        "rank 3: still saving checkpoint step-00000004 (a collective gives up after 0.8 s, "
+        "$POSTTRAIN_COLLECTIVE_TIMEOUT_S)\n"
+    ]
+    with said_if_slow("quick"):
+        pass
+    time.sleep(0.3)
+    assert len(sys.stderr.calls) == 1  # a wait shorter than say_after() says nothing

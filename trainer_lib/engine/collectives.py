@@ -35,6 +35,13 @@ def say_after() -> float:
     return min(10.0, collective_timeout().total_seconds() / 8)
 
 
+def say(line: str) -> None:
+    """Print ``line`` on stderr in one write: the ranks of a job share one log, and a line printed in two
+    writes (text, then newline; as ``print`` does when stderr is unbuffered) merges with another rank's."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 @contextlib.contextmanager
 def said_if_slow(what: str):
     """Run the body; if it takes longer than :func:`say_after`, one line on stderr says that this rank is
@@ -42,7 +49,7 @@ def said_if_slow(what: str):
     limit = collective_timeout().total_seconds()
     rank = os.environ.get("RANK", "0")
     line = f"rank {rank}: still {what} (a collective gives up after {limit:g} s, ${COLLECTIVE_TIMEOUT_ENV})"
-    timer = threading.Timer(say_after(), lambda: print(line, file=sys.stderr, flush=True))
+    timer = threading.Timer(say_after(), say, args=(line,))
     timer.daemon = True
     timer.start()
     try:

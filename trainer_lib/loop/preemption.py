@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 import threading
 import time
 
@@ -79,12 +78,12 @@ class Preemption:
         threading.Thread(target=self._deadline, name="preemption-deadline", daemon=True).start()
 
     def _deadline(self) -> None:
+        from trainer_lib.engine.collectives import say
+
         time.sleep(max(self.seconds_left(), 0.0))
-        print(
+        say(
             f"preempted: not stopped within preemption.grace_s={self.grace_s:g} s of SIGTERM; exiting now "
-            f"(status {PREEMPTED_EXIT}); the retry resumes from the newest complete checkpoint",
-            file=sys.stderr,
-            flush=True,
+            f"(status {PREEMPTED_EXIT}); the retry resumes from the newest complete checkpoint"
         )
         os._exit(PREEMPTED_EXIT)
 
