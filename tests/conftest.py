@@ -16,6 +16,11 @@ from pathlib import Path
 
 import pytest
 
+# The DAG module first, while this process holds a few hundred modules: kfp's task methods call
+# inspect.stack() as the pipelines are built at import, and each frame of an import resolves its module by
+# scanning sys.modules, so the same import after torch, transformers and deepspeed took 40 s of collection.
+import pipelines.dag  # noqa: F401
+
 #: The repository root (tests in sub-folders find the examples, the README and the test data from here).
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
