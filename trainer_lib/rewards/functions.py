@@ -275,8 +275,15 @@ def _import(module_name: str, spec: str):
 
 
 def load_function(spec: str) -> RewardFn:
-    """The callable named by ``module:function`` (or ``path/to/file.py:function``)."""
-    module_name, sep, attr = spec.strip().rpartition(":")
+    """The callable named by ``module:function`` (or ``path/to/file.py:function``); its module is imported
+    once per process and working directory (:func:`check_specs` before the models load, then the stage's
+    reward setup)."""
+    return _load_function(spec.strip(), os.getcwd())
+
+
+@functools.cache
+def _load_function(spec: str, cwd: str) -> RewardFn:
+    module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
         raise UserError(f"reward.functions: {spec!r}: expected a built-in ({', '.join(BUILTINS)}) or module:function")
     module = _import(module_name, spec)
@@ -286,6 +293,14 @@ def load_function(spec: str) -> RewardFn:
     if not callable(fn):
         raise UserError(f"reward.functions: {spec}: '{attr}' is not callable")
     return fn
+
+
+def check_specs(specs) -> None:
+    """Import every ``module:function`` of ``reward.functions`` now: a typo or a missing file is a one-line
+    error before the stage loads a model and a tokenizer, not minutes later."""
+    for spec in specs:
+        if spec.strip() not in BUILTINS:
+            load_function(spec)
 
 
 def resolve(spec: str, **builtin_settings) -> tuple[str, RewardFn]:

@@ -29,8 +29,10 @@ def start(cfg, priority_signal=None):
     from trainer_lib.engine.batch_size import resolve_batch_size
     from trainer_lib.engine.strategy import DeepSpeedStrategy, planned_world_size
     from trainer_lib.models.load import load_tokenizer
+    from trainer_lib.rewards.functions import check_specs
     from trainer_lib.rl.prompts import PromptSchedule
 
+    check_specs(cfg.reward.functions)
     resolve_batch_size(cfg, sequence_length=cfg.data.max_length + cfg.rollout.max_new_tokens)
     strategy = DeepSpeedStrategy(cfg.engine_for(planned_world_size()), micro_batch_size=cfg.batch_size, seed=cfg.seed)
     strategy.setup_distributed()

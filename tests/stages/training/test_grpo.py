@@ -182,6 +182,21 @@ def test_group_settings_are_validated(tiny_model_dir, prompts):
     assert cfg.reward.functions == ["code_execution", "my.mod:fn"] and cfg.reward.weights == [1.0, 0.5]
 
 
+def test_a_missing_reward_function_fails_before_any_model_loads(prompts, tmp_path):
+    """reward.functions is imported first: its typo is the error even when model.path is wrong too (a
+    70B model is not loaded before the one-line error)."""
+    from trainer_lib.errors import UserError
+    from trainer_lib.rl.experience import start
+    from trainer_lib.stages.training.grpo import GRPOConfig
+
+    (tmp_path / "rw.py").write_text("def reward(prompts, completions, **kw):\n    return [0.0] * len(completions)\n")
+    base = [f"model.path={tmp_path / 'no_model'}", f"data.path={prompts}", f"output_dir={tmp_path / 'out'}"]
+    cfg = load_config(GRPOConfig, None, [*base, f"reward.functions=accuracy_reward,{tmp_path / 'rw.py'}:rewrad"])
+    with pytest.raises(UserError, match=r"reward.functions: .*rw.py:rewrad: module .* has no attribute 'rewrad'"):
+        start(cfg)
+    assert not (tmp_path / "out").exists()
+
+
 def test_reward_functions_are_told_the_step(tiny_model_dir, prompts, tmp_path, monkeypatch):
     """A reward function written for TRL (``trainer_state`` keyword) sees each step's global_step and epoch."""
     log = tmp_path / "calls.jsonl"
