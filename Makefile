@@ -4,8 +4,11 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 TORCH  ?= torch==2.13.0
-# pytest-xdist is not used: the suite already starts worker processes of its own.
+# make test runs the suite in two parts: most tests on WORKERS pytest-xdist workers (a test mostly waits on
+# one core: imports, subprocesses), then the `distributed` (several ranks each) and `serial` (timed against
+# a wall-clock bound) ones alone. Exit 5 is a part that PYTEST_ARGS left without a test.
 PYTEST_ARGS ?=
+WORKERS ?= 2
 
 .PHONY: setup triton-env lint format test test-all test-fast demo demo-weak demo-style demo-multimodal compile clean help bench lock lock-check image-cpu image-cuda
 
@@ -98,7 +101,10 @@ format: setup
 	$(BIN)/ruff format .
 
 test: lint
-	$(BIN)/python -m pytest -q --durations=20 -m "not extended" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(WORKERS) --dist loadfile --durations=20 -m "not extended and not distributed and not serial" \
+		$(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest -q --durations=10 -m "not extended and (distributed or serial)" $(PYTEST_ARGS) \
+		|| [ $$? -eq 5 ]
 
 test-all: setup
 	$(BIN)/python -m pytest -q --durations=20 $(PYTEST_ARGS)

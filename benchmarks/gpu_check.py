@@ -147,8 +147,9 @@ class Context:
 
     def env(self, **extra: str) -> dict:
         """A child's environment: its own process group (no RANK etc.), offline, the repository importable."""
-        drop = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
-        env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith("TORCHELASTIC")}
+        from trainer_lib.engine.strategy import own_group_env
+
+        env = own_group_env()
         env.update(
             PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p),
             POSTTRAIN_CACHE=os.path.join(self.workdir, "cache"),

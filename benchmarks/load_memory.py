@@ -136,15 +136,14 @@ def run_stage(
 ) -> list[dict]:
     """Start ``nproc`` workers at ZeRO ``stage`` (training LoRA adapters of rank ``lora`` on the loaded model,
     or all of it with 0); their records, by rank."""
-    from trainer_lib.engine.strategy import free_port
+    from trainer_lib.engine.strategy import free_port, own_group_env
 
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1"]
     cmd += ["--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "benchmarks.load_memory", "--worker"]
     cmd += ["--model", model, "--zero-stage", str(stage), "--records", log, "--lora", str(lora)]
     cmd += ["--save-loaded", save_loaded] if save_loaded else []
-    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
     # glibc's mmap threshold fixed at its default, so freed large blocks leave resident memory
-    child_env = {k: v for k, v in os.environ.items() if k not in drop} | {"MALLOC_MMAP_THRESHOLD_": "131072"}
+    child_env = own_group_env() | {"MALLOC_MMAP_THRESHOLD_": "131072"}
     child_env.setdefault("OMP_NUM_THREADS", "1")
     child_env["PYTHONPATH"] = ROOT + os.pathsep + child_env.get("PYTHONPATH", "")
     proc = subprocess.run(cmd, cwd=ROOT, env=child_env, capture_output=True, text=True)

@@ -169,8 +169,10 @@ def build_workload(args, workdir: str) -> dict:
 
 
 def run_side(side: str, python: str, spec_path: str, out_path: str, timeout: float) -> dict:
+    from trainer_lib.engine.strategy import own_group_env
+
     env = {
-        **os.environ,
+        **own_group_env(),  # each side starts its own process group
         "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HUB_OFFLINE": "1",

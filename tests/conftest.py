@@ -145,17 +145,6 @@ def demo_dir(tmp_path_factory) -> str:
 
 def clean_env() -> dict:
     """Environment for a child process that must start its own process group (no RANK etc.)."""
-    drop = {
-        "RANK",
-        "WORLD_SIZE",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "TORCHELASTIC_RUN_ID",
-        "GROUP_RANK",
-        "ROLE_RANK",
-    }
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    env["POSTTRAIN_NO_PROGRESS"] = "1"
-    return env
+    from trainer_lib.engine.strategy import own_group_env
+
+    return {**own_group_env(), "POSTTRAIN_NO_PROGRESS": "1"}

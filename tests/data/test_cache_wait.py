@@ -19,6 +19,7 @@ from trainer_lib.storage import file_lock
 ARGS = ["batch_size=2", "data.max_length=64", "max_steps=1", "save_steps=0", "eval_steps=0"]
 
 
+@pytest.mark.serial  # timed against a wall-clock bound: run alone
 def test_a_stage_waiting_on_the_cache_lock_says_so_and_gives_up(
     tiny_model_dir, chat_jsonl, tmp_path, monkeypatch, caplog, capsys
 ):

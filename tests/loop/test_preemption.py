@@ -49,6 +49,7 @@ def _env() -> dict:
     return env
 
 
+@pytest.mark.serial  # timed against a wall-clock bound: run alone
 def test_a_stop_that_overruns_its_grace_period_exits_75_within_it(tiny_model_dir, chat_jsonl, tmp_path, capsys):
     out, ready = tmp_path / "run", tmp_path / "held"
     argv = _sft(tiny_model_dir, chat_jsonl, out, "max_steps=6", "preemption.grace_s=2")

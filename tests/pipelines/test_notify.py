@@ -96,6 +96,7 @@ def test_failed_run_names_the_failed_task():
     assert "failed at a task the run's log names" in without["text"]
 
 
+@pytest.mark.serial  # timed against a wall-clock bound: run alone
 def test_a_hanging_webhook_is_given_up_within_the_bound(capsys):
     hook = Hook(hang=True)
     with serving(hook) as server:
@@ -129,6 +130,7 @@ def test_a_closed_port_or_bad_url_is_one_line_without_the_url():
     assert not delivered and "CANARY" not in why
 
 
+@pytest.mark.serial  # timed against a wall-clock bound: run alone
 @pytest.mark.filterwarnings("ignore:.*non-Python base image")
 def test_the_exit_task_posts_success_and_failure_under_kfp_local(tmp_path):
     """The real component as the exit task of a two-task DAG (the same wiring as pipelines/dag.py)."""

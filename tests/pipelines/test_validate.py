@@ -56,6 +56,7 @@ def test_only_the_branch_that_will_run_is_checked():
         validate(rlhf, {"use_reward_model": False, "reward_functions": []})
 
 
+@pytest.mark.serial  # timed against a wall-clock bound: run alone
 def test_a_local_run_with_a_typo_fails_in_seconds_and_writes_nothing(tmp_path, capsys):
     start = time.monotonic()
     rc = posttrain(

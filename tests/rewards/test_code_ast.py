@@ -100,6 +100,7 @@ HOSTILE = {
 }
 
 
+@pytest.mark.serial  # timed against a wall-clock bound: run alone
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_completions_neither_crash_nor_hang(name):
     start = time.perf_counter()

@@ -67,6 +67,7 @@ def test_an_unreadable_solution_does_not_apply_and_a_missing_column_is_an_error(
         accuracy(["p"], ["1"], tests=[["assert True"]])
 
 
+@pytest.mark.serial  # timed against a wall-clock bound: run alone
 def test_hostile_completions_cost_little(accuracy):
     hostile = [
         r"\boxed{9^{9^{9^{9}}}}",  # a tower SymPy would try to evaluate

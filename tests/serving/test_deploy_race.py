@@ -50,6 +50,7 @@ def _deploy(export_dir: str, repository: str, *extra: str) -> subprocess.Popen:
     )
 
 
+@pytest.mark.serial  # timed against a wall-clock bound: run alone
 def test_two_concurrent_deploys_publish_two_versions(export_dir, repository):
     procs = [_deploy(export_dir, repository, "keep_versions=0") for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
@@ -80,6 +81,7 @@ HOLDER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.serial  # timed against a wall-clock bound: run alone
 def test_a_deploy_waits_for_the_lock_then_gives_up_in_one_line(export_dir, repository):
     model_dir = storage.join(repository, MODEL)
     endpoint = os.environ.get("AWS_ENDPOINT_URL", "") if repository.startswith("s3://") else ""

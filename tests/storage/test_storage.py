@@ -150,6 +150,7 @@ def test_missing_objects_raise_file_not_found(s3_bucket, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+@pytest.mark.serial  # timed against a wall-clock bound: run alone
 def test_unreachable_endpoint_fails_fast_without_secrets(s3_bucket, tmp_path):
     import socket
 

@@ -38,6 +38,7 @@ def _secrets_absent(text: str) -> None:
         assert secret not in text
 
 
+@pytest.mark.serial  # timed against a wall-clock bound: run alone
 def test_server_dying_mid_upload_fails_after_bounded_retries_and_leaves_no_object(
     proxy, s3_bucket, s3_server, tmp_path
 ):
@@ -224,6 +225,7 @@ def auth_server():
         proc.wait(timeout=10)
 
 
+@pytest.mark.serial  # timed against a wall-clock bound: run alone
 @pytest.mark.parametrize("wrong", ["unknown key", "wrong secret"])
 def test_wrong_credentials_fail_at_once_naming_the_key_not_the_secret(auth_server, monkeypatch, tmp_path, wrong):
     right_id, right_secret = auth_server["key_id"], auth_server["secret"]

@@ -27,6 +27,29 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+#: What torchrun, a training operator or a one-process run here (:meth:`DeepSpeedStrategy.setup_distributed`)
+#: puts in the environment, besides ``TORCHELASTIC_*``.
+LAUNCHER_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "POSTTRAIN_SOLO_PID",
+)
+
+
+def own_group_env(env=None) -> dict[str, str]:
+    """``env`` (default: this process's) for a child that starts a process group of its own: without
+    :data:`LAUNCHER_ENV` and ``TORCHELASTIC_*``. Another trainer (TRL's, through accelerate) would otherwise
+    join the parent's group address, whose port the parent holds."""
+    env = os.environ if env is None else env
+    return {k: v for k, v in env.items() if k not in LAUNCHER_ENV and not k.startswith("TORCHELASTIC_")}
+
+
 def planned_world_size() -> int:
     """Processes in the job, known before the process group is set up (1 without a launcher)."""
     return int(os.environ.get("WORLD_SIZE", "1")) if _launched() else 1
