@@ -32,7 +32,9 @@ def _train(tmp_path, name, model_dir, data_path, gpus, overrides):
 
 
 def test_two_processes_give_the_model_of_one_with_accumulation(tiny_model_dir, chat_jsonl, tmp_path, monkeypatch):
-    for variable in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "POSTTRAIN_SOLO_PID"):
+    from trainer_lib.engine.strategy import LAUNCHER_ENV
+
+    for variable in LAUNCHER_ENV:
         monkeypatch.delenv(variable, raising=False)  # a fresh pod, not a worker of this test process
     two = _train(tmp_path, "two", tiny_model_dir, chat_jsonl, 2, [])
     one = _train(tmp_path, "one", tiny_model_dir, chat_jsonl, 1, ["engine.gradient_accumulation_steps=2"])
