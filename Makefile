@@ -63,7 +63,7 @@ lock-check: setup
 # The two images (Docker is not on the dev machines: built by the release CI, see images/README.md).
 IMAGE_NAME ?= ghcr.io/posttrain/posttrain
 IMAGE_TAG  ?= 0.1.0
-# what the image was built from, for a release's lineage (/etc/posttrain/build.json; trainer_lib/eval/lineage.py)
+# what the image was built from, for a release's lineage (/etc/posttrain/build.json; trainer_lib/release/lineage.py)
 BUILD_INFO = --build-arg POSTTRAIN_COMMIT=$$(git rev-parse HEAD) \
 	--build-arg POSTTRAIN_DIRTY=$$(git diff --quiet HEAD && echo false || echo true)
 image-cpu:

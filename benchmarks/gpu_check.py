@@ -147,7 +147,7 @@ class Context:
 
     def env(self, **extra: str) -> dict:
         """A child's environment: its own process group (no RANK etc.), offline, the repository importable."""
-        from trainer_lib.engine.strategy import own_group_env
+        from trainer_lib.engine.process_group import own_group_env
 
         env = own_group_env()
         env.update(

@@ -136,7 +136,7 @@ def run_stage(
 ) -> list[dict]:
     """Start ``nproc`` workers at ZeRO ``stage`` (training LoRA adapters of rank ``lora`` on the loaded model,
     or all of it with 0); their records, by rank."""
-    from trainer_lib.engine.strategy import free_port, own_group_env
+    from trainer_lib.engine.process_group import free_port, own_group_env
 
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", "--nnodes=1"]
     cmd += ["--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "benchmarks.load_memory", "--worker"]

@@ -169,7 +169,7 @@ def build_workload(args, workdir: str) -> dict:
 
 
 def run_side(side: str, python: str, spec_path: str, out_path: str, timeout: float) -> dict:
-    from trainer_lib.engine.strategy import own_group_env
+    from trainer_lib.engine.process_group import own_group_env
 
     env = {
         **own_group_env(),  # each side starts its own process group

@@ -171,7 +171,7 @@ def run_in_processes(stage: str, cfg, processes: int, written: str = "summary.js
     --nproc N`` (torchrun); returns what rank 0 wrote to ``written`` in the output directory (a training
     stage's summary, evaluate's metrics.json). A worker's failure fails the step; workers stopped by SIGTERM
     after their checkpoint (status 75; a SIGTERM to this process is passed on to them) raise
-    :class:`trainer_lib.loop.preemption.Preempted`, which the train component exits with as 75 (retryable)."""
+    :class:`trainer_lib.engine.preemption.Preempted`, which the train component exits with as 75 (retryable)."""
     import json
     import subprocess
     import sys
@@ -185,7 +185,7 @@ def run_in_processes(stage: str, cfg, processes: int, written: str = "summary.js
         yaml.safe_dump(to_dict(cfg), fh, sort_keys=False)
     command = [sys.executable, "-m", "trainer_lib.cli", stage, "--config", fh.name, "--nproc", str(processes)]
     try:
-        from trainer_lib.loop.preemption import PREEMPTED_EXIT, Preempted, passing_sigterm_to
+        from trainer_lib.engine.preemption import PREEMPTED_EXIT, Preempted, passing_sigterm_to
 
         workers = subprocess.Popen(command)
         with passing_sigterm_to(workers):  # a pod's SIGTERM reaches the workers, which checkpoint and stop

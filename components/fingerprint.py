@@ -3,11 +3,11 @@
 ``bootstrap`` passes locations (``s3://`` prefixes, hub ids, paths) through by name. Feeding it this
 fingerprint makes KFP's cache key of ``bootstrap``, and so of every step after it, change when the
 data or model behind a name changes, and stay the same when it does not. The release records the same
-fingerprints, and this combination of them, in its lineage (``trainer_lib.eval.lineage``).
+fingerprints, and this combination of them, in its lineage (``trainer_lib.release.lineage``).
 
 ``check_changes`` compares that fingerprint and the run's parameters with the latest release's, for runs
 with ``skip_if_unchanged``; ``record_inputs`` leaves what it compares with beside each release
-(``trainer_lib.eval.retrain``).
+(``trainer_lib.release.retrain``).
 """
 
 from kfp import dsl
@@ -19,7 +19,7 @@ from components.common import image_for
 @dsl.component(base_image=image_for("fingerprint"), install_kfp_package=False)
 def fingerprint(base_model: str = "", dataset: str = "", preference_dataset: str = "", prompt_dataset: str = "") -> str:
     from trainer_lib import storage
-    from trainer_lib.eval.lineage import combined_fingerprint
+    from trainer_lib.release.lineage import combined_fingerprint
 
     given = [location for location in (base_model, dataset, preference_dataset, prompt_dataset) if location]
     return combined_fingerprint([(location, storage.fingerprint(location)) for location in given])
@@ -78,7 +78,7 @@ def check_changes(
     given = dict(locals())
     import json
 
-    from trainer_lib.eval.retrain import changes
+    from trainer_lib.release.retrain import changes
 
     parameters = {name: given[name] for name in compared}
     text = json.dumps(parameters, sort_keys=True)
@@ -100,7 +100,7 @@ def record_inputs(
     (``parameters``: its output, the compared parameters as JSON)."""
     import json
 
-    from trainer_lib.eval.retrain import record
+    from trainer_lib.release.retrain import record
 
     if not (release_uri and released.metadata.get("released")):
         print("record inputs: nothing was released at a release_uri: nothing to record")

@@ -1,4 +1,4 @@
-"""notify: the exit task of every DAG; posts how the run ended to a webhook (``trainer_lib.serving.notify``).
+"""notify: the exit task of every DAG; posts how the run ended to a webhook (``trainer_lib.release.notify``).
 
 It runs after all other tasks, whether they succeeded or not (``dsl.ExitHandler``), and KFP hands it the
 final status of the run's tasks. ``webhook`` is the run's ``notify_webhook`` parameter, else
@@ -29,7 +29,7 @@ def notify(
     import os
 
     from trainer_lib import storage
-    from trainer_lib.serving.notify import notify as send
+    from trainer_lib.release.notify import notify as send
 
     final = {"state": status.state, "error_message": status.error_message}
     run = {"pipeline": pipeline, "run_id": run_id, "run_name": run_name}

@@ -102,7 +102,7 @@ def train(
     cfg = stage_config(stage, layers, config_yaml)
     if checkpoint_root and not cfg.checkpoint_dir:
         cfg.checkpoint_dir = stable_checkpoint_dir(cfg, checkpoint_root, stage)
-    from trainer_lib.loop.preemption import PREEMPTED_EXIT, Preempted
+    from trainer_lib.engine.preemption import PREEMPTED_EXIT, Preempted
 
     try:
         if nodes > 1:

@@ -248,7 +248,7 @@ def _task_outputs(run_dir: str | None) -> dict:
 def shown_params(params: dict) -> dict:
     """``params`` as run.json may keep them: a webhook URL shows only its scheme and host (its path usually
     holds the token)."""
-    from trainer_lib.serving.notify import public
+    from trainer_lib.release.notify import public
 
     hook = params.get("notify_webhook")
     return {**params, "notify_webhook": f"{public(hook)}/***"} if hook else params

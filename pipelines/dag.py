@@ -188,8 +188,8 @@ def arguments() -> dict:
 
 
 def compared_parameters() -> dict:
-    """The parameters ``skip_if_unchanged`` compares with the latest release's (trainer_lib.eval.retrain)."""
-    from trainer_lib.eval.retrain import NOT_COMPARED
+    """The parameters ``skip_if_unchanged`` compares with the latest release's (trainer_lib.release.retrain)."""
+    from trainer_lib.release.retrain import NOT_COMPARED
 
     return {name: value for name, value in arguments().items() if name not in NOT_COMPARED}
 

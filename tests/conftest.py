@@ -145,6 +145,6 @@ def demo_dir(tmp_path_factory) -> str:
 
 def clean_env() -> dict:
     """Environment for a child process that must start its own process group (no RANK etc.)."""
-    from trainer_lib.engine.strategy import own_group_env
+    from trainer_lib.engine.process_group import own_group_env
 
     return {**own_group_env(), "POSTTRAIN_NO_PROGRESS": "1"}

@@ -1,13 +1,7 @@
-"""The house's shape (docs/architecture.md): folders are the layers, names are unique, functions stay short,
-and modules that moved still import from their old paths."""
+"""The house's shape (docs/architecture.md): folders are the layers, names are unique, functions stay short."""
 
 import ast
-import importlib
 import os
-import sys
-import warnings
-
-import pytest
 
 from tests.conftest import REPO
 
@@ -62,19 +56,3 @@ def test_functions_are_short():
                 if lines > MAX_FUNCTION_LINES and (rel, node.name) not in LONG_BY_DESIGN:
                     long.append(f"{rel}:{node.lineno} {node.name}: {lines} lines")
     assert not long, "\n".join(long)
-
-
-def test_a_moved_module_imports_from_its_old_path_with_a_warning():
-    moved = importlib.import_module("trainer_lib").MOVED
-    for old, new in moved.items():
-        sys.modules.pop(old, None)
-        with pytest.warns(DeprecationWarning, match=f"^{old} moved to {new}; import it from there$"):
-            module = importlib.import_module(old)
-        assert module is importlib.import_module(new)
-
-
-def test_the_moved_modules_keep_their_own_spec():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        old = importlib.import_module("trainer_lib.rollout")
-    assert old.__name__ == old.__spec__.name == "trainer_lib.rl.rollout"

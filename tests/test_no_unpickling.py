@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 AUDITED = ("trainer_lib", "components")
 
 #: "path:function" -> why it is safe. Empty: weights are read through safetensors, checkpoints
-#: through trainer_lib.engine.strategy.weights_only_loads, tables through torch.load(weights_only=True).
+#: through trainer_lib.engine.checkpoint.weights_only_loads, tables through torch.load(weights_only=True).
 ALLOWED: dict[str, str] = {}
 
 #: (module, function) pairs that unpickle whatever they read.

@@ -43,8 +43,8 @@ def exit_code(exc: BaseException) -> int | None:
     or row), 1 for an object store that failed after its retries (a retried pod may succeed), 75 for a
     stage stopped by SIGTERM after its checkpoint (retryable: the retry resumes); None for anything else,
     which is a bug and keeps its traceback."""
+    from trainer_lib.engine.preemption import PREEMPTED_EXIT, Preempted
     from trainer_lib.errors import UserError
-    from trainer_lib.loop.preemption import PREEMPTED_EXIT, Preempted
     from trainer_lib.storage import StorageError
 
     if isinstance(exc, Preempted):
@@ -64,7 +64,7 @@ def run_command(command: Callable[[list[str]], int], argv: list[str]) -> int:
         code = exit_code(exc)
         if code is None:
             raise
-        from trainer_lib.loop.preemption import PREEMPTED_EXIT
+        from trainer_lib.engine.preemption import PREEMPTED_EXIT
 
         print(f"{'preempted' if code == PREEMPTED_EXIT else 'error'}: {one_line(exc)}", file=sys.stderr)
         return code
@@ -156,13 +156,13 @@ def stage_main(name: str, argv: list[str]) -> int:
         return LOST_PEER_EXIT
     finally:
         if "TORCHELASTIC_RUN_ID" in os.environ:  # a worker of --nproc / torchrun
-            from trainer_lib.engine.strategy import leave_process_group
+            from trainer_lib.engine.process_group import leave_process_group
 
             leave_process_group()
     if summary and int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(summary, indent=2, default=str))
     if "TORCHELASTIC_RUN_ID" in os.environ:
-        from trainer_lib.engine.strategy import exit_worker
+        from trainer_lib.engine.process_group import exit_worker
 
         exit_worker(0)
     return 0

@@ -32,7 +32,7 @@ def _train(tmp_path, name, model_dir, data_path, gpus, overrides):
 
 
 def test_two_processes_give_the_model_of_one_with_accumulation(tiny_model_dir, chat_jsonl, tmp_path, monkeypatch):
-    from trainer_lib.engine.strategy import LAUNCHER_ENV
+    from trainer_lib.engine.process_group import LAUNCHER_ENV
 
     for variable in LAUNCHER_ENV:
         monkeypatch.delenv(variable, raising=False)  # a fresh pod, not a worker of this test process

@@ -174,8 +174,8 @@ def _engine(model_dir: str, zero_stage: int):
 def _train(model_dir: str, out: str, zero_stage: int, resume: bool) -> dict:
     """STEPS steps (a checkpoint after RESUME_AT), evaluation, the HF save, and with ``resume`` a fresh
     engine continuing from the checkpoint."""
+    from trainer_lib.engine.checkpoint import weights_only_loads
     from trainer_lib.engine.pipeline import eval_sums, grad_norm, save_pipeline_hf_model, train_step
-    from trainer_lib.engine.strategy import weights_only_loads
 
     steps, evals = data()
     start = time.perf_counter()

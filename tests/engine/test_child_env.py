@@ -4,7 +4,7 @@ import os
 import subprocess
 import sys
 
-from trainer_lib.engine.strategy import LAUNCHER_ENV, own_group_env
+from trainer_lib.engine.process_group import LAUNCHER_ENV, own_group_env
 
 PARENT = {
     "RANK": "0",

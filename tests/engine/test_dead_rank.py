@@ -170,11 +170,11 @@ def test_the_collective_timeout_is_configurable(monkeypatch):
         collective_timeout()
 
 
-@pytest.mark.extended  # one more two-process run; the ranks' own SIGTERM handling is tests/loop/test_preemption.py
+@pytest.mark.extended  # one more two-process run; the ranks' own SIGTERM handling is tests/engine/test_preemption.py
 def test_sigterm_to_the_launcher_reaches_every_rank(tiny_model_dir, chat_jsonl, tmp_path):
     """A pod's SIGTERM goes to the `posttrain` process that started torchrun: the ranks get it too, save the
     same step and the launcher exits with the retryable status."""
-    from trainer_lib.loop.preemption import PREEMPTED_EXIT
+    from trainer_lib.engine.preemption import PREEMPTED_EXIT
 
     out = tmp_path / "run"
     argv = [f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", *ARGS, f"output_dir={out}"]

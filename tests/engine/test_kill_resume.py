@@ -35,7 +35,7 @@ from tests.conftest import CHAT_ROWS, REPO, clean_env
 from tests.stages.training.rl_helpers import LENGTH_REWARD, one_thread, write_prompts, write_reward_adapter
 from trainer_lib.cli import main
 from trainer_lib.engine.checkpoint import MARKER, tag_for
-from trainer_lib.loop.preemption import PREEMPTED_EXIT
+from trainer_lib.engine.preemption import PREEMPTED_EXIT
 
 COMMON = ["max_steps=6", "save_steps=2", "save_total_limit=2", "logging_steps=1"]
 RL = [

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from tests.http_helpers import serving
-from trainer_lib.serving import notify
+from trainer_lib.release import notify
 
 TOKEN = "T0CANARY/B0CANARY/xoxbCanarySecret42"
 

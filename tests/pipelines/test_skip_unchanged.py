@@ -12,8 +12,8 @@ from components.fingerprint import check_changes, record_inputs
 from pipelines.commands import posttrain
 from pipelines.dag import PIPELINES
 from trainer_lib import storage
-from trainer_lib.eval.lineage import combined_fingerprint
-from trainer_lib.eval.retrain import INPUTS_FILE, changes, record
+from trainer_lib.release.lineage import combined_fingerprint
+from trainer_lib.release.retrain import INPUTS_FILE, changes, record
 
 PARAMS = {"sft_max_steps": 3, "dpo_overrides": ["beta=0.2"], "release_uri": "x", "notify_webhook": "", "seed": 0}
 

@@ -239,10 +239,6 @@ def _wait_for(entry: str, lock: str, what: str) -> None:
 # --------------------------------------------------------------------------- Arrow files of an entry
 
 
-def arrow_files(directory: str) -> list[str]:
-    return sorted(name for name in os.listdir(directory) if name.endswith(".arrow"))
-
-
 def load_arrow(entry: str, manifest: dict, name: str):
     """The ``datasets.Dataset`` of the Arrow files listed under ``name`` in the manifest, memory-mapped."""
     import datasets

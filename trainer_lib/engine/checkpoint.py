@@ -18,6 +18,7 @@ with the command that converts them: ``python -m trainer_lib.engine.checkpoint c
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -409,7 +410,7 @@ class CheckpointManager:
 # ---------------------------------------------------------------------- converting old checkpoints
 def convert_old_rng_files(tag_dir: str) -> list[str]:
     """Rewrite the RNG state files of a checkpoint saved before the weights-only change as tensors
-    (what :func:`trainer_lib.engine.strategy.rng_state` writes now); the names of those rewritten.
+    (what :func:`trainer_lib.engine.rng.rng_state` writes now); the names of those rewritten.
 
     The old files are read with ``weights_only=True`` too, allowing only NumPy's array classes (the
     generator state is a uint32 array): nothing else is rebuilt. The weights, optimizer and client
@@ -472,3 +473,32 @@ def main(argv: list[str]) -> int:
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
+
+
+def checkpoint_globals() -> list:
+    """The classes DeepSpeed pickles into its checkpoint files besides tensors and plain containers
+    (ZeRO optimizer states): the only ones :func:`weights_only_loads` lets torch.load rebuild."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+@contextlib.contextmanager
+def weights_only_loads():
+    """Within it, every ``torch.load`` reads with ``weights_only=True``, also DeepSpeed's (which asks
+    for False), through torch's documented ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` switch, and only
+    :func:`checkpoint_globals` may be rebuilt besides torch's own safe types."""
+    import torch
+
+    previous = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
+    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
+    try:
+        with torch.serialization.safe_globals(checkpoint_globals()):
+            yield
+    finally:
+        if previous is None:
+            del os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"]
+        else:
+            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = previous

@@ -20,8 +20,8 @@ import sys
 import threading
 
 from trainer_lib.engine.collectives import LOST_PEER_EXIT
-from trainer_lib.engine.strategy import free_port
-from trainer_lib.loop.preemption import PREEMPTED_EXIT
+from trainer_lib.engine.preemption import PREEMPTED_EXIT
+from trainer_lib.engine.process_group import free_port
 
 
 def launch_workers(nproc: int, worker_args: list[str], env: dict[str, str] | None = None) -> int:
@@ -34,7 +34,7 @@ def launch_workers(nproc: int, worker_args: list[str], env: dict[str, str] | Non
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     proc = subprocess.Popen([*cmd, *worker_args], env=env)
     # a pod's SIGTERM reaches this process alone: pass it on, so torchrun asks every rank to stop (each
-    # saves a checkpoint first, trainer_lib.loop.preemption) instead of the ranks being killed with the pod
+    # saves a checkpoint first, trainer_lib.engine.preemption) instead of the ranks being killed with the pod
     forwarding = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum)) if forwarding else None
     try:

@@ -11,95 +11,21 @@ import contextlib
 import os
 import random
 import re
-import socket
 import sys
 from typing import Any
 
 from trainer_lib.config import EngineConfig
+from trainer_lib.engine.checkpoint import weights_only_loads
 from trainer_lib.engine.collectives import collective_timeout, said_if_slow
+from trainer_lib.engine.process_group import free_port, launched, planned_world_size
+from trainer_lib.engine.rng import restore_rng_state, rng_state
 from trainer_lib.errors import ConfigError
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-#: What torchrun, a training operator or a one-process run here (:meth:`DeepSpeedStrategy.setup_distributed`)
-#: puts in the environment, besides ``TORCHELASTIC_*``.
-LAUNCHER_ENV = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "POSTTRAIN_SOLO_PID",
-)
-
-
-def own_group_env(env=None) -> dict[str, str]:
-    """``env`` (default: this process's) for a child that starts a process group of its own: without
-    :data:`LAUNCHER_ENV` and ``TORCHELASTIC_*``. Another trainer (TRL's, through accelerate) would otherwise
-    join the parent's group address, whose port the parent holds."""
-    env = os.environ if env is None else env
-    return {k: v for k, v in env.items() if k not in LAUNCHER_ENV and not k.startswith("TORCHELASTIC_")}
-
-
-def planned_world_size() -> int:
-    """Processes in the job, known before the process group is set up (1 without a launcher)."""
-    return int(os.environ.get("WORLD_SIZE", "1")) if _launched() else 1
-
-
-def leave_process_group() -> None:
-    """Destroy this worker's process group before it exits. A rank that exits with its group alive can
-    abort in the C++ destructors ("terminate called without an active exception", SIGABRT): CI saw it
-    on an evaluate rank that finished generating while rank 0 went on scoring."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def exit_worker(code: int) -> None:
-    """End a finished torchrun worker: Python's exit handlers run and its streams are flushed, but C++
-    static destructors do not. DeepSpeed's CPU shared-memory comm op can abort in them ("terminate called
-    without an active exception", SIGABRT) on a rank that exits while another still works, even after
-    :func:`leave_process_group` (seen on 1 in 3 two-rank ZeRO-3 evaluations, 2026-12-02)."""
-    import atexit
-    import logging
-
-    atexit._run_exitfuncs()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def _launched() -> bool:
-    """Started by torchrun or a training operator (which set RANK), or already set up here.
-
-    A child of a one-process run (e.g. a kfp.local task started from it) inherits RANK and
-    MASTER_PORT but must not join its parent's group: POSTTRAIN_SOLO_PID tells them apart.
-    """
-    if "TORCHELASTIC_RUN_ID" in os.environ:
-        return True
-    solo = os.environ.get("POSTTRAIN_SOLO_PID")
-    if solo is not None:
-        return solo == str(os.getpid())
-    return "RANK" in os.environ
 
 
 def import_deepspeed():
     """``import deepspeed`` without the ``import mlflow`` its autotuner makes at import time when mlflow is
     installed (1.4 s of every stage's start, for a feature posttrain does not use); mlflow itself still
     imports normally afterwards (``report_to=mlflow``)."""
-    import sys
-
     if "deepspeed" in sys.modules or "mlflow" in sys.modules:
         import deepspeed
 
@@ -113,6 +39,17 @@ def import_deepspeed():
 
 
 class DeepSpeedStrategy:
+    """Everything a training loop asks of DeepSpeed and torch.distributed, for one run.
+
+    It owns: the process group (joined, or a private one-process group without a launcher) and the
+    tensor / pipeline / data layout on it; the DeepSpeed config each engine gets (ours, laid under a user's
+    DeepSpeed file), with the optimizer and schedule; the engines it prepares (trained, frozen, or a
+    pipeline engine); backward, the optimizer step and the gradient norm; collectives on metrics
+    (``all_reduce``, ``sharded_sums``); checkpoints with this rank's RNG states; and the final Hugging Face
+    model, gathered from ZeRO-3 shards or tensor-parallel slices. A trainer calls these methods and reads
+    the same on one CPU process, N local workers or a multi-node job.
+    """
+
     def __init__(self, engine: EngineConfig, micro_batch_size: int, seed: int = 0, parallel=None):
         from trainer_lib.config.sections import ParallelConfig
         from trainer_lib.engine import deepspeed_file
@@ -143,7 +80,7 @@ class DeepSpeedStrategy:
         deepspeed = import_deepspeed()
 
         found = self.layout  # refuses T x P that does not divide the world before any rank waits
-        if not _launched():  # plain `python`/`posttrain`: a private one-process group
+        if not launched():  # plain `python`/`posttrain`: a private one-process group
             os.environ.update(
                 RANK="0",
                 WORLD_SIZE="1",
@@ -715,67 +652,3 @@ def _local_grad_norm(module, tensor_parallel: bool = False) -> float:
 
         dist.all_reduce(squares[0], group=groups.get_tensor_model_parallel_group())
     return float((squares[0] + squares[1]).sqrt())
-
-
-def rng_state() -> dict:
-    """This process's RNG states as tensors and plain values (so they load with weights_only=True):
-    Python's, NumPy's, torch's CPU generator and, once CUDA is initialised, every CUDA device's."""
-    import numpy as np
-    import torch
-
-    version, keys, gauss = random.getstate()
-    kind, words, pos, has_gauss, cached = np.random.get_state()
-    state = {
-        "python": [version, torch.tensor(keys, dtype=torch.int64), gauss],
-        "torch": torch.get_rng_state(),
-        "numpy": [kind, torch.from_numpy(words.astype(np.int64)), pos, has_gauss, cached],
-    }
-    if torch.cuda.is_initialized():  # (asking a CPU-only run would initialise CUDA for nothing)
-        state["cuda"] = torch.cuda.get_rng_state_all()  # a list of uint8 tensors, one per visible device
-    return state
-
-
-def restore_rng_state(state: dict) -> None:
-    """Put back what :func:`rng_state` saved. A checkpoint without CUDA states (written on CPU, or
-    before they were saved) leaves the CUDA generators as seeded; CUDA states are skipped without CUDA,
-    and restored device by device for the devices both runs see."""
-    import numpy as np
-    import torch
-
-    version, keys, gauss = state["python"]
-    random.setstate((version, tuple(keys.tolist()), gauss))
-    kind, words, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, words.numpy().astype(np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        for device, device_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(device_state, device)
-
-
-def checkpoint_globals() -> list:
-    """The classes DeepSpeed pickles into its checkpoint files besides tensors and plain containers
-    (ZeRO optimizer states): the only ones :func:`weights_only_loads` lets torch.load rebuild."""
-    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
-
-
-@contextlib.contextmanager
-def weights_only_loads():
-    """Within it, every ``torch.load`` reads with ``weights_only=True``, also DeepSpeed's (which asks
-    for False), through torch's documented ``TORCH_FORCE_WEIGHTS_ONLY_LOAD`` switch, and only
-    :func:`checkpoint_globals` may be rebuilt besides torch's own safe types."""
-    import torch
-
-    previous = os.environ.get("TORCH_FORCE_WEIGHTS_ONLY_LOAD")
-    os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
-    try:
-        with torch.serialization.safe_globals(checkpoint_globals()):
-            yield
-    finally:
-        if previous is None:
-            del os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"]
-        else:
-            os.environ["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = previous

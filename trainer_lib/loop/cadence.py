@@ -21,8 +21,8 @@ one, and ``log_extra()``. At the end, ``loss_plot`` draws the loss curves into o
 (:mod:`trainer_lib.storage.hub`), both on rank 0.
 
 While ``steps()`` runs, SIGTERM stops the run at the end of the step in progress, every rank at the
-same step, with a checkpoint of that step and :class:`~trainer_lib.loop.preemption.Preempted`
-(exit status 75), within ``preemption.grace_s`` (:mod:`trainer_lib.loop.preemption`). Each
+same step, with a checkpoint of that step and :class:`~trainer_lib.engine.preemption.Preempted`
+(exit status 75), within ``preemption.grace_s`` (:mod:`trainer_lib.engine.preemption`). Each
 checkpoint also keeps every rank's metric sums not logged yet, so a run resumed from a step between
 two log records logs the same numbers as one that never stopped.
 """
@@ -37,9 +37,9 @@ from collections.abc import Callable, Iterator
 
 from trainer_lib.config import flat_dict
 from trainer_lib.engine.checkpoint import CheckpointManager
+from trainer_lib.engine.preemption import PREEMPTED_EXIT, Preempted, Preemption
 from trainer_lib.errors import NonFiniteLossError
 from trainer_lib.loop.metrics import MetricSum, MetricsWindow
-from trainer_lib.loop.preemption import PREEMPTED_EXIT, Preempted, Preemption
 from trainer_lib.loop.tracking import MLFLOW_RUN_FILE, Tracker
 from trainer_lib.models.load import count_parameters
 
@@ -241,10 +241,10 @@ class Cadence:
         """The Hugging Face model (LoRA merged, or the adapter alone with ``lora.merge=false``) and
         ``summary.json`` at the output root, published; with ``hub.push`` then uploaded to the hub."""
         files = dict(extra_files or {})
-        if self.strategy.is_rank_0:  # what made this model, for a release's lineage (trainer_lib/eval/lineage.py)
-            from trainer_lib.eval.lineage import LINEAGE_FILE, stage_record
+        if self.strategy.is_rank_0:  # what made this model, for a release's lineage (trainer_lib/release/lineage.py)
             from trainer_lib.models.load import load_processor
             from trainer_lib.models.vision import processor_files
+            from trainer_lib.release.lineage import LINEAGE_FILE, stage_record
 
             record = stage_record(self.cfg, self.stage, getattr(self.strategy, "effective_config", None))
             files[LINEAGE_FILE] = json.dumps(record, indent=2)

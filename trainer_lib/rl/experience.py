@@ -27,7 +27,8 @@ def start(cfg, priority_signal=None):
     stage's ``priority_signal`` (default :func:`trainer_lib.rl.buffer.group_reward_std`).
     """
     from trainer_lib.engine.batch_size import resolve_batch_size
-    from trainer_lib.engine.strategy import DeepSpeedStrategy, planned_world_size
+    from trainer_lib.engine.process_group import planned_world_size
+    from trainer_lib.engine.strategy import DeepSpeedStrategy
     from trainer_lib.models.load import load_tokenizer
     from trainer_lib.rewards.functions import check_specs
     from trainer_lib.rl.prompts import PromptSchedule

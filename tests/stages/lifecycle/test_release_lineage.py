@@ -9,7 +9,7 @@ import pytest
 
 from trainer_lib import storage
 from trainer_lib.cli import main
-from trainer_lib.eval.lineage import LINEAGE_FILE, build_info, stage_record
+from trainer_lib.release.lineage import LINEAGE_FILE, build_info, stage_record
 from trainer_lib.stage_api import stage_config
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"

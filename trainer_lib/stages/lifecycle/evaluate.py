@@ -42,7 +42,7 @@ from trainer_lib.config import EngineConfig, ModelConfig, StorageConfig, check_n
 from trainer_lib.errors import ConfigError, UserError
 from trainer_lib.eval.generation import ENGINES
 from trainer_lib.eval.harmless import JUDGES
-from trainer_lib.eval.lineage import stages_of
+from trainer_lib.release.lineage import stages_of
 
 _LABEL = re.compile(r"^[A-Za-z0-9][\w.-]*$")
 PLACEMENTS = ("replica", "zero3")
@@ -427,7 +427,8 @@ def inference_precision(precision: str, on_gpu: bool) -> str:
 def start_ranks(cfg: EvaluateConfig, precision: str):
     """The strategy joining the ranks (each on its own device, ``LOCAL_RANK``'s GPU when there is CUDA),
     or None for one process holding whole models, which needs no process group."""
-    from trainer_lib.engine.strategy import DeepSpeedStrategy, planned_world_size
+    from trainer_lib.engine.process_group import planned_world_size
+    from trainer_lib.engine.strategy import DeepSpeedStrategy
 
     if planned_world_size() == 1 and cfg.placement == "replica":
         return None
@@ -596,7 +597,7 @@ def training_curves(cfg: EvaluateConfig, models: dict[str, str]) -> dict[str, li
 def run(cfg: EvaluateConfig) -> dict:
     import torch
 
-    from trainer_lib.engine.strategy import planned_world_size
+    from trainer_lib.engine.process_group import planned_world_size
     from trainer_lib.eval.gate import add_served, evaluate_gate, parse_rules
     from trainer_lib.eval.generation import choose_engine, read_export
     from trainer_lib.eval.report_files import write_report
@@ -659,7 +660,7 @@ def run(cfg: EvaluateConfig) -> dict:
         "data": sets.describe(cfg.humaneval),
         "generation": {"engine": kind, "placement": cfg.placement, "precision": precision, "ranks": ranks},
         "paths": paths,
-        "lineage": {"candidate": stages_of(models[candidate])},  # what made it (trainer_lib/eval/lineage.py)
+        "lineage": {"candidate": stages_of(models[candidate])},  # what made it (trainer_lib/release/lineage.py)
         "created": datetime.datetime.now().isoformat(timespec="seconds"),
         "seconds": round(time.time() - started, 1),
     }

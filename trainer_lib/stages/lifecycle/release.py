@@ -4,15 +4,15 @@
         [lineage.sources=base_model=Qwen/Qwen2.5-0.5B,dataset=s3://b/chat] [registry.mlflow_uri=sqlite:///r.db]
 
 Copies the model directory to ``release_uri`` (local or URL), writes its model card ``README.md``
-(:mod:`trainer_lib.eval.model_card`) and then ``release.json``: the gate's decision, rules and figures,
-the candidate's metrics, and the lineage (:mod:`trainer_lib.eval.lineage`: base model and revision,
+(:mod:`trainer_lib.release.model_card`) and then ``release.json``: the gate's decision, rules and figures,
+the candidate's metrics, and the lineage (:mod:`trainer_lib.release.lineage`: base model and revision,
 data sources and fingerprints, every stage's effective config, posttrain's version and commit, the
 image, the KFP run). ``release.json`` is written last, so a consumer that waits for it never sees a
 half-copied model. A model whose gate failed is never published: the stage says so and exits with an
 error, so a pipeline or script cannot mistake it for a release.
 
 With a tracking URI (``registry.mlflow_uri``, else ``$MLFLOW_TRACKING_URI``) the release becomes a version
-of ``model_name`` in MLflow's model registry (:mod:`trainer_lib.eval.model_registry`). It registers after
+of ``model_name`` in MLflow's model registry (:mod:`trainer_lib.release.model_registry`). It registers after
 the files are published, and ``release.json`` records the version or the error. A registration that fails
 then fails the stage (``registry.required``, the default): a team that gave a registry deploys from it, and a
 release the registry never heard of must not pass as a green run; the published files stay, and a retry
@@ -101,8 +101,8 @@ def read_evaluation(path: str) -> dict:
 
 
 def run(cfg: ReleaseConfig) -> dict:
-    from trainer_lib.eval import lineage as lineages
-    from trainer_lib.eval.model_card import render
+    from trainer_lib.release import lineage as lineages
+    from trainer_lib.release.model_card import render
 
     result = read_evaluation(cfg.evaluation)
     gate = result["gate"]
@@ -153,7 +153,7 @@ def register_release(cfg: ReleaseConfig, lineage: dict, result: dict, card: str)
     """Register the published release when a tracking URI is configured: ``(record, "")``, or
     ``(record with the error, the error)`` when the registry could not be written; ``(None, "")``
     without a tracking URI."""
-    from trainer_lib.eval.model_registry import register, release_tags
+    from trainer_lib.release.model_registry import register, release_tags
 
     uri = cfg.tracking_uri()
     if not uri:

@@ -4,7 +4,7 @@ A pipeline run with ``skip_if_unchanged`` stops early, green, when all of these 
 at ``release_uri``:
 
 * the content fingerprint of its given sources (base model, datasets): the ``fingerprint`` step's output,
-  :func:`trainer_lib.eval.lineage.combined_fingerprint`, which the release records in ``release.json`` as
+  :func:`trainer_lib.release.lineage.combined_fingerprint`, which the release records in ``release.json`` as
   ``lineage.sources_fingerprint`` (a changed data row, object or base revision changes it);
 * the run's parameters that decide what is trained and judged (:func:`training_parameters`: every
   pipeline parameter but those that only say where the results go or who is told).
@@ -76,7 +76,7 @@ def parameters_fingerprint(parameters: dict) -> str:
 
 def record(release_uri: str, run_id: str, sources_fingerprint: str, parameters: dict) -> str:
     """Write ``inputs.json`` beside the release this run published; returns its location."""
-    from trainer_lib.eval.lineage import redacted
+    from trainer_lib.release.lineage import redacted
 
     path = storage.join(release_uri, INPUTS_FILE)
     compared = training_parameters(parameters)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from trainer_lib.engine.strategy import restore_rng_state, rng_state, weights_only_loads
+from trainer_lib.engine.checkpoint import weights_only_loads
+from trainer_lib.engine.rng import restore_rng_state, rng_state
 
 
 def _draws() -> tuple:

@@ -23,7 +23,7 @@ from tests.conftest import REPO, clean_env
 from tests.stages.training.rl_helpers import one_thread
 from trainer_lib.cli import main
 from trainer_lib.engine.checkpoint import MARKER, tag_for
-from trainer_lib.loop.preemption import PREEMPTED_EXIT
+from trainer_lib.engine.preemption import PREEMPTED_EXIT
 
 
 def _sft(tiny_model_dir, chat_jsonl, out, *extra) -> list[str]:

@@ -18,7 +18,7 @@ EVAL_DATASET = {"dataset_type": "posttrain-eval", "dataset_name": "posttrain hel
 
 def hub_datasets(lineage: dict) -> list[str]:
     """Hub ids of the data sources (given as hub ids or Hugging Face cache snapshots)."""
-    from trainer_lib.eval.lineage import hub_id_of
+    from trainer_lib.release.lineage import hub_id_of
 
     found = [hub_id_of(item["location"]) for item in (lineage.get("data") or {}).values()]
     return list(dict.fromkeys(hub_id for hub_id in found if hub_id))
