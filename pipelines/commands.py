@@ -21,8 +21,8 @@ import sys
 import tempfile
 import warnings
 
-from trainer_lib.config.values import parse_bool
 from trainer_lib.errors import ConfigError
+from trainer_lib.values import parse_bool
 
 DEFAULT_PIPELINE = "posttrain-sft"
 COMPILED_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compiled")

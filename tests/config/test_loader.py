@@ -5,6 +5,7 @@ import pytest
 from trainer_lib.cli import main
 from trainer_lib.config import describe, load_config, parse_overrides
 from trainer_lib.errors import ConfigError
+from trainer_lib.stages import stage_module
 from trainer_lib.stages.training.sft import SFTConfig
 
 REQUIRED = ["model.path=m", "data.path=d.jsonl", "output_dir=out"]
@@ -77,9 +78,7 @@ def test_help_lists_every_option(capsys):
     for stage in ("sft", "prepare"):
         assert main([stage, "--help"]) == 0
         out = capsys.readouterr().out
-        import importlib
-
-        module = importlib.import_module(f"trainer_lib.stages.{stage}")
+        module = stage_module(stage)
         for key, _, text in describe(module.CONFIG):
             assert key in out, key
             assert text, f"{stage}: option {key} has no help text"

@@ -15,7 +15,7 @@ TOKENS_PER_IMAGE = 4  # (28 / 14)^2 patches; CLIP's class token is dropped by th
 
 @pytest.fixture(scope="module")
 def vlm_dir(tmp_path_factory) -> str:
-    from trainer_lib.models.vision import make_tiny_vlm
+    from trainer_lib.demo.tiny_model import make_tiny_vlm
 
     return make_tiny_vlm(str(tmp_path_factory.mktemp("vlm") / "tiny"), TEXTS)
 
@@ -74,8 +74,7 @@ def test_lora_adapters_sit_in_the_language_model_only(vlm_dir):
 
 
 def test_image_tokens_carry_no_loss(vlm_dir, images):
-    from trainer_lib.data.vision_tokenize import decode_refs, tokenize_image_row
-    from trainer_lib.models.vision import image_token_id
+    from trainer_lib.data.vision_tokenize import decode_refs, image_token_id, tokenize_image_row
 
     processor = _processor(vlm_dir)
     image_id = image_token_id(processor)
@@ -133,7 +132,8 @@ def test_collate_carries_each_sequences_pixels_in_order(vlm_dir, images):
 def test_processor_files_load_back(vlm_dir, tmp_path):
     from transformers import AutoProcessor
 
-    from trainer_lib.models.vision import processor_files, processor_fingerprint
+    from trainer_lib.data.vision_tokenize import processor_fingerprint
+    from trainer_lib.models.vision import processor_files
 
     processor = _processor(vlm_dir)
     files = processor_files(processor)
@@ -167,10 +167,9 @@ def test_preference_pairs_share_their_prompts_images(vlm_dir, images):
     """Chosen and rejected rows both see the prompt's image: the pixels come twice, in row order, and
     reach the model through model_inputs (other pixels, other log-probs)."""
     from trainer_lib.data.preference_batches import collate_pairs, model_inputs
-    from trainer_lib.data.vision_tokenize import tokenize_image_pair, with_pair_images
+    from trainer_lib.data.vision_tokenize import image_token_id, tokenize_image_pair, with_pair_images
     from trainer_lib.models.load import load_causal_lm
     from trainer_lib.models.reference import forward_logps
-    from trainer_lib.models.vision import image_token_id
 
     processor = _processor(vlm_dir)
     row = {
@@ -198,9 +197,8 @@ def test_rollouts_carry_their_prompts_pixels(vlm_dir, images):
     (select picks each row's own), no image token generated, and the pixels reach every forward."""
     import dataclasses
 
-    from trainer_lib.data.vision_tokenize import image_prompts
+    from trainer_lib.data.vision_tokenize import image_prompts, image_token_id
     from trainer_lib.models.load import load_causal_lm
-    from trainer_lib.models.vision import image_token_id
     from trainer_lib.rl.rollout import generate, token_logprobs
 
     processor = _processor(vlm_dir)

@@ -244,19 +244,3 @@ def test_reward_model_scores_are_normalized_with_the_stored_statistics(tiny_mode
         ]
         raw = [float(model.eval()(torch.tensor([ids])).logits) for ids in sequences]
     assert normalized == pytest.approx([(r - 0.25) / 2.0 for r in raw], abs=1e-5)
-
-
-def test_execution_pass_rate_runs_greedy_completions_in_the_sandbox(tiny_model_dir, tmp_path):
-    from trainer_lib.rewards.functions import execution_pass_rate
-
-    tasks = tmp_path / "tasks.jsonl"
-    rows = [
-        {
-            "prompt": [{"role": "user", "content": f"Write a Python function double(x). {i}"}],
-            "tests": ["assert double(2) == 4"],
-        }
-        for i in range(3)
-    ]
-    tasks.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    result = execution_pass_rate(tiny_model_dir, str(tasks), max_new_tokens=8, limit=2, workers=1)
-    assert result == {"pass_rate": 0.0, "test_fraction": 0.0, "tasks": 2}  # an untrained model writes no code

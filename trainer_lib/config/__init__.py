@@ -7,9 +7,10 @@
   ``--help`` rows; the config flattened for trackers.
 * :mod:`~trainer_lib.config.layers`: the override layers a component or a TrainJob hands a stage.
 * :mod:`~trainer_lib.config.aliases`: TRL's and LLaMA-Factory's key names translated to ours.
-* :mod:`~trainer_lib.config.values`: booleans in text and dotted keys, parsed in one place.
 
-The names a stage needs are importable from the package itself; nothing heavy is imported.
+Single values (booleans in text, seconds in the environment, dotted keys) are parsed in
+:mod:`trainer_lib.values`, below every folder. The names a stage needs are importable from the package
+itself; nothing heavy is imported.
 """
 
 from trainer_lib.config.loader import (

@@ -28,8 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer_lib.config.values import lookup_dotted, parse_bool, section_for
 from trainer_lib.errors import ConfigError
+from trainer_lib.values import lookup_dotted, parse_bool, section_for
 
 #: their key -> our key(s); the first one the stage's config has is used.
 RENAMES: dict[str, tuple[str, ...]] = {
@@ -236,7 +236,7 @@ def _deepspeed(value, ctx):
 
 def _template(value, ctx):
     """`model.chat_template` for `chatml`, `llama3`, `zephyr`; other names: the tokenizer's own template."""
-    from trainer_lib.models.chat_templates import BUILTINS
+    from trainer_lib.data.chat_templates import BUILTINS
 
     if value in BUILTINS:
         return {"model.chat_template": value}, {}, ""
@@ -383,7 +383,7 @@ def _optim(value, ctx):
 
 def _eos_token(value, ctx):
     """a built-in chat template's end of turn (`<|im_end|>`, `<|eot_id|>`): accepted; others refused."""
-    from trainer_lib.models.chat_templates import BUILTINS
+    from trainer_lib.data.chat_templates import BUILTINS
 
     ends = {template.end_of_turn for template in BUILTINS.values() if template.end_of_turn}
     if value in ends:

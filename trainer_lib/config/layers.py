@@ -11,8 +11,8 @@ from __future__ import annotations
 import yaml
 
 from trainer_lib.config.loader import merge, parse_overrides
-from trainer_lib.config.values import section_for
 from trainer_lib.errors import ConfigError
+from trainer_lib.values import section_for
 
 Layer = dict | str
 

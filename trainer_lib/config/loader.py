@@ -19,8 +19,8 @@ import yaml
 
 from trainer_lib.config import aliases
 from trainer_lib.config.sections import lookup
-from trainer_lib.config.values import lookup_dotted, parse_bool, section_for
 from trainer_lib.errors import ConfigError
+from trainer_lib.values import lookup_dotted, parse_bool, section_for
 
 
 def _number(value: Any) -> int | float | None:

@@ -12,8 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from trainer_lib.data import chat_templates
 from trainer_lib.errors import ConfigError
-from trainer_lib.models import chat_templates
 
 
 def opt(default: Any, help: str, choices: tuple | None = None) -> Any:
@@ -43,6 +43,8 @@ SCHEDULERS = (
 METRIC_SCHEDULERS = ("reduce_lr_on_plateau", "greedy")
 
 #: The values of ``model.attn_implementation`` and ``data.format``.
+#: the values ``report_to`` takes (``none``: metrics.jsonl only); loop/tracking.py runs them.
+REPORTERS = ("tensorboard", "mlflow", "wandb", "none")
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 DATA_FORMATS = (
     "auto",
@@ -407,8 +409,6 @@ class TrainingConfig:
 
 def check_report_to(report_to: list[str]) -> None:
     """A ConfigError for an unknown tracker, or ``none`` with others."""
-    from trainer_lib.loop.tracking import REPORTERS
-
     unknown = [name for name in report_to if name not in REPORTERS]
     if unknown:
         raise ConfigError(f"report_to: expected some of {', '.join(REPORTERS)}, got {unknown[0]!r}")

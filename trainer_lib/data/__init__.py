@@ -10,6 +10,8 @@
 * :mod:`~trainer_lib.data.tokenize`, :mod:`~trainer_lib.data.tokenized`, :mod:`~trainer_lib.data.cache`:
   tokenization with prompt masks, packing and collation, built once and cached by content fingerprint.
 * :mod:`~trainer_lib.data.preference_batches`: preference pairs and unpaired rows for the reward and DPO stages.
+* :mod:`~trainer_lib.data.chat_templates`: ``model.chat_template`` (built-in names, Jinja text or a file),
+  which renders chat rows to text.
 * :mod:`~trainer_lib.data.images`: the ``images`` column: references checked, hashed and loaded lazily.
 
 Nothing is imported here, so importing the package stays cheap.

@@ -368,3 +368,10 @@ def canonical_key(row: Mapping[str, Any], fmt: str) -> str:
     if row.get("images"):  # the same text about another image is another row
         key["images"] = [image.get("sha256") for image in row["images"]]
     return json.dumps(key, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def generated_text(completion) -> str:
+    """The generated text of a completion (a string or a list of messages)."""
+    if isinstance(completion, list):
+        return "".join(m.get("content", "") for m in completion if m.get("role") == "assistant")
+    return completion

@@ -234,7 +234,7 @@ def model_inputs(batch: dict, device) -> dict:
     if "segment_ids" not in batch:
         ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
         return {"input_ids": ids, "attention_mask": mask, **pixels}
-    from trainer_lib.models.attention import boundary_kwargs
+    from trainer_lib.data.tokenize import boundary_kwargs
 
     inputs = {"input_ids": batch["input_ids"].to(device), "position_ids": batch["position_ids"].to(device)}
     if pixels:  # a VLM hands the flash-attention kwargs to its vision tower too; positions mark the boundaries

@@ -258,3 +258,13 @@ def count_tokens(batch: dict) -> int:
     """Tokens a collated batch trains on, padding excluded (packed rows have none)."""
     mask = batch.get("attention_mask")
     return int(mask.sum()) if mask is not None else int(batch["input_ids"].numel())
+
+
+def boundary_kwargs(bounds, device) -> dict:
+    """transformers' flash-attention kwargs of a packed row from its cumulative sequence lengths ``bounds``
+    (a host tensor ``[0, n_1, ..., N]``): the boundaries on ``device`` and the longest sequence, read on
+    the host, so no attention layer has to find them."""
+    import torch
+
+    on_device, longest = bounds.to(device=device, dtype=torch.int32), int((bounds[1:] - bounds[:-1]).max())
+    return {"cu_seq_lens_q": on_device, "cu_seq_lens_k": on_device, "max_length_q": longest, "max_length_k": longest}

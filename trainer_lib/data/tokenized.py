@@ -197,7 +197,7 @@ def tokenize_split(
             "code": cache.code_version(module, __name__, "trainer_lib.data.tokenize"),
         }
         if kind in IMAGE_KINDS:
-            from trainer_lib.models.vision import processor_fingerprint
+            from trainer_lib.data.vision_tokenize import processor_fingerprint
 
             parts["processor"] = processor_fingerprint(tokenizer)
 

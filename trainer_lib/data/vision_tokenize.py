@@ -101,7 +101,6 @@ def decode_refs(text: str | None) -> list[dict]:
 def tokenize_image_row(row: dict, fmt: str, processor, max_length: int) -> dict | None:
     """``{"input_ids", "labels", "images"}`` for one normalized row (see the module doc); None when the row
     would have to be cut inside an image."""
-    from trainer_lib.models.vision import image_token_id
 
     tokenizer, image_id = processor.tokenizer, image_token_id(processor)
     refs = row.get(IMAGES) or []
@@ -202,7 +201,6 @@ def encode_image_prompt(processor, prompt, refs: list[dict], tools=None) -> list
     tokens expanded by the processor (``prompt``'s ``<image>`` markers already placed, :func:`place_images`)."""
     from trainer_lib.data.preference_batches import encode_prompt
     from trainer_lib.data.tokenize import render_prompt
-    from trainer_lib.models.vision import image_token_id
 
     if not refs:
         ids = encode_prompt(processor.tokenizer, prompt, tools)
@@ -247,3 +245,25 @@ def with_pair_images(collate, processor):
         return {**collate(examples), **pixel_inputs(processor, refs + refs, "cpu")}
 
     return collate_with_images
+
+
+def image_token_id(processor) -> int:
+    """The id of the token each image position holds (LLaVA's ``<image>``)."""
+    token_id = getattr(processor, "image_token_id", None)
+    if token_id is None:
+        token_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
+    return int(token_id)
+
+
+def processor_fingerprint(processor) -> str:
+    """What decides how the processor turns images into tokens and pixels: its image processor's settings and
+    its own (patch size, image token, feature strategy); part of the tokenized-cache key."""
+    import hashlib
+
+    image_settings = processor.image_processor.to_dict()
+    own = {
+        key: str(getattr(processor, key, None)) for key in ("image_token", "patch_size", "num_additional_image_tokens")
+    }
+    own["vision_feature_select_strategy"] = str(getattr(processor, "vision_feature_select_strategy", None))
+    text = json.dumps({"image_processor": image_settings, "processor": own}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,5 +1,5 @@
 """The tiny-model kit, and ``posttrain tiny-model``: a BPE tokenizer trained on a corpus and a small
-random Llama built from config.
+random Llama built from config; a tiny random LLaVA for the vision-language tests and demo.
 
 Tests and the embedded demo use these instead of downloading weights. The result is a normal
 Hugging Face directory (``config.json``, ``model.safetensors``, tokenizer files and
@@ -188,3 +188,58 @@ def run(cfg: TinyModelConfig) -> dict:
         "num_layers": cfg.num_layers,
         "vocab_size": cfg.vocab_size,
     }
+
+
+def make_tiny_vlm(out_dir: str, texts, vocab_size: int = 300, image_size: int = 28, patch_size: int = 14, seed=0):
+    """A tiny random LLaVA (a 1-layer CLIP vision tower, a 2-layer Llama) with a BPE tokenizer trained on
+    ``texts`` plus the ``<image>`` token, and its processor (an image becomes ``(image_size / patch_size)^2``
+    tokens), saved to ``out_dir``; returns ``out_dir``."""
+    import torch
+    from transformers import (
+        CLIPImageProcessorPil,
+        CLIPVisionConfig,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    from trainer_lib.data.images import PLACEHOLDER
+
+    tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
+    tokenizer.add_special_tokens({"additional_special_tokens": [PLACEHOLDER]}, replace_extra_special_tokens=False)
+    text_model = build_tiny_llama(tokenizer, num_layers=2, hidden_size=64, seed=seed)
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=image_size,
+        patch_size=patch_size,
+        projection_dim=32,
+    )
+    config = LlavaConfig(
+        vision_config=vision,
+        text_config=text_model.config,
+        image_token_id=tokenizer.convert_tokens_to_ids(PLACEHOLDER),
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    image_processor = CLIPImageProcessorPil(  # (the Pillow one: no torchvision needed)
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
+    )
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=patch_size,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,  # CLIP's class token, which the "default" strategy drops again
+        chat_template=tokenizer.chat_template,
+    )
+    model.save_pretrained(out_dir, safe_serialization=True)
+    processor.save_pretrained(out_dir)
+    return out_dir

@@ -24,7 +24,7 @@ def collective_timeout():
     """The process group's timeout: ``$POSTTRAIN_COLLECTIVE_TIMEOUT_S`` seconds, default 600 (10 minutes)."""
     import datetime
 
-    from trainer_lib.config.values import env_seconds
+    from trainer_lib.values import env_seconds
 
     return datetime.timedelta(seconds=env_seconds(COLLECTIVE_TIMEOUT_ENV, DEFAULT_COLLECTIVE_TIMEOUT_S))
 

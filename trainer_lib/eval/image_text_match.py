@@ -97,9 +97,9 @@ def load_pairs(path: str, limit: int = 0) -> list[dict]:
 def score_pairs(scorer, rows: list[dict], completions: list[str], k: int, seed: int) -> tuple[dict, list[dict]]:
     """(metrics, per-pair rows) of one model's completions to ``rows``: each completion against its row's
     first image in a line-up of ``k`` distractors (module doc)."""
-    from trainer_lib.rewards.functions import completion_text
+    from trainer_lib.data.formats import generated_text
 
-    texts = [completion_text(c) for c in completions]
+    texts = [generated_text(c) for c in completions]
     table = cosine_table(scorer, texts, [row["images"][0] for row in rows]).tolist()
     lineups = choose_distractors([row["label"] for row in rows], k, seed)
     hits = retrieval_hits(table, lineups)

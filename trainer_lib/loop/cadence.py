@@ -242,9 +242,9 @@ class Cadence:
         ``summary.json`` at the output root, published; with ``hub.push`` then uploaded to the hub."""
         files = dict(extra_files or {})
         if self.strategy.is_rank_0:  # what made this model, for a release's lineage (trainer_lib/release/lineage.py)
+            from trainer_lib.loop.stage_record import LINEAGE_FILE, stage_record
             from trainer_lib.models.load import load_processor
             from trainer_lib.models.vision import processor_files
-            from trainer_lib.release.lineage import LINEAGE_FILE, stage_record
 
             record = stage_record(self.cfg, self.stage, getattr(self.strategy, "effective_config", None))
             files[LINEAGE_FILE] = json.dumps(record, indent=2)

@@ -20,8 +20,6 @@ from typing import Any
 
 from trainer_lib.errors import UserError
 
-#: the values ``report_to`` takes (``none``: metrics.jsonl only).
-REPORTERS = ("tensorboard", "mlflow", "wandb", "none")
 MLFLOW_RUN_FILE = "mlflow_run_id"
 
 

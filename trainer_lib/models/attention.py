@@ -36,16 +36,6 @@ import functools
 NAME = "posttrain_sdpa"
 
 
-def boundary_kwargs(bounds, device) -> dict:
-    """transformers' flash-attention kwargs of a packed row from its cumulative sequence lengths ``bounds``
-    (a host tensor ``[0, n_1, ..., N]``): the boundaries on ``device`` and the longest sequence, read on
-    the host, so no attention layer has to find them."""
-    import torch
-
-    on_device, longest = bounds.to(device=device, dtype=torch.int32), int((bounds[1:] - bounds[:-1]).max())
-    return {"cu_seq_lens_q": on_device, "cu_seq_lens_k": on_device, "max_length_q": longest, "max_length_k": longest}
-
-
 def sequence_bounds(position_ids) -> list[int]:
     """``[0, ..., n]``: where each sequence of a packed ``[1, n]`` row starts (wherever a position does not follow
     the one before), then ``n``; one read of the row."""

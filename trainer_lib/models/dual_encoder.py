@@ -101,7 +101,6 @@ def similarity(model, batch: dict):
     import torch.nn.functional as F
 
     from trainer_lib.models.load import base_model
-    from trainer_lib.rewards.clip import embeddings_of
 
     base = getattr(model, "module", model)  # a DeepSpeed engine
     base = base_model(base)
@@ -128,7 +127,7 @@ def pair_scores(model, batch: dict, device):
 def encode_pairs(rows, processor, max_length: int) -> list[dict]:
     """Normalized preference rows (with ``images``) -> ``{"chosen", "rejected", "images"}`` texts and
     image references; a row without images is a FILE:ROW-style error from the data layer's location."""
-    from trainer_lib.rewards.functions import completion_text
+    from trainer_lib.data.formats import generated_text
 
     out = []
     for index, row in enumerate(rows):
@@ -139,8 +138,8 @@ def encode_pairs(rows, processor, max_length: int) -> list[dict]:
             )
         out.append(
             {
-                "chosen": completion_text(row["chosen"]),
-                "rejected": completion_text(row["rejected"]),
+                "chosen": generated_text(row["chosen"]),
+                "rejected": generated_text(row["rejected"]),
                 "images": row["images"],
             }
         )
@@ -174,3 +173,17 @@ def text_limit(model_path: str, tokenizer) -> int:
     with open(path, encoding="utf-8") as fh:
         positions = (json.load(fh).get("text_config") or {}).get("max_position_embeddings")
     return min(int(positions or tokenizer.model_max_length), int(tokenizer.model_max_length))
+
+
+def embeddings_of(output):
+    """Projected embeddings from ``get_*_features``: a tensor (transformers 4) or an output whose
+    ``pooler_output`` holds them (transformers 5)."""
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return output
+    for name in ("pooler_output", "text_embeds", "image_embeds"):
+        value = getattr(output, name, None)
+        if isinstance(value, torch.Tensor):
+            return value
+    raise TypeError(f"no embeddings in {type(output).__name__}")

@@ -85,7 +85,7 @@ def padding_free_inputs(model, inputs: dict) -> tuple[torch.Tensor, dict] | None
     """``(real-token mask (B, T), one-row inputs)`` for a padded batch of ids, attention mask and optional
     positions (default: the column, as transformers numbers them); None where it does not apply: no padding,
     any other input (images), an empty row, or modelling code outside transformers (remote code)."""
-    from trainer_lib.models.attention import boundary_kwargs
+    from trainer_lib.data.tokenize import boundary_kwargs
 
     mask = inputs.get("attention_mask")
     if mask is None or mask.dim() != 2 or set(inputs) - {"input_ids", "attention_mask", "position_ids"}:

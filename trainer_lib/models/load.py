@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 from trainer_lib import storage
 from trainer_lib.config import LoraConfig, ModelConfig
+from trainer_lib.data import chat_templates
 from trainer_lib.errors import UserError
-from trainer_lib.models import chat_templates
 
 #: ``lora.target_modules=all-linear``: PEFT's name for every linear layer but the output head.
 ALL_LINEAR = "all-linear"

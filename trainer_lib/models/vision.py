@@ -1,5 +1,6 @@
 """Vision-language models (LLaVA-style): telling them apart, their processor, LoRA on the language model only,
-the frozen vision tower, the processor files saved with the model, and a tiny random one for tests.
+the frozen vision tower, and the processor files saved with the model (a tiny random one for tests is
+:func:`trainer_lib.demo.tiny_model.make_tiny_vlm`).
 
 A model is vision-language when its config has a ``vision_config`` (LLaVA, Qwen2-VL, Idefics, ...). It loads
 with transformers' ``AutoModelForImageTextToText`` and ``AutoProcessor`` (:mod:`trainer_lib.models.load`).
@@ -14,7 +15,6 @@ and LLaMA-Factory's ``freeze_vision_tower`` (its default) keep it.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -101,14 +101,6 @@ def processor_for(local: str, tokenizer, revision: str | None = None, trust_remo
     return processor
 
 
-def image_token_id(processor) -> int:
-    """The id of the token each image position holds (LLaVA's ``<image>``)."""
-    token_id = getattr(processor, "image_token_id", None)
-    if token_id is None:
-        token_id = processor.tokenizer.convert_tokens_to_ids(processor.image_token)
-    return int(token_id)
-
-
 def processor_files(processor) -> dict[str, str]:
     """``{file name: text}`` of the processor's own files (not the tokenizer's), to be saved with the model
     so that the saved directory loads back with ``AutoProcessor``; empty for a text model (None)."""
@@ -124,76 +116,3 @@ def processor_files(processor) -> dict[str, str]:
                 with open(os.path.join(tmp, name), encoding="utf-8") as fh:
                     files[name] = fh.read()
         return files
-
-
-def processor_fingerprint(processor) -> str:
-    """What decides how the processor turns images into tokens and pixels: its image processor's settings and
-    its own (patch size, image token, feature strategy); part of the tokenized-cache key."""
-    import hashlib
-
-    image_settings = processor.image_processor.to_dict()
-    own = {
-        key: str(getattr(processor, key, None)) for key in ("image_token", "patch_size", "num_additional_image_tokens")
-    }
-    own["vision_feature_select_strategy"] = str(getattr(processor, "vision_feature_select_strategy", None))
-    text = json.dumps({"image_processor": image_settings, "processor": own}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-# --------------------------------------------------------------------------- a tiny random one for tests
-
-
-def make_tiny_vlm(out_dir: str, texts, vocab_size: int = 300, image_size: int = 28, patch_size: int = 14, seed=0):
-    """A tiny random LLaVA (a 1-layer CLIP vision tower, a 2-layer Llama) with a BPE tokenizer trained on
-    ``texts`` plus the ``<image>`` token, and its processor (an image becomes ``(image_size / patch_size)^2``
-    tokens), saved to ``out_dir``; returns ``out_dir``."""
-    import torch
-    from transformers import (
-        CLIPImageProcessorPil,
-        CLIPVisionConfig,
-        LlavaConfig,
-        LlavaForConditionalGeneration,
-        LlavaProcessor,
-    )
-
-    from trainer_lib.data.images import PLACEHOLDER
-    from trainer_lib.demo.tiny_model import build_tiny_llama, train_tokenizer
-
-    tokenizer = train_tokenizer(texts, vocab_size=vocab_size)
-    tokenizer.add_special_tokens({"additional_special_tokens": [PLACEHOLDER]}, replace_extra_special_tokens=False)
-    text_model = build_tiny_llama(tokenizer, num_layers=2, hidden_size=64, seed=seed)
-    vision = CLIPVisionConfig(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        image_size=image_size,
-        patch_size=patch_size,
-        projection_dim=32,
-    )
-    config = LlavaConfig(
-        vision_config=vision,
-        text_config=text_model.config,
-        image_token_id=tokenizer.convert_tokens_to_ids(PLACEHOLDER),
-        vision_feature_select_strategy="default",
-        vision_feature_layer=-1,
-        tie_word_embeddings=True,
-    )
-    torch.manual_seed(seed)
-    model = LlavaForConditionalGeneration(config)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    image_processor = CLIPImageProcessorPil(  # (the Pillow one: no torchvision needed)
-        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
-    )
-    processor = LlavaProcessor(
-        image_processor=image_processor,
-        tokenizer=tokenizer,
-        patch_size=patch_size,
-        vision_feature_select_strategy="default",
-        num_additional_image_tokens=1,  # CLIP's class token, which the "default" strategy drops again
-        chat_template=tokenizer.chat_template,
-    )
-    model.save_pretrained(out_dir, safe_serialization=True)
-    processor.save_pretrained(out_dir)
-    return out_dir

@@ -1,12 +1,11 @@
 """What made a released model: the lineage ``release.json`` and the model card record.
 
-Every training stage leaves ``lineage.json`` next to its model (:func:`stage_record`): its effective
-config (secrets redacted), where the model and data it read came from with their content fingerprints,
-and the records of the stages before it, read from its input models' own ``lineage.json``; so the last
-model of a chain carries the whole chain. The release adds (:func:`collect`) the base model (hub id,
-revision and license when they can be known), the data sources with their fingerprints (the same
-:func:`trainer_lib.storage.fingerprint` the pipeline's ``fingerprint`` step keys its cache with),
-posttrain's version and commit, the image, and the KFP run.
+Every training stage leaves ``lineage.json`` next to its model (:mod:`trainer_lib.loop.stage_record`):
+its effective config (secrets redacted), where the model and data it read came from, and the records of
+the stages before it; so the last model of a chain carries the whole chain. The release adds
+(:func:`collect`) the base model (hub id, revision and license when they can be known), the data sources
+with their fingerprints (the same :func:`trainer_lib.storage.fingerprint` the pipeline's ``fingerprint``
+step keys its cache with), posttrain's version and commit, the image, and the KFP run.
 
 Where each fact comes from, and what cannot be known:
 
@@ -26,48 +25,16 @@ import json
 import os
 import re
 import subprocess
-import time
 
 from trainer_lib import storage
+from trainer_lib.loop.stage_record import LINEAGE_FILE, describe_input, read_lineage, redacted
 
-LINEAGE_FILE = "lineage.json"
 #: Written at image build time (images/Dockerfile); POSTTRAIN_BUILD_INFO names another file.
 BUILD_INFO = "/etc/posttrain/build.json"
-#: Config keys naming a model or data a training stage reads (flat, dotted).
-INPUT_KEYS = (
-    "model.path",
-    "data.path",
-    "data.eval_path",
-    "data.feedback_path",
-    "reward.model_path",
-    "reward.classifier_path",
-    "reward.clip_path",
-    "critic.path",
-)
 #: The pipeline's given sources, in the order the ``fingerprint`` step combines them.
 SOURCE_NAMES = ("base_model", "dataset", "preference_dataset", "prompt_dataset")
-#: Keys of the inputs whose own ``lineage.json`` continues the chain (models, not data).
-MODEL_KEYS = ("model.path", "reward.model_path", "critic.path")
-_SECRET_KEY = re.compile(r"(?i)^((hf|hub|api|auth|access|bearer|session)_)?(token|secret|password|api_key|secret_key)$")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _HUB_CACHE = re.compile(r"(models|datasets)--([^/\\]+?)--([^/\\]+)[/\\]snapshots[/\\]([0-9a-f]{40})")
-
-
-def redacted(value, key: str = ""):
-    """``value`` with every string passed through :func:`trainer_lib.storage.redact` (credentials of this
-    process, token-shaped text, URL passwords) and the value of any secret-named key blanked."""
-    if isinstance(value, dict):
-        return {k: redacted(v, str(k)) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [redacted(v, key) for v in value]
-    if isinstance(value, str) and value and _SECRET_KEY.match(key.rsplit(".", 1)[-1]):
-        return "***"
-    return storage.redact(value) if isinstance(value, str) else value
-
-
-def describe_input(location: str) -> dict:
-    """``{"location", "fingerprint"}`` of one model or data location (its content fingerprint)."""
-    return {"location": storage.redact(location), "fingerprint": storage.fingerprint(location)}
 
 
 def combined_fingerprint(described: list[tuple[str, str]]) -> str:
@@ -75,61 +42,6 @@ def combined_fingerprint(described: list[tuple[str, str]]) -> str:
     ``fingerprint`` step's output, which keys ``bootstrap``'s cache (empty when none is given)."""
     parts = [f"{location}={print_}" for location, print_ in described]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest() if parts else ""
-
-
-def read_lineage(model_dir: str) -> dict | None:
-    """The ``lineage.json`` a training stage left in ``model_dir`` (local or URL), or None."""
-    path = storage.join(model_dir, LINEAGE_FILE)
-    try:
-        return json.loads(storage.read_text(path))
-    except (FileNotFoundError, ValueError, OSError):
-        return None
-
-
-def stage_record(cfg, stage: str, deepspeed: dict | None = None) -> dict:
-    """What training stage ``stage`` writes to its output as ``lineage.json`` (rank 0, with the model):
-    ``{"stages": [...]}``, the records of the stages that made its input models, then its own: its name,
-    output, effective config (flat keys, secrets redacted), the DeepSpeed config its engine got, and
-    each input's location and fingerprint."""
-    from trainer_lib.config import flat_dict
-
-    config = redacted(flat_dict(cfg))
-    inputs = {}
-    for key in INPUT_KEYS:
-        given = getattr_path(cfg, key, None)
-        for location in given if isinstance(given, list) else [given] if given else []:
-            inputs.setdefault(key, []).append(describe_input(str(location)))
-    chain: list[dict] = []
-    for key in MODEL_KEYS:
-        location = getattr_path(cfg, key, None)
-        upstream = read_lineage(location) if isinstance(location, str) and storage.exists(location) else None
-        for record in (upstream or {}).get("stages", []):
-            if not any(_same(record, seen) for seen in chain):
-                chain.append(record)
-    own = {
-        "stage": stage,
-        "output": config.get("output_dir"),
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "inputs": inputs,
-        "config": config,
-    }
-    if deepspeed is not None:
-        own["deepspeed"] = redacted(deepspeed)
-    return {"stages": [*chain, own]}
-
-
-def getattr_path(cfg, dotted: str, default):
-    """``cfg.a.b`` for ``"a.b"`` (the unredacted value: locations are fingerprinted as given)."""
-    value = cfg
-    for part in dotted.split("."):
-        value = getattr(value, part, None)
-        if value is None:
-            return default
-    return value
-
-
-def _same(a: dict, b: dict) -> bool:
-    return (a.get("stage"), a.get("output"), a.get("created")) == (b.get("stage"), b.get("output"), b.get("created"))
 
 
 def stages_of(model_dir: str) -> list[dict]:

@@ -76,7 +76,7 @@ def parameters_fingerprint(parameters: dict) -> str:
 
 def record(release_uri: str, run_id: str, sources_fingerprint: str, parameters: dict) -> str:
     """Write ``inputs.json`` beside the release this run published; returns its location."""
-    from trainer_lib.release.lineage import redacted
+    from trainer_lib.loop.stage_record import redacted
 
     path = storage.join(release_uri, INPUTS_FILE)
     compared = training_parameters(parameters)

@@ -19,8 +19,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable
 
+from trainer_lib.data.formats import generated_text
 from trainer_lib.errors import UserError
-from trainer_lib.rewards.functions import completion_text
 
 SCORES = ("probability", "logit")
 
@@ -129,4 +129,4 @@ class ClassifierScorer:
         return out
 
     def __call__(self, prompts: list, completions: list, **columns) -> list[float]:
-        return self.scores(prompts, [completion_text(c) for c in completions])
+        return self.scores(prompts, [generated_text(c) for c in completions])

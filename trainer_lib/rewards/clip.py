@@ -21,25 +21,12 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from trainer_lib.data.formats import generated_text
 from trainer_lib.errors import UserError
-from trainer_lib.rewards.functions import completion_text
+from trainer_lib.models.dual_encoder import embeddings_of
 
 #: image embeddings kept in memory, by content hash (a few MB at CLIP's 512-1024 dimensions).
 CACHED_IMAGES = 4096
-
-
-def embeddings_of(output):
-    """Projected embeddings from ``get_*_features``: a tensor (transformers 4) or an output whose
-    ``pooler_output`` holds them (transformers 5)."""
-    import torch
-
-    if isinstance(output, torch.Tensor):
-        return output
-    for name in ("pooler_output", "text_embeds", "image_embeds"):
-        value = getattr(output, name, None)
-        if isinstance(value, torch.Tensor):
-            return value
-    raise TypeError(f"no embeddings in {type(output).__name__}")
 
 
 class ClipScorer:
@@ -139,7 +126,7 @@ class ClipScorer:
                     "scores a completion against its prompt's images, so every prompt row needs an 'images' "
                     "column (docs/multimodal.md)"
                 )
-        texts = self.text_embeddings([completion_text(c) for c in completions])
+        texts = self.text_embeddings([generated_text(c) for c in completions])
         flat = [ref for refs in rows for ref in refs]
         pictures = self.image_embeddings(flat)
         owner = torch.tensor([i for i, refs in enumerate(rows) for _ in refs])

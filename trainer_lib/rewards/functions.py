@@ -35,6 +35,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from trainer_lib.data.formats import generated_text
 from trainer_lib.errors import UserError
 
 RewardFn = Callable[..., list]
@@ -62,13 +63,6 @@ def takes_keyword(fn: Callable, name: str) -> bool:
         p.kind is p.VAR_KEYWORD or (p.name == name and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
         for p in parameters
     )
-
-
-def completion_text(completion) -> str:
-    """The generated text of a completion (a string or a list of messages)."""
-    if isinstance(completion, list):
-        return "".join(m.get("content", "") for m in completion if m.get("role") == "assistant")
-    return completion
 
 
 def as_completions(prompts: list, texts: list[str]) -> list:
@@ -105,7 +99,7 @@ class CodeExecution:
         programs, rows = [], []
         for i, (completion, row_tests) in enumerate(zip(completions, tests)):
             if row_tests:
-                programs.append(Program(extract_code(completion_text(completion)), tuple(row_tests)))
+                programs.append(Program(extract_code(generated_text(completion)), tuple(row_tests)))
                 rows.append(i)
         rewards: list[float | None] = [None] * len(completions)
         if programs:
@@ -134,7 +128,7 @@ def style_violations(code: str, max_line_length: int = 79) -> int:
 
 def code_style(prompts, completions, **columns) -> list[float]:
     """``1.0 - 0.1 * violations`` (pycodestyle, default rules), floored at 0."""
-    return [max(0.0, 1.0 - 0.1 * style_violations(extract_code(completion_text(c)))) for c in completions]
+    return [max(0.0, 1.0 - 0.1 * style_violations(extract_code(generated_text(c)))) for c in completions]
 
 
 def code_ast(
@@ -164,7 +158,7 @@ def code_ast(
     for completion, row_tests, row_entry in zip(completions, tests, entry_point):
         row_tests = [row_tests] if isinstance(row_tests, str) else row_tests or ()
         name, calls = expected_calls(tuple(map(str, row_tests)), str(row_entry) if row_entry else None)
-        text = completion_text(completion)
+        text = generated_text(completion)
         # bounded before the fence is even searched for: a runaway completion scores 0 unread
         code = extract_code(text) if len(text) <= 4 * max_chars else None
         rewards.append(score(code, name, calls, limits))
@@ -190,7 +184,7 @@ def refusal(prompts, completions, *, kind=None, **columns) -> list[float | None]
 
     labels = kind if kind is not None else [None] * len(completions)
     return [
-        float(is_refusal(completion_text(c)) == (label == "harmful")) if label in ("harmful", "benign") else None
+        float(is_refusal(generated_text(c)) == (label == "harmful")) if label in ("harmful", "benign") else None
         for c, label in zip(completions, labels)
     ]
 
@@ -200,7 +194,7 @@ def think_format_reward(prompts, completions, **columns) -> list[float]:
     and opens no second ``<think>`` (the answer after it may be empty, as in TRL), else 0.0."""
     rewards = []
     for completion in completions:
-        text = completion_text(completion)
+        text = generated_text(completion)
         rest = text[len("<think>") :]
         rewards.append(float(text.startswith("<think>") and "<think>" not in rest and "</think>" in rest))
     return rewards
@@ -328,56 +322,3 @@ def check_rewards(name: str, values, count: int) -> list[float | None]:
             raise UserError(f"reward function '{name}' returned {value!r} at position {i}; expected a float or None")
         out.append(None if value is None else float(value))
     return out
-
-
-# --------------------------------------------------------------------------- evaluation helper
-
-
-def execution_pass_rate(
-    model_dir: str,
-    tasks_path: str,
-    *,
-    max_new_tokens: int = 128,
-    batch_size: int = 64,
-    limit: int = 0,
-    timeout: float = 3.0,
-    workers: int = 4,
-) -> dict:
-    """Greedy completions of a saved model for code tasks (JSONL rows with ``prompt`` and
-    ``tests``, like the demo's ``code_tasks_eval.jsonl``), run in the sandbox.
-
-    Returns ``pass_rate`` (all of a task's tests pass), ``test_fraction`` (mean fraction of
-    tests passed, the ``code_execution`` reward) and ``tasks``.
-    """
-    import json
-
-    from trainer_lib.config import ModelConfig
-    from trainer_lib.data.preference_batches import encode_prompt
-    from trainer_lib.models.load import load_causal_lm, load_tokenizer
-    from trainer_lib.rl.rollout import generate
-
-    with open(os.path.expanduser(tasks_path), encoding="utf-8") as fh:
-        tasks = [json.loads(line) for line in fh if line.strip()]
-    tasks = tasks[:limit] if limit > 0 else tasks
-    cfg = ModelConfig(path=model_dir)
-    tokenizer = load_tokenizer(cfg)
-    model = load_causal_lm(cfg).eval()
-    rollout = generate(
-        model,
-        tokenizer,
-        [encode_prompt(tokenizer, t["prompt"]) for t in tasks],
-        max_new_tokens=max_new_tokens,
-        temperature=0.0,
-        batch_size=batch_size,
-    )
-    reward = CodeExecution(timeout=timeout, max_workers=workers)
-    try:
-        fractions = reward([t["prompt"] for t in tasks], rollout.completions, tests=[t["tests"] for t in tasks])
-    finally:
-        reward.close()
-    fractions = [f or 0.0 for f in fractions]
-    return {
-        "pass_rate": sum(f == 1.0 for f in fractions) / len(tasks),
-        "test_fraction": sum(fractions) / len(tasks),
-        "tasks": len(tasks),
-    }

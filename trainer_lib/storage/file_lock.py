@@ -26,7 +26,7 @@ LOCK_WAIT_ENV, DEFAULT_LOCK_WAIT_S = "POSTTRAIN_LOCK_WAIT_S", 3600.0
 
 def lock_wait_s() -> float:
     """Seconds a wait on another process's lock lasts before it gives up (``$POSTTRAIN_LOCK_WAIT_S``)."""
-    from trainer_lib.config.values import env_seconds
+    from trainer_lib.values import env_seconds
 
     return env_seconds(LOCK_WAIT_ENV, DEFAULT_LOCK_WAIT_S)
 

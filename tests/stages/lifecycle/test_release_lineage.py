@@ -9,7 +9,8 @@ import pytest
 
 from trainer_lib import storage
 from trainer_lib.cli import main
-from trainer_lib.release.lineage import LINEAGE_FILE, build_info, stage_record
+from trainer_lib.loop.stage_record import LINEAGE_FILE, stage_record
+from trainer_lib.release.lineage import build_info
 from trainer_lib.stage_api import stage_config
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"

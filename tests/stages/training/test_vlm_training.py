@@ -17,7 +17,7 @@ QUESTIONS = ["<image>What colour is it?", "<image>Name the colour.", "Describe t
 
 @pytest.fixture(scope="module")
 def vlm_dir(tmp_path_factory) -> str:
-    from trainer_lib.models.vision import make_tiny_vlm
+    from trainer_lib.demo.tiny_model import make_tiny_vlm
 
     texts = [f"{q} It is {c}." for q in QUESTIONS for c in COLOURS] * 10
     return make_tiny_vlm(str(tmp_path_factory.mktemp("vlm") / "tiny"), texts)

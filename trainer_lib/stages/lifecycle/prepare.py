@@ -21,8 +21,8 @@ import tempfile
 from dataclasses import dataclass
 
 from trainer_lib.config import DataConfig, ModelConfig, StorageConfig, opt
+from trainer_lib.data import chat_templates
 from trainer_lib.errors import ConfigError, UserError
-from trainer_lib.models import chat_templates
 
 
 @dataclass

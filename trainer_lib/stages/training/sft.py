@@ -36,8 +36,7 @@ def make_collate(cfg: TrainingConfig, pad_token_id: int, device, processor=None)
     vision-language model's ``processor``, the pixels of the examples' images too."""
     import torch
 
-    from trainer_lib.data.tokenize import collate_packed, collate_padded
-    from trainer_lib.models.attention import boundary_kwargs
+    from trainer_lib.data.tokenize import boundary_kwargs, collate_packed, collate_padded
 
     def collate(examples: list[dict]) -> dict:
         if not cfg.data.packing:

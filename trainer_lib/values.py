@@ -1,8 +1,9 @@
 """Single config values: booleans in text, seconds in environment variables, and dotted keys
 (``engine.zero_stage``) in nested mappings.
 
-The one place that parses them, for the typed configs, the TRL/LLaMA-Factory aliases and the
-pipeline parameters alike.
+The one place that parses them, for the typed configs, the TRL/LLaMA-Factory aliases, the pipeline
+parameters and the ``POSTTRAIN_*`` waits of the object store and the collectives alike. It sits at the
+package root, below every folder, with ``errors.py``: it imports nothing of ours but the errors.
 """
 
 from __future__ import annotations
