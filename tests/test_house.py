@@ -3,11 +3,15 @@
 import ast
 import os
 
+import pytest
+
 from tests.conftest import REPO
 
 LIBRARY = os.path.join(REPO, "trainer_lib")
 MAX_ROOT_MODULES = 4
-MAX_FUNCTION_LINES = 90
+#: The longest function, from its ``def`` to its last line, per package: components are thin (artifacts and
+#: parameters in, one call into trainer_lib, metadata out), so theirs are shorter.
+MAX_FUNCTION_LINES = {"trainer_lib": 90, "pipelines": 90, "components": 60}
 #: Functions allowed to be longer: the sandbox's isolation closures keep their locals out of the program's
 #: reach, so their steps cannot be split into functions the program could find (see the comment at each).
 LONG_BY_DESIGN = {("trainer_lib/sandbox/_zygote.py", "_make_hook")}
@@ -44,15 +48,16 @@ def test_every_folder_of_the_library_says_what_it_holds():
             assert ast.get_docstring(ast.parse(fh.read())), f"{init}: no docstring saying what the folder holds"
 
 
-def test_functions_are_short():
+@pytest.mark.parametrize("package", sorted(MAX_FUNCTION_LINES))
+def test_functions_are_short(package):
     long = []
-    for path in _python_files(LIBRARY):
+    for path in _python_files(os.path.join(REPO, package)):
         rel = os.path.relpath(path, REPO)
         with open(path, encoding="utf-8") as fh:
             tree = ast.parse(fh.read())
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
-                if lines > MAX_FUNCTION_LINES and (rel, node.name) not in LONG_BY_DESIGN:
+                if lines > MAX_FUNCTION_LINES[package] and (rel, node.name) not in LONG_BY_DESIGN:
                     long.append(f"{rel}:{node.lineno} {node.name}: {lines} lines")
     assert not long, "\n".join(long)
