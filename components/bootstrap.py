@@ -43,7 +43,7 @@ def bootstrap(
     import shutil
 
     from components.common import mark_source
-    from trainer_lib.stage_api import run_stage
+    from trainer_lib.runner.stage_api import run_stage
 
     counts = run_stage("demo-data", [{"seed": seed}, *demo_overrides, {"output_dir": demo.path}])["counts"]
     demo.metadata.update({"kind": "demo", "sft_rows": counts["sft.jsonl"]})

@@ -1,5 +1,7 @@
-"""What every component shares: the images they run in, what a GPU pod gets from its host, and small
-runtime helpers.
+"""What every component shares: the images they run in, what a GPU pod gets from its host, and the small
+runtime helpers that read KFP artifacts (where an artifact lives, its metadata, a Metrics artifact).
+
+Running a stage (here, in N processes, on N nodes) is the library's: :mod:`trainer_lib.runner`.
 
 Module top imports only the standard library: compiling a pipeline imports this file. The
 helpers are imported *inside* component bodies at run time (the image installs this package).
@@ -119,21 +121,6 @@ def log_summary(metrics, summary: dict, prefix: str = "") -> dict:
     return logged
 
 
-def last_logged(output_dir: str, split: str = "train") -> dict:
-    """The last ``metrics.jsonl`` record of ``split`` a training stage wrote (without step/time)."""
-    import json
-
-    path = os.path.join(output_dir, "metrics.jsonl")
-    record: dict = {}
-    if os.path.isfile(path):
-        with open(path, encoding="utf-8") as fh:
-            for line in fh:
-                row = json.loads(line) if line.strip() else {}
-                if row.get("split") == split:
-                    record = row
-    return {k: v for k, v in record.items() if k not in ("step", "split", "time")}
-
-
 def store_prefix(artifact) -> str | None:
     """The object-store folder an artifact lives in (``s3://...``), or None when it is not in one.
 
@@ -147,59 +134,6 @@ def store_prefix(artifact) -> str | None:
     return store
 
 
-def training_layers(values: dict, paths: dict) -> list:
-    """The config layers of a training task, lowest precedence first: its typed parameters, ``params``
-    (empty values left out), the reward lists when non-empty, the user's overrides, the artifact
-    paths. The train component runs these; ``posttrain pipeline run`` validates them beforehand."""
-    typed = {
-        "max_steps": values["max_steps"],
-        "lr": values["lr"],
-        "batch_size": values["batch_size"],
-        "data.max_length": values["max_length"],
-        "seed": values["seed"],
-    }
-    lists = {"reward.functions": values["reward_functions"], "reward.weights": values["reward_weights"]}
-    given = {
-        **{key: value for key, value in values["params"].items() if value not in ("", None)},
-        **{key: value for key, value in lists.items() if value},
-    }
-    return [typed, given, *values["overrides"], paths]
-
-
-def run_in_processes(stage: str, cfg, processes: int, written: str = "summary.json") -> dict:
-    """Run a built stage config in ``processes`` local workers, as ``posttrain <stage> --config F
-    --nproc N`` (torchrun); returns what rank 0 wrote to ``written`` in the output directory (a training
-    stage's summary, evaluate's metrics.json). A worker's failure fails the step; workers stopped by SIGTERM
-    after their checkpoint (status 75; a SIGTERM to this process is passed on to them) raise
-    :class:`trainer_lib.engine.preemption.Preempted`, which the train component exits with as 75 (retryable)."""
-    import json
-    import subprocess
-    import sys
-    import tempfile
-
-    import yaml
-
-    from trainer_lib.config import to_dict
-
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as fh:
-        yaml.safe_dump(to_dict(cfg), fh, sort_keys=False)
-    command = [sys.executable, "-m", "trainer_lib.cli", stage, "--config", fh.name, "--nproc", str(processes)]
-    try:
-        from trainer_lib.engine.preemption import PREEMPTED_EXIT, Preempted, passing_sigterm_to
-
-        workers = subprocess.Popen(command)
-        with passing_sigterm_to(workers):  # a pod's SIGTERM reaches the workers, which checkpoint and stop
-            code = workers.wait()
-        if code == PREEMPTED_EXIT:
-            raise Preempted(f"posttrain {stage} --nproc {processes} stopped by SIGTERM after its checkpoint")
-        if code != 0:
-            raise RuntimeError(f"posttrain {stage} --nproc {processes} failed (see the workers' log above)")
-    finally:
-        os.remove(fh.name)
-    with open(os.path.join(cfg.output_dir, written), encoding="utf-8") as fh:
-        return json.load(fh)
-
-
 def remote_location(artifact) -> str:
     """Where other pods read an artifact: its pass-through source, else its object-store URI (KFP's
     ``minio://`` read as the S3 bucket it is); a TrainJob's nodes cannot see the launcher's disk."""
@@ -208,9 +142,9 @@ def remote_location(artifact) -> str:
 
 
 def training_node(gpus: int, accelerator: str = ""):
-    """What each node of a multi-node step holds (a ``trainer_lib.cluster.trainjob.NodeResources``):
+    """What each node of a multi-node step holds (a ``trainer_lib.runner.trainjob.NodeResources``):
     ``gpus`` accelerators, :data:`PER_GPU` host resources for each, and the GPU placement above."""
-    from trainer_lib.cluster.trainjob import NodeResources
+    from trainer_lib.runner.trainjob import NodeResources
 
     host = PER_GPU.for_gpus(gpus)
     return NodeResources(
@@ -222,48 +156,3 @@ def training_node(gpus: int, accelerator: str = ""):
         tolerations=tuple(GPU_TOLERATIONS),
         node_selector=dict(GPU_NODE_SELECTOR),
     )
-
-
-def run_on_nodes(stage: str, cfg, nodes: int, per_node: int, root: str, accelerator: str = "") -> dict:
-    """Run a built stage config on ``nodes`` nodes x ``per_node`` processes (and accelerators, of
-    ``accelerator``, default :data:`ACCELERATOR`) as a Kubeflow Trainer ``TrainJob`` (trainer_lib.cluster)
-    in the train component's image, then bring its final model into ``cfg.output_dir``.
-
-    The job's output and checkpoints live under the pipeline root at a location derived from the
-    config, so a retried launcher re-attaches to the same job (same name) and the same prefixes.
-    """
-    import json
-
-    from trainer_lib import storage
-    from trainer_lib.cluster.trainjob import launch_stage, object_store_env
-    from trainer_lib.config import to_dict
-    from trainer_lib.engine.checkpoint import stable_checkpoint_dir
-    from trainer_lib.errors import UserError
-
-    checkpoints = stable_checkpoint_dir(cfg, root, stage)
-    if not storage.is_shared(checkpoints):
-        raise UserError(
-            f"nodes={nodes}: the pipeline root must be an object store every node reaches "
-            f"(s3://, KFP's minio://, gs://...), got {root!r}"
-        )
-    job = checkpoints.replace("/checkpoints/", "/jobs/", 1)
-    values = {k: v for k, v in to_dict(cfg).items() if k not in ("output_dir", "checkpoint_dir")}
-    result = launch_stage(
-        stage,
-        [values],
-        run_id=job.rsplit("-", 1)[-1],
-        task=stage,
-        image=image_for("train"),
-        output_dir=f"{job}/output",
-        checkpoint_dir=cfg.checkpoint_dir or checkpoints,
-        num_nodes=nodes,
-        nproc_per_node=per_node,
-        node=training_node(per_node, accelerator),
-        env=object_store_env(),
-        timeout_s=float(os.environ.get("POSTTRAIN_TRAINJOB_TIMEOUT_S", 7 * 24 * 3600)),
-        poll_s=float(os.environ.get("POSTTRAIN_TRAINJOB_POLL_S", 15)),
-    )
-    print(f"{stage}: TrainJob {result.name} finished; copying its model from {job}/output", flush=True)
-    storage.download_dir(f"{job}/output", cfg.output_dir)
-    with open(os.path.join(cfg.output_dir, "summary.json"), encoding="utf-8") as fh:
-        return json.load(fh)

@@ -27,7 +27,7 @@ def deploy(
 ):
     """Skips (and says so) when the gate failed or the export did not run."""
     from components.common import mark_source
-    from trainer_lib.stage_api import run_stage
+    from trainer_lib.runner.stage_api import run_stage
 
     if not gate_passed:
         print("deploy: the evaluation gate failed; nothing is deployed")

@@ -4,6 +4,15 @@
 With ``exported`` (the candidate's export), the ``served_variant`` Triton will serve is scored too, through
 the same onnxruntime generation loop as the server, and judged by ``served_rules``; ``gate_passed`` holds
 only when the candidate's and the served variant's rules both hold. Release and deploy take it as input.
+
+``gpus`` > 1 runs the evaluation in that many processes in this pod (torchrun, through
+:func:`trainer_lib.runner.dispatch.dispatch`), each generating for its share of the prompts (CPU processes
+under ``kfp.local``).
+
+``eval_data`` is a dataset directory (the demo's) with code_tasks_eval.jsonl and safety_eval.jsonl,
+used for the sets that ``tasks_path`` / ``safety_path`` (the user's held-out data) do not give.
+Models are evaluated in the order base, baseline, extra, candidate; ``results`` holds metrics.json
+and per_problem/; ``metrics`` shows ``<label>_<metric>`` and ``gate_passed`` in the UI.
 """
 
 from typing import NamedTuple
@@ -44,63 +53,33 @@ def evaluate(
     overrides: list = [],
     gpus: int = 1,
 ) -> NamedTuple("Outputs", gate_passed=bool):
-    """Precedence, lowest first: config_yaml, the typed parameters, overrides, the artifacts.
-
-    ``gpus`` > 1 runs the evaluation in that many processes in this pod (``posttrain evaluate --nproc N``),
-    each generating for its share of the prompts (CPU processes under ``kfp.local``).
-
-    ``eval_data`` is a dataset directory (the demo's) with code_tasks_eval.jsonl and safety_eval.jsonl,
-    used for the sets that ``tasks_path`` / ``safety_path`` (the user's held-out data) do not give.
-    Models are evaluated in the order base, baseline, extra, candidate; ``results`` holds metrics.json
-    and per_problem/; ``metrics`` shows ``<label>_<metric>`` and ``gate_passed`` in the UI.
-    """
-    import json
-    import os
-    import shutil
+    """Evaluate the models given. Precedence, lowest first: config_yaml, parameters, overrides, artifacts."""
     from collections import namedtuple
 
-    from components.common import run_in_processes, source_of
-    from trainer_lib.eval.report import ui_metrics
-    from trainer_lib.stage_api import run_config, stage_config
+    from components.common import source_of
+    from trainer_lib.runner.dispatch import Where, dispatch
+    from trainer_lib.runner.outcome import evaluation
+    from trainer_lib.runner.stage_api import evaluation_layers, stage_config
 
-    given = [
-        (base_label, base_model),
-        (baseline_label, baseline),
-        (extra_label, extra_model),
-        (candidate_label, candidate),
-    ]
-    models = [f"{label}={source_of(artifact)}" for label, artifact in given if artifact is not None]
-    params = {"judge.kind": judge, "humaneval.limit": humaneval_limit, "humaneval.n": humaneval_n, "seed": seed}
-    if gate_rules:
-        params["gate.rules"] = list(gate_rules)
-    if exported is not None and (exported.metadata or {}).get("exported", False):
-        params["served.variant"] = served_variant
-        if served_rules:
-            params["served.rules"] = list(served_rules)
+    models = (base_model, baseline, extra_model, candidate)
+    labels = (base_label, baseline_label, extra_label, candidate_label)
+    settings = {"judge.kind": judge, "humaneval.limit": humaneval_limit, "humaneval.n": humaneval_n, "seed": seed}
+    settings.update({"gate.rules": gate_rules, "served.variant": served_variant, "served.rules": served_rules})
     wiring = {
-        "models": models,
+        "models": [f"{label}={source_of(model)}" for label, model in zip(labels, models) if model is not None],
         "candidate": candidate_label,
         "baseline": baseline_label,
         "data_dir": source_of(eval_data),
         "output_dir": results.path,
+        "reward_model_path": None if reward_model is None else source_of(reward_model),
+        "served.export_dir": exported.path if (getattr(exported, "metadata", None) or {}).get("exported") else None,
+        "tasks.path": tasks_path or None,
+        "safety.path": safety_path or None,
     }
-    if reward_model is not None:
-        wiring["reward_model_path"] = source_of(reward_model)
-    if "served.variant" in params:
-        wiring["served.export_dir"] = exported.path
-    wiring.update({key: path for key, path in (("tasks.path", tasks_path), ("safety.path", safety_path)) if path})
-    cfg = stage_config("evaluate", [params, *overrides, wiring], config_yaml)
-    if gpus > 1:
-        run_in_processes("evaluate", cfg, gpus, written="metrics.json")
-    else:
-        run_config("evaluate", cfg)
-
-    with open(os.path.join(results.path, "metrics.json"), encoding="utf-8") as fh:
-        result = json.load(fh)
-    gate_passed = bool(result["gate"]["passed"])
-    for name, value in ui_metrics(result).items():
+    cfg = stage_config("evaluate", evaluation_layers(settings, overrides, wiring), config_yaml)
+    dispatch("evaluate", cfg, Where(processes=gpus))
+    outcome = evaluation(results.path, report.path, summary.path)
+    for name, value in outcome.metrics.items():
         metrics.log_metric(name, value)
-    shutil.copy(os.path.join(results.path, "report.html"), report.path)
-    shutil.copy(os.path.join(results.path, "summary.md"), summary.path)
-    results.metadata.update({"candidate": candidate_label, "baseline": baseline_label, "gate_passed": gate_passed})
-    return namedtuple("Outputs", ["gate_passed"])(gate_passed)
+    results.metadata.update(candidate=candidate_label, baseline=baseline_label, gate_passed=outcome.gate_passed)
+    return namedtuple("Outputs", ["gate_passed"])(outcome.gate_passed)

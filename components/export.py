@@ -20,7 +20,7 @@ def export(
 ):
     """Precedence, lowest first: config_yaml, overrides, the artifacts (``model_path``, ``output_dir``)."""
     from components.common import log_summary, source_of
-    from trainer_lib.stage_api import run_stage
+    from trainer_lib.runner.stage_api import run_stage
 
     summary = run_stage(
         "export", [*overrides, {"model_path": source_of(model), "output_dir": exported.path}], config_yaml

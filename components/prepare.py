@@ -20,7 +20,7 @@ def prepare(
 ):
     """Precedence, lowest first: config_yaml, the typed parameters, overrides, the artifacts."""
     from components.common import log_summary, source_of
-    from trainer_lib.stage_api import run_stage
+    from trainer_lib.runner.stage_api import run_stage
 
     params = {"data.max_length": max_length, "data.eval_fraction": eval_fraction, "seed": seed}
     wiring = {"data.path": source_of(data), "model.path": source_of(model), "output_dir": prepared.path}

@@ -35,7 +35,7 @@ def release(
     import os
 
     from components.common import mark_source, source_of
-    from trainer_lib.stage_api import run_stage
+    from trainer_lib.runner.stage_api import run_stage
 
     if not gate_passed:
         print("release: the evaluation gate failed; nothing is published")

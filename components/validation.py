@@ -65,7 +65,7 @@ def _holds(condition: str, params: dict) -> bool:
 
 def _layers(component: str, v: dict) -> list[tuple[str, list, str]]:
     """``[(stage, layers, config_yaml)]`` a component would run, artifact paths as placeholders."""
-    from components.common import training_layers
+    from trainer_lib.runner.stage_api import training_layers
 
     paths = {"model.path": "/validate/model", "data.path": "/validate/data", "output_dir": "/validate/out"}
     if component == "train":
@@ -141,7 +141,7 @@ def check_spec(spec: dict, params: dict) -> int:
     filled in); raises :class:`ValidationError` naming the task, stage and key. Returns how many
     configs were checked."""
     from trainer_lib.errors import ConfigError
-    from trainer_lib.stage_api import stage_config
+    from trainer_lib.runner.stage_api import stage_config
 
     spec = spec.get("pipeline_spec", spec)  # the API's {pipeline_spec, platform_spec} form
     values, checked = {**spec_defaults(spec), **params}, 0

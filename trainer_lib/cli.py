@@ -100,6 +100,9 @@ def _stage_help(name: str, module) -> str:
         "  --config FILE   YAML file with any of the keys above (or TRL's / LLaMA-Factory's names for",
         "                  them); repeat it to merge several files in order; key=value overrides them.",
         "                  A bare FILE.yaml (.yml, .json) is read the same way, as llamafactory-cli does.",
+        "  --config-yaml TEXT",
+        "                  YAML text with any of the keys above, read after the --config files and before",
+        "                  key=value (how a TrainJob's nodes get their config).",
         "  --nproc N       Launch N local worker processes (torchrun-style) for this stage.",
         "  --print-config  Print the resolved config as YAML and exit.",
     ]
@@ -108,12 +111,14 @@ def _stage_help(name: str, module) -> str:
 
 def stage_main(name: str, argv: list[str]) -> int:
     """``posttrain <stage> ...``: parse, validate, then run in this process or in N workers; the config is
-    built as for a component (:func:`trainer_lib.stage_api.stage_config`)."""
-    from trainer_lib.stage_api import run_config, stage_config
+    built as for a component (:func:`trainer_lib.runner.stage_api.stage_config`), and N workers read it
+    back from one file (:func:`trainer_lib.runner.dispatch.launch_processes`)."""
+    from trainer_lib.runner.stage_api import config_text, run_config, stage_config
 
     parser = argparse.ArgumentParser(prog=f"posttrain {name}", add_help=False)
     parser.add_argument("-h", "--help", action="store_true")
     parser.add_argument("--config", action="append", default=[])
+    parser.add_argument("--config-yaml", default="")
     parser.add_argument("--nproc", type=int, default=1)
     parser.add_argument("--print-config", action="store_true")
     args, overrides = parser.parse_known_args(config_files_as_options(argv))
@@ -124,26 +129,14 @@ def stage_main(name: str, argv: list[str]) -> int:
     if bad:
         print(f"error: unknown option {bad[0]} (see posttrain {name} --help)", file=sys.stderr)
         return 2
-    cfg = stage_config(name, overrides, config_files=args.config)
-    if args.print_config:
-        import yaml
-
-        from trainer_lib.config import to_dict
-
-        print(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    cfg = stage_config(name, overrides, args.config_yaml, config_files=args.config)
+    if args.print_config:  # the text other processes and nodes read back (a --config file of its own)
+        print(config_text(cfg))
         return 0
     if args.nproc > 1 and "TORCHELASTIC_RUN_ID" not in os.environ:  # not yet inside torchrun
-        from trainer_lib.config.aliases import ANNOUNCED_ENV
-        from trainer_lib.engine.launch import launch_workers
+        from trainer_lib.runner.dispatch import launch_processes
 
-        if hasattr(cfg, "parallel"):  # a layout that cannot work is one line here, not one per rank
-            from trainer_lib.engine.parallel import check_launch
-
-            check_launch(cfg, args.nproc)
-
-        return launch_workers(
-            args.nproc, ["-m", "trainer_lib.cli", name, *argv_without_nproc(argv)], env={ANNOUNCED_ENV: "1"}
-        )
+        return launch_processes(name, cfg, args.nproc)
     try:
         summary = run_config(name, cfg)
     except RuntimeError as exc:  # a worker whose peer died: one line, the launcher names the rank and ends the job
@@ -171,7 +164,7 @@ def stage_main(name: str, argv: list[str]) -> int:
 #: a bare argument with one of these endings is a config file (``posttrain sft my.yaml``), as in llamafactory-cli.
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 #: options whose value is the next argument.
-VALUE_OPTIONS = ("--config", "--nproc")
+VALUE_OPTIONS = ("--config", "--config-yaml", "--nproc")
 
 
 def config_files_as_options(argv: list[str]) -> list[str]:
@@ -213,21 +206,6 @@ def train_main(argv: list[str]) -> int:
             f"run `posttrain <stage> FILE` instead"
         )
     return stage_main(llamafactory_stage(list(named.values())[-1]), argv)
-
-
-def argv_without_nproc(argv: list[str]) -> list[str]:
-    out, skip = [], False
-    for item in argv:
-        if skip:
-            skip = False
-            continue
-        if item == "--nproc":
-            skip = True
-            continue
-        if item.startswith("--nproc="):
-            continue
-        out.append(item)
-    return out
 
 
 def main(argv: list[str] | None = None, extra_commands: dict[str, Command] | None = None) -> int:

@@ -9,7 +9,7 @@ import pytest
 from kfp import dsl
 
 from components.bootstrap import bootstrap
-from components.common import image_for, last_logged, log_summary, mark_source, source_of
+from components.common import image_for, log_summary, mark_source, source_of
 from components.evaluate import evaluate
 from components.prepare import prepare
 from components.release import release
@@ -78,17 +78,6 @@ def test_log_summary_logs_finite_numbers_with_dotted_keys(tmp_path):
         },
     )
     assert metrics.metadata == logged == {"rows.train": 9, "rows.eval": 1, "eval_loss": 1.5, "steps": 3}
-
-
-def test_last_logged_reads_the_last_record_of_a_split(tmp_path):
-    rows = [
-        {"step": 1, "split": "train", "time": 0.1, "loss": 2.0},
-        {"step": 1, "split": "eval", "loss": 3.0},
-        {"step": 2, "split": "train", "time": 0.2, "loss": 1.0, "lr": 0.1},
-    ]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    assert last_logged(str(tmp_path), "train") == {"loss": 1.0, "lr": 0.1}
-    assert last_logged(str(tmp_path / "missing")) == {}
 
 
 SMALL_DEMO = dict(

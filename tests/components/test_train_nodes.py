@@ -10,8 +10,10 @@ from kfp import dsl
 
 from components.common import CUDA_IMAGE, GPU_TOLERATIONS
 from components.train import train
-from tests.cluster.test_trainjob import NS, TrainerApi, sent
 from tests.http_helpers import serving
+from tests.runner.test_trainjob import NS, TrainerApi, sent
+from trainer_lib.engine.checkpoint import stable_checkpoint_dir
+from trainer_lib.runner.stage_api import stage_config
 
 
 class Nodes(TrainerApi):
@@ -21,9 +23,10 @@ class Nodes(TrainerApi):
 
     def create(self, job):
         from trainer_lib import storage
+        from trainer_lib.runner.trainjob import job_config
 
         reply = super().create(job)
-        output = next(a.split("=", 1)[1] for a in job["spec"]["trainer"]["args"] if a.startswith("output_dir="))
+        output = job_config(job)["output_dir"]
         storage.upload_dir(self.model_dir, output)
         storage.write_text(f"{output}/summary.json", json.dumps({"stage": "sft", "steps": 2}))
         return reply
@@ -81,12 +84,14 @@ def test_nodes_launch_a_trainjob_reading_and_writing_the_object_store(
     pod = node["template"]["spec"]["template"]["spec"]
     assert pod["tolerations"] == GPU_TOLERATIONS
     assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi"}}]
-    args = dict(a.split("=", 1) for a in trainer["args"])
-    assert (
-        args["model.path"] == f"s3://{s3_bucket}/models/tiny"
-        and args["data.path"] == f"s3://{s3_bucket}/data/chat.jsonl"
-    )
-    assert args["output_dir"].startswith(f"s3://{s3_bucket}/root/jobs/sft-")
-    assert args["checkpoint_dir"].startswith(f"s3://{s3_bucket}/root/checkpoints/sft-")
+    # the config the nodes read back from their one argument (`posttrain sft --nproc 4 --config-yaml TEXT`)
+    assert trainer["args"][0] == "--config-yaml"
+    cfg = stage_config("sft", [], trainer["args"][1])
+    assert (cfg.model.path, cfg.data.path) == (f"s3://{s3_bucket}/models/tiny", f"s3://{s3_bucket}/data/chat.jsonl")
+    assert cfg.max_steps == 2
+    # the checkpoints where a retry of the task finds them; the job's output beside them
+    assert cfg.checkpoint_dir == stable_checkpoint_dir(cfg, f"minio://{s3_bucket}/root", "sft")
+    assert cfg.checkpoint_dir.startswith(f"s3://{s3_bucket}/root/checkpoints/sft-")
+    assert cfg.output_dir == cfg.checkpoint_dir.replace("/checkpoints/", "/jobs/") + "/output"
     assert len(sent(server, "DELETE")) == 1  # the job does not hold its nodes after the step
     assert os.path.isfile(os.path.join(out.path, "model.safetensors")) and out.metadata["steps"] == 2

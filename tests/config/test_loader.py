@@ -140,7 +140,7 @@ def test_max_steps_wins_over_epochs_and_later_layers_decide(layers, steps, epoch
 
 
 def test_a_component_override_of_epochs_wins_over_its_typed_max_steps():
-    from trainer_lib.stage_api import stage_config
+    from trainer_lib.runner.stage_api import stage_config
 
     typed = {"max_steps": 100, "lr": 1e-4, "model.path": "m", "data.path": "d", "output_dir": "o"}
     cfg = stage_config("sft", [typed, "num_epochs=1", "learning_rate=5e-5"])  # each a layer of its own

@@ -17,7 +17,7 @@ from trainer_lib.demo.generator import generate_demo_data
 from trainer_lib.demo.safety_prompts import BENIGN, HARMFUL, safety_rows
 from trainer_lib.errors import ConfigError
 from trainer_lib.rewards.refusal_rules import is_refusal
-from trainer_lib.stage_api import run_stage
+from trainer_lib.runner.stage_api import run_stage
 
 SMALL = dict(n_code_train=200, n_code_eval=40, n_safety_train=60, n_safety_eval=20)
 

@@ -19,8 +19,8 @@ import yaml
 
 from tests.crd_fields import CUSTOM, unknown_fields
 from tests.manifests.crd_schema import trainjob_errors
-from trainer_lib.cluster import trainjob
-from trainer_lib.cluster.trainjob import GROUP, PLURAL
+from trainer_lib.runner import trainjob
+from trainer_lib.runner.trainjob import GROUP, PLURAL
 from trainer_lib.serving.server import triton_repository_uri
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..", "manifests")

@@ -1,7 +1,7 @@
 """The API connection: a given host is used as is; a pod's namespace comes from its ServiceAccount mount."""
 
 from tests.http_helpers import serving
-from trainer_lib.cluster import kube
+from trainer_lib.runner import kube
 
 
 class Version:

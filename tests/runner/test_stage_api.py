@@ -1,4 +1,4 @@
-"""trainer_lib.stage_api: YAML text + override layers -> a stage config, then run."""
+"""trainer_lib.runner.stage_api: YAML text + override layers -> a stage config, then run."""
 
 import subprocess
 import sys
@@ -7,7 +7,7 @@ import pytest
 
 from trainer_lib.config.layers import build_values, nest
 from trainer_lib.errors import ConfigError
-from trainer_lib.stage_api import run_stage
+from trainer_lib.runner.stage_api import evaluation_layers, run_stage, training_layers
 
 
 def test_layers_apply_in_order_after_the_yaml():
@@ -75,7 +75,36 @@ def test_run_stage_runs_the_stage(tmp_path):
     assert (tmp_path / "sft.jsonl").is_file()
 
 
-def test_stage_api_imports_neither_kfp_nor_torch():
-    code = "import sys, trainer_lib.stage_api; print([m for m in ('kfp', 'torch') if m in sys.modules])"
+def test_the_runner_imports_neither_kfp_nor_torch_nor_kubernetes():
+    modules = ", ".join(f"trainer_lib.runner.{m}" for m in ("stage_api", "dispatch", "outcome", "trainjob", "kube"))
+    code = f"import sys, {modules}; print([m for m in ('kfp', 'torch', 'kubernetes') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_training_tasks_layers_leave_out_what_was_not_given():
+    values = dict(max_steps=5, lr=1e-4, batch_size=8, max_length=256, seed=0, overrides=["lr=3e-4"])
+    values.update(params={"loss": "ipo", "beta": "", "rollout.n": None}, reward_functions=[], reward_weights=[0.5])
+    typed, given, override, paths = training_layers(values, {"output_dir": "/out"})
+    assert typed == {"max_steps": 5, "lr": 1e-4, "batch_size": 8, "data.max_length": 256, "seed": 0}
+    assert (
+        given == {"loss": "ipo", "reward.weights": [0.5]} and override == "lr=3e-4" and paths == {"output_dir": "/out"}
+    )
+
+
+def test_an_evaluation_tasks_layers_leave_out_what_was_not_given():
+    settings = {
+        "judge.kind": "refusal_rules",
+        "humaneval.limit": 0,
+        "seed": 0,
+        "gate.rules": [],
+        "served.variant": "int8",
+    }
+    wiring = {"models": ["a=/m"], "candidate": "", "reward_model_path": None, "served.export_dir": None}
+    low, override, high = evaluation_layers(settings, ["seed=3"], wiring)
+    # zeros and empty text are values; None and [] are "not given"; served.* only with an export to score
+    assert low == {"judge.kind": "refusal_rules", "humaneval.limit": 0, "seed": 0} and override == "seed=3"
+    assert high == {"models": ["a=/m"], "candidate": ""}
+    served = evaluation_layers({**settings, "served.rules": []}, [], {**wiring, "served.export_dir": "/export"})
+    assert served[0]["served.variant"] == "int8" and "served.rules" not in served[0]
+    assert served[-1]["served.export_dir"] == "/export"

@@ -12,20 +12,21 @@ import pytest
 from tests.crd_fields import TRAINJOB_NAME
 from tests.http_helpers import serving
 from tests.manifests.crd_schema import trainjob_errors
-from trainer_lib.cluster.kube import api_client
-from trainer_lib.cluster.trainjob import (
+from trainer_lib.errors import UserError
+from trainer_lib.runner.kube import api_client
+from trainer_lib.runner.stage_api import stage_config
+from trainer_lib.runner.trainjob import (
+    CONFIG_OPTION,
     PATCH_MANAGER,
     NodeResources,
     TrainJobError,
     TrainJobTimeout,
     build_trainjob,
+    check_locations,
+    job_config,
     job_name,
     launch_stage,
-    stage_args,
 )
-from trainer_lib.config import parse_overrides
-from trainer_lib.errors import UserError
-from trainer_lib.stage_api import stage_config
 
 NS = "team-a"
 PATH = re.compile(r"/apis/trainer\.kubeflow\.org/v1alpha1/namespaces/([^/]+)/trainjobs(?:/([^/]+))?")
@@ -133,8 +134,13 @@ CONFIG = {
 WHERE = {"output_dir": "s3://runs/42/sft", "checkpoint_dir": "s3://checkpoints/42/sft"}
 
 
-def launch(server, extra=None, **kwargs):
-    """launch_stage as a component would call it, against ``server``."""
+def built(extra=None, where=WHERE):
+    """The sft config a component would build: CONFIG, an override, ``extra``, then the two locations."""
+    return stage_config("sft", [CONFIG, "seed=7", extra or {}, where])
+
+
+def launch(server, extra=None, where=WHERE, **kwargs):
+    """launch_stage as the runner calls it, against ``server``; the config is built first, as there."""
     options = dict(
         run_id="run-42",
         task="sft",
@@ -145,10 +151,16 @@ def launch(server, extra=None, **kwargs):
         namespace=NS,
         client=api_client(server.url),
         poll_s=0.01,
-        **WHERE,
     )
     options.update(kwargs)
-    return launch_stage("sft", [CONFIG, "seed=7", extra or {}], **options)
+    return launch_stage("sft", built(extra, where), **options)
+
+
+def config_argument(job: dict) -> str:
+    """The one argument that carries a job's config (after ``--config-yaml``)."""
+    args = job["spec"]["trainer"]["args"]
+    assert len(args) == 2 and args[0] == CONFIG_OPTION
+    return args[1]
 
 
 def test_job_names_are_stable_distinct_and_valid_labels():
@@ -175,7 +187,7 @@ DOMAIN_PREFIXED = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])
 
 def build(node):
     return build_trainjob(
-        "posttrain-sft-0", "sft", ["max_steps=2"], image="i", num_nodes=2, nproc_per_node=8, node=node
+        "posttrain-sft-0", "sft", "max_steps: 2\n", image="i", num_nodes=2, nproc_per_node=8, node=node
     )
 
 
@@ -219,20 +231,23 @@ def test_the_schema_refuses_what_the_api_server_would():
             launch(server, node=NodeResources(gpus=8, cpu="64 cores"))
 
 
-def test_stage_args_read_back_as_the_same_config():
-    args = stage_args("sft", [CONFIG, "seed=7"], **WHERE)
-    assert "output_dir=s3://runs/42/sft" in args and "lora.target_modules=[q_proj, v_proj]" in args
-    assert parse_overrides(args)["lora"]["target_modules"] == ["q_proj", "v_proj"]
-    assert stage_config("sft", args) == stage_config("sft", [CONFIG, "seed=7", WHERE])
+def test_the_config_travels_as_one_argument_that_reads_back_as_the_same_config():
+    with serving(TrainerApi("complete", gets_to_finish=1)) as server:
+        launch(server)
+    (post,) = sent(server, "POST")
+    text = config_argument(post.json())
+    assert stage_config("sft", [], text) == built()  # what a node's `posttrain sft --config-yaml TEXT` builds
+    assert job_config(post.json())["lora"]["target_modules"] == ["q_proj", "v_proj"]
 
 
 def test_any_object_store_every_node_reaches_will_do():
     where = {"output_dir": "gs://runs/42/sft", "checkpoint_dir": "az://checkpoints/42/sft"}
-    args = stage_args("sft", [{**CONFIG, "data.path": "hf://datasets/org/sft"}], **where)
-    assert "output_dir=gs://runs/42/sft" in args and "data.path=hf://datasets/org/sft" in args
+    cfg = built({"data.path": "hf://datasets/org/sft"}, where)
+    check_locations(cfg)  # nothing refused
+    assert (cfg.output_dir, cfg.data.path) == ("gs://runs/42/sft", "hf://datasets/org/sft")
 
 
-def test_strings_yaml_would_misread_are_quoted():
+def test_strings_yaml_would_misread_read_back_unchanged():
     tricky = {
         "model.path": "s3://b/a: b",
         "data.path": "s3://b/x #1",
@@ -240,9 +255,11 @@ def test_strings_yaml_would_misread_are_quoted():
         "storage.endpoint_url": "[http://x",
         "model.tokenizer_path": "null",
     }
-    args = stage_args("sft", [tricky], **WHERE)
-    assert "storage.region='123'" in args and "model.path='s3://b/a: b'" in args
-    cfg = stage_config("sft", args)
+    with serving(TrainerApi("complete", gets_to_finish=1)) as server:
+        launch(server, tricky)
+    (post,) = sent(server, "POST")
+    cfg = stage_config("sft", [], config_argument(post.json()))
+    assert cfg == built(tricky)
     assert (cfg.model.path, cfg.data.path, cfg.storage.region, cfg.storage.endpoint_url) == (
         "s3://b/a: b",
         "s3://b/x #1",
@@ -277,7 +294,7 @@ def test_strings_yaml_would_misread_are_quoted():
 def test_bad_configs_fail_before_any_request(where, config, message):
     with serving(TrainerApi()) as server:
         with pytest.raises(UserError, match=re.escape(message)):
-            launch(server, config, **where)
+            launch(server, config, where)
         assert server.requests == []
 
 
@@ -305,10 +322,10 @@ def test_creates_the_trainjob_waits_for_complete_and_deletes_it(capsys):
         "limits": {"memory": "512Gi", "nvidia.com/gpu": "8"},
     }
     assert "runtimePatches" not in job["spec"]  # no pod settings beyond resourcesPerNode's
-    assert stage_config("sft", trainer["args"]).checkpoint_dir == "s3://checkpoints/42/sft"
-    assert {"output_dir=s3://runs/42/sft", "model.path=s3://models/base", "lr=2.0e-05", "seed=7"} <= set(
-        trainer["args"]
-    )
+    assert trainer["args"][0] == "--config-yaml"
+    values = job_config(job)
+    assert (values["output_dir"], values["checkpoint_dir"]) == ("s3://runs/42/sft", "s3://checkpoints/42/sft")
+    assert (values["model"]["path"], values["lr"], values["seed"]) == ("s3://models/base", 2e-5, 7)
     refs = {e["name"]: e["valueFrom"] for e in trainer["env"] if "valueFrom" in e}
     assert refs["AWS_SECRET_ACCESS_KEY"]["secretKeyRef"]["name"] == "posttrain-s3"
     assert refs["AWS_ENDPOINT_URL"]["configMapKeyRef"]["name"] == "posttrain-config"

@@ -167,7 +167,7 @@ REQUIRED = {"model": {"path": "m"}, "data": {"path": "d.jsonl"}, "output_dir": "
 def test_push_without_a_token_or_a_repo_fails_before_training(monkeypatch, tmp_path):
     from huggingface_hub import constants
 
-    from trainer_lib.stage_api import run_config
+    from trainer_lib.runner.stage_api import run_config
 
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)

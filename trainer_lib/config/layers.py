@@ -2,7 +2,7 @@
 
 A layer is a mapping (dotted or nested keys, values already typed) or a ``key=value`` string (its
 value parsed as a YAML scalar, as on the command line). :func:`build_values` lays them over a YAML
-text in order, later ones winning; :func:`trainer_lib.stage_api.stage_config` then types and
+text in order, later ones winning; :func:`trainer_lib.runner.stage_api.stage_config` then types and
 validates the result.
 """
 

@@ -17,10 +17,9 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 
 from trainer_lib.engine.collectives import LOST_PEER_EXIT
-from trainer_lib.engine.preemption import PREEMPTED_EXIT
+from trainer_lib.engine.preemption import PREEMPTED_EXIT, passing_sigterm_to
 from trainer_lib.engine.process_group import free_port
 
 
@@ -35,13 +34,8 @@ def launch_workers(nproc: int, worker_args: list[str], env: dict[str, str] | Non
     proc = subprocess.Popen([*cmd, *worker_args], env=env)
     # a pod's SIGTERM reaches this process alone: pass it on, so torchrun asks every rank to stop (each
     # saves a checkpoint first, trainer_lib.engine.preemption) instead of the ranks being killed with the pod
-    forwarding = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: proc.send_signal(signum)) if forwarding else None
-    try:
+    with passing_sigterm_to(proc):
         return proc.wait()
-    finally:
-        if forwarding:
-            signal.signal(signal.SIGTERM, previous)
 
 
 def failure_line(failures: dict) -> tuple[str, int]:

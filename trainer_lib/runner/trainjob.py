@@ -2,11 +2,11 @@
 
 A KFP task is one pod. A stage that needs several nodes is started from that pod as a ``TrainJob``
 (``trainer.kubeflow.org/v1alpha1``, fields as in Trainer v2.2/v2.3), which the Trainer turns into
-``numNodes`` pods running ``posttrain <stage> --nproc N key=value ...``; its ``torch-distributed``
+``numNodes`` pods running ``posttrain <stage> --nproc N --config-yaml TEXT``; its ``torch-distributed``
 runtime sets the ``PET_*`` variables torchrun reads (:mod:`trainer_lib.engine.launch`).
 
-    result = launch_stage("sft", [typed, overrides], run_id=..., task="sft", image=CUDA_IMAGE,
-                          output_dir="s3://b/runs/42/sft", checkpoint_dir="s3://b/ckpt/42/sft",
+    cfg = stage_config("sft", layers)  # with object-store paths, output_dir and checkpoint_dir
+    result = launch_stage("sft", cfg, run_id=..., task="sft", image=CUDA_IMAGE,
                           num_nodes=2, nproc_per_node=8, timeout_s=12 * 3600,
                           node=NodeResources(gpus=8, cpu="64", memory="512Gi", shm="128Gi"))
 
@@ -16,9 +16,11 @@ Why it is shaped this way:
   finds the job its previous attempt created (409 on create) and waits on it again instead of
   starting a second copy of the training.
 * Every path the nodes write is an object-store prefix (``s3://``, ``gs://``...): all nodes and
-  every retry see the same checkpoints; the launcher's own disk is never involved.
-* The stage config is validated here, before any GPU is requested, and sent as ``key=value``
-  arguments that read back to the same values.
+  every retry see the same checkpoints; the launcher's own disk is never involved. A path key that
+  names the launcher's disk is refused before any request.
+* The stage config arrives built and validated (before any GPU is requested) and travels as one
+  argument, its YAML text (:func:`trainer_lib.runner.stage_api.config_text`), which each node reads
+  back to an equal config.
 * The wait has an explicit deadline; condition changes go to stdout (the KFP step log); the job is
   deleted in ``finally``, so a failed or abandoned job does not hold its nodes.
 * What each node holds (:class:`NodeResources`) goes where the Trainer's API takes it: accelerators,
@@ -37,8 +39,11 @@ import time
 
 import yaml
 
-from trainer_lib.cluster.kube import api_client, current_namespace
+from trainer_lib import storage
+from trainer_lib.config import to_dict
 from trainer_lib.errors import UserError
+from trainer_lib.runner.kube import api_client, current_namespace
+from trainer_lib.runner.stage_api import config_text
 
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
 API_VERSION = f"{GROUP}/{VERSION}"
@@ -154,45 +159,30 @@ def object_store_env(secret: str = S3_SECRET, config_map: str = CONFIG_MAP, extr
     return env + [{"name": key, "value": str(value)} for key, value in plain.items()]
 
 
-def _flatten(values: dict, prefix: str = ""):
+#: the option of ``posttrain <stage>`` that carries the config's YAML text to the nodes
+CONFIG_OPTION = "--config-yaml"
+
+
+def _dotted(values: dict, prefix: str = ""):
     for key, value in values.items():
         if isinstance(value, dict):
-            yield from _flatten(value, f"{prefix}{key}.")  # an empty mapping sets nothing
+            yield from _dotted(value, f"{prefix}{key}.")
         else:
             yield f"{prefix}{key}", value
 
 
-def _text(value) -> str:
-    """``value`` as the text after ``key=``, which the CLI's YAML-scalar parsing reads back unchanged."""
-    if isinstance(value, str) and value.strip():
-        try:
-            if yaml.safe_load(value) == value:
-                return value  # most paths and names: as they are
-        except yaml.YAMLError:
-            pass
-    return yaml.safe_dump(value, default_flow_style=True, width=1 << 30).strip().removesuffix("\n...")
-
-
-def stage_args(
-    stage: str, overrides: dict | list | None, output_dir: str, checkpoint_dir: str, config_yaml: str = ""
-) -> list[str]:
-    """The stage's config (``run_stage`` layers, then the two locations) as ``key=value`` arguments,
-    validated here first; a local path anywhere a node would read or write is refused."""
-    from trainer_lib import storage
-    from trainer_lib.config.layers import build_values
-    from trainer_lib.stage_api import stage_config
-
-    for key, value in (("output_dir", output_dir), ("checkpoint_dir", checkpoint_dir)):
+def check_locations(cfg) -> None:
+    """Refuse a config that names the launcher's disk where a node reads or writes: ``output_dir`` and
+    ``checkpoint_dir`` must be object-store prefixes every node and every retry sees, and no ``*path``
+    key may be a local path (a hub id or a URL is fine)."""
+    for key in ("output_dir", "checkpoint_dir"):
+        value = getattr(cfg, key)
         if not storage.is_shared(value):
             raise UserError(
                 f"{key}: a TrainJob writes to an object-store prefix (s3://, gs://, az://...) that "
                 f"every node and every retry sees, got {value!r}"
             )
-    layers = [overrides] if isinstance(overrides, dict) else list(overrides or [])
-    values = build_values([*layers, {"output_dir": output_dir, "checkpoint_dir": checkpoint_dir}], config_yaml)
-    stage_config(stage, values)  # a bad key fails here in seconds, not after N nodes were scheduled
-    args = []
-    for key, value in _flatten(values):
+    for key, value in _dotted(to_dict(cfg)):
         if (
             key.endswith("path")
             and isinstance(value, str)
@@ -202,14 +192,20 @@ def stage_args(
                 f"{key}: {value!r} is a path on the launcher's disk, which the TrainJob's nodes "
                 f"do not see; use an object-store URL (s3://, gs://...) or a hub id"
             )
-        args.append(f"{key}={_text(value)}")
-    return args
+
+
+def job_config(job: dict) -> dict:
+    """The config values a TrainJob's nodes run with (what follows ``--config-yaml`` in its args)."""
+    args = list(job["spec"]["trainer"].get("args", []))
+    if CONFIG_OPTION not in args:
+        return {}
+    return yaml.safe_load(args[args.index(CONFIG_OPTION) + 1]) or {}
 
 
 def build_trainjob(
     name: str,
     stage: str,
-    args: list[str],
+    config: str,
     *,
     image: str,
     num_nodes: int,
@@ -221,14 +217,14 @@ def build_trainjob(
     labels: dict | None = None,
     annotations: dict | None = None,
 ) -> dict:
-    """The ``TrainJob`` object: ``posttrain <stage> --nproc N`` with the config as ``args``, each of its
-    ``num_nodes`` nodes holding what ``node`` says."""
+    """The ``TrainJob`` object: ``posttrain <stage> --nproc N --config-yaml TEXT`` with ``config`` (a config's
+    YAML text) as that one argument, each of its ``num_nodes`` nodes holding what ``node`` says."""
     if num_nodes < 1 or nproc_per_node < 1:
         raise UserError(f"num_nodes and nproc_per_node: expected >= 1, got {num_nodes} and {nproc_per_node}")
     trainer = {
         "image": image,
         "command": ["posttrain", stage, "--nproc", str(nproc_per_node)],
-        "args": list(args),
+        "args": [CONFIG_OPTION, config],
         "env": object_store_env() if env is None else env,
         "numNodes": num_nodes,
         "numProcPerNode": nproc_per_node,
@@ -287,13 +283,13 @@ class TrainJobLauncher:
         finally:
             if not keep:
                 self._delete(name)
-        args = dict(a.split("=", 1) for a in job["spec"]["trainer"].get("args", []) if "=" in a)
+        config = job_config(job)
         return TrainJobResult(
             name,
             self.namespace,
             final.get("status") or {},
-            args.get("output_dir", ""),
-            args.get("checkpoint_dir", ""),
+            config.get("output_dir") or "",
+            config.get("checkpoint_dir") or "",
             reattached,
         )
 
@@ -426,18 +422,15 @@ class TrainJobLauncher:
 
 def launch_stage(
     stage: str,
-    overrides: dict | list | None,
+    cfg,
     *,
     run_id: str,
     task: str,
     image: str,
-    output_dir: str,
-    checkpoint_dir: str,
     num_nodes: int,
     nproc_per_node: int,
     timeout_s: float,
     node: NodeResources | None = None,
-    config_yaml: str = "",
     namespace: str | None = None,
     client=None,
     poll_s: float = 15.0,
@@ -445,16 +438,17 @@ def launch_stage(
     active_deadline_s: int | None = None,
     env: list[dict] | None = None,
 ) -> TrainJobResult:
-    """Validate the stage config, then run it as a TrainJob named after ``run_id`` and ``task``.
+    """Run the built config ``cfg`` of ``stage`` as a TrainJob named after ``run_id`` and ``task``; a local
+    path where a node would read or write is refused first (:func:`check_locations`).
 
     In a KFP component: ``run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER``, ``task=dsl.PIPELINE_TASK_NAME_PLACEHOLDER``
     (the same for every retry of the task); ``client`` defaults to the pod's in-cluster credentials.
     """
-    args = stage_args(stage, overrides, output_dir, checkpoint_dir, config_yaml)
+    check_locations(cfg)
     job = build_trainjob(
         job_name(run_id, task),
         stage,
-        args,
+        config_text(cfg),
         image=image,
         num_nodes=num_nodes,
         nproc_per_node=nproc_per_node,

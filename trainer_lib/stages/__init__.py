@@ -4,7 +4,7 @@
 * ``stages/lifecycle/``: what surrounds training (prepare, evaluate, release, export, deploy).
 * The demo's two stages live with the demo kit (``trainer_lib/demo/``).
 
-This registry is the one list of stages: the CLI, :func:`trainer_lib.stage_api.run_stage` and the
+This registry is the one list of stages: the CLI, :func:`trainer_lib.runner.stage_api.run_stage` and the
 KFP components read it. Modules are imported only when a stage is looked up, so reading the
 registry (``posttrain --help``, compiling a pipeline) needs no torch.
 """

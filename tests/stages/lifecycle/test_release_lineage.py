@@ -11,7 +11,7 @@ from trainer_lib import storage
 from trainer_lib.cli import main
 from trainer_lib.loop.stage_record import LINEAGE_FILE, stage_record
 from trainer_lib.release.lineage import build_info
-from trainer_lib.stage_api import stage_config
+from trainer_lib.runner.stage_api import stage_config
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 

@@ -256,7 +256,7 @@ def test_packed_pairs_train_exactly_like_padded_ones(setup, tmp_path, loss):
         for key in keys:
             assert packed[key] == pytest.approx(padded[key], rel=1e-4, abs=1e-5), (packed["step"], key)
     from trainer_lib.models.load import load_tokenizer
-    from trainer_lib.stage_api import stage_config
+    from trainer_lib.runner.stage_api import stage_config
     from trainer_lib.stages.training.dpo import build_splits
 
     layouts = {}

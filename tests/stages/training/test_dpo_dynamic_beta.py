@@ -60,7 +60,7 @@ def test_restored_statistics_continue_exactly():
 
 def test_off_by_default_and_checked():
     from trainer_lib.errors import ConfigError
-    from trainer_lib.stage_api import stage_config
+    from trainer_lib.runner.stage_api import stage_config
 
     base = ["model.path=m", "data.path=d", "output_dir=o"]
     cfg = stage_config("dpo", base)
