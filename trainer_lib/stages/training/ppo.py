@@ -108,8 +108,12 @@ class PPOConfig(RLConfig):
     freeze_actor_steps: int = opt(0, "Train only the critic for the first N steps, so a new value head settles first.")
     entropy_coef: float = opt(0.0, "Weight of the entropy bonus subtracted from the policy loss (0: off).")
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
+        # ppo_epochs follows the objective unless set: resolved as the config is built, so that validate()
+        # only checks, and the config written for other processes reads back the same
         self.ppo_epochs = self.update_epochs()
+
+    def validate(self) -> None:
         super().validate()
         self.validate_objective()
         if self.multi_adapter and self.engine.gradient_checkpointing:
