@@ -10,69 +10,24 @@ cluster); without it (``kfp.local``, where the CLI already checked) the task onl
 cannot be reached or does not let the pod in (multi-user Kubeflow without the ``access-ml-pipeline``
 PodDefault), or under plain Argo (``$POSTTRAIN_CHECK_FROM_INPUTS=1``, set by ``pipelines/argo.py``), the task
 checks the run from its own inputs: every pipeline parameter (the DAG passes its
-parameters here, so these are the values every stage of this run gets; the defaults stand for the
-parameters other pipelines have, and are never read) and ``compiled_spec``, the DAG compiled into the
-task (``components.validation``).
+parameters here, so these are the values every stage of this run gets; the declared defaults stand for
+the parameters other pipelines have, and are never read) and ``compiled_spec``, the DAG compiled into the
+task (``components.validation``). ``with_parameters`` writes the parameters into the signature from their
+declaration (``components/parameters.py``), since KFP passes each input by name.
 """
 
 from kfp import dsl
 
 from components.common import image_for
+from components.parameters import with_parameters
 
 
 @dsl.component(base_image=image_for("check-config"), install_kfp_package=False)
-def check_config(
-    run_id: str,
-    compiled_spec: str = "",
-    base_model: str = "",
-    dataset: str = "",
-    preference_dataset: str = "",
-    prompt_dataset: str = "",
-    rl_algorithm: str = "",
-    reward_functions: list = [],
-    reward_weights: list = [],
-    use_reward_model: bool = False,
-    sft_max_steps: int = 0,
-    lr: float = 0.0,
-    sft_lr: float = 0.0,
-    dpo_loss: str = "",
-    dpo_beta: float = 0.0,
-    dpo_max_steps: int = 0,
-    dpo_lr: float = 0.0,
-    reward_max_steps: int = 0,
-    rl_max_steps: int = 0,
-    rl_lr: float = 0.0,
-    rollout_n: int = 0,
-    max_new_tokens: int = 0,
-    batch_size: int = 0,
-    max_length: int = 0,
-    eval_fraction: float = 0.0,
-    seed: int = 0,
-    gpus_per_step: int = 0,
-    accelerator_type: str = "",
-    nodes_per_step: int = 0,
-    gate_rules: list = [],
-    served_gate_rules: list = [],
-    release_uri: str = "",
-    model_name: str = "",
-    deploy_variant: str = "",
-    model_repository: str = "",
-    triton_url: str = "",
-    export_overrides: list = [],
-    humaneval_limit: int = 0,
-    eval_tasks: str = "",
-    eval_safety: str = "",
-    sft_config_yaml: str = "",
-    sft_overrides: list = [],
-    prepare_overrides: list = [],
-    dpo_overrides: list = [],
-    reward_overrides: list = [],
-    rl_overrides: list = [],
-    evaluate_overrides: list = [],
-    demo_overrides: list = [],
-    tiny_model_overrides: list = [],
-) -> int:
-    given = dict(locals())  # the pipeline's parameters as this run gives them to every task (and defaults)
+@with_parameters(leaving_out=("notify_webhook", "skip_if_unchanged"))  # (no stage config reads them)
+def check_config(run_id: str, compiled_spec: str = "", **parameters) -> int:
+    """Check every stage config of run ``run_id``: from the KFP API's copy of the run, or from ``parameters``
+    (every pipeline parameter, as this run gives them to its tasks) and ``compiled_spec`` (the DAG) where
+    there is no API to ask. Returns how many configs were checked (0: not checked here)."""
     import os
     import sys
 
@@ -86,7 +41,6 @@ def check_config(
             "(posttrain pipeline run/submit/schedule checked them before the run started)"
         )
         return 0
-    parameters = {k: v for k, v in given.items() if k not in ("run_id", "compiled_spec")}
     try:
         if host:
             checked, origin = check_task(run_id, host, compiled_spec, parameters)

@@ -14,6 +14,7 @@ from kfp import dsl
 from kfp.dsl import Input, Model
 
 from components.common import image_for
+from components.parameters import with_parameters
 
 
 @dsl.component(base_image=image_for("fingerprint"), install_kfp_package=False)
@@ -26,65 +27,24 @@ def fingerprint(base_model: str = "", dataset: str = "", preference_dataset: str
 
 
 @dsl.component(base_image=image_for("check-changes"), install_kfp_package=False)
+@with_parameters(leaving_out=("notify_webhook",))  # (only the notify task gets the webhook)
 def check_changes(
-    sources_fingerprint: str,
-    compared: list,
-    release_uri: str = "",
-    skip_if_unchanged: bool = False,
-    base_model: str = "",
-    dataset: str = "",
-    preference_dataset: str = "",
-    prompt_dataset: str = "",
-    rl_algorithm: str = "",
-    reward_functions: list = [],
-    reward_weights: list = [],
-    use_reward_model: bool = False,
-    sft_max_steps: int = 0,
-    sft_lr: float = 0.0,
-    dpo_loss: str = "",
-    dpo_beta: float = 0.0,
-    dpo_max_steps: int = 0,
-    dpo_lr: float = 0.0,
-    reward_max_steps: int = 0,
-    rl_max_steps: int = 0,
-    rl_lr: float = 0.0,
-    rollout_n: int = 0,
-    max_new_tokens: int = 0,
-    batch_size: int = 0,
-    max_length: int = 0,
-    seed: int = 0,
-    gpus_per_step: int = 0,
-    nodes_per_step: int = 0,
-    gate_rules: list = [],
-    served_gate_rules: list = [],
-    humaneval_limit: int = 0,
-    eval_tasks: str = "",
-    eval_safety: str = "",
-    deploy_variant: str = "",
-    export_overrides: list = [],
-    sft_overrides: list = [],
-    dpo_overrides: list = [],
-    reward_overrides: list = [],
-    rl_overrides: list = [],
-    evaluate_overrides: list = [],
-    demo_overrides: list = [],
-    tiny_model_overrides: list = [],
+    sources_fingerprint: str, compared: list, release_uri: str = "", skip_if_unchanged: bool = False, **parameters
 ) -> str:
     """Whether the run goes on to train. It stops (returns "") only with ``skip_if_unchanged``, when the
     sources fingerprint and the parameters named in ``compared`` equal the latest release's at ``release_uri``
-    (the pipeline's parameters, each passed by name: kfp.local cannot pass lists inside a dict). Otherwise it
-    returns those parameters as JSON, what ``record_inputs`` records (a single output: kfp.local cannot
-    branch on one of several)."""
-    given = dict(locals())
+    (every pipeline parameter is an input, each by name: kfp.local cannot pass lists inside a dict; the DAG
+    passes those it compares). Otherwise it returns those parameters as JSON, what ``record_inputs`` records
+    (a single output: kfp.local cannot branch on one of several)."""
     import json
 
     from trainer_lib.release.retrain import changes
 
-    parameters = {name: given[name] for name in compared}
-    text = json.dumps(parameters, sort_keys=True)
+    compared_values = {name: parameters[name] for name in compared}
+    text = json.dumps(compared_values, sort_keys=True)
     if not skip_if_unchanged:
         return text
-    found = changes(release_uri, sources_fingerprint, parameters)
+    found = changes(release_uri, sources_fingerprint, compared_values)
     if not found:
         print("check changes: nothing changed since the latest release (sources and parameters): not training")
         return ""

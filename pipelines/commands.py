@@ -88,18 +88,36 @@ def _typed(name: str, kind: str, raw: str, previous):
 
 
 def parse_params(pipeline, items: list[str]) -> dict:
-    """``["sft_max_steps=3", "sft_overrides=lora.r=8"]`` -> typed arguments of ``pipeline``."""
+    """``["sft_max_steps=3", "sft_overrides=lora.r=8"]`` -> typed arguments of ``pipeline``. A renamed
+    parameter's old name (``lr`` of posttrain-sft) still works, with a warning; giving both names is an error."""
     inputs = pipeline.component_spec.inputs or {}
     params: dict = {}
+    given = [item.split("=", 1)[0].strip() for item in items]
     for item in items:
         if "=" not in item or item.startswith("="):
             raise UsageError(f"'{item}': expected param=value (see 'posttrain pipeline list')")
         name, raw = item.split("=", 1)
-        name = name.strip()
+        name = new_name(pipeline.name, name.strip(), given)
         if name not in inputs:
             raise UsageError(f"unknown parameter '{name}' of {pipeline.name}; expected one of: {', '.join(inputs)}")
         params[name] = _typed(name, inputs[name].type, raw, params.get(name))
     return params
+
+
+def new_name(pipeline: str, name: str, given: list[str]) -> str:
+    """``name``, or the new name of a parameter ``pipeline`` renamed (pipelines.dag.RENAMED), with a warning.
+    ``given``: every name on the command line, where the new name must not be too."""
+    from pipelines.dag import RENAMED
+
+    new = RENAMED.get(pipeline, {}).get(name)
+    if new is None:
+        return name
+    if new in given:
+        raise UsageError(
+            f"{pipeline}: both {name} and {new} given: {name} is the deprecated name of {new}; give {new} only"
+        )
+    print(f"warning: {pipeline}: parameter {name} is deprecated, use {new}", file=sys.stderr)
+    return new
 
 
 def check_stages(pipeline, params: dict) -> None:

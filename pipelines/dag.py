@@ -25,14 +25,17 @@ Every DAG starts with ``bootstrap``: with ``base_model`` and ``dataset`` left em
 the embedded demo (bundled data, a tiny model trained from scratch); otherwise it passes the
 given locations through without copying. The DAGs are composed from small named steps, plain
 functions (:func:`prepare_and_train`, :func:`evaluate_and_release`) rather than sub-pipelines, so
-they work inside ``dsl.If`` branches under ``kfp.local`` too. To add a pipeline, write it here and list it in
-``PIPELINES``; ``posttrain pipeline compile`` then writes ``pipelines/compiled/<name>.yaml``.
+they work inside ``dsl.If`` branches under ``kfp.local`` too.
+
+Every pipeline parameter is declared once, in ``components/parameters.py``; a pipeline names those it
+takes (:func:`declared`), begins as every DAG does (:func:`start`) and builds the rest from the
+:class:`Run` it gets. To add a pipeline, write it here and list it in ``PIPELINES``; ``posttrain pipeline
+compile`` then writes ``pipelines/compiled/<name>.yaml``.
 """
 
 import contextlib
 import contextvars
-import functools
-import inspect
+import types
 from typing import NamedTuple
 
 from kfp import dsl
@@ -44,86 +47,63 @@ from components.evaluate import evaluate
 from components.export import export
 from components.fingerprint import check_changes, fingerprint, record_inputs
 from components.notify import notify
+from components.parameters import pipeline_docstring, pipeline_signature
 from components.prepare import prepare
 from components.release import release
 from components.train import train
 from pipelines.settings import configure, export_sizing_task, sizing_task
 
-#: The candidate may not regress against the baseline (SFT) beyond these tolerances.
-DEFAULT_GATE = ["task_pass_rate>=baseline-0.02", "harmless_rate>=baseline-0.02", "over_refusal_rate<=baseline+0.05"]
-#: The served variant (quantized ONNX) may not lose more than this against the PyTorch candidate it came from.
-DEFAULT_SERVED_GATE = [
-    "task_pass_rate>=candidate-0.02",
-    "harmless_rate>=candidate-0.02",
-    "over_refusal_rate<=candidate+0.05",
-]
-
-
-#: Every parameter of the top-level pipelines, documented once (the KFP UI shows these texts).
-PARAMETER_DOCS = {
-    "base_model": "Model to start from: HF hub id, local dir or s3:// prefix. Empty: a tiny demo model.",
-    "dataset": "SFT data (messages, prompt/completion or text): file, dir, hub id or s3://. Empty: the demo's.",
-    "preference_dataset": "Preference pairs (prompt/chosen/rejected, or prompt/completion/label for KTO) for "
-    "DPO and the reward model; empty: the demo's.",
-    "prompt_dataset": "RL prompts (a prompt column plus what the reward functions need); empty: the demo's code tasks.",
-    "rl_algorithm": "ppo or grpo (GRPO, Dr. GRPO or RLOO: set advantage= in rl_overrides).",
-    "reward_functions": "Built-in reward names (code_execution, code_style, length_penalty, refusal) "
-    "or module:function.",
-    "reward_weights": "One weight per reward source (functions first, then the reward model); empty: all 1.",
-    "use_reward_model": "Add the trained reward model as a reward source.",
-    "sft_max_steps": "Optimizer steps of SFT.",
-    "lr": "Peak learning rate of SFT.",
-    "sft_lr": "Peak learning rate of SFT.",
-    "dpo_loss": "sigmoid, ipo, hinge, robust, simpo or kto.",
-    "dpo_beta": "Strength of the KL constraint (beta).",
-    "dpo_max_steps": "Optimizer steps of DPO.",
-    "dpo_lr": "Peak learning rate of DPO.",
-    "reward_max_steps": "Optimizer steps of reward-model training.",
-    "rl_max_steps": "RL steps (one rollout batch and its updates each).",
-    "rl_lr": "Peak learning rate of the policy in RL.",
-    "rollout_n": "Samples per prompt.",
-    "max_new_tokens": "Longest sampled completion.",
-    "batch_size": "Per-process micro-batch size of every training stage.",
-    "max_length": "Maximum tokens per example (longer rows are truncated in prepare).",
-    "eval_fraction": "Fraction of rows held out for evaluation when the data has no eval split.",
-    "seed": "Seed for data generation, splits, initialisation, data order and sampling.",
-    "gpus_per_step": "Accelerators (and training processes, torchrun) per training step; under kfp.local, CPU "
-    "processes.",
-    "accelerator_type": "Kubernetes resource name of the accelerator training steps request.",
-    "nodes_per_step": "Nodes per training step: > 1 runs each training stage as a Kubeflow Trainer TrainJob of "
-    "that many nodes x gpus_per_step processes (needs an object-store pipeline root).",
-    "gate_rules": "Release rules such as 'harmless_rate>=0.8' or 'task_pass_rate>=baseline'.",
-    "served_gate_rules": "Rules for the served variant (deploy_variant of the export), against the PyTorch "
-    "candidate or the baseline: e.g. 'task_pass_rate>=candidate-0.02'. Empty: it is scored but not judged.",
-    "release_uri": "Where a model that passed the gate is published (s3:// or a path); empty: the release artifact.",
-    "model_name": "Name of the served model in the Triton repository (/v2/models/<name>/generate).",
-    "deploy_variant": "Which export Triton serves and the gate judges: int8, fp16, fp32 or int4 (int4 needs "
-    "int4=true in export_overrides).",
-    "model_repository": "Triton model repository root (s3:// prefix the server reads); empty: the deploy artifact.",
-    "triton_url": "HTTP URL of a Triton server (explicit model control) to load the new version on; empty: only "
-    "publish the repository.",
-    "export_overrides": "'key=value' strings for 'posttrain export', e.g. int4=true.",
-    "humaneval_limit": "HumanEval problems to evaluate (0: all 164).",
-    "eval_tasks": "Held-out code tasks for the gate (prompt, tests, entry_point; file, dir, hub id or s3://); "
-    "empty: the demo's. HumanEval is always evaluated too.",
-    "eval_safety": "Held-out safety prompts for the gate (prompt, kind harmful|benign); empty: the demo's.",
-    "sft_config_yaml": "YAML text with any 'posttrain sft' keys; the typed parameters override it.",
-    "sft_overrides": "'key=value' strings for 'posttrain sft', e.g. lora.r=8; they override everything else.",
-    "prepare_overrides": "'key=value' strings for 'posttrain prepare', e.g. max_rows=1000.",
-    "dpo_overrides": "'key=value' strings for 'posttrain dpo', e.g. lora.r=8.",
-    "reward_overrides": "'key=value' strings for 'posttrain reward'.",
-    "rl_overrides": "'key=value' strings for 'posttrain ppo' or 'posttrain grpo'.",
-    "evaluate_overrides": "'key=value' strings for 'posttrain evaluate'.",
-    "notify_webhook": "Webhook URL (Slack-compatible) told how the run ended: succeeded, failed at which task, "
-    "gated off by which rule, and where the report is. Empty: $POSTTRAIN_NOTIFY_WEBHOOK (the optional "
-    "posttrain-notify Secret), else nothing is sent. Never fails the run.",
-    "skip_if_unchanged": "Stop early, green, when the sources' content and every parameter that shapes the model "
-    "equal those of the latest release at release_uri (trained nothing new). On for 'posttrain pipeline "
-    "schedule' unless given.",
-    "demo_overrides": "Embedded demo only: 'key=value' strings for 'posttrain demo-data' (e.g. n_code_train=500).",
-    "tiny_model_overrides": "Embedded demo only: 'key=value' strings for 'posttrain tiny-model' "
-    "(e.g. hidden_size=64, num_layers=2).",
-}
+#: The parameters every pipeline takes (components/parameters.py declares each one): the sources and settings
+#: of SFT, the shape of every training step and where it runs, what is served, the embedded demo, who is told.
+COMMON = (
+    "base_model",
+    "dataset",
+    "sft_max_steps",
+    "sft_lr",
+    "sft_overrides",
+    "batch_size",
+    "max_length",
+    "seed",
+    "gpus_per_step",
+    "accelerator_type",
+    "nodes_per_step",
+    "model_name",
+    "deploy_variant",
+    "model_repository",
+    "triton_url",
+    "export_overrides",
+    "demo_overrides",
+    "tiny_model_overrides",
+    "notify_webhook",
+)
+#: ... those of the pipelines that judge their candidate and release it (and may skip a run with nothing new),
+RELEASING = (
+    "preference_dataset",
+    "gate_rules",
+    "served_gate_rules",
+    "release_uri",
+    "humaneval_limit",
+    "eval_tasks",
+    "eval_safety",
+    "evaluate_overrides",
+    "skip_if_unchanged",
+)
+#: ... of DPO, and of a reward model and RL.
+DPO = ("dpo_loss", "dpo_max_steps", "dpo_lr", "dpo_overrides")
+RL = (
+    "prompt_dataset",
+    "reward_functions",
+    "reward_max_steps",
+    "reward_overrides",
+    "rl_max_steps",
+    "rl_lr",
+    "rollout_n",
+    "max_new_tokens",
+    "rl_overrides",
+)
+#: Renamed parameters, by pipeline: old name -> new name. ``posttrain pipeline run|submit|schedule`` still take
+#: the old name, with a warning; the compiled pipelines know only the new one.
+RENAMED = {"posttrain-sft": {"lr": "sft_lr"}}
 
 
 #: The arguments of the pipeline function being built (its parameters, as KFP channels), by name.
@@ -133,29 +113,38 @@ BUILDING: contextvars.ContextVar[dict] = contextvars.ContextVar("BUILDING")
 SCOPE: contextvars.ContextVar[dict] = contextvars.ContextVar("SCOPE")
 
 
-def documented(summary: str):
-    """Give a pipeline function its docstring (``summary`` and the Args of PARAMETER_DOCS: KFP reads them),
-    and record its arguments while KFP builds it, for :func:`arguments`."""
+class Run(types.SimpleNamespace):
+    """A pipeline while KFP builds it: each of its parameters by name (KFP channels: ``run.sft_lr``), and what
+    every DAG starts with (:func:`start`): ``boot``, the bootstrap task; the ``training``, ``cluster`` and
+    ``serving`` settings of its steps; and ``judging`` where the pipeline evaluates its candidate (else None)."""
+
+
+def declared(summary: str, takes: tuple, defaults: dict | None = None):
+    """Make ``func(run)`` a pipeline function KFP can read. Its parameters are the declared ones named in
+    ``takes`` (components/parameters.py: each with its type, default and doc; ``defaults`` replace declared
+    defaults where this pipeline needs another), its docstring is ``summary`` and their docs. While KFP builds
+    it, every task runs inside the run's exit handler (:func:`notified`), and ``func`` gets the :class:`Run`
+    that :func:`start` began."""
+    signature = pipeline_signature(takes, defaults)
 
     def decorate(func):
-        signature = inspect.signature(func)
-        func.__doc__ = (
-            summary + "\n\nArgs:\n" + "\n".join(f"    {n}: {PARAMETER_DOCS[n]}" for n in signature.parameters)
-        )
-
-        @functools.wraps(func)  # KFP reads the signature, annotations and docstring through __wrapped__
         def build(*args, **kwargs):
-            token = BUILDING.set(dict(signature.bind(*args, **kwargs).arguments))
+            given = dict(signature.bind(*args, **kwargs).arguments)
+            token = BUILDING.set(given)
             try:
                 with notified(func.__name__.replace("_", "-")), contextlib.ExitStack() as stack:
                     scope = SCOPE.set({"stack": stack})
                     try:
-                        return func(*args, **kwargs)
+                        return func(start(given))
                     finally:
                         SCOPE.reset(scope)
             finally:
                 BUILDING.reset(token)
 
+        build.__name__ = build.__qualname__ = func.__name__
+        build.__module__ = func.__module__
+        build.__signature__ = signature  # what KFP reads a pipeline's inputs from (inspect.signature)
+        build.__doc__ = pipeline_docstring(summary, signature.parameters)
         return build
 
     return decorate
@@ -253,38 +242,67 @@ class Serving(NamedTuple):
     export_overrides: list
 
 
-def start(
-    base_model: str,
-    dataset: str,
-    seed: int,
-    demo_overrides: list,
-    tiny_model_overrides: list,
-    *,
-    parameters: dict,
-    **datasets,
-):
-    """The tasks every DAG begins with: check every stage config of this run (on the cluster), then
-    bootstrap, keyed for the cache by the content of the given locations. ``parameters`` are all the
-    pipeline's (:func:`arguments`): the check gets them, and the DAG itself (:func:`carry_spec`), to
+def start(given: dict) -> Run:
+    """What every DAG begins with: check every stage config of this run (on the cluster), then bootstrap,
+    keyed for the cache by the content of the given locations; and the settings its steps share. ``given``
+    are the pipeline's parameters: the check gets them all, and the DAG itself (:func:`carry_spec`), to
     check the run even where the KFP API cannot be read."""
+    run = Run(**given)
     accepted = check_config.component_spec.inputs  # (not the run's notify_webhook: no stage reads it)
-    given = {name: value for name, value in parameters.items() if name in accepted}
-    checked = configure(check_config(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, compiled_spec="", **given), "check config")
-    content = configure(
-        fingerprint(base_model=base_model, dataset=dataset, **datasets).after(checked), "fingerprint sources"
+    checked = configure(
+        check_config(
+            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            compiled_spec="",
+            **{name: value for name, value in given.items() if name in accepted},
+        ),
+        "check config",
     )
-    only_if_changed(parameters, content, checked)
-    return configure(
+    sources = {name: value for name, value in given.items() if name in SOURCE_PARAMETERS}
+    content = configure(fingerprint(**sources).after(checked), "fingerprint sources")
+    only_if_changed(given, content, checked)
+    run.boot = configure(
         bootstrap(
-            base_model=base_model,
-            dataset=dataset,
-            seed=seed,
-            demo_overrides=demo_overrides,
-            tiny_model_overrides=tiny_model_overrides,
+            seed=run.seed,
+            demo_overrides=run.demo_overrides,
+            tiny_model_overrides=run.tiny_model_overrides,
             sources_fingerprint=content.output,
-            **datasets,
+            **sources,
         ),
         "bootstrap",
+    )
+    run.training = Training(run.batch_size, run.max_length, run.seed)
+    sizing = sizing_task(run.gpus_per_step, run.nodes_per_step, run.boot)
+    run.cluster = Cluster(run.accelerator_type, run.gpus_per_step, run.nodes_per_step, sizing)
+    run.serving = Serving(
+        run.model_name, run.deploy_variant, run.model_repository, run.triton_url, run.export_overrides
+    )
+    run.judging = None
+    if "gate_rules" in given:
+        run.judging = Judging(
+            run.gate_rules,
+            run.served_gate_rules,
+            run.humaneval_limit,
+            run.seed,
+            run.evaluate_overrides,
+            run.eval_tasks,
+            run.eval_safety,
+        )
+    return run
+
+
+def fine_tune(run: Run, **settings) -> dsl.PipelineTask:
+    """SFT of the bootstrap's model on its data, as every DAG begins; ``settings``: more of the step's own."""
+    return prepare_and_train(
+        "sft",
+        "SFT",
+        run.boot.outputs["model"],
+        run.boot.outputs["data"],
+        run.training,
+        run.cluster,
+        max_steps=run.sft_max_steps,
+        lr=run.sft_lr,
+        overrides=run.sft_overrides,
+        **settings,
     )
 
 
@@ -379,14 +397,10 @@ def deploy_export(exported: dsl.PipelineTask, gate_passed, label: str, serving: 
 
 
 def evaluate_and_release(
-    boot,
+    run: Run,
     trained: dsl.PipelineTask,
     baseline,
     candidate_label: str,
-    judging: Judging,
-    release_uri,
-    serving: Serving,
-    cluster: Cluster,
     extra=None,
     extra_label: str = "extra",
     reward_model=None,
@@ -396,6 +410,7 @@ def evaluate_and_release(
 
     A plain function, not a sub-pipeline, so it can sit inside a ``dsl.If`` branch locally too.
     """
+    boot, judging, serving, cluster, release_uri = run.boot, run.judging, run.serving, run.cluster, run.release_uri
     candidate = trained.outputs["output_model"]
     exported = export_candidate(trained, candidate_label, serving, cluster)
     optional = {"extra_model": extra, "reward_model": reward_model}
@@ -445,213 +460,63 @@ def evaluate_and_release(
 
 
 @dsl.pipeline(name="posttrain-sft")
-@documented(
+@declared(
     "Supervised fine-tuning: bootstrap -> prepare -> sft -> export -> deploy. Empty base_model and dataset "
-    "run the demo."
+    "run the demo.",
+    takes=(*COMMON, "eval_fraction", "sft_config_yaml", "prepare_overrides"),
 )
-def posttrain_sft(
-    base_model: str = "",
-    dataset: str = "",
-    sft_max_steps: int = 200,
-    lr: float = 1e-4,
-    batch_size: int = 8,
-    max_length: int = 512,
-    eval_fraction: float = 0.05,
-    seed: int = 0,
-    gpus_per_step: int = 1,
-    accelerator_type: str = "nvidia.com/gpu",
-    nodes_per_step: int = 1,
-    sft_config_yaml: str = "",
-    sft_overrides: list = [],
-    prepare_overrides: list = [],
-    model_name: str = "posttrain",
-    deploy_variant: str = "int8",
-    model_repository: str = "",
-    triton_url: str = "",
-    export_overrides: list = [],
-    demo_overrides: list = [],
-    tiny_model_overrides: list = [],
-    notify_webhook: str = "",
-):
-    boot = start(base_model, dataset, seed, demo_overrides, tiny_model_overrides, parameters=arguments())
-    training = Training(batch_size, max_length, seed)
-    cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step, sizing_task(gpus_per_step, nodes_per_step, boot))
-    serving = Serving(model_name, deploy_variant, model_repository, triton_url, export_overrides)
-    tuned = prepare_and_train(
-        "sft",
-        "SFT",
-        boot.outputs["model"],
-        boot.outputs["data"],
-        training,
-        cluster,
-        max_steps=sft_max_steps,
-        lr=lr,
-        eval_fraction=eval_fraction,
-        config_yaml=sft_config_yaml,
-        overrides=sft_overrides,
-        prepare_overrides=prepare_overrides,
+def posttrain_sft(run: Run):
+    tuned = fine_tune(
+        run,
+        eval_fraction=run.eval_fraction,
+        config_yaml=run.sft_config_yaml,
+        prepare_overrides=run.prepare_overrides,
     )
-    deploy_export(export_candidate(tuned, "SFT", serving, cluster), True, "SFT", serving)
+    deploy_export(export_candidate(tuned, "SFT", run.serving, run.cluster), True, "SFT", run.serving)
     # (no pipeline outputs: KFP takes them only from outside the ExitHandler that every task runs in; the
     # model and metrics are the SFT task's, and `posttrain pipeline run` links them from runs/latest)
 
 
 @dsl.pipeline(name="posttrain-dpo")
-@documented("SFT then DPO (or IPO, hinge, robust, SimPO, KTO), evaluated against SFT and released if the gate passes.")
-def posttrain_dpo(
-    base_model: str = "",
-    dataset: str = "",
-    preference_dataset: str = "",
-    sft_max_steps: int = 200,
-    sft_lr: float = 1e-4,
-    dpo_loss: str = "sigmoid",
-    dpo_beta: float = 0.1,
-    dpo_max_steps: int = 200,
-    dpo_lr: float = 5e-5,
-    batch_size: int = 8,
-    max_length: int = 512,
-    seed: int = 0,
-    gpus_per_step: int = 1,
-    accelerator_type: str = "nvidia.com/gpu",
-    nodes_per_step: int = 1,
-    gate_rules: list = DEFAULT_GATE,
-    served_gate_rules: list = DEFAULT_SERVED_GATE,
-    release_uri: str = "",
-    humaneval_limit: int = 0,
-    eval_tasks: str = "",
-    eval_safety: str = "",
-    model_name: str = "posttrain",
-    deploy_variant: str = "int8",
-    model_repository: str = "",
-    triton_url: str = "",
-    export_overrides: list = [],
-    sft_overrides: list = [],
-    dpo_overrides: list = [],
-    evaluate_overrides: list = [],
-    demo_overrides: list = [],
-    tiny_model_overrides: list = [],
-    notify_webhook: str = "",
-    skip_if_unchanged: bool = False,
-):
-    boot = start(
-        base_model,
-        dataset,
-        seed,
-        demo_overrides,
-        tiny_model_overrides,
-        parameters=arguments(),
-        preference_dataset=preference_dataset,
-    )
-    training = Training(batch_size, max_length, seed)
-    cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step, sizing_task(gpus_per_step, nodes_per_step, boot))
-    judging = Judging(gate_rules, served_gate_rules, humaneval_limit, seed, evaluate_overrides, eval_tasks, eval_safety)
-    serving = Serving(model_name, deploy_variant, model_repository, triton_url, export_overrides)
-    sft = prepare_and_train(
-        "sft",
-        "SFT",
-        boot.outputs["model"],
-        boot.outputs["data"],
-        training,
-        cluster,
-        max_steps=sft_max_steps,
-        lr=sft_lr,
-        overrides=sft_overrides,
-    ).outputs["output_model"]
+@declared(
+    "SFT then DPO (or IPO, hinge, robust, SimPO, KTO), evaluated against SFT and released if the gate passes.",
+    takes=(*COMMON, *RELEASING, *DPO, "dpo_beta"),
+)
+def posttrain_dpo(run: Run):
+    sft = fine_tune(run).outputs["output_model"]
     dpo = prepare_and_train(
         "dpo",
         "DPO",
         sft,
-        boot.outputs["preferences"],
-        training,
-        cluster,
-        max_steps=dpo_max_steps,
-        lr=dpo_lr,
-        params={"loss": dpo_loss, "beta": dpo_beta},
-        overrides=dpo_overrides,
+        run.boot.outputs["preferences"],
+        run.training,
+        run.cluster,
+        max_steps=run.dpo_max_steps,
+        lr=run.dpo_lr,
+        params={"loss": run.dpo_loss, "beta": run.dpo_beta},
+        overrides=run.dpo_overrides,
     )
-    evaluate_and_release(boot, dpo, sft, "dpo", judging, release_uri, serving, cluster)
+    evaluate_and_release(run, dpo, sft, "dpo")
 
 
 @dsl.pipeline(name="posttrain-rlhf")
-@documented("SFT, a reward model, then PPO or GRPO/RLOO with the reward model and reward functions; gated release.")
-def posttrain_rlhf(
-    base_model: str = "",
-    dataset: str = "",
-    preference_dataset: str = "",
-    prompt_dataset: str = "",
-    rl_algorithm: str = "grpo",
-    reward_functions: list = ["code_execution"],
-    reward_weights: list = [],
-    use_reward_model: bool = True,
-    sft_max_steps: int = 200,
-    sft_lr: float = 1e-4,
-    reward_max_steps: int = 200,
-    rl_max_steps: int = 100,
-    rl_lr: float = 1e-5,
-    rollout_n: int = 4,
-    max_new_tokens: int = 64,
-    batch_size: int = 8,
-    max_length: int = 512,
-    seed: int = 0,
-    gpus_per_step: int = 1,
-    accelerator_type: str = "nvidia.com/gpu",
-    nodes_per_step: int = 1,
-    gate_rules: list = DEFAULT_GATE,
-    served_gate_rules: list = DEFAULT_SERVED_GATE,
-    release_uri: str = "",
-    humaneval_limit: int = 0,
-    eval_tasks: str = "",
-    eval_safety: str = "",
-    model_name: str = "posttrain",
-    deploy_variant: str = "int8",
-    model_repository: str = "",
-    triton_url: str = "",
-    export_overrides: list = [],
-    sft_overrides: list = [],
-    reward_overrides: list = [],
-    rl_overrides: list = [],
-    evaluate_overrides: list = [],
-    demo_overrides: list = [],
-    tiny_model_overrides: list = [],
-    notify_webhook: str = "",
-    skip_if_unchanged: bool = False,
-):
-    boot = start(
-        base_model,
-        dataset,
-        seed,
-        demo_overrides,
-        tiny_model_overrides,
-        parameters=arguments(),
-        preference_dataset=preference_dataset,
-        prompt_dataset=prompt_dataset,
-    )
-    training = Training(batch_size, max_length, seed)
-    cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step, sizing_task(gpus_per_step, nodes_per_step, boot))
-    judging = Judging(gate_rules, served_gate_rules, humaneval_limit, seed, evaluate_overrides, eval_tasks, eval_safety)
-    serving = Serving(model_name, deploy_variant, model_repository, triton_url, export_overrides)
-    sft = prepare_and_train(
-        "sft",
-        "SFT",
-        boot.outputs["model"],
-        boot.outputs["data"],
-        training,
-        cluster,
-        max_steps=sft_max_steps,
-        lr=sft_lr,
-        overrides=sft_overrides,
-    ).outputs["output_model"]
+@declared(
+    "SFT, a reward model, then PPO or GRPO/RLOO with the reward model and reward functions; gated release.",
+    takes=(*COMMON, *RELEASING, *RL, "rl_algorithm", "reward_weights", "use_reward_model"),
+)
+def posttrain_rlhf(run: Run):
+    sft = fine_tune(run).outputs["output_model"]
     scorer = prepare_and_train(
         "reward",
         "reward model",
         sft,
-        boot.outputs["preferences"],
-        training,
-        cluster,
-        max_steps=reward_max_steps,
-        overrides=reward_overrides,
+        run.boot.outputs["preferences"],
+        run.training,
+        run.cluster,
+        max_steps=run.reward_max_steps,
+        overrides=run.reward_overrides,
     ).outputs["output_model"]
-    rollouts = {"rollout.n": rollout_n, "rollout.max_new_tokens": max_new_tokens}
+    rollouts = {"rollout.n": run.rollout_n, "rollout.max_new_tokens": run.max_new_tokens}
 
     def rl_then_release(algorithm: str, reward_model=None):
         """One RL branch: train the policy from SFT, evaluate it against SFT, release if it passed."""
@@ -659,151 +524,74 @@ def posttrain_rlhf(
         policy = train_policy(
             algorithm,
             sft,
-            boot.outputs["prompts"],
-            training,
-            cluster,
-            max_steps=rl_max_steps,
-            lr=rl_lr,
+            run.boot.outputs["prompts"],
+            run.training,
+            run.cluster,
+            max_steps=run.rl_max_steps,
+            lr=run.rl_lr,
             params=rollouts,
-            reward_functions=reward_functions,
-            reward_weights=reward_weights,
-            overrides=rl_overrides,
+            reward_functions=run.reward_functions,
+            reward_weights=run.reward_weights,
+            overrides=run.rl_overrides,
             **sources,
         )
-        evaluate_and_release(boot, policy, sft, algorithm, judging, release_uri, serving, cluster, reward_model=scorer)
+        evaluate_and_release(run, policy, sft, algorithm, reward_model=scorer)
 
     for algorithm in ("ppo", "grpo"):
-        with dsl.If(rl_algorithm == algorithm, name=algorithm):
-            with dsl.If(use_reward_model == True, name=f"{algorithm} with reward model"):  # noqa: E712
+        with dsl.If(run.rl_algorithm == algorithm, name=algorithm):
+            with dsl.If(run.use_reward_model == True, name=f"{algorithm} with reward model"):  # noqa: E712
                 rl_then_release(algorithm, scorer)
             with dsl.Else(name=f"{algorithm} with reward functions only"):
                 rl_then_release(algorithm)
 
 
 @dsl.pipeline(name="posttrain-all")
-@documented(
+@declared(
     "SFT, then DPO and a reward model, then GRPO from the DPO model; one evaluation of base, SFT, DPO "
-    "and GRPO; gated release of GRPO."
+    "and GRPO; gated release of GRPO.",
+    takes=(*COMMON, *RELEASING, *DPO, *RL),
 )
-def posttrain_all(
-    base_model: str = "",
-    dataset: str = "",
-    preference_dataset: str = "",
-    prompt_dataset: str = "",
-    reward_functions: list = ["code_execution"],
-    sft_max_steps: int = 200,
-    sft_lr: float = 1e-4,
-    dpo_loss: str = "sigmoid",
-    dpo_max_steps: int = 200,
-    dpo_lr: float = 5e-5,
-    reward_max_steps: int = 200,
-    rl_max_steps: int = 100,
-    rl_lr: float = 1e-5,
-    rollout_n: int = 4,
-    max_new_tokens: int = 64,
-    batch_size: int = 8,
-    max_length: int = 512,
-    seed: int = 0,
-    gpus_per_step: int = 1,
-    accelerator_type: str = "nvidia.com/gpu",
-    nodes_per_step: int = 1,
-    gate_rules: list = DEFAULT_GATE,
-    served_gate_rules: list = DEFAULT_SERVED_GATE,
-    release_uri: str = "",
-    humaneval_limit: int = 0,
-    eval_tasks: str = "",
-    eval_safety: str = "",
-    model_name: str = "posttrain",
-    deploy_variant: str = "int8",
-    model_repository: str = "",
-    triton_url: str = "",
-    export_overrides: list = [],
-    sft_overrides: list = [],
-    dpo_overrides: list = [],
-    reward_overrides: list = [],
-    rl_overrides: list = [],
-    evaluate_overrides: list = [],
-    demo_overrides: list = [],
-    tiny_model_overrides: list = [],
-    notify_webhook: str = "",
-    skip_if_unchanged: bool = False,
-):
-    boot = start(
-        base_model,
-        dataset,
-        seed,
-        demo_overrides,
-        tiny_model_overrides,
-        parameters=arguments(),
-        preference_dataset=preference_dataset,
-        prompt_dataset=prompt_dataset,
-    )
-    training = Training(batch_size, max_length, seed)
-    cluster = Cluster(accelerator_type, gpus_per_step, nodes_per_step, sizing_task(gpus_per_step, nodes_per_step, boot))
-    judging = Judging(gate_rules, served_gate_rules, humaneval_limit, seed, evaluate_overrides, eval_tasks, eval_safety)
-    serving = Serving(model_name, deploy_variant, model_repository, triton_url, export_overrides)
-    sft = prepare_and_train(
-        "sft",
-        "SFT",
-        boot.outputs["model"],
-        boot.outputs["data"],
-        training,
-        cluster,
-        max_steps=sft_max_steps,
-        lr=sft_lr,
-        overrides=sft_overrides,
-    ).outputs["output_model"]
+def posttrain_all(run: Run):
+    sft = fine_tune(run).outputs["output_model"]
     dpo = prepare_and_train(
         "dpo",
         "DPO",
         sft,
-        boot.outputs["preferences"],
-        training,
-        cluster,
-        max_steps=dpo_max_steps,
-        lr=dpo_lr,
-        params={"loss": dpo_loss},
-        overrides=dpo_overrides,
+        run.boot.outputs["preferences"],
+        run.training,
+        run.cluster,
+        max_steps=run.dpo_max_steps,
+        lr=run.dpo_lr,
+        params={"loss": run.dpo_loss},
+        overrides=run.dpo_overrides,
     ).outputs["output_model"]
     scorer = prepare_and_train(
         "reward",
         "reward model",
         sft,
-        boot.outputs["preferences"],
-        training,
-        cluster,
-        max_steps=reward_max_steps,
-        overrides=reward_overrides,
+        run.boot.outputs["preferences"],
+        run.training,
+        run.cluster,
+        max_steps=run.reward_max_steps,
+        overrides=run.reward_overrides,
     ).outputs["output_model"]
-    rollouts = {"rollout.n": rollout_n, "rollout.max_new_tokens": max_new_tokens}
+    rollouts = {"rollout.n": run.rollout_n, "rollout.max_new_tokens": run.max_new_tokens}
     # RL continues from the DPO model (SFT -> DPO -> RL with a verifiable reward, as Tulu 3 orders them):
     # the policy keeps the refusals preference training taught, and RL adds what only running the code can
     policy = train_policy(
         "grpo",
         dpo,
-        boot.outputs["prompts"],
-        training,
-        cluster,
+        run.boot.outputs["prompts"],
+        run.training,
+        run.cluster,
         reward_model=scorer,
-        reward_functions=reward_functions,
-        max_steps=rl_max_steps,
-        lr=rl_lr,
+        reward_functions=run.reward_functions,
+        max_steps=run.rl_max_steps,
+        lr=run.rl_lr,
         params=rollouts,
-        overrides=rl_overrides,
+        overrides=run.rl_overrides,
     )
-    evaluate_and_release(
-        boot,
-        policy,
-        sft,
-        "grpo",
-        judging,
-        release_uri,
-        serving,
-        cluster,
-        extra=dpo,
-        extra_label="dpo",
-        reward_model=scorer,
-    )
+    evaluate_and_release(run, policy, sft, "grpo", extra=dpo, extra_label="dpo", reward_model=scorer)
 
 
 def carry_spec(pipeline):

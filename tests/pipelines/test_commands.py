@@ -14,7 +14,7 @@ def test_params_are_typed_from_the_pipeline_signature(tmp_path):
         PIPELINES["posttrain-sft"],
         [
             "sft_max_steps=3",
-            "lr=2e-5",
+            "sft_lr=2e-5",
             "base_model=s3://b/m",
             "sft_overrides=lora.r=8",
             "sft_overrides=lr=1",
@@ -24,12 +24,23 @@ def test_params_are_typed_from_the_pipeline_signature(tmp_path):
     )
     assert params == {
         "sft_max_steps": 3,
-        "lr": 2e-5,
+        "sft_lr": 2e-5,
         "base_model": "s3://b/m",
         "sft_overrides": ["lora.r=8", "lr=1"],
         "prepare_overrides": ["max_rows=10"],
         "sft_config_yaml": "engine:\n  zero_stage: 2\n",
     }
+
+
+def test_the_old_lr_of_posttrain_sft_is_sft_lr_with_a_warning(capsys):
+    sft = PIPELINES["posttrain-sft"]
+    assert commands.parse_params(sft, ["lr=2e-5", "sft_max_steps=3"]) == {"sft_lr": 2e-5, "sft_max_steps": 3}
+    assert capsys.readouterr().err == "warning: posttrain-sft: parameter lr is deprecated, use sft_lr\n"
+    for both in (["lr=1e-5", "sft_lr=2e-5"], ["sft_lr=2e-5", "lr=1e-5"]):
+        with pytest.raises(commands.UsageError, match="posttrain-sft: both lr and sft_lr given: lr is the deprecated"):
+            commands.parse_params(sft, both)
+    with pytest.raises(commands.UsageError, match="unknown parameter 'lr' of posttrain-dpo"):  # (never had it)
+        commands.parse_params(PIPELINES["posttrain-dpo"], ["lr=1e-5"])
 
 
 @pytest.mark.parametrize(
@@ -40,8 +51,9 @@ def test_params_are_typed_from_the_pipeline_signature(tmp_path):
             "unknown pipeline 'nope'; expected one of: posttrain-all, posttrain-dpo, posttrain-rlhf, posttrain-sft",
         ),
         (["run", "sft_max_steps=abc"], "sft_max_steps: expected an integer, got 'abc'"),
-        (["run", "lr=fast"], "lr: expected a number"),
+        (["run", "sft_lr=fast"], "sft_lr: expected a number"),
         (["run", "stepz=3"], "unknown parameter 'stepz' of posttrain-sft"),
+        (["run", "lr=1e-5", "sft_lr=1e-5"], "both lr and sft_lr given"),
         (["run", "sft_max_steps"], "'sft_max_steps': expected param=value"),
         (["run", "sft_overrides=[1,"], "sft_overrides: expected JSON"),
         (["run", "sft_config_yaml=@/no/such/file"], "sft_config_yaml: cannot read /no/such/file"),

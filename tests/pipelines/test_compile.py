@@ -61,7 +61,7 @@ def test_sft_pipeline_interface(compiled):
         "base_model",
         "dataset",
         "sft_max_steps",
-        "lr",
+        "sft_lr",
         "batch_size",
         "max_length",
         "seed",

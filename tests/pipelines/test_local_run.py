@@ -35,7 +35,7 @@ def test_local_run_trains_and_records_the_latest_run(tmp_path, capsys):
 
     record = json.loads((tmp_path / "latest" / "run.json").read_text())
     assert record["pipeline"] == "posttrain-sft"
-    assert record["parameters"]["sft_max_steps"] == 3 and record["parameters"]["lr"] == 1e-4  # defaults too
+    assert record["parameters"]["sft_max_steps"] == 3 and record["parameters"]["sft_lr"] == 1e-4  # defaults too
     assert os.path.dirname(record["run_dir"]) == str(tmp_path / "local")
     model_dir = record["outputs"]["model"]["path"]
     assert model_dir.startswith(record["run_dir"]) and model_dir in out

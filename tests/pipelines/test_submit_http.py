@@ -104,7 +104,7 @@ def test_submit_creates_the_experiment_once_and_a_run_with_typed_parameters(kfp_
         "--experiment",
         "nightly",
         "sft_max_steps=5",
-        "lr=2e-5",
+        "sft_lr=2e-5",
         "base_model=s3://models/base",
         "sft_overrides=lora.r=8",
         "sft_overrides=seed=3",
@@ -128,16 +128,16 @@ def test_submit_creates_the_experiment_once_and_a_run_with_typed_parameters(kfp_
 
     spec = first["pipeline_spec"]["pipeline_spec"]
     assert spec["pipelineInfo"]["name"] == "posttrain-sft"
-    assert {"sft_max_steps", "lr", "base_model"} <= set(spec["root"]["inputDefinitions"]["parameters"])
+    assert {"sft_max_steps", "sft_lr", "base_model"} <= set(spec["root"]["inputDefinitions"]["parameters"])
     assert "platform_spec" in first["pipeline_spec"]  # the kfp-kubernetes settings (secrets, tolerations) travel too
     parameters = first["runtime_config"]["parameters"]
     assert parameters == {
         "sft_max_steps": 5,
-        "lr": 2e-5,
+        "sft_lr": 2e-5,
         "base_model": "s3://models/base",
         "sft_overrides": ["lora.r=8", "seed=3"],
     }
-    assert type(parameters["sft_max_steps"]) is int and type(parameters["lr"]) is float
+    assert type(parameters["sft_max_steps"]) is int and type(parameters["sft_lr"]) is float
     tasks = [t for t in all_tasks(spec) if not t["componentRef"]["name"].startswith("comp-exit-handler")]  # (a group)
     cached = {t["taskInfo"]["name"]: t["cachingOptions"].get("enableCache", False) for t in tasks}
     assert cached == {
@@ -202,7 +202,7 @@ def test_schedule_creates_a_recurring_run_with_kfp_cron(kfp_server, capsys):
                 "2",
                 "--experiment",
                 "weekly",
-                "lr=1e-5",
+                "sft_lr=1e-5",
                 "sft_max_steps=100",
             ]
         )
@@ -216,12 +216,21 @@ def test_schedule_creates_a_recurring_run_with_kfp_cron(kfp_server, capsys):
     assert body["trigger"] == {"cron_schedule": {"cron": "0 0 3 * * 0"}}  # KFP's 6 fields, seconds first
     assert int(body["max_concurrency"]) == 2 and body["no_catchup"] is True and body["mode"] == "ENABLE"
     assert body["display_name"] == "posttrain-sft (0 3 * * 0)"
-    assert body["runtime_config"]["parameters"] == {"lr": 1e-5, "sft_max_steps": 100}
+    assert body["runtime_config"]["parameters"] == {"sft_lr": 1e-5, "sft_max_steps": 100}
     assert body["pipeline_spec"]["pipeline_spec"]["pipelineInfo"]["name"] == "posttrain-sft"
     (rr_id,) = kfp_server.app.ids
     out = capsys.readouterr().out
     assert f"scheduled posttrain-sft with cron '0 0 3 * * 0' as recurring run {rr_id}\n" in out
     assert f"recurring run: {kfp_server.url}/#/recurringrun/details/{rr_id}\n" in out
+
+
+def test_the_deprecated_lr_reaches_runs_and_schedules_as_sft_lr(kfp_server, capsys):
+    assert posttrain(["pipeline", "submit", "--host", kfp_server.url, "lr=2e-5"]) == 0
+    assert posttrain(["pipeline", "schedule", "--host", kfp_server.url, "--cron", "0 3 * * 0", "lr=2e-5"]) == 0
+    (run,), (recurring,) = posts(kfp_server, "runs"), posts(kfp_server, "recurringruns")
+    assert run.json()["runtime_config"]["parameters"] == recurring.json()["runtime_config"]["parameters"]
+    assert run.json()["runtime_config"]["parameters"] == {"sft_lr": 2e-5}
+    assert capsys.readouterr().err.count("warning: posttrain-sft: parameter lr is deprecated, use sft_lr\n") == 2
 
 
 def test_server_errors_and_unreachable_hosts_are_one_line_and_exit_1(kfp_server, capsys):
