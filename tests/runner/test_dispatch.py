@@ -131,6 +131,11 @@ def test_workers_status_becomes_the_outcome(capsys, monkeypatch, tmp_path):
     with pytest.raises(RuntimeError, match=r"posttrain sft --nproc 2 failed \(see the workers' log above\)"):
         dispatch("sft", cfg, Where(processes=2))
 
+    evaluated = stage_config("evaluate", [{**CASES["evaluate"][0], "output_dir": str(tmp_path)}])
+    (tmp_path / "metrics.json").write_text(json.dumps({"gate": {"passed": True}}))
+    monkeypatch.setattr(launch, "launch_workers", Workers(capsys))
+    assert dispatch("evaluate", evaluated, Where(processes=2)) == {"gate": {"passed": True}}  # evaluate's own file
+
 
 def test_every_way_of_running_uses_the_same_checkpoint_location(capsys, monkeypatch, tmp_path):
     root = "minio://mlpipeline/v2/artifacts"
