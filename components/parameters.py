@@ -210,9 +210,8 @@ def with_parameters(*, leaving_out=()):
         first = node.body[0]
         documented = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
         at = first.end_lineno if documented else first.lineno - 1  # (the bind goes after the docstring)
-        indent = lines[first.lineno - 1][: -len(lines[first.lineno - 1].lstrip())]
-        own_names = tuple(p.name for p in named)
-        bind = f"{indent}{spread} = {{k: v for k, v in locals().items() if k not in {own_names!r}}}"
+        own_names = tuple(p.name for p in named)  # (first in the body, locals() holds only the arguments)
+        bind = f"{' ' * first.col_offset}{spread} = {{k: v for k, v in locals().items() if k not in {own_names!r}}}"
         text = "\n".join([*head, *lines[first.lineno - 1 : at], bind, *lines[at:]]) + "\n"
 
         filename = f"<{func.__module__}.{func.__name__} with the pipeline parameters>"
