@@ -92,9 +92,12 @@ setup:
 	@$(MAKE) --no-print-directory -j2 $(STAMP) $(TRITON_STAMP)
 
 # ruff (pyproject.toml [tool.ruff]): the linter and the formatter's check; make test runs it first.
+# Repeated code in trainer_lib/, components/ and pipelines/: pylint's duplicate-code engine, names unified
+# (a renamed copy counts), at most 12 blocks (.ci/duplicate_code.py).
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python .ci/duplicate_code.py --max 12
 
 format: setup
 	$(BIN)/ruff check --fix .

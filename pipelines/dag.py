@@ -306,6 +306,53 @@ def fine_tune(run: Run, **settings) -> dsl.PipelineTask:
     )
 
 
+def preference_tune(run: Run, sft, params: dict) -> dsl.PipelineTask:
+    """DPO (``params``: its loss and beta) of the SFT model on the bootstrap's preference pairs."""
+    return prepare_and_train(
+        "dpo",
+        "DPO",
+        sft,
+        run.boot.outputs["preferences"],
+        run.training,
+        run.cluster,
+        max_steps=run.dpo_max_steps,
+        lr=run.dpo_lr,
+        params=params,
+        overrides=run.dpo_overrides,
+    )
+
+
+def reward_model(run: Run, sft):
+    """The reward model, trained from the SFT model on the bootstrap's preference pairs; its Model output."""
+    return prepare_and_train(
+        "reward",
+        "reward model",
+        sft,
+        run.boot.outputs["preferences"],
+        run.training,
+        run.cluster,
+        max_steps=run.reward_max_steps,
+        overrides=run.reward_overrides,
+    ).outputs["output_model"]
+
+
+def reinforce(run: Run, algorithm: str, start, **sources) -> dsl.PipelineTask:
+    """RL (ppo or grpo) of ``start`` on the bootstrap's prompts; ``sources``: the reward model and weights."""
+    return train_policy(
+        algorithm,
+        start,
+        run.boot.outputs["prompts"],
+        run.training,
+        run.cluster,
+        max_steps=run.rl_max_steps,
+        lr=run.rl_lr,
+        params={"rollout.n": run.rollout_n, "rollout.max_new_tokens": run.max_new_tokens},
+        reward_functions=run.reward_functions,
+        overrides=run.rl_overrides,
+        **sources,
+    )
+
+
 def prepare_and_train(
     stage: str,
     title: str,
@@ -484,18 +531,7 @@ def posttrain_sft(run: Run):
 )
 def posttrain_dpo(run: Run):
     sft = fine_tune(run).outputs["output_model"]
-    dpo = prepare_and_train(
-        "dpo",
-        "DPO",
-        sft,
-        run.boot.outputs["preferences"],
-        run.training,
-        run.cluster,
-        max_steps=run.dpo_max_steps,
-        lr=run.dpo_lr,
-        params={"loss": run.dpo_loss, "beta": run.dpo_beta},
-        overrides=run.dpo_overrides,
-    )
+    dpo = preference_tune(run, sft, {"loss": run.dpo_loss, "beta": run.dpo_beta})
     evaluate_and_release(run, dpo, sft, "dpo")
 
 
@@ -506,41 +542,17 @@ def posttrain_dpo(run: Run):
 )
 def posttrain_rlhf(run: Run):
     sft = fine_tune(run).outputs["output_model"]
-    scorer = prepare_and_train(
-        "reward",
-        "reward model",
-        sft,
-        run.boot.outputs["preferences"],
-        run.training,
-        run.cluster,
-        max_steps=run.reward_max_steps,
-        overrides=run.reward_overrides,
-    ).outputs["output_model"]
-    rollouts = {"rollout.n": run.rollout_n, "rollout.max_new_tokens": run.max_new_tokens}
+    scorer = reward_model(run, sft)
 
-    def rl_then_release(algorithm: str, reward_model=None):
+    def rl_then_release(algorithm: str, **sources):
         """One RL branch: train the policy from SFT, evaluate it against SFT, release if it passed."""
-        sources = {"reward_model": reward_model} if reward_model is not None else {}
-        policy = train_policy(
-            algorithm,
-            sft,
-            run.boot.outputs["prompts"],
-            run.training,
-            run.cluster,
-            max_steps=run.rl_max_steps,
-            lr=run.rl_lr,
-            params=rollouts,
-            reward_functions=run.reward_functions,
-            reward_weights=run.reward_weights,
-            overrides=run.rl_overrides,
-            **sources,
-        )
+        policy = reinforce(run, algorithm, sft, reward_weights=run.reward_weights, **sources)
         evaluate_and_release(run, policy, sft, algorithm, reward_model=scorer)
 
     for algorithm in ("ppo", "grpo"):
         with dsl.If(run.rl_algorithm == algorithm, name=algorithm):
             with dsl.If(run.use_reward_model == True, name=f"{algorithm} with reward model"):  # noqa: E712
-                rl_then_release(algorithm, scorer)
+                rl_then_release(algorithm, reward_model=scorer)
             with dsl.Else(name=f"{algorithm} with reward functions only"):
                 rl_then_release(algorithm)
 
@@ -553,44 +565,11 @@ def posttrain_rlhf(run: Run):
 )
 def posttrain_all(run: Run):
     sft = fine_tune(run).outputs["output_model"]
-    dpo = prepare_and_train(
-        "dpo",
-        "DPO",
-        sft,
-        run.boot.outputs["preferences"],
-        run.training,
-        run.cluster,
-        max_steps=run.dpo_max_steps,
-        lr=run.dpo_lr,
-        params={"loss": run.dpo_loss},
-        overrides=run.dpo_overrides,
-    ).outputs["output_model"]
-    scorer = prepare_and_train(
-        "reward",
-        "reward model",
-        sft,
-        run.boot.outputs["preferences"],
-        run.training,
-        run.cluster,
-        max_steps=run.reward_max_steps,
-        overrides=run.reward_overrides,
-    ).outputs["output_model"]
-    rollouts = {"rollout.n": run.rollout_n, "rollout.max_new_tokens": run.max_new_tokens}
+    dpo = preference_tune(run, sft, {"loss": run.dpo_loss}).outputs["output_model"]
+    scorer = reward_model(run, sft)
     # RL continues from the DPO model (SFT -> DPO -> RL with a verifiable reward, as Tulu 3 orders them):
     # the policy keeps the refusals preference training taught, and RL adds what only running the code can
-    policy = train_policy(
-        "grpo",
-        dpo,
-        run.boot.outputs["prompts"],
-        run.training,
-        run.cluster,
-        reward_model=scorer,
-        reward_functions=run.reward_functions,
-        max_steps=run.rl_max_steps,
-        lr=run.rl_lr,
-        params=rollouts,
-        overrides=run.rl_overrides,
-    )
+    policy = reinforce(run, "grpo", dpo, reward_model=scorer)
     evaluate_and_release(run, policy, sft, "grpo", extra=dpo, extra_label="dpo", reward_model=scorer)
 
 

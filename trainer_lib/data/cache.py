@@ -213,9 +213,12 @@ def _wait_for(entry: str, lock: str, what: str) -> None:
     main process died, or it runs on another node without a shared cache dir), or after lock_wait_s()."""
     log.info("data cache: local rank %d waits for local rank 0 to build %s (%s)", local_rank(), what, entry)
     bound = file_lock.lock_wait_s()
-    start = idle_since = time.monotonic()
-    said = False
-    while not is_complete(entry):
+    idle_since = time.monotonic()
+
+    def built() -> bool:
+        nonlocal idle_since
+        if is_complete(entry):
+            return True
         now = time.monotonic()
         if file_lock.is_held(lock):
             idle_since = now
@@ -224,16 +227,19 @@ def _wait_for(entry: str, lock: str, what: str) -> None:
                 f"data: local rank {local_rank()} waited {now - idle_since:.0f}s for local rank 0 "
                 f"to build the data cache {entry}, and nobody is building it"
             )
-        if now - start > bound:
-            raise UserError(
-                f"data: local rank {local_rank()} gave up after {now - start:.0f} s waiting for "
-                f"{file_lock.holder(lock)} to finish the data cache {entry} (lock {lock}); "
-                f"wait longer with ${file_lock.LOCK_WAIT_ENV}"
-            )
-        if not said and now - start >= file_lock.SAY_AFTER_S:
-            log.warning("data cache: still waiting for %s to finish %s (lock %s)", file_lock.holder(lock), entry, lock)
-            said = True
-        time.sleep(0.2)
+        return False
+
+    def waiting() -> None:
+        log.warning("data cache: still waiting for %s to finish %s (lock %s)", file_lock.holder(lock), entry, lock)
+
+    def gave_up(waited: float) -> UserError:
+        return UserError(
+            f"data: local rank {local_rank()} gave up after {waited:.0f} s waiting for "
+            f"{file_lock.holder(lock)} to finish the data cache {entry} (lock {lock}); "
+            f"wait longer with ${file_lock.LOCK_WAIT_ENV}"
+        )
+
+    file_lock.poll_until(built, bound, waiting, gave_up)
 
 
 # --------------------------------------------------------------------------- Arrow files of an entry

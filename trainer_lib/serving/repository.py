@@ -25,6 +25,7 @@ import time
 from trainer_lib import storage
 from trainer_lib.errors import UserError
 from trainer_lib.storage import StorageError, redact
+from trainer_lib.storage.file_lock import poll_until, try_lock
 
 CONFIG = "config.pbtxt"
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -325,8 +326,6 @@ def load(client, model_dir: str, model_name: str) -> None:
 
 #: the lock file (object) of a model directory while a deploy or rollback changes it
 LOCK = ".deploy.lock"
-#: a waiter says what it waits for after this many seconds
-SAY_AFTER_S = 5.0
 #: an object-store lock older than this is left over from a deploy that died (a local lock dies with its holder)
 STALE_LOCK_S = 3600.0
 
@@ -348,7 +347,7 @@ def deploy_lock(model_dir: str, what: str, wait_s: float, say, stale_s: float = 
     if not storage.is_remote(lock):
         os.makedirs(model_dir, exist_ok=True)
         with open(lock, "a+", encoding="utf-8") as fh:
-            _wait(lambda: _try_flock(fh), lambda: _describe(_read_local(lock)), lock, wait_s, say)
+            _wait(lambda: try_lock(fh), lambda: _describe(_read_local(lock)), lock, wait_s, say)
             fh.seek(0)
             fh.truncate()
             fh.write(holder)
@@ -372,29 +371,17 @@ def deploy_lock(model_dir: str, what: str, wait_s: float, say, stale_s: float = 
 
 def _wait(attempt, describe, lock: str, wait_s: float, say):
     """``attempt()`` until it returns something true; one line after SAY_AFTER_S, a UserError after ``wait_s``."""
-    start, said = time.monotonic(), False
-    while True:
-        got = attempt()
-        if got:
-            return got
-        waited = time.monotonic() - start
-        if waited >= wait_s:
-            raise UserError(
-                f"gave up after {waited:.0f} s waiting for another deploy of this model to finish ({describe()} "
-                f"holds {lock}); run it again when that one is done, or raise lock_wait_s"
-            )
-        if not said and waited >= min(SAY_AFTER_S, wait_s / 2):
-            say(f"waiting for another deploy of this model: {describe()} holds {lock} (up to {wait_s:g} s)")
-            said = True
-        time.sleep(0.2)
 
+    def gave_up(waited: float) -> UserError:
+        return UserError(
+            f"gave up after {waited:.0f} s waiting for another deploy of this model to finish ({describe()} "
+            f"holds {lock}); run it again when that one is done, or raise lock_wait_s"
+        )
 
-def _try_flock(fh) -> bool:
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return False
-    return True
+    def waiting() -> None:
+        say(f"waiting for another deploy of this model: {describe()} holds {lock} (up to {wait_s:g} s)")
+
+    return poll_until(attempt, wait_s, waiting, gave_up)
 
 
 def _read_local(lock: str) -> str:

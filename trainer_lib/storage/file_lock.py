@@ -57,32 +57,54 @@ def exclusive(path: str, what: str, label: str):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _acquire(fh, path: str, label: str) -> None:
-    """flock ``fh`` exclusively; after SAY_AFTER_S one line says who holds it, after lock_wait_s() a UserError."""
-    bound, start, said = lock_wait_s(), time.monotonic(), False
+def poll_until(attempt, bound: float, waiting, gave_up, interval: float = 0.2):
+    """``attempt()`` until it returns something true, which is returned: ``waiting()`` is called once after
+    :data:`SAY_AFTER_S` (or half of ``bound``, if less), and ``gave_up(seconds waited)``, an exception, is
+    raised after ``bound`` seconds. The one wait loop of the locks and caches that never wait in silence."""
+    start, said = time.monotonic(), False
     while True:
-        try:
-            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            pass
+        got = attempt()
+        if got:
+            return got
         waited = time.monotonic() - start
         if waited >= bound:
-            raise UserError(
-                f"{label}: gave up after {waited:.0f} s waiting for the lock {path}, held by {holder(path)}; "
-                f"let that process finish or stop it, or wait longer with ${LOCK_WAIT_ENV}"
-            )
+            raise gave_up(waited)
         if not said and waited >= min(SAY_AFTER_S, bound / 2):
-            log.warning(
-                "%s: waiting for the lock %s, held by %s (giving up after %g s, $%s)",
-                label,
-                path,
-                holder(path),
-                bound,
-                LOCK_WAIT_ENV,
-            )
+            waiting()
             said = True
-        time.sleep(0.1)
+        time.sleep(interval)
+
+
+def _acquire(fh, path: str, label: str) -> None:
+    """flock ``fh`` exclusively; after SAY_AFTER_S one line says who holds it, after lock_wait_s() a UserError."""
+    bound = lock_wait_s()
+
+    def waiting() -> None:
+        log.warning(
+            "%s: waiting for the lock %s, held by %s (giving up after %g s, $%s)",
+            label,
+            path,
+            holder(path),
+            bound,
+            LOCK_WAIT_ENV,
+        )
+
+    def gave_up(waited: float) -> UserError:
+        return UserError(
+            f"{label}: gave up after {waited:.0f} s waiting for the lock {path}, held by {holder(path)}; "
+            f"let that process finish or stop it, or wait longer with ${LOCK_WAIT_ENV}"
+        )
+
+    poll_until(lambda: try_lock(fh), bound, waiting, gave_up, interval=0.1)
+
+
+def try_lock(fh) -> bool:
+    """Whether a non-blocking exclusive flock of the open file ``fh`` was taken."""
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def is_held(path: str) -> bool:
