@@ -113,7 +113,7 @@ CASES = [
     prep("prompt_only_null", jsonl({"prompt": None}), "d.jsonl:1", "field 'prompt'"),
     prep("prompt_only_object", jsonl({"prompt": {"a": 1}}), "d.jsonl:1", "field 'prompt'"),
     # ---- columns
-    prep("no_format_columns", jsonl({"question": "q", "answer": "a"}), "d.jsonl:1", "columns of a known format"),
+    prep("no_format_columns", jsonl({"query": "q", "response": "a"}), "d.jsonl:1", "columns of a known format"),
     prep("chosen_without_rejected", jsonl({"prompt": "p", "chosen": "c"}), "d.jsonl:1", "field 'rejected'"),
     prep("rejected_without_chosen", jsonl({"prompt": "p", "rejected": "r"}), "d.jsonl:1", "field 'chosen'"),
     prep(
@@ -123,6 +123,16 @@ CASES = [
         "field 'rejected'",
     ),
     prep("mixed_formats", jsonl({"text": "a"}, MSG), "d.jsonl:2", "one format per file"),
+    prep(
+        "hh_rlhf_turns_do_not_alternate",
+        jsonl(
+            {"chosen": "\n\nHuman: Hi\n\nAssistant: Hello.", "rejected": "\n\nHuman: Hi\n\nAssistant: Go away."},
+            {"chosen": "\n\nHuman: Hi\n\nAssistant: Hello.\n\nAssistant: Again.", "rejected": "\n\nHuman: Hi"},
+        ),
+        "d.jsonl:2",
+        "field 'chosen'",
+        "turn 3 is a second Assistant turn in a row",
+    ),
     prep(
         "mixed_plain_and_conversational",
         jsonl(

@@ -33,6 +33,9 @@ def conv(*pairs):
         (["prompt", "completion", "label"], "unpaired_preference"),
         (["prompt"], "prompt_only"),
         (["prompt", "tests", "entry_point"], "prompt_only"),
+        (["question", "answer"], "gsm8k"),
+        (["prompt", "question", "answer"], "prompt_only"),
+        (["text", "code", "test_list", "test_setup_code", "task_id"], "mbpp"),
     ],
 )
 def test_detect_format(columns, fmt):
@@ -42,9 +45,9 @@ def test_detect_format(columns, fmt):
 
 def test_detect_unknown_columns():
     with pytest.raises(DataError) as exc:
-        detect_format({"question": 1, "answer": 2}, "d.jsonl:1")
+        detect_format({"query": 1, "response": 2}, "d.jsonl:1")
     assert str(exc.value).startswith("d.jsonl:1: expected the columns of a known format: text | ")
-    assert str(exc.value).endswith("got list ['answer', 'question']")
+    assert str(exc.value).endswith("got list ['query', 'response']")
 
 
 def test_formats_constant():

@@ -56,6 +56,9 @@ DATA_FORMATS = (
     "prompt_only",
     "alpaca",
     "sharegpt",
+    "hh_rlhf",
+    "gsm8k",
+    "mbpp",
 )
 
 
@@ -76,6 +79,8 @@ class ModelConfig:
 MIX_STRATEGIES = ("concat", "interleave_under", "interleave_over")
 #: What happens to rows longer than ``data.max_length``.
 OVER_LENGTH = ("truncate", "drop")
+#: What happens to a malformed row (``data.bad_rows``).
+BAD_ROWS = ("error", "drop")
 
 
 #: the keys of one entry of ``data.sources``: ``data``'s keys of the same names, for that dataset.
@@ -101,6 +106,16 @@ class DataConfig:
     eval_path: str | None = opt(None, "Separate eval dataset (otherwise split off data.path).")
     eval_dataset: list[str] = opt([], "Instead of eval_path: eval dataset names in dataset_info.json.")
     eval_fraction: float = opt(0.05, "Fraction of rows held out for eval when no eval split exists.")
+    eval_by: str = opt(
+        "shuffle",
+        "How eval rows are split off: shuffle (eval_fraction, seeded), hash (eval_fraction, by each row's "
+        "content: the same rows on every machine and order) or COLUMN:RANGES, e.g. task_id:511-600.",
+    )
+    bad_rows: str = opt(
+        "error",
+        "A malformed row: error (exit 2, naming file, row and field) or drop (counted in stats.json).",
+        BAD_ROWS,
+    )
     max_rows: int = opt(0, "Read at most this many rows of each dataset (0: all).")
     max_length: int = opt(512, "Maximum tokens per example; longer ones: see over_length.")
     over_length: str = opt(
@@ -120,6 +135,7 @@ class DataConfig:
             )
         if self.num_workers < 1:
             raise ConfigError(f"data.num_workers: expected a positive number, got {self.num_workers}")
+        self._validate_eval_by()
         if not 0.0 <= self.eval_fraction < 1.0:
             raise ConfigError(f"data.eval_fraction: expected 0 <= x < 1, got {self.eval_fraction}")
         if self.max_rows < 0:
@@ -134,6 +150,21 @@ class DataConfig:
         self._validate_registry()
         self._validate_sources()
         self._validate_mix()
+
+    def _validate_eval_by(self) -> None:
+        """``data.eval_by``: shuffle, hash or COLUMN:RANGES, and only where the eval rows are split off."""
+        from trainer_lib.data.holdout import SHUFFLE, parse_eval_by
+
+        try:
+            parse_eval_by(self.eval_by)
+        except ValueError as exc:
+            raise ConfigError(f"data.eval_by: {exc}") from None
+        given = [key for key in ("eval_path", "eval_split", "eval_dataset") if getattr(self, key)]
+        if self.eval_by != SHUFFLE and given:
+            raise ConfigError(
+                f"data.eval_by: splits the eval rows off the training rows, but data.{given[0]} gives them; "
+                f"set one of them"
+            )
 
     def given(self) -> bool:
         """Whether the training data is named: ``path``, ``dataset`` or ``sources``."""

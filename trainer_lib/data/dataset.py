@@ -21,8 +21,10 @@ from typing import Any
 
 from trainer_lib.data import llamafactory
 from trainer_lib.data.formats import AUTO, FORMATS, SOURCE_FORMATS
+from trainer_lib.data.holdout import SHUFFLE, holdout_indices
 from trainer_lib.data.normalize import (  # Normalizer: also imported from here (rl/feedback.py)
     DROP_REASONS,
+    BadRows,
     Normalizer,
     RowFilter,
     eval_rows,
@@ -89,6 +91,8 @@ BUILD_CODE = (
     "trainer_lib.data.formats",
     "trainer_lib.data.sources",
     "trainer_lib.data.llamafactory",
+    "trainer_lib.data.public_datasets",
+    "trainer_lib.data.holdout",
     "trainer_lib.data.mixing",
     "trainer_lib.data.arrow_rows",
     "trainer_lib.data.tokenized",
@@ -174,6 +178,7 @@ class _Job:
     stage: str
     train: list[tuple[Spec, Source]]
     evals: list[tuple[Spec, Source]]
+    bad: BadRows | None = None  # data.bad_rows=drop: the malformed rows dropped
 
     def cache_parts(self) -> dict | None:
         """The build's cache key, or None when a source's content cannot be known (a hub id)."""
@@ -189,7 +194,15 @@ class _Job:
             "specs": [dataclasses.asdict(spec) for spec in specs],
             "settings": {
                 k: getattr(cfg, k, None)
-                for k in ("eval_fraction", "mix_strategy", "interleave_probs", "dataset", "eval_dataset")
+                for k in (
+                    "eval_fraction",
+                    "eval_by",
+                    "bad_rows",
+                    "mix_strategy",
+                    "interleave_probs",
+                    "dataset",
+                    "eval_dataset",
+                )
             },
             "seed": self.seed,
             "max_rows": self.max_rows,
@@ -263,6 +276,7 @@ def build_dataset(
         stage,
         [(spec, spec.open()) for spec in train],
         [(spec, spec.open()) for spec in evals],
+        BadRows() if getattr(data_cfg, "bad_rows", "error") == "drop" else None,
     )
     what = f"the rows of {_display(data_cfg)}"
     entry, manifest = cache.build_once("normalized", job.cache_parts(), lambda tmp: {"stats": _build(job, tmp)}, what)
@@ -298,6 +312,9 @@ def _report(stats: dict, data_cfg) -> None:
         )
     if stats["dropped"].get("too_long"):
         lines.append(f"{stats['dropped']['too_long']} rows {longer} dropped")
+    if stats["dropped"].get("malformed"):
+        first = stats["malformed"][0]
+        lines.append(f"{stats['dropped']['malformed']} malformed rows dropped (data.bad_rows=drop), the first: {first}")
     if os.environ.get("RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0":
         for line in lines:
             print(f"data: {line}", file=sys.stderr)
@@ -310,9 +327,12 @@ def _write_train(job: _Job, rows: RowFilter) -> tuple[list[Normalizer], list[int
     for spec, source in job.train:
         normalizer = job.normalizer(spec, source, normalizers)
         read, kept = rows.rows_read, rows.writer.rows.get("train", 0)
-        rows.write("train", read_rows(source, source.train_split, normalizer, job.max_rows), normalizer)
+        rows.write("train", read_rows(source, source.train_split, normalizer, job.max_rows, job.bad), normalizer)
         if rows.rows_read == read:
-            raise UserError(f"{spec.key}: {spec.path}: no rows")
+            malformed = (
+                f" ({job.bad.count} malformed, the first: {job.bad.first[0]})" if job.bad and job.bad.count else ""
+            )
+            raise UserError(f"{spec.key}: {spec.path}: no rows{malformed}")
         job.check_kind(spec, normalizer, normalizers)
         normalizers.append(normalizer)
         counts.append(rows.writer.rows["train"] - kept)
@@ -326,18 +346,20 @@ def _write_eval(job: _Job, rows: RowFilter, normalizers: list[Normalizer]) -> st
     if job.evals:
         for spec, source in job.evals:
             if spec.format is None:  # data.eval_path: read like the training data
-                items, name = eval_rows(source, normalizers[0], job.max_rows)
+                items, name = eval_rows(source, normalizers[0], job.max_rows, job.bad)
                 rows.write("eval", items, normalizers[0])
             else:
                 normalizer = job.normalizer(spec, source, normalizers)
-                rows.write("eval", read_rows(source, source.train_split, normalizer, job.max_rows), normalizer)
+                rows.write("eval", read_rows(source, source.train_split, normalizer, job.max_rows, job.bad), normalizer)
                 job.check_kind(spec, normalizer, normalizers)
                 name = spec.path
             names.append(name)
         return ", ".join(names)
+    if getattr(job.data_cfg, "eval_by", SHUFFLE) != SHUFFLE:
+        return None  # the training rows are split by data.eval_by, not by a source's own eval split
     for (_, source), normalizer in zip(job.train, normalizers):
         if source.eval_split is not None:
-            rows.write("eval", read_rows(source, source.eval_split, normalizer, job.max_rows), normalizer)
+            rows.write("eval", read_rows(source, source.eval_split, normalizer, job.max_rows, job.bad), normalizer)
             names.append(f"{source.path}[{source.eval_split}]")
     return ", ".join(names) or None
 
@@ -355,6 +377,21 @@ def _mix(job: _Job, train, counts: list[int]) -> tuple[Any, dict | None]:
     names = [spec.key.split("(", 1)[-1].rstrip(")") for spec, _ in job.train]
     datasets = [{"name": name, "rows": count} for name, count in zip(names, counts)]
     return train, {"strategy": strategy, "datasets": datasets, "rows": len(order)}
+
+
+def _split_off_eval(job: _Job, train, eval_by: str) -> dict:
+    """``{"train", "eval"}``: the eval rows split off the training rows by ``data.eval_by`` (a seeded
+    shuffle of ``data.eval_fraction``, a stable hash, or a column's ranges; :mod:`trainer_lib.data.holdout`)."""
+    fraction = job.data_cfg.eval_fraction
+    if eval_by == SHUFFLE:
+        train_idx, eval_idx = split_indices(len(train), fraction, job.seed)
+    else:
+        train_idx, eval_idx = holdout_indices(train, eval_by, fraction, _display(job.data_cfg))
+        if not train_idx:
+            raise UserError(
+                f"data.eval_by={eval_by}: every row of {_display(job.data_cfg)} is held out; none to train on"
+            )
+    return {"train": train.select(train_idx) if eval_idx else train, "eval": train.select(eval_idx)}
 
 
 def _build(job: _Job, out_dir: str) -> dict:
@@ -386,10 +423,9 @@ def _build(job: _Job, out_dir: str) -> dict:
     if not len(splits["train"]):
         reasons = ", ".join(f"{k}: {v}" for k, v in dropped.items())
         raise UserError(f"data.path: {_display(data_cfg)}: no training rows left after filtering ({reasons})")
+    eval_by = getattr(data_cfg, "eval_by", SHUFFLE)
     if eval_source is None:
-        train_idx, eval_idx = split_indices(len(splits["train"]), data_cfg.eval_fraction, job.seed)
-        train = splits["train"]
-        splits = {"train": train.select(train_idx) if eval_idx else train, "eval": train.select(eval_idx)}
+        splits = _split_off_eval(job, splits["train"], eval_by)
     dd = datasets.DatasetDict({name: splits[name] for name in ("train", "eval")})
     content = fingerprint(fmt, dd)
     dd = dd.remove_columns(list(INTERNAL))
@@ -409,11 +445,14 @@ def _build(job: _Job, out_dir: str) -> dict:
         "token_lengths": None,
         "max_length": data_cfg.max_length if tokenizer is not None else None,
         "seed": job.seed,
-        "eval_fraction": data_cfg.eval_fraction if eval_source is None else None,
+        "eval_fraction": data_cfg.eval_fraction if eval_source is None and ":" not in eval_by else None,
+        "eval_by": eval_by if eval_source is None else None,
         "fingerprint": content,
     }
     if mix:
         stats["mix"] = mix
+    if job.bad is not None:
+        dropped["malformed"], stats["malformed"] = job.bad.count, job.bad.first
     kept = [x for x in lengths if len(x)]
     if kept:
         import numpy as np
@@ -488,7 +527,7 @@ def training_data(
     if data_cfg.format not in (AUTO, fmt, source_format):
         raise UserError(f"data.format: {data_cfg.format}, but {data_cfg.path} was prepared as {source_format}")
     columns = getattr(data_cfg, "columns", None)
-    if source_format in SOURCE_FORMATS and llamafactory.target_format(source_format, columns) != fmt:
+    if source_format in llamafactory.SOURCE_FORMATS and llamafactory.target_format(source_format, columns) != fmt:
         source_format, columns = fmt, None  # e.g. ranked sharegpt pairs: read on as the preference rows they became
     normalizer = Normalizer(source_format, allowed_formats, stage, stats.get("conversational"), columns=columns)
     dd = load_saved(storage.localize(data_cfg.path), data_cfg.path)
@@ -528,6 +567,7 @@ def _prepared_eval(data_cfg, fmt: str, normalizer: Normalizer, tokenizer, train)
             "format": normalizer.source,
             "conversational": normalizer.conversational,
             "columns": getattr(data_cfg, "columns", None),
+            "bad_rows": getattr(data_cfg, "bad_rows", "error"),
             "tokenizer": cache.tokenizer_fingerprint(tokenizer) if tokenizer is not None else None,
             "max_length": data_cfg.max_length if tokenizer is not None else None,
             "over_length": getattr(data_cfg, "over_length", "drop") if tokenizer is not None else None,
@@ -541,8 +581,13 @@ def _prepared_eval(data_cfg, fmt: str, normalizer: Normalizer, tokenizer, train)
         work = os.path.join(tmp, "work")
         writer = RowWriter(work, data_cfg.eval_path)
         dropped = dict.fromkeys(DROP_REASONS, 0)
-        items, _ = eval_rows(esrc, normalizer, 0)
+        bad = BadRows() if getattr(data_cfg, "bad_rows", "error") == "drop" else None
+        items, _ = eval_rows(esrc, normalizer, 0, bad)
         RowFilter(writer, True, True, dropped).write("eval", items, normalizer)
+        if bad is not None and bad.count:
+            log.warning(
+                "data.eval_path: %d malformed rows dropped (data.bad_rows=drop), the first: %s", bad.count, bad.first[0]
+            )
         ds = writer.finish()["eval"]
         if tokenizer is not None:
             ds, _, _ = length_filter(ds, fmt, bool(normalizer.conversational), tokenizer, data_cfg, dropped, work)

@@ -15,8 +15,9 @@ format                   columns                            values
 ``prompt_only``          prompt                             str or conversation
 =======================  =================================  ===========================================
 
-LLaMA-Factory's ``alpaca`` and ``sharegpt`` (see :mod:`trainer_lib.data.llamafactory`) are
-detected here too (:data:`SOURCE_FORMATS`); their rows are converted to ``messages`` first.
+LLaMA-Factory's ``alpaca`` and ``sharegpt`` (see :mod:`trainer_lib.data.llamafactory`) and three public
+datasets' own shapes, ``hh_rlhf``, ``gsm8k`` and ``mbpp`` (see :mod:`trainer_lib.data.public_datasets`), are
+detected here too (:data:`SOURCE_FORMATS`); their rows are converted to a normalized format first.
 
 A conversation is a list of ``{"role": ..., "content": str}`` with roles in :data:`ROLES`;
 normalized messages keep exactly those two keys, and an assistant's ``tool_calls`` (:func:`tool_calls`;
@@ -34,6 +35,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from trainer_lib.data.public_datasets import is_hh_dialogue
 from trainer_lib.errors import DataError
 
 #: format name -> columns of a normalized row, in order.
@@ -47,7 +49,13 @@ FORMATS: dict[str, tuple[str, ...]] = {
 }
 
 #: formats that are converted to a normalized format before normalization -> that format.
-SOURCE_FORMATS: dict[str, str] = {"alpaca": "messages", "sharegpt": "messages"}
+SOURCE_FORMATS: dict[str, str] = {
+    "alpaca": "messages",
+    "sharegpt": "messages",
+    "hh_rlhf": "preference",
+    "gsm8k": "prompt_completion",
+    "mbpp": "prompt_completion",
+}
 
 #: columns that must be present in a raw row for each format (preference: prompt is optional).
 REQUIRED: dict[str, tuple[str, ...]] = {
@@ -55,6 +63,9 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "preference": ("chosen", "rejected"),
     "alpaca": ("instruction", "output"),
     "sharegpt": ("conversations",),
+    "hh_rlhf": ("chosen", "rejected"),
+    "gsm8k": ("question", "answer"),
+    "mbpp": ("text", "code", "test_list"),
 }
 
 #: columns that identify a format; a row that has one of them but misses another required
@@ -68,7 +79,14 @@ _DISTINCTIVE: dict[str, tuple[str, ...]] = {
     "prompt_only": ("prompt",),
     "alpaca": ("instruction", "output"),
     "sharegpt": ("conversations",),
+    "hh_rlhf": ("chosen", "rejected"),
+    "gsm8k": ("question", "answer"),
+    "mbpp": ("code", "test_list"),
 }
+
+#: formats told apart from another by their values, not their columns -> that other format. A row
+#: of either in a file of the other is read as the file's format.
+_BY_VALUES: dict[str, str] = {"hh_rlhf": "preference"}
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -78,7 +96,8 @@ AUTO = "auto"
 _DETECT_HELP = (
     "the columns of a known format: text | prompt+completion | messages | "
     "prompt+chosen+rejected (or chosen+rejected) | prompt+completion+label | prompt | "
-    "instruction+output (alpaca) | conversations (sharegpt)"
+    "instruction+output (alpaca) | conversations (sharegpt) | question+answer (gsm8k) | "
+    "text+code+test_list (mbpp)"
 )
 
 
@@ -89,12 +108,17 @@ def detect_format(columns: Iterable[str] | Mapping[str, Any], location: str = "d
     """Format name for a row's columns (a dict's keys or a list of names).
 
     Priority: preference > unpaired_preference > messages > sharegpt > prompt_completion > alpaca >
-    text > prompt_only (sharegpt ``conversations`` with ``chosen``/``rejected``: sharegpt, LLaMA-Factory's
-    ranked pairs); other columns are extras. Raises :class:`DataError` when no format matches.
+    mbpp > text > gsm8k > prompt_only (sharegpt ``conversations`` with ``chosen``/``rejected``: sharegpt,
+    LLaMA-Factory's ranked pairs; a row's ``chosen`` that is an HH-RLHF dialogue, without a ``prompt``:
+    hh_rlhf); other columns are extras. Raises :class:`DataError` when no format matches.
     """
     cols = set(columns.keys() if isinstance(columns, Mapping) else columns)
     if {"chosen", "rejected"} <= cols:
-        return "sharegpt" if "conversations" in cols else "preference"  # sharegpt: LLaMA-Factory's ranked pairs
+        if "conversations" in cols:
+            return "sharegpt"  # LLaMA-Factory's ranked pairs
+        if isinstance(columns, Mapping) and "prompt" not in cols and is_hh_dialogue(columns["chosen"]):
+            return "hh_rlhf"
+        return "preference"
     if "chosen" in cols or "rejected" in cols:  # half a pair is not prompt-only (or other) data
         missing = "rejected" if "chosen" in cols else "chosen"
         raise DataError(
@@ -113,8 +137,12 @@ def detect_format(columns: Iterable[str] | Mapping[str, Any], location: str = "d
         return "prompt_completion"
     if {"instruction", "output"} <= cols:
         return "alpaca"
+    if {"text", "code", "test_list"} <= cols:
+        return "mbpp"
     if "text" in cols:
         return "text"
+    if {"question", "answer"} <= cols and "prompt" not in cols:
+        return "gsm8k"
     if "prompt" in cols:
         return "prompt_only"
     raise DataError(location, None, _DETECT_HELP, sorted(cols))
@@ -133,7 +161,7 @@ def row_format(row: Mapping[str, Any], fmt: str, location: str, first_location: 
         if set(row) & set(_DISTINCTIVE[fmt]):
             return fmt
         raise
-    if got == fmt:
+    if got == fmt or fmt == _BY_VALUES.get(got) or got == _BY_VALUES.get(fmt):
         return fmt
     keys = set(row)
     if not set(REQUIRED[fmt]) <= keys and keys & set(_DISTINCTIVE[fmt]):

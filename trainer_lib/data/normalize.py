@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from trainer_lib.data import images, llamafactory
+from trainer_lib.data import images, llamafactory, public_datasets
 from trainer_lib.data.formats import (
     AUTO,
     FORMATS,
@@ -57,7 +57,8 @@ class Normalizer:
     ``self.fmt`` is the normalized format, which differs for the formats converted first
     (alpaca and sharegpt become messages, or what their ``columns`` say: preference for ranked
     pairs, unpaired_preference with a kto_tag, text for an alpaca corpus without responses;
-    ``columns`` renames theirs, and implies one of them).
+    ``columns`` renames theirs, and implies one of them; hh_rlhf becomes preference, gsm8k and
+    mbpp prompt_completion).
     """
 
     def __init__(
@@ -86,7 +87,9 @@ class Normalizer:
     def _set_source(self, source: str) -> None:
         self.source = source
         self.fmt, self.convert = source, None
-        if source in SOURCE_FORMATS:
+        if source in public_datasets.TARGETS:
+            self.fmt, self.convert = public_datasets.TARGETS[source], public_datasets.converter(source)
+        elif source in SOURCE_FORMATS:
             self.fmt = llamafactory.target_format(source, self.columns, self.allowed)
             self.convert = llamafactory.converter(source, self.columns, self.fmt)
         self._check_allowed()
@@ -145,25 +148,52 @@ class Normalizer:
         return out
 
 
-def read_rows(source: Source, split: str | None, normalizer: Normalizer, max_rows: int) -> Iterator[Item]:
-    """Normalized ``(location, row)`` of one split, streamed."""
+class BadRows:
+    """The malformed rows dropped with ``data.bad_rows=drop``: how many, and the first few errors."""
+
+    KEEP = 3
+
+    def __init__(self):
+        self.count = 0
+        self.first: list[str] = []
+
+    def add(self, exc: DataError) -> None:
+        self.count += 1
+        if len(self.first) < self.KEEP:
+            self.first.append(str(exc))
+
+
+def read_rows(
+    source: Source, split: str | None, normalizer: Normalizer, max_rows: int, bad: BadRows | None = None
+) -> Iterator[Item]:
+    """Normalized ``(location, row)`` of one split, streamed. A malformed row raises its DataError, or
+    with ``bad`` is counted there and skipped."""
     rows = source.rows(split)
     if max_rows > 0:
         rows = itertools.islice(rows, max_rows)
     for loc, row in rows:
-        yield loc, normalizer(loc, row)
+        try:
+            out = normalizer(loc, row)
+        except DataError as exc:
+            if bad is None:
+                raise
+            bad.add(exc)
+            continue
+        yield loc, out
 
 
-def eval_rows(source: Source, normalizer: Normalizer, max_rows: int) -> tuple[Iterator[Item], str]:
+def eval_rows(
+    source: Source, normalizer: Normalizer, max_rows: int, bad: BadRows | None = None
+) -> tuple[Iterator[Item], str]:
     """Rows of a separate eval source: its eval-like split if it has a non-empty one."""
     split = source.eval_split
     if split is not None:
-        rows = read_rows(source, split, normalizer, max_rows)
+        rows = read_rows(source, split, normalizer, max_rows, bad)
         first = next(rows, None)
         if first is not None:
             return itertools.chain([first], rows), f"{source.path}[{split}]"
     name = f"{source.path}[{source.train_split}]" if source.splits else source.path
-    return read_rows(source, source.train_split, normalizer, max_rows), name
+    return read_rows(source, source.train_split, normalizer, max_rows, bad), name
 
 
 # --------------------------------------------------------------------------- filters

@@ -109,7 +109,8 @@ def test_refuses_to_overwrite_unrelated_dir(tmp_path, capsys):
         (
             ["data.path=x.jsonl", "output_dir=x", "data.format=chat"],
             "error: data.format: expected one of ['auto', 'text', 'prompt_completion', 'messages', "
-            "'preference', 'unpaired_preference', 'prompt_only', 'alpaca', 'sharegpt'], got 'chat'\n",
+            "'preference', 'unpaired_preference', 'prompt_only', 'alpaca', 'sharegpt', 'hh_rlhf', 'gsm8k', "
+            "'mbpp'], got 'chat'\n",
         ),
         (["data.path=x.jsonl", "output_dir=x", "max_rows=-1"], "error: max_rows: expected >= 0, got -1\n"),
     ],
@@ -161,10 +162,11 @@ GOOD_MSG = {"messages": conv(("user", "u"), ("assistant", "a"))}
             "{src}:1: field 'messages[1].role': expected one of system, user, assistant, tool, got str 'robot'",
         ),
         (
-            [{"question": "q", "answer": "a"}],
+            [{"query": "q", "response": "a"}],
             "{src}:1: expected the columns of a known format: text | prompt+completion | messages | "
             "prompt+chosen+rejected (or chosen+rejected) | prompt+completion+label | prompt | "
-            "instruction+output (alpaca) | conversations (sharegpt), got list ['answer', 'question']",
+            "instruction+output (alpaca) | conversations (sharegpt) | question+answer (gsm8k) | "
+            "text+code+test_list (mbpp), got list ['query', 'response']",
         ),
         (
             [{"chosen": "yes", "rejected": "no"}],
