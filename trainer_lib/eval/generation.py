@@ -30,12 +30,11 @@ as one process would compute it, so N ranks give the one-process texts exactly.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from typing import Protocol
 
 from trainer_lib import storage
-from trainer_lib.errors import ConfigError, UserError
+from trainer_lib.errors import ConfigError
 
 ENGINES = ("auto", "torch", "vllm")
 
@@ -236,28 +235,12 @@ class OnnxEngine:
 
 
 def read_export(export_dir: str, variant: str, key: str = "served") -> dict:
-    """An export stage's ``export.json``, checked to list ``variant``; errors name ``<key>.export_dir``
-    and ``<key>.variant``."""
-    marker = storage.join(export_dir, "export.json")
-    if not storage.exists(marker):
-        raise UserError(
-            f"{key}.export_dir: {export_dir} has no export.json; expected an export stage's output_dir "
-            "(export.json, onnx/<variant>/, tokenizer/)"
-        )
-    try:
-        summary = json.loads(storage.read_text(marker))
-    except ValueError as exc:
-        raise UserError(f"{key}.export_dir: {marker} is not JSON ({exc})") from None
-    models = summary.get("models") if isinstance(summary, dict) else None
-    if not isinstance(models, dict) or not models:
-        raise UserError(
-            f"{key}.export_dir: {marker} lists no models; expected {{variant: 'onnx/<variant>/model.onnx'}}"
-        )
-    if variant not in models:
-        raise UserError(
-            f"{key}.variant: {variant!r} is not in {marker} (it has {', '.join(models)}); "
-            "pick one of those, or export it (int4=true for int4)"
-        )
+    """An export stage's ``export.json``, checked to list ``variant`` (a written one, not ``auto``: see
+    :func:`trainer_lib.export.variants.resolve`); errors name ``<key>.export_dir`` and ``<key>.variant``."""
+    from trainer_lib.export.variants import pick, read_summary
+
+    summary = read_summary(export_dir, f"{key}.export_dir")
+    pick(summary, variant, f"{key}.variant")
     return summary
 
 

@@ -31,6 +31,7 @@ so the generate model tries onnxruntime's TensorRT provider before CUDA (docs/ex
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 import sys
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from trainer_lib import storage
 from trainer_lib.config import StorageConfig, opt
 from trainer_lib.errors import ConfigError, UserError
+from trainer_lib.export.variants import CHOICES, resolve
 from trainer_lib.serving import repository as repo
 
 HISTORY = "deploy.json"
@@ -66,9 +68,8 @@ class TensorRTSettings:
     )
 
 
-#: The export's variants deploy serves, and those TensorRT builds engines for: int8's dynamic quantization
-#: and int4's MatMulNBits are not TensorRT operations, so CUDA runs those.
-VARIANTS = ("int8", "fp32", "fp16", "int4")
+#: The variants TensorRT builds engines for: int8's and int4's MatMulNBits (and int8's GatherBlockQuantized)
+#: are not TensorRT operations, so CUDA runs those.
 TENSORRT_VARIANTS = ("fp16", "fp32")
 
 
@@ -79,7 +80,10 @@ class DeployConfig:
     triton: TritonTarget = opt(TritonTarget, "The server to load the new version on.")
     model_name: str = opt("posttrain", "The model's name in the repository and in /v2/models/<name>.")
     variant: str = opt(
-        "int8", "Which ONNX export to serve (fp16 is for GPUs; int4 needs int4=true at export).", VARIANTS
+        "int8",
+        "Which ONNX export to serve (fp16 is for GPUs; int4 needs int4=true at export); auto: the smallest the "
+        "export wrote (it leaves out the variants that failed their parity).",
+        CHOICES,
     )
     max_batch_size: int = opt(8, "Requests the dynamic batcher may decode together.")
     instance_kind: str = opt(
@@ -140,6 +144,7 @@ def say(message: str) -> None:
 
 
 def run(cfg: DeployConfig) -> dict:
+    cfg = dataclasses.replace(cfg, variant=resolve(cfg.export.path, cfg.variant, "variant", "export.path"))
     if not cfg.triton.url:
         return _deploy(cfg, None)
     with live_server(cfg.triton.url, cfg.timeout_s, "nothing was published") as client:
