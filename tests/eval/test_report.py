@@ -145,15 +145,26 @@ def test_sample_sections_put_every_models_output_side_by_side():
     for label, matched in (("sft", False), ("dpo", True)):
         row = {"prompt": "p", "label": "a red square", "completion": label, "clip_score": 0.75, "matched": matched}
         per_problem[label]["image_match"] = [row]
+        answer = "4" if matched else "5"
+        row = {"question": "2 + 2?", "reference": "4", "completion": f"= {answer}", "extracted": answer}
+        per_problem[label]["math"] = [{**row, "correct": matched}]
     sections = sample_sections(per_problem, count=1)
     assert [s["title"] for s in sections] == [
         "Held-out code tasks",
         "Red-team prompts",
         "Benign prompts",
         "HumanEval (first sample)",
+        "Math problems",
         "Image prompts",
     ]
-    tasks, harmful, benign, humaneval, images = sections
+    tasks, harmful, benign, humaneval, math, images = sections
+    assert math["rows"] == [
+        {
+            "prompt": "2 + 2?",
+            "outputs": {"sft": "= 5", "dpo": "= 4"},
+            "tags": {"sft": ("answer 5 (reference 4)", False), "dpo": ("answer 4 (reference 4)", True)},
+        }
+    ]
     assert images["rows"][0]["tags"] == {"sft": ("no match", False), "dpo": ("match, CLIP 0.75", True)}
     assert tasks["rows"] == [
         {

@@ -23,6 +23,7 @@ METRIC_ORDER = (
     "humaneval_pass@1",
     "humaneval_pass@10",
     "humaneval_pass@100",
+    "math_accuracy",
     "harmless_rate",
     "over_refusal_rate",
     "reward_win_rate",
@@ -289,19 +290,19 @@ def sample_sections(per_problem: dict[str, dict[str, list[dict]]], count: int) -
     """The first ``count`` prompts of each eval set with every model's output and verdict tag.
 
     ``per_problem`` maps each model's label to its per-problem rows by eval set (``humaneval``,
-    ``tasks``, ``safety``, ``image_match``); every model answered the same prompts in the same order."""
+    ``tasks``, ``safety``, ``math``, ``image_match``); every model answered the same prompts in the same order."""
     labels = list(per_problem)
     if not labels or count <= 0:
         return []
     first = per_problem[labels[0]]
 
-    def section(title, key, keep, text, tag):
+    def section(title, key, keep, text, tag, prompt="prompt"):
         rows = [i for i, r in enumerate(first.get(key, [])) if keep(r)][:count]
         return {
             "title": title,
             "rows": [
                 {
-                    "prompt": first[key][i]["prompt"],
+                    "prompt": first[key][i][prompt],
                     "outputs": {m: text(per_problem[m][key][i]) for m in labels},
                     "tags": {m: tag(per_problem[m][key][i]) for m in labels},
                 }
@@ -337,6 +338,14 @@ def sample_sections(per_problem: dict[str, dict[str, list[dict]]], count: int) -
             lambda r: True,
             lambda r: r["samples"][0]["completion"],
             lambda r: (r["samples"][0]["result"], r["samples"][0]["result"] == "passed"),
+        ),
+        section(
+            "Math problems",
+            "math",
+            lambda r: True,
+            lambda r: r["completion"],
+            lambda r: (f"answer {r['extracted']} (reference {r['reference']})", r["correct"]),
+            prompt="question",
         ),
         section(
             "Image prompts",
@@ -425,6 +434,13 @@ def setup_list(result: dict) -> str:
         items.append(
             f"<b>Safety prompts</b>: {s['harmful']} harmful and {s['benign']} benign from {_e(s['path'])}, greedy."
         )
+    if "math" in data:
+        m = data["math"]
+        items.append(
+            f"<b>Math problems</b>: {m['count']} from {_e(m['path'])}, greedy, asked as "
+            f"<code>{_e(m['template'])}</code>; an answer (the last <code>\\boxed{{}}</code>, else the last "
+            "number) is right when math-verify finds it equal to the reference (the RL stages' accuracy_reward)."
+        )
     if "image_match" in data:
         items.append(
             f"<b>Image-text match</b>: {data['image_match']['count']} held-out prompts with images, greedy; a "
@@ -435,6 +451,10 @@ def setup_list(result: dict) -> str:
             f"<b>Reward win rate</b>: P(reward(model) &gt; reward(baseline)) on the same prompts, "
             f"ties count half, by {_e(result['reward_model'])}."
         )
+    turns = {label: sets for label, sets in (result.get("user_turns") or {}).items() if sets}
+    if turns:
+        asked = "; ".join(f"{_e(label)}: {_e(', '.join(sets))}" for label, sets in turns.items())
+        items.append(f"<b>Plain prompts asked as a user turn</b> (chat template): {asked}; other sets as raw text.")
     generation = result.get("generation")
     if generation:
         layout = "partitioned across them (ZeRO-3)" if generation["placement"] == "zero3" else "whole on each"

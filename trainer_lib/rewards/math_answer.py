@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import re
 import threading
+from dataclasses import dataclass
 
 from trainer_lib.errors import UserError
 
@@ -138,6 +139,15 @@ class MathVerifier:
         return bool(verify(gold, parsed, timeout_seconds=self._timeout()))
 
 
+@dataclass(frozen=True)
+class Check:
+    """One completion checked against one solution."""
+
+    reference: str | None  # the solution's answer; None when it gives none math-verify can read
+    answer: str | None  # the completion's final answer; None without one
+    correct: bool | None  # None: the row has no answer to check against (the reward does not apply)
+
+
 class AccuracyReward:
     """1.0 when the completion's final answer equals the row's ``solution``, else 0.0; ``None`` (does not
     apply) for a row without a solution, or one math-verify cannot read, as TRL does.
@@ -157,25 +167,31 @@ class AccuracyReward:
         for name in ("math_verify.parser", "math_verify.grader"):  # a timeout is scored as wrong, not logged
             logging.getLogger(name).setLevel(logging.ERROR)
 
+    def reference(self, solution) -> str | None:
+        """The answer a ``solution`` cell gives (:func:`gold_answer`) when math-verify can read it, else None."""
+        reference = None if solution is None else gold_answer(solution, self.max_answer_chars)
+        return reference if reference and self.verifier.gold(reference) else None
+
+    def check(self, completion, solution) -> Check:
+        """One completion against one solution: the reference, the completion's final answer, and whether
+        they are the same (None when the solution gives no answer math-verify can read)."""
+        text = answer_text(completion)
+        if self.reasoning_end is not None:
+            if self.reasoning_end not in text:
+                return Check(None, None, False)  # its reasoning never finished
+            text = text.rsplit(self.reasoning_end, 1)[1]
+        reference = self.reference(solution)
+        if reference is None:
+            return Check(None, None, None)
+        answer = final_answer(text, self.max_answer_chars, self.window)
+        correct = answer is not None and self.verifier.same(self.verifier.gold(reference), answer)
+        return Check(reference, answer, correct)
+
     def __call__(self, prompts, completions, *, solution=None, **columns) -> list[float | None]:
         if solution is None:
             raise UserError(
                 "reward function 'accuracy_reward': the dataset has no 'solution' column (the answer each "
                 "prompt's completions are checked against)"
             )
-        rewards: list[float | None] = []
-        for completion, row_solution in zip(completions, solution):
-            text = answer_text(completion)
-            if self.reasoning_end is not None:
-                if self.reasoning_end not in text:
-                    rewards.append(0.0)
-                    continue
-                text = text.rsplit(self.reasoning_end, 1)[1]
-            gold_text = None if row_solution is None else gold_answer(row_solution, self.max_answer_chars)
-            gold = self.verifier.gold(gold_text) if gold_text else []
-            if not gold:
-                rewards.append(None)
-                continue
-            answer = final_answer(text, self.max_answer_chars, self.window)
-            rewards.append(float(answer is not None and self.verifier.same(gold, answer)))
-        return rewards
+        checks = [self.check(completion, row_solution) for completion, row_solution in zip(completions, solution)]
+        return [None if c.correct is None else float(c.correct) for c in checks]

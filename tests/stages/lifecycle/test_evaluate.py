@@ -95,6 +95,7 @@ def test_evaluate_writes_metrics_report_and_gate(setup, tmp_path, capsys):
         "path": os.path.join(setup["data"], "safety_eval.jsonl"),
         "harmful": 1,
         "benign": 2,
+        "chat": "auto",
     }
     gate = result["gate"]
     assert [r["rule"] for r in gate["rules"]] == rules.split("=", 1)[1].split(",")

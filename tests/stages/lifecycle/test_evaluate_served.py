@@ -51,6 +51,8 @@ def _args(trained, tiny, data, export_dir, out, *extra):
         "safety.max_new_tokens=12",
         "batch_size=2",
         "sandbox_workers=1",
+        "tasks.chat=false",  # the trained model continues raw text (tests/export/helpers.py), as it was fitted
+        "safety.chat=false",
         f"served.export_dir={export_dir}",
         *extra,
     ]

