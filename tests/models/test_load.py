@@ -83,3 +83,30 @@ def test_a_revision_does_not_follow_the_model_to_another_path():
     cfg = ModelConfig(path="org/policy", revision="v2")
     assert hub_revision(cfg, "org/policy") == "v2"
     assert hub_revision(cfg, "org/reward-model") is None  # a reward model is not pinned by the policy's revision
+
+
+def test_a_damaged_safetensors_file_is_one_line_naming_it_and_the_key(tiny_model_dir, chat_jsonl, tmp_path, capsys):
+    """A header that claims 2**40 bytes, a header that is not a table, a file cut short: ``posttrain sft``
+    ends with one line naming the file and the key, exit 2, not safetensors' traceback."""
+    import shutil
+
+    from trainer_lib.cli import main
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    weights = model / "model.safetensors"
+    good = weights.read_bytes()
+    length = int.from_bytes(good[:8], "little")
+    for damaged, words in (
+        ((2**40).to_bytes(8, "little") + good[8:], "its header claims 1099511627776 bytes"),
+        (good[:8] + b"[" * length + good[8 + length :], "its header is not a table of tensors"),
+        (good[:-100], "it is cut short"),
+    ):
+        weights.write_bytes(damaged)
+        capsys.readouterr()
+        args = [f"model.path={model}", f"data.path={chat_jsonl}", f"output_dir={tmp_path / 'out'}", "max_steps=1"]
+        assert main(["sft", *args]) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        line = err.strip().splitlines()[-1]
+        assert line.startswith(f"error: model.path: {weights} is a damaged safetensors file: ") and words in line

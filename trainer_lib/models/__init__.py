@@ -1,6 +1,7 @@
 """Models: loading from a hub id, a directory or a URL, LoRA, heads, attention, reference models, saving.
 
 * :mod:`~trainer_lib.models.load`: tokenizers and causal LMs (``model.path`` at ``model.revision``), LoRA.
+* :mod:`~trainer_lib.models.gguf_convert`: a ``.gguf`` model location, converted once into a folder in the cache.
 * :mod:`~trainer_lib.models.attention`: packed rows attended per sequence with sdpa.
 * :mod:`~trainer_lib.models.heads`: reward models (a scalar head) and their stored mean/std.
 * :mod:`~trainer_lib.models.dual_encoder`: a multimodal reward model, a CLIP-like dual encoder on image + text pairs.

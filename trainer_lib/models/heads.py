@@ -23,10 +23,16 @@ HEAD_MODULES = ["score"]
 
 
 def load_reward_model(
-    cfg: ModelConfig, pad_token_id: int, precision: str = "fp32", path: str | None = None, placement=None
+    cfg: ModelConfig,
+    pad_token_id: int,
+    precision: str = "fp32",
+    path: str | None = None,
+    placement=None,
+    key: str = "model.path",
 ):
     """A causal-LM checkpoint (new, randomly initialised head) or an existing reward model, its weights
-    where ``placement`` says (:class:`trainer_lib.models.load.Placement`: partitioned under ZeRO-3)."""
+    where ``placement`` says (:class:`trainer_lib.models.load.Placement`: partitioned under ZeRO-3); ``key``
+    is the setting that named ``path`` (or ``model.path``), for errors."""
     from transformers import AutoModelForSequenceClassification
 
     from trainer_lib.models.load import (
@@ -38,19 +44,20 @@ def load_reward_model(
     )
 
     source = path or cfg.path
+    revision = hub_revision(cfg, source)
     try:
         model = load_pretrained(
             AutoModelForSequenceClassification,
-            resolve_model_path(source),
+            resolve_model_path(source, key, revision),
             placement,
-            revision=hub_revision(cfg, source),
+            revision=revision,
             num_labels=1,
             dtype=torch_dtype(precision),
             attn_implementation=attention_implementation(cfg),
             trust_remote_code=cfg.trust_remote_code,
         )
     except OSError as exc:  # not a model directory, unknown hub id, missing weights
-        raise UserError(f"model.path: could not load a reward model from {source}: {exc}") from None
+        raise UserError(f"{key}: could not load a reward model from {source}: {exc}") from None
     model.config.pad_token_id = pad_token_id
     return model
 

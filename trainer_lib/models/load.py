@@ -33,16 +33,62 @@ from trainer_lib.errors import UserError
 ALL_LINEAR = "all-linear"
 
 
-def resolve_model_path(path: str, key: str = "model.path") -> str:
-    """A local directory for URLs and local paths; hub ids pass through unchanged."""
+def resolve_model_path(path: str, key: str = "model.path", revision: str | None = None) -> str:
+    """A local directory for URLs, local paths and GGUF files; hub ids pass through unchanged.
+
+    The one place where a model location becomes a directory on this machine: a ``.gguf`` file (local, a
+    URL or ``org/repo/NAME.gguf`` at ``revision``) is converted once into a folder in the cache
+    (:mod:`trainer_lib.models.gguf_convert`), and a directory's safetensors files are checked
+    (:func:`check_safetensors`), so every key that names a model gets both, and its errors name ``key``."""
+    from trainer_lib.models import gguf_convert
+
+    if gguf_convert.is_gguf(path):
+        return gguf_convert.converted(path, key, revision)
     if storage.is_remote(path):
-        return storage.localize(path)
-    expanded = os.path.expanduser(path)
-    if os.path.exists(expanded):
-        return expanded
-    if path.startswith((".", "/", "~")) or path.count("/") > 1:
-        raise UserError(f"{key}: {path} does not exist")
-    return path  # a hub id such as "org/name"
+        local = storage.localize(path)
+    else:
+        local = os.path.expanduser(path)
+        if not os.path.exists(local):
+            if path.startswith((".", "/", "~")) or path.count("/") > 1:
+                raise UserError(f"{key}: {path} does not exist")
+            return path  # a hub id such as "org/name"
+    check_safetensors(local, key)
+    return local
+
+
+#: safetensors' own bound on a header (its JSON table of tensors): 100 MB
+SAFETENSORS_MAX_HEADER = 100_000_000
+
+
+def check_safetensors(local: str, key: str) -> None:
+    """A :class:`UserError` naming ``key`` and the file when a safetensors file in the directory ``local`` is
+    damaged (:func:`safetensors_problem`): reading it would end in safetensors' own error, which names no
+    file, from inside a loader on every rank."""
+    if not os.path.isdir(local):
+        return
+    for name in sorted(os.listdir(local)):
+        path = os.path.join(local, name)
+        problem = safetensors_problem(path) if name.endswith(".safetensors") and os.path.isfile(path) else None
+        if problem:
+            raise UserError(f"{key}: {path} is a damaged safetensors file: {problem}")
+
+
+def safetensors_problem(path: str) -> str | None:
+    """What is wrong with a safetensors file's layout, or None: a header longer than the file or than
+    safetensors allows, a header that is not a table of tensors, or tensors that end past the file."""
+    size = os.path.getsize(path)
+    with open(path, "rb") as fh:
+        head = fh.read(8)
+        length = int.from_bytes(head, "little") if len(head) == 8 else 0
+        if not 0 < length <= min(size - 8, SAFETENSORS_MAX_HEADER):
+            return f"its header claims {length} bytes, the file has {size}"
+        try:
+            table = json.loads(fh.read(length))
+            ends = (int(entry["data_offsets"][1]) for name, entry in table.items() if name != "__metadata__")
+            end = 8 + length + max(ends, default=0)
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError, RecursionError):
+            return "its header is not a table of tensors"
+    return f"it is cut short: its tensors end at byte {end}, the file has {size}" if end > size else None
 
 
 def hub_revision(cfg: ModelConfig, source: str) -> str | None:
@@ -64,7 +110,7 @@ def load_tokenizer(cfg: ModelConfig, padding_side: str = "right"):
     revision = hub_revision(cfg, source)
     try:
         tokenizer = AutoTokenizer.from_pretrained(
-            resolve_model_path(source, key), revision=revision, trust_remote_code=cfg.trust_remote_code
+            resolve_model_path(source, key, revision), revision=revision, trust_remote_code=cfg.trust_remote_code
         )
     except (OSError, ValueError) as exc:
         raise _failed(key, "a tokenizer", source, revision, exc) from None
@@ -81,7 +127,8 @@ def load_processor(cfg: ModelConfig, tokenizer):
     from trainer_lib.models.vision import processor_for
 
     revision = hub_revision(cfg, cfg.path)
-    return processor_for(resolve_model_path(cfg.path), tokenizer, revision, cfg.trust_remote_code, cfg.path)
+    local = resolve_model_path(cfg.path, revision=revision)
+    return processor_for(local, tokenizer, revision, cfg.trust_remote_code, cfg.path)
 
 
 def base_model(model):
@@ -117,8 +164,11 @@ def attention_implementation(cfg: ModelConfig) -> str:
     return cfg.attn_implementation
 
 
-def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None = None, placement=None):
-    """``model.path`` (or ``path``) as a causal LM in ``precision``, placed by ``placement`` (a :class:`Placement`).
+def load_causal_lm(
+    cfg: ModelConfig, precision: str = "fp32", path: str | None = None, placement=None, key: str = "model.path"
+):
+    """``model.path`` (or ``path``, the setting ``key``) as a causal LM in ``precision``, placed by ``placement``
+    (a :class:`Placement`).
 
     A vision-language model (models/vision.py) loads with the image-text-to-text auto class instead, its
     vision tower frozen."""
@@ -129,7 +179,7 @@ def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None =
     source = path or cfg.path
     revision = hub_revision(cfg, source)
     attention = attention_implementation(cfg)
-    local = resolve_model_path(source)
+    local = resolve_model_path(source, key, revision)
     auto_class = AutoModelForCausalLM
     if vision.source_is_vision_language(local, revision, cfg.trust_remote_code):
         from transformers import AutoModelForImageTextToText as auto_class
@@ -144,7 +194,7 @@ def load_causal_lm(cfg: ModelConfig, precision: str = "fp32", path: str | None =
             trust_remote_code=cfg.trust_remote_code,
         )
     except (OSError, ValueError) as exc:  # not a model directory, unknown hub id, missing weights or config
-        raise _failed("model.path", "a causal LM", source, revision, exc) from None
+        raise _failed(key, "a causal LM", source, revision, exc) from None
     if vision.is_vision_language(model.config):
         vision.freeze_vision_tower(model)
     if not cfg.chunked_lm_head:

@@ -56,21 +56,23 @@ def load_reward_scorer(
     batch_size: int = 16,
     max_length: int = 2048,
     model=None,
+    key: str = "reward.model_path",
 ) -> RewardModelScorer:
     """Load the reward model at ``path`` (local, a URL or a hub id), its weights where ``placement`` says
     (``strategy.placement(train=False)``: partitioned under ZeRO-3); ``prepare`` wraps it
     (``strategy.prepare_frozen``). Without stored statistics rewards are used as they are.
     ``model``: the reward model already in memory (a reward adapter on a shared base), so only
-    the tokenizer and statistics are read from ``path``."""
+    the tokenizer and statistics are read from ``path``. ``key``: the setting that named ``path``, for errors."""
     import dataclasses
 
     from trainer_lib.models.heads import load_reward_model, load_stats
     from trainer_lib.models.load import load_tokenizer, resolve_model_path
 
+    local = resolve_model_path(path, key)  # first: a missing or bad location (a damaged GGUF) names its key
     # the reward model's own tokenizer and template, not the policy's revision or template
     cfg = dataclasses.replace(model_cfg, path=path, tokenizer_path=None, revision="", chat_template="")
     tokenizer = load_tokenizer(cfg)
     if model is None:
-        model = prepare(load_reward_model(cfg, tokenizer.pad_token_id, precision, path=path, placement=placement))
-    stats = load_stats(resolve_model_path(path, "reward.model_path")) or {"reward_mean": 0.0, "reward_std": 1.0}
+        model = prepare(load_reward_model(cfg, tokenizer.pad_token_id, precision, path, placement, key))
+    stats = load_stats(local) or {"reward_mean": 0.0, "reward_std": 1.0}
     return RewardModelScorer(model, tokenizer, stats["reward_mean"], stats["reward_std"], batch_size, max_length)

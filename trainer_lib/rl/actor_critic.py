@@ -248,9 +248,10 @@ def load_critic(cfg, pad_token_id: int, vocab: int, placement=None):
     from trainer_lib.errors import UserError
     from trainer_lib.models.heads import apply_reward_lora, load_reward_model
 
+    key = "critic.path" if cfg.critic.path else "reward.model_path" if cfg.reward.model_path else "model.path"
     path = cfg.critic.path or cfg.reward.model_path or cfg.model.path
     # model.revision pins the policy only
-    critic = load_reward_model(cfg.model, pad_token_id, cfg.engine.precision, path=path, placement=placement)
+    critic = load_reward_model(cfg.model, pad_token_id, cfg.engine.precision, path, placement, key)
     if critic.config.vocab_size < vocab:
         raise UserError(
             f"critic.path: {path} has a vocabulary of {critic.config.vocab_size} tokens, the policy's "

@@ -395,8 +395,9 @@ def build_reference(cfg: DPOConfig, strategy, steps, sets: dict, mode: str) -> t
     )
 
     def frozen_model():
+        key = "reference_model_path" if cfg.reference_model_path else "model.path"
         path = cfg.reference_model_path or cfg.model.path
-        model = load_causal_lm(cfg.model, cfg.engine.precision, path, placement=strategy.placement(train=False))
+        model = load_causal_lm(cfg.model, cfg.engine.precision, path, strategy.placement(train=False), key)
         return FrozenModelReference(strategy.prepare_frozen(model), strategy.device)
 
     def live():  # what a precomputed table is computed with, once, before the policy's first step (or resume)
