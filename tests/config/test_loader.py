@@ -147,3 +147,27 @@ def test_a_component_override_of_epochs_wins_over_its_typed_max_steps():
     assert (cfg.num_epochs, cfg.lr) == (1.0, 5e-5)
     cfg = stage_config("sft", [typed], config_yaml="num_epochs: 2\n")  # the typed layer comes after the YAML
     assert (cfg.num_epochs, cfg.max_steps) == (0.0, 100)
+
+
+def test_a_yaml_alias_bomb_is_one_line_at_once(capsys, tmp_path):
+    """Ten lines whose aliases nest 9**9 values deep (a billion laughs) fail as the file is read, in a
+    mapping-typed key too, where before the run took minutes and ended in a MemoryError; ordinary anchors
+    and aliases still work, and a value that holds itself is refused."""
+    rows = ['  a0: &a0 ["x", "x", "x", "x", "x", "x", "x", "x", "x"]']
+    rows += [f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 10)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("lr_scheduler_kwargs:\n" + "\n".join(rows) + "\n")
+    assert main(["sft", "--config", str(bomb), *REQUIRED]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: {bomb}: its YAML aliases expand to more than 100,000 values (an alias bomb?)"
+    )
+    anchors = tmp_path / "anchors.yaml"
+    anchors.write_text("lora:\n  target_modules: &targets [q_proj, v_proj]\nlr_scheduler_kwargs: {names: *targets}\n")
+    cfg = load_config(SFTConfig, str(anchors), REQUIRED)
+    assert cfg.lora.target_modules == ["q_proj", "v_proj"] and cfg.lr_scheduler_kwargs == {
+        "names": ["q_proj", "v_proj"]
+    }
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("lr_scheduler_kwargs: &kw {again: *kw}\n")
+    with pytest.raises(ConfigError, match="a YAML alias refers to a value that holds it"):
+        load_config(SFTConfig, str(loop), REQUIRED)

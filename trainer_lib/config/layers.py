@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import yaml
 
-from trainer_lib.config.loader import merge, parse_overrides
+from trainer_lib.config.loader import merge, parse_overrides, safe_yaml
 from trainer_lib.errors import ConfigError
 from trainer_lib.values import section_for
 
@@ -43,7 +43,7 @@ def read_yaml_text(config_yaml: str) -> dict:
     if not config_yaml or not config_yaml.strip():
         return {}
     try:
-        loaded = yaml.safe_load(config_yaml)
+        loaded = safe_yaml(config_yaml, "config_yaml")
     except yaml.YAMLError as exc:
         raise ConfigError(f"config_yaml: invalid YAML: {exc}") from None
     if loaded is not None and not isinstance(loaded, dict):

@@ -22,6 +22,42 @@ from trainer_lib.config.sections import lookup
 from trainer_lib.errors import ConfigError
 from trainer_lib.values import lookup_dotted, parse_bool, section_for
 
+#: the most values a YAML text may hold with its aliases expanded (a config holds hundreds)
+MAX_YAML_VALUES = 100_000
+
+
+def safe_yaml(text, where: str):
+    """``yaml.safe_load(text)``, refusing aliases that expand past :data:`MAX_YAML_VALUES` values or hold
+    themselves. PyYAML shares an aliased value instead of copying it, so a few lines of aliases to aliases
+    (an alias bomb) load at once, but whatever walks the result (a check, an error message, a JSON dump of
+    the config) walks billions of values."""
+    loaded = yaml.safe_load(text)
+    expanded_size(loaded, where, {}, set())
+    return loaded
+
+
+def expanded_size(value, where: str, sizes: dict, open_ids: set) -> int:
+    """How many values ``value`` holds with every alias expanded (``sizes``: counted containers by id;
+    ``open_ids``: those being counted); a ConfigError naming ``where`` past :data:`MAX_YAML_VALUES`."""
+    if not isinstance(value, (dict, list)):
+        return 1
+    if id(value) in sizes:
+        return sizes[id(value)]
+    if id(value) in open_ids:
+        raise ConfigError(f"{where}: a YAML alias refers to a value that holds it")
+    open_ids.add(id(value))
+    items = [*value.keys(), *value.values()] if isinstance(value, dict) else value
+    total = 1
+    for item in items:
+        total += expanded_size(item, where, sizes, open_ids)
+        if total > MAX_YAML_VALUES:
+            raise ConfigError(
+                f"{where}: its YAML aliases expand to more than {MAX_YAML_VALUES:,} values (an alias bomb?)"
+            )
+    open_ids.discard(id(value))
+    sizes[id(value)] = total
+    return total
+
 
 def _number(value: Any) -> int | float | None:
     """A number, or text of one ("3", "1e-4", and "200.0" as a pipeline backend writes whole numbers);
@@ -64,7 +100,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, str) and value.strip().startswith("["):  # a YAML/JSON list given as text
             try:
-                value = yaml.safe_load(value)
+                value = safe_yaml(value, key)
             except yaml.YAMLError:
                 raise ConfigError(f"{key}: expected a list, got {value!r}") from None
         elif isinstance(value, str):
@@ -86,7 +122,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp is dict or typing.get_origin(tp) is dict:
         if isinstance(value, str) and value.strip().startswith("{"):  # a YAML/JSON mapping given as text
             try:
-                value = yaml.safe_load(value)
+                value = safe_yaml(value, key)
             except yaml.YAMLError:
                 raise ConfigError(f"{key}: expected a mapping, got {value!r}") from None
         if not isinstance(value, dict):
@@ -137,7 +173,7 @@ def parse_overrides(overrides: list[str]) -> dict:
         key, raw = item.split("=", 1)
         key = key.strip().lstrip("-")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = safe_yaml(raw, key) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         if isinstance(value, (dict,)):
@@ -170,7 +206,7 @@ def read_yaml(path: str) -> dict:
         raise ConfigError(f"--config {path}: file not found")
     with open(path, encoding="utf-8") as fh:
         try:
-            loaded = yaml.safe_load(fh) or {}
+            loaded = safe_yaml(fh, path) or {}
         except yaml.YAMLError as exc:
             raise ConfigError(f"{path}: invalid YAML: {_one_line_yaml_error(exc)}") from None
         except UnicodeDecodeError as exc:
