@@ -33,7 +33,7 @@ DEFAULT_SERVED_GATE = [
 #: Every parameter of the pipelines, in the order ``posttrain pipeline list`` shows them.
 PARAMETERS = {
     "base_model": Parameter(
-        str, "", "Model to start from: HF hub id, local dir or s3:// prefix. Empty: a tiny demo model."
+        str, "", "Model to start from: HF hub id, local dir, s3:// prefix or .gguf file. Empty: a tiny demo model."
     ),
     "dataset": Parameter(
         str, "", "SFT data (messages, prompt/completion or text): file, dir, hub id or s3://. Empty: the demo's."
