@@ -64,7 +64,10 @@ DATA_FORMATS = (
 
 @dataclass
 class ModelConfig:
-    path: str | None = opt(None, "Base model: Hugging Face hub id, local directory or URL (s3://, gs://, hf://...).")
+    path: str | None = opt(
+        None,
+        "Base model: HF hub id, local directory, URL (s3://, gs://, hf://...) or .gguf file (converted once).",
+    )
     revision: str = opt("", "Hub revision of model.path and its tokenizer: branch, tag or commit sha; default main.")
     tokenizer_path: str | None = opt(None, "Tokenizer location if different from model.path.")
     chat_template: str = opt("", "Chat template: chatml, llama3, zephyr, Jinja text or file (empty: the tokenizer's).")
