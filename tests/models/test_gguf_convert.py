@@ -189,6 +189,17 @@ def test_a_missing_gguf_names_the_key(tmp_path, cache):
         resolve_model_path(str(tmp_path / "folder.gguf"))
 
 
+def test_a_url_is_downloaded_then_converted(tiny_gguf, cache):
+    url = "memory://models/tiny-url.gguf"  # (any storage URL: s3:// and gs:// take the same path)
+    storage.write_bytes(url, open(tiny_gguf, "rb").read())
+    try:
+        folder = resolve_model_path(url, "reward.model_path")
+        assert os.path.dirname(folder) == str(cache) and os.path.basename(folder).startswith("tiny-url-")
+        assert resolve_model_path(url) == folder
+    finally:
+        storage.delete(url)
+
+
 def test_a_hub_repo_file_is_fetched_at_the_revision(tiny_gguf, cache, monkeypatch):
     import huggingface_hub
 
