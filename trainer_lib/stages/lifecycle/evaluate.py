@@ -11,10 +11,11 @@
    reward model and the judge once (:class:`EvalSets`, :func:`load_scorer`, :func:`build_judge`);
 2. :func:`score_models`: for each model in turn, and last for the served model (``served.export_dir``:
    the exported variant through the server's own ONNX loop), every rank loads it, generates its share
-   of every eval set (HumanEval, held-out code tasks, safety prompts; greedy, or ``humaneval.n``
-   samples; :func:`trainer_lib.eval.generation.generate_sharded`) and frees it; then rank 0 scores
-   all the merged generations (code in the sandbox and, for the code tasks, its PEP 8 style; safety
-   answers with the judge);
+   of every eval set (HumanEval, held-out code tasks, safety prompts, math problems; greedy, or
+   ``humaneval.n`` samples; :func:`trainer_lib.eval.generation.generate_sharded`), a plain prompt as a
+   user turn or raw text by its set's ``chat`` setting (:mod:`trainer_lib.eval.user_turn`), and frees
+   it; then rank 0 scores all the merged generations (code in the sandbox and, for the code tasks, its
+   PEP 8 style; safety answers with the judge; math answers with ``accuracy_reward``'s checker);
 3. :func:`add_reward_metrics`: the reward model's mean reward and win rate against the baseline;
 4. the gate (:func:`trainer_lib.eval.gate.evaluate_gate`, and :func:`~trainer_lib.eval.gate.add_served`);
 5. :func:`trainer_lib.eval.report_files.write_report` (rank 0; the other ranks return): the files in
@@ -23,7 +24,7 @@
     metrics.json    {"models": {label: {metric: value}}, "candidate", "baseline", "gate", "judge", ...}
     report.html     self-contained: metrics table and chart, gate, training curves, samples
     summary.md      the verdict and the metrics table in Markdown
-    per_problem/    <label>_humaneval.jsonl, <label>_tasks.jsonl, <label>_safety.jsonl
+    per_problem/    <label>_humaneval.jsonl, <label>_tasks.jsonl, <label>_safety.jsonl, <label>_math.jsonl
 
 ``--nproc N`` gives each rank whole batches of prompts and gives the one-process numbers exactly;
 ``placement=zero3`` partitions each model across the ranks instead of holding a copy per rank, for a
