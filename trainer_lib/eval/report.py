@@ -454,7 +454,7 @@ def setup_list(result: dict) -> str:
     turns = {label: sets for label, sets in (result.get("user_turns") or {}).items() if sets}
     if turns:
         asked = "; ".join(f"{_e(label)}: {_e(', '.join(sets))}" for label, sets in turns.items())
-        items.append(f"<b>Plain prompts asked as a user turn</b> (chat template): {asked}; other sets as raw text.")
+        items.append(f"<b>Plain prompts asked as a user turn</b> (the model's chat template): {asked}.")
     generation = result.get("generation")
     if generation:
         layout = "partitioned across them (ZeRO-3)" if generation["placement"] == "zero3" else "whole on each"

@@ -90,6 +90,7 @@ def test_math_accuracy_in_metrics_per_problem_and_report(right_over_wrong):
     ]
     page = (out / "report.html").read_text()
     assert "math_accuracy" in page and "Math problems" in page and "answer 4 (reference 4)" in page
+    assert "Plain prompts asked as a user turn</b> (the model's chat template): wrong: math; right: math." in page
     assert "| math_accuracy |" in (out / "summary.md").read_text()
 
 
