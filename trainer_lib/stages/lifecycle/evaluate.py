@@ -33,6 +33,7 @@ model larger than one device (docs/stages.md).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import re
 import time
@@ -44,6 +45,7 @@ from trainer_lib.errors import ConfigError, UserError
 from trainer_lib.eval.generation import ENGINES
 from trainer_lib.eval.harmless import JUDGES
 from trainer_lib.eval.user_turn import ChatMode
+from trainer_lib.export.variants import CHOICES
 from trainer_lib.release.lineage import stages_of
 
 _LABEL = re.compile(r"^[A-Za-z0-9][\w.-]*$")
@@ -129,7 +131,11 @@ class ServedConfig:
     export_dir: str | None = opt(
         None, "An export stage's output_dir (local or URL): export.json, onnx/<variant>/, tokenizer/; empty: none."
     )
-    variant: str = opt("int8", "The variant that is served.", ("fp32", "fp16", "int8", "int4"))
+    variant: str = opt(
+        "int8",
+        "The variant that is served; auto: the smallest the export wrote (it leaves out those failing parity).",
+        CHOICES,
+    )
     label: str = opt("", "Its label in metrics.json; default <candidate>_<variant>.")
     rules: list[str] = opt(
         [], "METRIC OP VALUE rules for the served model, VALUE a number, baseline[+/-d] or candidate[+/-d]."
@@ -664,8 +670,9 @@ def run(cfg: EvaluateConfig) -> dict:
 
     from trainer_lib.engine.process_group import planned_world_size
     from trainer_lib.eval.gate import add_served, evaluate_gate, parse_rules
-    from trainer_lib.eval.generation import choose_engine, read_export
+    from trainer_lib.eval.generation import choose_engine
     from trainer_lib.eval.report_files import write_report
+    from trainer_lib.export.variants import resolve
 
     started = time.time()
     models = parse_pairs(cfg.models, "models")
@@ -675,7 +682,8 @@ def run(cfg: EvaluateConfig) -> dict:
     served_rules = parse_rules(cfg.served.rules, names, bool(baseline), "served.rules", ("baseline", "candidate"))
     kind = choose_engine(cfg.engine, planned_world_size(), cfg.placement)
     if cfg.served.export_dir:  # a missing export or variant fails now, not after the other models
-        read_export(cfg.served.export_dir, cfg.served.variant)
+        variant = resolve(cfg.served.export_dir, cfg.served.variant, "served.variant", "served.export_dir")
+        cfg = dataclasses.replace(cfg, served=dataclasses.replace(cfg.served, variant=variant))
     precision = inference_precision(cfg.precision, torch.cuda.is_available())
     strategy = start_ranks(cfg, precision)
     lead, ranks = strategy is None or strategy.is_rank_0, strategy.world_size if strategy else 1
