@@ -51,3 +51,25 @@ def test_reference_computed_once_equals_pytorch_run_beside(exported):
     same = parity.logit_parity(reference, torch_decoder)
     assert same["prefill"]["max_abs_diff"] == same["decode"]["max_abs_diff"] == 0.0
     assert same["top1_agreement"] == 1.0
+
+
+def test_chunks_of_prompts_give_the_figures_of_one_batch(exported, fp32, monkeypatch):
+    """A real vocabulary over thousands of positions does not fit in memory at once: the reference's
+    logits go to a file and both sides run a chunk of prompts at a time, with the same figures."""
+    prompts = prompt_ids(exported.tokenizer)
+    torch_decoder = parity.TorchDecoder(exported.model)
+    whole = parity.logit_parity(parity.reference_logits(torch_decoder, prompts), fp32)
+    monkeypatch.setattr(parity, "CHUNK_TOKENS", 12)  # a prompt or two per chunk
+    assert len(parity.prompt_chunks(prompts)) > 2
+    chunked = parity.logit_parity(parity.reference_logits(torch_decoder, prompts), fp32)
+    assert chunked["top1_agreement"] == whole["top1_agreement"]
+    assert chunked["top1_positions"] == whole["top1_positions"]
+    for part in ("prefill", "decode"):
+        assert chunked[part]["max_abs_diff"] == pytest.approx(whole[part]["max_abs_diff"], rel=0.5, abs=1e-4)
+        assert chunked[part]["mean_abs_diff"] == pytest.approx(whole[part]["mean_abs_diff"], rel=0.5, abs=1e-5)
+
+
+def test_prompt_chunks_hold_the_budget():
+    assert parity.prompt_chunks([[1] * 10] * 5, budget=25) == [(0, 2), (2, 4), (4, 5)]
+    assert parity.prompt_chunks([[1] * 100, [1] * 3], budget=50) == [(0, 1), (1, 2)]  # a long prompt alone
+    assert parity.prompt_chunks([]) == []

@@ -71,53 +71,99 @@ def torch_threads(threads: int):
         torch.set_num_threads(before)
 
 
-def _diff(reference: np.ndarray, candidate: np.ndarray) -> dict:
-    delta = np.abs(reference.astype(np.float64) - candidate.astype(np.float64))
-    return {"max_abs_diff": float(delta.max()), "mean_abs_diff": float(delta.mean())}
-
-
 def _next_step(mask: np.ndarray, next_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     mask = np.concatenate([mask, np.ones((mask.shape[0], 1), dtype=np.int64)], axis=1)
     return next_ids[:, None].astype(np.int64), mask, mask.sum(axis=1, keepdims=True) - 1
 
 
+#: padded tokens per forward of :func:`reference_logits` and :func:`logit_parity`: a chunk's logits are
+#: tokens x vocabulary floats, 400 MB at 2,048 tokens of a 49,152-token vocabulary
+CHUNK_TOKENS = 2048
+
+
+def prompt_chunks(prompts: list[list[int]], budget: int | None = None) -> list[tuple[int, int]]:
+    """``[(start, end), ...]``: consecutive prompts grouped so that each padded group holds at most
+    ``budget`` tokens (default :data:`CHUNK_TOKENS`; a longer prompt alone)."""
+    budget = budget or CHUNK_TOKENS
+    chunks, start, longest = [], 0, 0
+    for i, ids in enumerate(prompts):
+        longest_with = max(longest, len(ids))
+        if i > start and longest_with * (i - start + 1) > budget:
+            chunks.append((start, i))
+            start, longest_with = i, len(ids)
+        longest = longest_with
+    return chunks + [(start, len(prompts))] if prompts else chunks
+
+
 @dataclass
 class ReferenceLogits:
     """The reference's side of :func:`logit_parity`, computed once: prompts, prefill logits at the
-    real positions, the greedy next token of every prompt, and the logits of that cached step."""
+    real positions (a file-backed array: a real vocabulary over thousands of positions is gigabytes),
+    the greedy next token of every prompt, and the logits of that cached step."""
 
     prompts: list[list[int]]
-    prefill: np.ndarray  # [real positions, vocab]
+    prefill: np.ndarray  # [real positions, vocab], memory-mapped
     next_ids: np.ndarray  # [batch]
     decode: np.ndarray  # [batch, 1, vocab]
 
 
 def reference_logits(reference, prompts: list[list[int]]) -> ReferenceLogits:
-    """Run ``reference`` (a :class:`TorchDecoder`) once, so that the model can be freed before the
-    ONNX variants are compared with it."""
-    tokens, mask, positions = pad_left(prompts)
-    logits, past = reference.forward(tokens, mask, positions, reference.empty_past(len(prompts)))
-    next_ids = logits[:, -1].argmax(-1)
-    decode, _ = reference.forward(*_next_step(mask, next_ids), past)
-    return ReferenceLogits(prompts, logits[mask.astype(bool)], next_ids, decode)
+    """Run ``reference`` (a :class:`TorchDecoder`) once, a chunk of prompts at a time, so that the model
+    can be freed before the ONNX variants are compared with it. The prefill logits go to an anonymous
+    temporary file (deleted with the array), so memory holds one chunk's logits at a time."""
+    import tempfile
+
+    positions, vocab = sum(map(len, prompts)), None
+    prefill, next_ids, decode, at = None, [], [], 0
+    for start, end in prompt_chunks(prompts):
+        tokens, mask, position_ids = pad_left(prompts[start:end])
+        logits, past = reference.forward(tokens, mask, position_ids, reference.empty_past(end - start))
+        if prefill is None:
+            vocab = logits.shape[-1]
+            prefill = np.memmap(tempfile.TemporaryFile(), dtype=np.float32, mode="w+", shape=(positions, vocab))
+        real = logits[mask.astype(bool)]
+        prefill[at : at + len(real)] = real
+        at += len(real)
+        chunk_next = logits[:, -1].argmax(-1)
+        step, _ = reference.forward(*_next_step(mask, chunk_next), past)
+        next_ids.append(chunk_next)
+        decode.append(step)
+    return ReferenceLogits(prompts, prefill, np.concatenate(next_ids), np.concatenate(decode))
+
+
+class _Differences:
+    """max and mean |reference - candidate| over chunks, and the top-1 agreement of each position."""
+
+    def __init__(self):
+        self.worst, self.total, self.count, self.agree = 0.0, 0.0, 0, []
+
+    def add(self, reference: np.ndarray, candidate: np.ndarray) -> None:
+        delta = np.abs(reference.astype(np.float32) - candidate.astype(np.float32))
+        self.worst = max(self.worst, float(delta.max()))
+        self.total += float(delta.sum(dtype=np.float64))
+        self.count += delta.size
+        self.agree.append(reference.argmax(-1).reshape(-1) == candidate.argmax(-1).reshape(-1))
+
+    def figures(self) -> dict:
+        return {"max_abs_diff": self.worst, "mean_abs_diff": self.total / self.count}
 
 
 def logit_parity(reference: ReferenceLogits, candidate) -> dict:
     """Logit differences at prefill and at one cached decode step (fed the reference's greedy
-    token), and top-1 agreement."""
-    tokens, mask, positions = pad_left(reference.prompts)
-    logits, past = candidate.forward(tokens, mask, positions, candidate.empty_past(len(reference.prompts)))
-    real = mask.astype(bool)  # padded positions have no meaningful logits
-    prefill = _diff(reference.prefill, logits[real])
-    agree = [reference.prefill.argmax(-1) == logits[real].argmax(-1)]
-
-    logits, _ = candidate.forward(*_next_step(mask, reference.next_ids), past)
-    decode = _diff(reference.decode, logits)
-    agree.append(reference.decode[:, -1].argmax(-1) == logits[:, -1].argmax(-1))
-    agree = np.concatenate(agree)
+    token), and top-1 agreement, a chunk of prompts at a time as :func:`reference_logits` took them."""
+    prefill, decode, at = _Differences(), _Differences(), 0
+    for start, end in prompt_chunks(reference.prompts):
+        tokens, mask, positions = pad_left(reference.prompts[start:end])
+        logits, past = candidate.forward(tokens, mask, positions, candidate.empty_past(end - start))
+        real = logits[mask.astype(bool)]  # padded positions have no meaningful logits
+        prefill.add(np.asarray(reference.prefill[at : at + len(real)]), real)
+        at += len(real)
+        logits, _ = candidate.forward(*_next_step(mask, reference.next_ids[start:end]), past)
+        decode.add(reference.decode[start:end, -1], logits[:, -1])
+    agree = np.concatenate(prefill.agree + decode.agree)
     return {
-        "prefill": prefill,
-        "decode": decode,
+        "prefill": prefill.figures(),
+        "decode": decode.figures(),
         "top1_agreement": float(agree.mean()),
         "top1_positions": int(agree.size),
     }
