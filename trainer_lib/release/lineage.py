@@ -227,6 +227,10 @@ def collect(model_path: str, sources: dict[str, str], run: dict) -> dict:
     }
     if sources:
         located = [(loc, item["fingerprint"]) for loc, item in zip(sources.values(), _in_order(sources, lineage))]
+    else:  # outside a pipeline the first stage's model and every stage's data stand for the sources
+        inputs = [lineage["base_model"]] if base else []
+        located = [(item["location"], item["fingerprint"]) for item in [*inputs, *data.values()]]
+    if located:
         lineage["sources_fingerprint"] = combined_fingerprint(located)
     return lineage
 

@@ -10,7 +10,7 @@ import pytest
 from trainer_lib import storage
 from trainer_lib.cli import main
 from trainer_lib.loop.stage_record import LINEAGE_FILE, stage_record
-from trainer_lib.release.lineage import build_info
+from trainer_lib.release.lineage import build_info, combined_fingerprint
 from trainer_lib.runner.stage_api import stage_config
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -275,7 +275,8 @@ def test_without_given_sources_the_first_stage_names_the_base_model_and_data(cha
     assert lineage["base_model"]["fingerprint"] == recorded and lineage["base_model"]["hub_id"] == "acme/tiny-base"
     assert list(lineage["data"]) == ["sft:data.path", "dpo:data.path", "reward:data.path", "grpo:data.path"]
     assert lineage["data"]["sft:data.path"]["fingerprint"] == storage.fingerprint(chain["chat"])
-    assert "sources_fingerprint" not in lineage
+    inputs = [lineage["base_model"], *lineage["data"].values()]  # the first stage's model, then every stage's data
+    assert lineage["sources_fingerprint"] == combined_fingerprint([(i["location"], i["fingerprint"]) for i in inputs])
 
 
 def test_a_malformed_source_is_refused_before_anything_is_published(chain, tmp_path, capsys):
