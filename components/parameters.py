@@ -134,7 +134,9 @@ PARAMETERS = {
     "sft_overrides": Parameter(
         list, [], "'key=value' strings for 'posttrain sft', e.g. lora.r=8; they override everything else."
     ),
-    "prepare_overrides": Parameter(list, [], "'key=value' strings for 'posttrain prepare', e.g. max_rows=1000."),
+    "prepare_overrides": Parameter(
+        list, [], "'key=value' strings for every 'posttrain prepare' task, e.g. max_rows=1000 or data.bad_rows=drop."
+    ),
     "dpo_overrides": Parameter(list, [], "'key=value' strings for 'posttrain dpo', e.g. lora.r=8."),
     "reward_overrides": Parameter(list, [], "'key=value' strings for 'posttrain reward'."),
     "rl_overrides": Parameter(list, [], "'key=value' strings for 'posttrain ppo' or 'posttrain grpo'."),

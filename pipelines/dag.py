@@ -61,6 +61,7 @@ COMMON = (
     "sft_max_steps",
     "sft_lr",
     "sft_overrides",
+    "prepare_overrides",
     "batch_size",
     "max_length",
     "seed",
@@ -302,6 +303,7 @@ def fine_tune(run: Run, **settings) -> dsl.PipelineTask:
         max_steps=run.sft_max_steps,
         lr=run.sft_lr,
         overrides=run.sft_overrides,
+        prepare_overrides=run.prepare_overrides,
         **settings,
     )
 
@@ -319,6 +321,7 @@ def preference_tune(run: Run, sft, params: dict) -> dsl.PipelineTask:
         lr=run.dpo_lr,
         params=params,
         overrides=run.dpo_overrides,
+        prepare_overrides=run.prepare_overrides,
     )
 
 
@@ -333,6 +336,7 @@ def reward_model(run: Run, sft):
         run.cluster,
         max_steps=run.reward_max_steps,
         overrides=run.reward_overrides,
+        prepare_overrides=run.prepare_overrides,
     ).outputs["output_model"]
 
 
@@ -510,14 +514,13 @@ def evaluate_and_release(
 @declared(
     "Supervised fine-tuning: bootstrap -> prepare -> sft -> export -> deploy. Empty base_model and dataset "
     "run the demo.",
-    takes=(*COMMON, "eval_fraction", "sft_config_yaml", "prepare_overrides"),
+    takes=(*COMMON, "eval_fraction", "sft_config_yaml"),
 )
 def posttrain_sft(run: Run):
     tuned = fine_tune(
         run,
         eval_fraction=run.eval_fraction,
         config_yaml=run.sft_config_yaml,
-        prepare_overrides=run.prepare_overrides,
     )
     deploy_export(export_candidate(tuned, "SFT", run.serving, run.cluster), True, "SFT", run.serving)
     # (no pipeline outputs: KFP takes them only from outside the ExitHandler that every task runs in; the
