@@ -16,7 +16,7 @@ OUT=${2:-runs/weak}
 # where the demo's models and data are, and how it was judged (its parameters, else the DAG's defaults)
 eval "$("$BIN/python" - "$LATEST" <<'PY'
 import json, os, shlex, sys
-from pipelines.dag import DEFAULT_GATE
+from components.parameters import DEFAULT_GATE
 latest = sys.argv[1]
 metrics = json.load(open(os.path.join(latest, "metrics.json")))
 params = json.load(open(os.path.join(latest, "run.json"))).get("parameters", {})
