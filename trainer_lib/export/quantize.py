@@ -29,6 +29,7 @@ compare the two.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 
@@ -167,6 +168,20 @@ def quantize_in_slices(fp32_path: str, out_path: str, op_types: tuple[str, ...],
     save_structure(model, out_path)
 
 
+@contextlib.contextmanager
+def quiet_quantizer():
+    """onnxruntime's weight quantizer logs two INFO lines per node to the root handler: keep its warnings."""
+    import logging
+
+    log = logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer")
+    level = log.level
+    log.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def int8_file(path: str, result: str, block_size: int = INT8_BLOCK) -> None:
     """One ONNX file -> its INT8 copy: every MatMul with a weight initializer as an 8-bit MatMulNBits."""
     import onnx
@@ -175,7 +190,8 @@ def int8_file(path: str, result: str, block_size: int = INT8_BLOCK) -> None:
     quantizer = MatMulNBitsQuantizer(
         onnx.load(path), bits=8, block_size=block_size, is_symmetric=True, accuracy_level=INT8_COMPUTE
     )
-    quantizer.process()
+    with quiet_quantizer():
+        quantizer.process()
     save_model(quantizer.model.model, result)
 
 
@@ -309,7 +325,8 @@ def int4_file(path: str, result: str, block_size: int = 32, method: str = "rtn")
     quantizer = MatMulNBitsQuantizer(
         onnx.load(path), bits=4, block_size=block_size, is_symmetric=True, accuracy_level=INT8_COMPUTE, algo_config=hqq
     )
-    quantizer.process()
+    with quiet_quantizer():
+        quantizer.process()
     save_model(quantizer.model.model, result)
 
 
