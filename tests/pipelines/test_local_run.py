@@ -174,7 +174,7 @@ def test_local_run_of_the_whole_dag_evaluates_releases_exports_and_deploys(tmp_p
     served = metrics["gate"]["served"]
     assert (served["label"], served["variant"], served["passed"]) == ("grpo_int8", "int8", True)
     assert [rule["rule"] for rule in served["rules"]] == ["task_pass_rate>=candidate-1"]
-    assert metrics["data"]["tasks"] == {"path": str(tasks), "count": 3}  # the user's tasks, not the demo's
+    assert metrics["data"]["tasks"] == {"path": str(tasks), "count": 3, "chat": "auto"}  # the user's, not the demo's
     tasks = record["tasks"]
     grpo_dir = next(
         t["output_model"]
