@@ -7,6 +7,10 @@
 * :mod:`~trainer_lib.losses.policy_gradient`: KL estimators and control, clipped policy and value
   losses (token-level with DAPO's clip-higher, GSPO's sequence-level), A2C's unclipped policy
   gradient, the entropy bonus, token-loss averaging.
+* :mod:`~trainer_lib.losses.distillation`: the student against a frozen teacher: per-token reverse KL
+  (exact from full-vocabulary log-probs, or estimated from sampled tokens) and GKD's generalized JSD.
+* :mod:`~trainer_lib.losses.process_reward`: a process reward model's step loss, and the min / last / mean
+  aggregations of its step scores into one reward.
 
 Every public function is importable from the package itself. Importing it imports torch, nothing heavier.
 """
@@ -24,6 +28,14 @@ from trainer_lib.losses.advantages import (
     reinforce_pp_advantages,
     rloo_advantages,
     whiten,
+)
+from trainer_lib.losses.distillation import (
+    generalized_jsd,
+    generalized_jsd_loss,
+    reverse_kl,
+    reverse_kl_loss,
+    sampled_reverse_kl,
+    sampled_reverse_kl_loss,
 )
 from trainer_lib.losses.policy_gradient import (
     KLController,
@@ -57,6 +69,7 @@ from trainer_lib.losses.preference import (
     rpo_nll_term,
     simpo_loss,
 )
+from trainer_lib.losses.process_reward import prm_step_loss, step_last, step_mean, step_min
 
 __all__ = [
     "KLController",
@@ -68,6 +81,8 @@ __all__ = [
     "entropy_bonus",
     "explained_variance",
     "gae_advantages",
+    "generalized_jsd",
+    "generalized_jsd_loss",
     "grpo_advantages",
     "hinge_loss",
     "ipo_loss",
@@ -89,14 +104,22 @@ __all__ = [
     "policy_gradient_loss",
     "ppo_policy_loss",
     "ppo_value_loss",
+    "prm_step_loss",
     "reinforce_pp_advantages",
+    "reverse_kl",
+    "reverse_kl_loss",
     "reward_centering_penalty",
     "rloo_advantages",
     "robust_dpo_loss",
     "rpo_nll_term",
+    "sampled_reverse_kl",
+    "sampled_reverse_kl_loss",
     "sequence_clipped_surrogate",
     "sequence_mean",
     "simpo_loss",
+    "step_last",
+    "step_mean",
+    "step_min",
     "token_mean",
     "whiten",
 ]
