@@ -6,6 +6,7 @@
     posttrain safety-set [--harmbench P] [--donotanswer P] [--benign FILE ...] --out FILE
     posttrain serve --repo DIR|s3://... [--http-port P] [--grpc-port Q]
     posttrain convert-gguf FILE.gguf [OUT_DIR]
+    posttrain tune --config tune.yaml [key=value ...]
     posttrain deploy rollback repository=... model_name=... [to_version=N] [triton.url=...]
 
 Stages come from the registry in :mod:`trainer_lib.stages` and are imported lazily, so
@@ -87,6 +88,10 @@ COMMANDS: dict[str, Command] = {
     "convert-gguf": (
         "Convert a GGUF file into a Hugging Face model folder.",
         _lazy("trainer_lib.models.gguf_convert"),
+    ),
+    "tune": (
+        "Search a training stage's keys with Optuna, each trial a stage process (docs/tuning.md).",
+        _lazy("trainer_lib.runner.tune.tune_cli"),
     ),
 }
 

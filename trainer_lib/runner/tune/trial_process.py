@@ -1,0 +1,137 @@
+"""One trial of a search: a ``posttrain <stage> --config FILE`` process, followed while it trains.
+
+    trial = TrialProcess([python, "-m", "trainer_lib.cli", "dpo", "--config", path], out_dir)
+    outcome = trial.follow(on_eval, poll_s=0.5, timeout_s=0)   # on_eval(step, record) -> True stops it
+
+The process starts a session (a process group) of its own, so that stopping it stops everything it
+started; :class:`~trainer_lib.runner.tune.trial_reaper.TrialReaper` kills that group when the search
+dies. Every process of the trial carries ``POSTTRAIN_TUNE_TRIAL=<its config file>`` in its environment,
+by which a resumed search finds what a dead one left (:func:`kill_leftover`). Its stdout and stderr go
+to ``trial.log`` in its output directory. Its eval records are read from its ``metrics.jsonl`` as the
+stage writes them (one flushed JSON line per record, :mod:`trainer_lib.loop.tracking`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from trainer_lib.engine.process_group import own_group_env
+
+LOG_FILE = "trial.log"
+METRICS_FILE = "metrics.jsonl"
+MARKER_ENV = "POSTTRAIN_TUNE_TRIAL"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    returncode: int | None  # None: stopped by on_eval or by the timeout
+    stopped_at: int | None  # the eval step on_eval stopped it at
+    timed_out: bool
+    reason: str  # why it failed, one line ("" when it exited 0)
+
+
+class TrialProcess:
+    def __init__(self, command: list[str], output_dir: str, marker: str):
+        os.makedirs(output_dir, exist_ok=True)
+        self.output_dir = output_dir
+        self.log_path = os.path.join(output_dir, LOG_FILE)
+        self.metrics_path = os.path.join(output_dir, METRICS_FILE)
+        self._offset = 0
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**own_group_env(), "POSTTRAIN_NO_PROGRESS": "1", MARKER_ENV: marker},
+            )
+        self.pgid = self.proc.pid  # a new session's leader: its pid is the group's id
+
+    def new_records(self) -> list[dict]:
+        """The records ``metrics.jsonl`` gained since the last call (whole lines only)."""
+        try:
+            with open(self.metrics_path, "rb") as fh:
+                fh.seek(self._offset)
+                data = fh.read()
+        except FileNotFoundError:
+            return []
+        complete = data[: data.rfind(b"\n") + 1]
+        self._offset += len(complete)
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
+
+    def follow(self, on_eval: Callable[[int, dict], bool], poll_s: float = 0.5, timeout_s: float = 0.0) -> Outcome:
+        """Wait for the process, handing each eval record to ``on_eval(step, record)`` as it appears; when
+        that returns True, or after ``timeout_s`` (0: none), the process group is killed."""
+        started = time.monotonic()
+        while True:
+            finished = self.proc.poll() is not None
+            for record in self.new_records():
+                if record.get("split") == "eval" and on_eval(int(record.get("step", 0)), record) and not finished:
+                    self.kill()
+                    return Outcome(None, int(record.get("step", 0)), False, "")
+            if finished:
+                kill_group(self.pgid)  # what the trial started and left running ends with it
+                code = self.proc.returncode
+                return Outcome(code, None, False, "" if code == 0 else failure_reason(self.log_path, code))
+            if timeout_s and time.monotonic() - started > timeout_s:
+                self.kill()
+                return Outcome(None, None, True, f"timed out after {timeout_s:g} s (trial_timeout_s)")
+            time.sleep(poll_s)
+
+    def kill(self) -> None:
+        """SIGKILL to the trial's whole process group, then reap its leader."""
+        kill_group(self.pgid)
+        self.proc.wait()
+
+
+def kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def kill_leftover(marker: str) -> int:
+    """Kill the process groups of the processes whose environment carries ``marker`` (what a search that
+    died left of a trial); returns how many processes carried it."""
+    needle = f"{MARKER_ENV}={marker}".encode() + b"\0"
+    groups = set()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as fh:
+                if needle in fh.read() + b"\0":
+                    groups.add((int(entry), os.getpgid(int(entry))))
+        except (OSError, ProcessLookupError):
+            continue
+    for _, pgid in groups:
+        kill_group(pgid)
+    return len(groups)
+
+
+def failure_reason(log_path: str, code: int) -> str:
+    """One line on why a trial failed: the CLI's ``error:`` line, else a traceback's last line, else how
+    it ended (a signal's name: SIGKILL from outside is often the kernel's out-of-memory killer)."""
+    try:
+        with open(log_path, encoding="utf-8", errors="replace") as fh:
+            lines = [line.strip() for line in fh.read().splitlines()[-200:] if line.strip()]
+    except OSError:
+        lines = []
+    errors = [line for line in lines if line.startswith("error:")]
+    if errors:
+        return errors[-1][len("error:") :].strip()
+    raised = [line for line in lines if line.split(":", 1)[0].endswith(("Error", "Exception"))]
+    if raised:
+        return raised[-1]
+    if code < 0:
+        name = signal.Signals(-code).name
+        return f"killed by {name}" + (" (out of memory?)" if name == "SIGKILL" else "")
+    return f"exit status {code}"
