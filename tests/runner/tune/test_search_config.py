@@ -67,3 +67,22 @@ def test_per_trial_seeds_need_a_fixed_held_out_set(tmp_path, capsys):
     path = search_file(tmp_path, overrides=data, trial_seed="per_trial")
     assert main(["tune", "--config", path]) == 2
     assert "trial_seed: per_trial draws other held-out rows" in capsys.readouterr().err
+
+
+def test_an_rl_reward_cannot_rank_trials_that_search_its_sources():
+    from trainer_lib.errors import ConfigError
+    from trainer_lib.runner.tune.search_config import ObjectiveConfig, TuneConfig, check_objective
+
+    tune = TuneConfig(stage="grpo", objective=ObjectiveConfig("rewards/code_execution"))
+    with pytest.raises(ConfigError, match="rewards/code_execution of grpo changes scale with reward.weights"):
+        check_objective(tune, None, ["reward.weights"])
+    check_objective(tune, None, ["lr", "rollout.temperature"])
+
+
+def test_help_lists_the_search_file_keys_and_posttrain_lists_tune(capsys):
+    assert main(["tune", "--help"]) == 0
+    text = capsys.readouterr().out
+    assert "usage: posttrain tune --config tune.yaml" in text and "objective.metric" in text and "pruner.kind" in text
+    assert main(["--help"]) == 0
+    assert "  tune " in capsys.readouterr().out
+    assert main(["tune"]) == 2  # no search file

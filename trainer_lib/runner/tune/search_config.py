@@ -45,7 +45,8 @@ SAMPLERS = ("tpe", "random")
 #: Held-out metrics whose scale follows other keys of the stage, per stage. Trials that search one of
 #: those keys cannot be ranked by the metric: DPO's loss is -log sigmoid(beta * margin), its implicit
 #: rewards are beta * log-ratios, and the loss variants and their weights are different functions.
-#: A key ending in "." stands for its whole section (an RL stage's reward sources and weights).
+#: A key ending in "." stands for its whole section (an RL stage's reward sources and weights); a metric
+#: ending in "/" for every metric under it.
 _PREFERENCE_LOSS_KEYS = (
     "beta",
     "loss",
@@ -56,7 +57,7 @@ _PREFERENCE_LOSS_KEYS = (
     "kto_undesirable_weight",
 )
 _REWARD_KEYS = ("beta", "loss")
-_RL = {"reward": ("reward.",)}
+_RL = {"reward": ("reward.",), "rewards/": ("reward.",)}  # "rewards/": each source's mean reward
 SCALED_BY: dict[str, dict[str, tuple[str, ...]]] = {
     "dpo": {
         "loss": _PREFERENCE_LOSS_KEYS,
@@ -397,7 +398,10 @@ def check_objective(tune: TuneConfig, base_cfg, searched: list[str]) -> None:
                 f"space.{key}: it changes the held-out rows that objective.metric is measured on, so no two "
                 f"trials would be ranked on the same data; fix it in the base config"
             )
-        scaled = SCALED_BY.get(tune.stage, {}).get(metric, ())
+        table = SCALED_BY.get(tune.stage, {})
+        scaled = table.get(metric) or next(
+            (v for k, v in table.items() if k.endswith("/") and metric.startswith(k)), ()
+        )
         if any(key == s or (s.endswith(".") and key.startswith(s)) for s in scaled):
             other = RANKABLE.get(tune.stage)
             raise ConfigError(
