@@ -119,6 +119,22 @@ def test_pairs_are_sent_once_and_the_cache_answers_repeats_but_not_failed_reques
     assert judge.counts["cache_hits"] == 1
 
 
+def test_step_counts_are_what_changed_since_the_last_report():
+    judge = LLMJudge(Scripted({"GOOD": "Score: 9", "BAD": "Score: 11"}))
+    assert set(judge.step_counts()) == set(judge.count_names)
+    judge(["p", "p", "q", "r"], ["GOOD", "GOOD", "BAD", "mumble"])
+    first = judge.step_counts()
+    assert first == {
+        "judge/requests": 3.0,
+        "judge/cache_hits": 0.0,
+        "judge/failures": 2.0,  # out of range and no score: each given the default
+        "judge/request_failures": 0.0,
+        "judge/parse_failures": 2.0,
+    }
+    judge(["p"], ["GOOD"])
+    assert judge.step_counts() == {**dict.fromkeys(first, 0.0), "judge/cache_hits": 1.0}
+
+
 def test_the_disk_cache_serves_a_later_judge_keyed_by_model_and_rubric(tmp_path):
     path = str(tmp_path / "cache" / "judge.sqlite")
     first = LLMJudge(Scripted({"": "Score: 3"}), cache=JudgeCache(path))

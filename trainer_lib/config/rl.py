@@ -187,3 +187,8 @@ class RLConfig(TrainingConfig):
         return dataclasses.replace(
             self.engine, gradient_accumulation_steps=self.mini_batch // (world_size * self.batch_size)
         )
+    tis_cap: float = opt(
+        0.0,
+        "GRPO: truncated importance sampling (Yao et al. 2025) of the sampler's log-probs against the trained "
+        "model's: each token's loss times min(pi_train / pi_rollout, tis_cap) (0: off; 2 is a common cap).",
+    )

@@ -9,7 +9,7 @@ scorer, and how several sources combine into one scalar per completion.
     model.py       a trained reward model as a reward function (normalized by its stored stats)
     clip.py        a CLIP-like dual encoder scoring a completion against its prompt's images
     llm_judge.py   an LLM as judge: rubric prompt, strict score parser, cache, local causal-LM backend;
-                   the judge is a reward function (not yet a built-in name)
+                   a reward source of the RL stages through reward.judge.* (build_judge)
     judge_endpoint.py  the judge's OpenAI-compatible HTTP backend (timeouts, retries, the key kept secret)
     combine.py     weights, clipping, batch/running normalization
 

@@ -107,20 +107,29 @@ class RewardCombiner:
         return table
 
     def source_sums(self, table: torch.Tensor | None = None) -> dict[str, float]:
-        """``rewards/<source>`` sums and ``.count``s of a table (zeros without one), to reduce over ranks."""
+        """``rewards/<source>`` sums and ``.count``s of a table (zeros without one), to reduce over ranks;
+        with a table, also the counts a source reports since it last did (``step_counts()``, named in its
+        ``count_names``: the LLM judge's ``judge/failures`` and so on)."""
         sums = {}
-        for j, (_, _, label) in enumerate(self.sources):
+        for j, (_, fn, label) in enumerate(self.sources):
             column = table[:, j] if table is not None else torch.zeros(0, dtype=torch.float64)
             present = column[~torch.isnan(column)]
             sums[f"rewards/{label}"] = float(present.sum())
             sums[f"rewards/{label}.count"] = float(present.numel())
+            names = getattr(fn, "count_names", ())
+            counts = fn.step_counts() if names and table is not None else {}
+            sums.update({name: float(counts.get(name, 0.0)) for name in names})
         return sums
 
     def source_means(self, sums: dict) -> dict[str, float]:
         """Each source's mean reward from (reduced) :meth:`source_sums` totals; a source that applied to
-        none of the completions (``None`` for all, e.g. ``refusal`` on code prompts) is left out, not 0."""
+        none of the completions (``None`` for all, e.g. ``refusal`` on code prompts) is left out, not 0.
+        A source's counts are passed on as totals."""
         keys = [f"rewards/{label}" for _, _, label in self.sources]
-        return {key: sums[key] / sums[f"{key}.count"] for key in keys if sums[f"{key}.count"] > 0}
+        means = {key: sums[key] / sums[f"{key}.count"] for key in keys if sums[f"{key}.count"] > 0}
+        for _, fn, _ in self.sources:
+            means.update({name: sums[name] for name in getattr(fn, "count_names", ()) if name in sums})
+        return means
 
     def score(
         self, prompts: list, completions: list, columns: dict[str, list], completion_ids: list[list[int]]

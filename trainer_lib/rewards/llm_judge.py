@@ -60,6 +60,8 @@ FENCE = re.compile(r"^\s*(```|~~~)")
 #: Longest verdict parsed; a longer one fails as ``too_long``.
 MAX_CHARS = 8192
 FAILURES = ("empty", "too_long", "no_score", "several_scores", "out_of_range", "in_code_block", "quoted")
+#: The counts logged each step; ``failures``: completions given the default (no answer, or no parse).
+STEP_COUNTS = ("requests", "cache_hits", "failures", "request_failures", "parse_failures")
 
 
 def render(rubric: str, prompt: str, completion: str, min_score: int, max_score: int) -> str:
@@ -167,9 +169,14 @@ class LLMJudge:
         cache: a :class:`JudgeCache` (default: in memory only).
         max_chars: the longest verdict parsed.
 
-    ``counts`` holds ``requests`` (sent to the backend), ``cache_hits``, ``request_failures`` and
-    ``parse_failures``, then ``parse_failures/<reason>``; nothing in it names the endpoint or its key.
+    ``counts`` holds ``requests`` (sent to the backend), ``cache_hits``, ``failures`` (pairs left without a
+    score: given the default), ``request_failures`` and ``parse_failures``, then ``parse_failures/<reason>``;
+    nothing in it names the endpoint or its key. :meth:`step_counts` gives what changed since its last call,
+    as ``judge/<count>`` metrics (:class:`trainer_lib.rewards.combine.RewardCombiner` logs them each step).
     """
+
+    #: The metrics :meth:`step_counts` reports, every time (zeros included).
+    count_names = tuple(f"judge/{name}" for name in STEP_COUNTS)
 
     def __init__(
         self,
@@ -188,6 +195,7 @@ class LLMJudge:
         self.cache = cache if cache is not None else JudgeCache()
         self.max_chars = max_chars
         self.counts: collections.Counter = collections.Counter()
+        self._reported: collections.Counter = collections.Counter()
         self.__name__ = "llm_judge"  # the reward's metric name (rewards/llm_judge)
 
     def scores(self, prompts: list[str], completions: list[str]) -> list[int | None]:
@@ -221,15 +229,23 @@ class LLMJudge:
         out: list[int | None] = []
         for key, prompt, completion in zip(keys, prompts, completions):
             if answers[key] is None:
+                self.counts["failures"] += 1
                 out.append(None)
                 continue
             shown = judge_prompts.get(key) or render(self.rubric, prompt, completion, self.min_score, self.max_score)
             score, why = parse_score(answers[key], self.min_score, self.max_score, shown, self.max_chars)
             if why:
+                self.counts["failures"] += 1
                 self.counts["parse_failures"] += 1
                 self.counts[f"parse_failures/{why}"] += 1
             out.append(score)
         return out
+
+    def step_counts(self) -> dict[str, float]:
+        """:data:`STEP_COUNTS` since the last call, as ``judge/<name>`` (a step's, when called once a step)."""
+        delta = {f"judge/{name}": float(self.counts[name] - self._reported[name]) for name in STEP_COUNTS}
+        self._reported = collections.Counter({name: self.counts[name] for name in STEP_COUNTS})
+        return delta
 
     def __call__(self, prompts: list, completions: list, **columns) -> list[float | None]:
         """The reward of each completion: ``(score - min_score) / (max_score - min_score)``, or ``default``."""
@@ -259,14 +275,15 @@ class LocalJudge:
         self.max_prompt_tokens = max(1, context - max_new_tokens)
 
     @classmethod
-    def load(cls, path: str, precision: str = "fp32", **settings) -> LocalJudge:
-        """The causal LM and tokenizer at ``path`` (local, a URL or a hub id), on the CPU."""
+    def load(cls, path: str, precision: str = "fp32", device="cpu", **settings) -> LocalJudge:
+        """The causal LM and tokenizer at ``path`` (local, a URL or a hub id), frozen on ``device``."""
         from trainer_lib.config import ModelConfig
         from trainer_lib.models.load import load_causal_lm, load_tokenizer
 
         cfg = ModelConfig(path=path, chunked_lm_head=False)
         model = load_causal_lm(cfg, precision, key="judge.path").eval()
-        return cls(model, load_tokenizer(cfg), name=path, **settings)
+        model.requires_grad_(False)
+        return cls(model.to(device), load_tokenizer(cfg), name=path, **settings)
 
     def _encode(self, text: str) -> list[int]:
         if getattr(self.tokenizer, "chat_template", None):
@@ -302,3 +319,41 @@ class LocalJudge:
                 )
             out.extend(self.tokenizer.decode(row[width:], skip_special_tokens=True) for row in generated.cpu())
         return out
+
+
+# --------------------------------------------------------------------------- from the config
+
+
+def build_judge(settings, rubric: str = DEFAULT_RUBRIC, device="cpu", precision: str = "fp32") -> LLMJudge:
+    """The judge an :class:`trainer_lib.config.judge.LLMJudgeConfig` describes: an endpoint (``url``) or a
+    local causal LM (``path``) as backend, ``settings.rubric`` or else ``rubric``, the cache at
+    ``cache_path``. ``device``, ``precision``: where a local judge runs."""
+    if settings.url:
+        from trainer_lib.rewards.judge_endpoint import ChatEndpoint
+
+        backend = ChatEndpoint(
+            settings.url,
+            settings.model,
+            api_key_env=settings.api_key_env,
+            api_key_file=settings.api_key_file,
+            timeout_s=settings.timeout_s,
+            tries=settings.tries,
+            concurrency=settings.concurrency,
+            max_tokens=settings.max_new_tokens,
+        )
+    else:
+        backend = LocalJudge.load(
+            settings.path,
+            precision,
+            device,
+            max_new_tokens=settings.max_new_tokens,
+            batch_size=settings.batch_size,
+        )
+    return LLMJudge(
+        backend,
+        settings.rubric or rubric,
+        settings.min_score,
+        settings.max_score,
+        settings.default,
+        JudgeCache(settings.cache_path or None),
+    )

@@ -91,8 +91,8 @@ def prompt_inputs(rows: list[dict], tokenizer, n: int) -> tuple[list, list[list[
 
 def build_rewards(cfg, strategy, tokenizer, reward_model=None):
     """The configured reward sources, combined (functions in order, then the reward model, then the
-    classifier, then the CLIP reward). ``reward_model``: reward.model_path's model already in memory
-    (multi_adapter: its adapter on the shared base), else it is loaded here."""
+    classifier, then the CLIP reward, then the LLM judge, ``llm_judge``). ``reward_model``: reward.model_path's
+    model already in memory (multi_adapter: its adapter on the shared base), else it is loaded here."""
     from trainer_lib.rewards.combine import RewardCombiner
     from trainer_lib.rewards.functions import resolve
 
@@ -147,6 +147,11 @@ def build_rewards(cfg, strategy, tokenizer, reward_model=None):
             trust_remote_code=cfg.model.trust_remote_code,
         )
         sources.append(("clip", scorer))
+    if cfg.reward.judge.enabled:
+        from trainer_lib.rewards.llm_judge import build_judge
+
+        judge = build_judge(cfg.reward.judge, device=strategy.device, precision=cfg.engine.precision)
+        sources.append(("llm_judge", judge))
     return RewardCombiner(
         sources,
         cfg.reward.weights,
@@ -321,6 +326,7 @@ def sample(
         synced_gpus=strategy.partitions_parameters and strategy.world_size > 1,
         logits_processor=logits_processor,
         pixel_values=pixel_values,
+        record_logprobs=rollout_cfg.tis_cap > 0 and rollout_cfg.temperature > 0,
     )
     return rollout, prompts, columns
 
