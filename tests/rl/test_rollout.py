@@ -123,3 +123,38 @@ def test_a_shared_prompt_cache_gives_each_sample_the_logits_of_its_own_prefill(p
         ).logits[:, -1]
     torch.testing.assert_close(last, alone.repeat_interleave(3, 0), rtol=1e-5, atol=1e-5)
     assert not torch.equal(last[0], last[3])  # rows 0-2 and 3-5 are different prompts
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_the_samplers_recorded_logprobs_are_the_training_models(policy, temperature):
+    """The rollout engine (transformers' generate with a KV cache, fp32) and the trained model's forward over
+    the whole sequence give each sampled token the same log-prob: within 1e-4 (float32 rounding of a cached
+    decode against one full forward, over a 49-token vocabulary here and 49,152 on SmolLM2)."""
+    model, tokenizer, prompts = policy
+    rollout = generate(
+        model, tokenizer, prompts, n=3, max_new_tokens=10, temperature=temperature, seed=3, record_logprobs=True
+    )
+    assert rollout.logprobs is not None and rollout.logprobs.shape == rollout.response_ids.shape
+    with torch.no_grad():
+        trained, _ = token_logprobs(model, rollout, temperature)
+    mask = rollout.response_mask.bool()
+    assert mask.sum() > 10 and (rollout.logprobs[~mask] == 0).all()
+    torch.testing.assert_close(rollout.logprobs[mask], trained[mask], rtol=0, atol=1e-4)
+    assert (rollout.logprobs[mask] < 0).all()
+    part = rollout.select([1, 4])  # selecting rows keeps their log-probs
+    torch.testing.assert_close(part.logprobs, rollout.logprobs[[1, 4], : part.response_ids.shape[1]])
+    plain = generate(model, tokenizer, prompts, n=3, max_new_tokens=10, temperature=temperature, seed=3)
+    assert plain.logprobs is None and plain.completions == rollout.completions  # recording changes no sample
+
+
+def test_recorded_logprobs_of_a_bf16_rollout_differ_from_fp32_training(policy):
+    """A bf16 copy sampling for an fp32 trained model: the gap the truncated importance weights correct."""
+    model, tokenizer, prompts = policy
+    copy = type(model)(model.config).to(torch.bfloat16).eval()
+    copy.load_state_dict(model.state_dict())
+    rollout = generate(copy, tokenizer, prompts, n=2, max_new_tokens=8, temperature=1.0, seed=0, record_logprobs=True)
+    with torch.no_grad():
+        trained, _ = token_logprobs(model, rollout)
+    mask = rollout.response_mask.bool()
+    gap = (rollout.logprobs[mask] - trained[mask]).abs()
+    assert 0 < gap.max() < 0.1

@@ -6,7 +6,7 @@
   REINFORCE++) and DAPO's overlong reward shaping.
 * :mod:`~trainer_lib.losses.policy_gradient`: KL estimators and control, clipped policy and value
   losses (token-level with DAPO's clip-higher, GSPO's sequence-level), A2C's unclipped policy
-  gradient, the entropy bonus, token-loss averaging.
+  gradient, the entropy bonus, token-loss averaging, truncated importance weights for a rollout engine.
 * :mod:`~trainer_lib.losses.distillation`: the student against a frozen teacher: per-token reverse KL
   (exact from full-vocabulary log-probs, or estimated from sampled tokens) and GKD's generalized JSD.
 * :mod:`~trainer_lib.losses.process_reward`: a process reward model's step loss, and the min / last / mean
@@ -52,6 +52,7 @@ from trainer_lib.losses.policy_gradient import (
     sequence_clipped_surrogate,
     sequence_mean,
     token_mean,
+    truncated_importance_weights,
 )
 from trainer_lib.losses.preference import (
     beta_dpo_beta,
@@ -121,5 +122,6 @@ __all__ = [
     "step_mean",
     "step_min",
     "token_mean",
+    "truncated_importance_weights",
     "whiten",
 ]

@@ -159,6 +159,26 @@ def ppo_value_loss(
     return 0.5 * masked_mean(per_token, mask), {"value_clip_fraction": fraction.detach()}
 
 
+# --------------------------------------------------------------------------- rollout / training mismatch
+
+
+def truncated_importance_weights(
+    train_logprobs: torch.Tensor, rollout_logprobs: torch.Tensor, cap: float
+) -> torch.Tensor:
+    """Truncated importance sampling for a rollout engine that is not the trained model (Yao et al. 2025,
+    "Your Efficient RL Framework Secretly Brings You Off-Policy RL Training", the TIS estimator):
+
+        w_t = min(pi_train(y_t | x, y_<t) / pi_rollout(y_t | x, y_<t), C)
+
+    ``train_logprobs``: the tokens' log-probs under the trained model before the update (pi_old);
+    ``rollout_logprobs``: under the engine that sampled them (another precision, kernel or copy of the
+    weights). Each token's policy loss is multiplied by ``w_t``, which corrects the gradient toward the one
+    taken on pi_train's own samples; the cap ``C`` bounds its variance. The weights are constants (no
+    gradient); padding positions get whatever their log-probs give, the caller's mask drops them.
+    """
+    return torch.exp(train_logprobs.detach() - rollout_logprobs.detach()).clamp(max=cap)
+
+
 # --------------------------------------------------------------------------- A2C and the entropy bonus
 
 

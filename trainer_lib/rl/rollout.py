@@ -47,6 +47,7 @@ class Rollout:
     stats: dict = field(default_factory=dict)
     pixel_values: torch.Tensor | None = None  # a vision-language policy's images, all rows' in row order
     image_counts: list[int] | None = None  # images per row
+    logprobs: torch.Tensor | None = None  # (N, R) the sampler's log-probs of the response tokens, if recorded
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]
@@ -65,6 +66,7 @@ class Rollout:
             [self.completions[i] for i in rows.tolist()],
             [self.finished[i] for i in rows.tolist()],
             **self.images_of(rows.tolist()),
+            logprobs=None if self.logprobs is None else self.logprobs[rows, :width],
         )
 
     def images_of(self, rows: list[int]) -> dict:
@@ -141,6 +143,37 @@ def _stopping_criteria(tokenizer, stop: list[str], prompt_width: int):
             return torch.tensor([any(s in text for s in stop) for text in tails], device=input_ids.device)
 
     return StoppingCriteriaList([StopStrings()])
+
+
+class SampledLogprobs:
+    """A logits processor that records, for each row, the log-prob of the token sampled at each step under
+    the distribution it was drawn from: ``log_softmax(logits / temperature)`` after every processor before it
+    (NLPO's mask included), as :func:`token_logprobs` defines it (top-k / top-p truncation not counted).
+
+    ``generate`` calls it once per new token with the ids so far; the last column of those ids is the token
+    drawn from the previous call's distribution, so one ``(B, vocab)`` table is held at a time.
+    :meth:`columns` takes the last sampled tokens and returns ``(B, new tokens)``."""
+
+    def __init__(self, temperature: float):
+        self.temperature = temperature if temperature > 0 else 1.0
+        self.pending: torch.Tensor | None = None
+        self.taken: list[torch.Tensor] = []
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        if self.pending is not None:
+            self.taken.append(self.pending.gather(-1, tokens.unsqueeze(-1)).squeeze(-1))
+            self.pending = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        self._take(input_ids[:, -1])
+        self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
+        return scores
+
+    def columns(self, last_tokens: torch.Tensor) -> torch.Tensor:
+        self._take(last_tokens)
+        if not self.taken:
+            return torch.zeros((last_tokens.shape[0], 0))
+        return torch.stack(self.taken, dim=1).cpu()
 
 
 def _cut(tokenizer, ids: list[int], stop: list[str], eos_ids: list[int] | None = None) -> tuple[list[int], str, bool]:
@@ -228,6 +261,7 @@ def generate(
     synced_gpus: bool = False,
     logits_processor=None,
     pixel_values: list | None = None,
+    record_logprobs: bool = False,
 ) -> Rollout:
     """``n`` samples for each prompt (token ids), ``batch_size`` sequences per ``generate`` call.
 
@@ -238,6 +272,9 @@ def generate(
     called for each ``generate`` call (a chunk of left-padded prompts); transformers applies the
     processor to the raw next-token logits before temperature, top-k and top-p (NLPO's action mask).
     ``pixel_values``: a vision-language policy's images, one ``(images, 3, H, W)`` tensor (or None) per prompt.
+    ``record_logprobs``: the Rollout's ``logprobs`` hold each response token's log-prob under the distribution
+    it was sampled from (:class:`SampledLogprobs`), for the truncated importance weights of a rollout engine
+    that differs from the trained model (:func:`trainer_lib.losses.truncated_importance_weights`).
     """
     device = next(model.parameters()).device
     eos_ids = _eos_ids(model, tokenizer)
@@ -248,7 +285,7 @@ def generate(
     expanded = [list(p) for p in prompt_ids for _ in range(n)]
     pixels = None if pixel_values is None else [p for p in pixel_values for _ in range(n)]
     pad = tokenizer.pad_token_id
-    responses, texts, finished = [], [], []
+    responses, texts, finished, sampled = [], [], [], []
     was_training = model.training
     model.eval()
     start = time.perf_counter()
@@ -266,11 +303,14 @@ def generate(
             if share and ids.shape[1] > 1:
                 shared["cache"] = shared_prompt_cache(model, ids[::n].to(device), mask[::n].to(device), n)
             criteria = _stopping_criteria(tokenizer, list(stop), ids.shape[1])
-            processors = None
-            if logits_processor is not None:
-                from transformers import LogitsProcessorList
+            from transformers import LogitsProcessorList
 
-                processors = LogitsProcessorList([logits_processor(ids.to(device), mask.to(device))])
+            processors = LogitsProcessorList()
+            if logits_processor is not None:
+                processors.append(logits_processor(ids.to(device), mask.to(device)))
+            recorder = SampledLogprobs(temperature) if record_logprobs else None
+            if recorder is not None:  # last: it sees what the processors before it made of the logits
+                processors.append(recorder)
             images = {}
             if pixels is not None and any(p is not None for p in pixels[chunk_start : chunk_start + batch_size]):
                 chunk_pixels = [p for p in pixels[chunk_start : chunk_start + batch_size] if p is not None]
@@ -282,11 +322,17 @@ def generate(
                 attention_mask=mask.to(device),
                 generation_config=config,
                 stopping_criteria=criteria,
-                logits_processor=processors,
+                logits_processor=processors or None,
                 synced_gpus=synced_gpus,
             )
-            for row in out[:, ids.shape[1] :].tolist():
+            new = out[:, ids.shape[1] :]
+            chunk_logprobs = None
+            if recorder is not None:
+                chunk_logprobs = recorder.columns(new[:, -1]) if new.shape[1] else torch.zeros((len(new), 0))
+            for i, row in enumerate(new.tolist()):
                 response, text, done = _cut(tokenizer, row, list(stop), eos_ids)
+                if chunk_logprobs is not None:
+                    sampled.append(chunk_logprobs[i, : len(response)])
                 responses.append(response)
                 texts.append(text)
                 finished.append(done)
@@ -300,7 +346,14 @@ def generate(
     if pixels is not None and any(p is not None for p in pixels):
         images["pixel_values"] = torch.cat([p for p in pixels if p is not None])
         images["image_counts"] = [0 if p is None else p.shape[0] for p in pixels]
-    return Rollout(prompt_tensor, prompt_mask, response_tensor, response_mask, texts, finished, stats, **images)
+    logprobs = None
+    if record_logprobs:
+        logprobs = torch.zeros(response_tensor.shape, dtype=torch.float32)
+        for i, row in enumerate(sampled):
+            logprobs[i, : len(row)] = row
+    return Rollout(
+        prompt_tensor, prompt_mask, response_tensor, response_mask, texts, finished, stats, **images, logprobs=logprobs
+    )
 
 
 def token_logprobs(

@@ -251,3 +251,47 @@ def test_multi_adapter_grpo_scores_with_the_reward_adapter(tiny_model_dir, promp
     assert not any("lora" in k or "score" in k for k in merged) and not torch.equal(
         weights(tiny_model_dir)[key], merged[key]
     )
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_truncated_importance_sampling_weighs_the_samplers_log_probs(tiny_model_dir, prompts, tmp_path, precision):
+    """rollout.tis_cap: the loss is reweighted by min(pi_train / pi_rollout, cap) from the log-probs the sampler
+    recorded. In fp32 the sampler (a KV-cached decode) and the trained forward agree, so the weights are 1; in
+    bf16 their rounding differs, so the weights move off 1 and stay under the cap."""
+    out = tmp_path / precision
+    _grpo(
+        tiny_model_dir,
+        prompts,
+        out,
+        "max_steps=4",
+        "logging_steps=2",
+        "save_steps=0",
+        "lr=1e-2",
+        "rollout.tis_cap=2",
+        f"engine.precision={precision}",
+    )
+    train = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["split"] == "train"]
+    assert len(train) == 2 and all(torch.isfinite(torch.tensor(r["loss"])) for r in train)
+    gap, weight = max(r["rollout_logprob_gap"] for r in train), [r["tis_weight"] for r in train]
+    if precision == "fp32":
+        assert gap < 1e-4 and all(abs(w - 1) < 1e-3 for w in weight)
+    else:
+        assert gap > 1e-4 and all(0 < w <= 2 for w in weight)
+    trained, start = weights(out), weights(tiny_model_dir)
+    assert any(not torch.equal(trained[k].float(), start[k].float()) for k in start)  # the update happened
+
+
+def test_tis_cap_is_validated(tiny_model_dir, prompts):
+    from trainer_lib.stages.training.grpo import GRPOConfig
+    from trainer_lib.stages.training.ppo import PPOConfig
+
+    base = [
+        f"model.path={tiny_model_dir}",
+        f"data.path={prompts}",
+        "output_dir=/tmp/x",
+        f"reward.functions={LENGTH_REWARD}",
+    ]
+    with pytest.raises(ConfigError, match="rollout.tis_cap: expected 0 \\(off\\) or a cap >= 1, got 0.5"):
+        load_config(GRPOConfig, None, [*base, "rollout.tis_cap=0.5"])
+    with pytest.raises(ConfigError, match="rollout.tis_cap: truncated importance sampling is GRPO's"):
+        load_config(PPOConfig, None, [*base, "rollout.tis_cap=2"])

@@ -93,6 +93,8 @@ class GRPOConfig(RLConfig):
                 f"overlong_buffer: expected 0 to rollout.max_new_tokens ({self.rollout.max_new_tokens}), "
                 f"got {self.overlong_buffer}"
             )
+        if self.rollout.tis_cap < 0 or 0 < self.rollout.tis_cap < 1:
+            raise ConfigError(f"rollout.tis_cap: expected 0 (off) or a cap >= 1, got {self.rollout.tis_cap}")
         if self.objective == "gspo" and self.advantage == "reinforce_pp":
             raise ConfigError("objective=gspo: needs one advantage per completion, not advantage=reinforce_pp")
 
@@ -199,7 +201,7 @@ def run(cfg: GRPOConfig) -> dict:
     import torch
 
     from trainer_lib.loop.cadence import Cadence
-    from trainer_lib.losses import kl_k3, masked_mean
+    from trainer_lib.losses import kl_k3, masked_mean, truncated_importance_weights
     from trainer_lib.rl import experience as rl
     from trainer_lib.rl.actor_critic import build_models
     from trainer_lib.rl.rollout import token_logprobs
@@ -236,7 +238,7 @@ def run(cfg: GRPOConfig) -> dict:
                 ref_logprobs = models.reference_logprobs(rollout, temperature, cfg.batch_size)
             advantages = advantage_of(scores, rollout.response_mask, old_logprobs, ref_logprobs)
             # 3. clipped policy-gradient updates over shuffled mini-batches
-            train_start = time.perf_counter()
+            train_start, optimizer_time = time.perf_counter(), 0.0
             for micro in schedule.update_micro_batches(step):
                 part = rollout.select(micro)
                 width = part.response_ids.shape[1]
@@ -245,6 +247,17 @@ def run(cfg: GRPOConfig) -> dict:
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[micro, :width].to(logprobs.device)
                 adv = advantages[micro, :width].to(logprobs.device)
                 per_token, clipped = loss_of(logprobs, old, adv, mask)
+                if cfg.rollout.tis_cap:  # the sampler is not the trained model: reweight toward pi_old's samples
+                    sampled = part.logprobs.to(logprobs.device)
+                    weights = truncated_importance_weights(old, sampled, cfg.rollout.tis_cap)
+                    per_token = per_token * weights
+                    cadence.window.add_all(
+                        {
+                            "tis_weight": masked_mean(weights, mask),
+                            "tis_capped_fraction": masked_mean((weights >= cfg.rollout.tis_cap).float(), mask),
+                            "rollout_logprob_gap": masked_mean((old - sampled).abs(), mask),
+                        }
+                    )
                 if ref_logprobs is not None:
                     kl = kl_k3(logprobs, ref_logprobs[micro, :width].to(logprobs.device))
                     if advantage_of.kl_coef:  # reinforce_pp has its KL in the reward instead
@@ -252,7 +265,9 @@ def run(cfg: GRPOConfig) -> dict:
                     cadence.window.add("kl", masked_mean(kl.detach(), mask))
                 loss = aggregate(per_token, mask)
                 strategy.backward(loss, engine)
+                optimizer_start = time.perf_counter()
                 strategy.optimizer_step(engine)
+                optimizer_time += time.perf_counter() - optimizer_start
                 cadence.window.add_all(
                     {"loss": loss, "clip_fraction": masked_mean(clipped, mask), "entropy": masked_mean(entropy, mask)}
                 )
@@ -261,6 +276,7 @@ def run(cfg: GRPOConfig) -> dict:
                     **metrics,
                     "logprob_time": train_start - logprob_start,
                     "train_time": time.perf_counter() - train_start,
+                    "optimizer_time": optimizer_time,
                 }
             )
             cadence.window.count(samples=len(rollout), tokens=rl.rollout_tokens(rollout))

@@ -116,6 +116,8 @@ class PPOConfig(RLConfig):
     def validate(self) -> None:
         super().validate()
         self.validate_objective()
+        if self.rollout.tis_cap:
+            raise ConfigError("rollout.tis_cap: truncated importance sampling is GRPO's (posttrain grpo) for now")
         if self.multi_adapter and self.engine.gradient_checkpointing:
             raise ConfigError(
                 "engine.gradient_checkpointing: not supported with multi_adapter=true in PPO (the one "
