@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from trainer_lib.config import DataConfig, EngineConfig, TrainingConfig, opt
+from trainer_lib.config.judge import LLMJudgeConfig
 from trainer_lib.errors import ConfigError, UserError
 
 
@@ -26,13 +27,20 @@ class RolloutConfig:
     top_k: int = opt(0, "Sample among the k most likely tokens (0: off).")
     stop: list[str] = opt([], "Stop strings; the completion ends before the first one (comma-separated on the CLI).")
     batch_size: int = opt(64, "Sequences per generate call (per rank).")
+    tis_cap: float = opt(
+        0.0,
+        "GRPO: truncated importance sampling (Yao et al. 2025) of the sampler's log-probs against the trained "
+        "model's: each token's loss times min(pi_train / pi_rollout, tis_cap) (0: off; 2 is a common cap).",
+    )
 
 
 @dataclass
 class RewardSourcesConfig:
     functions: list[str] = opt([], "Reward functions: built-in names or module:function (docs/configuration.md).")
     weights: list[float] = opt(
-        [], "Weights of the functions, then reward model, then classifier, then CLIP reward (empty: all 1.0)."
+        [],
+        "Weights of the functions, then reward model, then classifier, then CLIP reward, then LLM judge "
+        "(empty: all 1.0).",
     )
     model_path: str | None = opt(None, "Reward model (from `posttrain reward`), normalized with its stored mean/std.")
     classifier_path: str | None = opt(None, "Sequence classifier (HF id, dir or URL) scoring completions as a reward.")
@@ -48,6 +56,11 @@ class RewardSourcesConfig:
     code_timeout: float = opt(3.0, "code_execution: wall-clock seconds per program in the sandbox.")
     sandbox_workers: int = opt(4, "code_execution: sandbox processes running tests in parallel.")
     length_free_tokens: int = opt(0, "length_penalty: tokens without penalty; it reaches -1 at rollout.max_new_tokens.")
+    judge: LLMJudgeConfig = opt(
+        LLMJudgeConfig,
+        "An LLM as judge (an OpenAI-compatible endpoint or a local causal LM) scoring completions with a rubric: "
+        "the source llm_judge, its score mapped to [0, 1] (docs/training.md).",
+    )
 
 
 BUFFER_MODES = ("shuffle", "uniform", "priority")
@@ -105,11 +118,14 @@ class RLConfig(TrainingConfig):
         if self.reward.clip < 0:
             raise ConfigError(f"reward.clip: expected >= 0, got {self.reward.clip}")
         reward = self.reward
-        if not (reward.functions or reward.model_path or reward.classifier_path or reward.clip_path):
+        if not (
+            reward.functions or reward.model_path or reward.classifier_path or reward.clip_path or reward.judge.enabled
+        ):
             raise ConfigError(
-                "reward.functions: required (or reward.model_path, reward.classifier_path or reward.clip_path), e.g. "
-                "reward.functions=code_execution or my_rewards:reward"
+                "reward.functions: required (or reward.model_path, reward.classifier_path, reward.clip_path or "
+                "reward.judge.url / reward.judge.path), e.g. reward.functions=code_execution or my_rewards:reward"
             )
+        reward.judge.check("reward.judge")
         if self.prompts_per_step < 1 or self.ppo_epochs < 1 or self.mini_batch_size < 0:
             raise ConfigError("prompts_per_step, ppo_epochs: expected >= 1; mini_batch_size: expected >= 0")
         if self.multi_adapter and self.lora.r <= 0:
@@ -187,8 +203,3 @@ class RLConfig(TrainingConfig):
         return dataclasses.replace(
             self.engine, gradient_accumulation_steps=self.mini_batch // (world_size * self.batch_size)
         )
-    tis_cap: float = opt(
-        0.0,
-        "GRPO: truncated importance sampling (Yao et al. 2025) of the sampler's log-probs against the trained "
-        "model's: each token's loss times min(pi_train / pi_rollout, tis_cap) (0: off; 2 is a common cap).",
-    )
