@@ -100,17 +100,36 @@ def make_pruner(search: Search):
     return optuna.pruners.NopPruner()
 
 
+def rdb_storage_class():
+    """Optuna's RDBStorage, with its trial state changes taken in turn by this process's threads.
+
+    A queued (waiting) trial, such as a retry, is claimed by a change to RUNNING that checks it is still
+    waiting, under SELECT ... FOR UPDATE; SQLite ignores FOR UPDATE, and two trial threads could both
+    claim one trial and run it twice (Optuna then fails on "Cannot tell a COMPLETE trial").
+    """
+    from optuna.storages import RDBStorage
+
+    class InTurnRDBStorage(RDBStorage):
+        state_lock = threading.Lock()
+
+        def set_trial_state_values(self, trial_id, state, values=None) -> bool:
+            with self.state_lock:
+                return super().set_trial_state_values(trial_id, state, values)
+
+    return InTurnRDBStorage
+
+
 def open_study(search: Search):
     """The study in its storage, created or loaded; a ConfigError when the storage holds another search
     under the same name."""
     import optuna
-    from optuna.storages import RDBStorage, RetryHeartbeatStaleTrialCallback
+    from optuna.storages import RetryHeartbeatStaleTrialCallback
 
     tune = search.tune
     url = tune.storage_url
     with warnings.catch_warnings():  # heartbeats are marked experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        storage = RDBStorage(
+        storage = rdb_storage_class()(
             url,
             engine_kwargs={"connect_args": {"timeout": 60}} if url.startswith("sqlite") else None,
             heartbeat_interval=tune.heartbeat_s,
@@ -188,6 +207,9 @@ class TrialRunner:
         cfg = dataclasses.replace(cfg, seed=seed)
         config_path = os.path.join(trial_dir, "config.yaml")
         os.makedirs(trial_dir, exist_ok=True)
+        for stale in ("metrics.jsonl", SUMMARY_FILE):  # a folder an earlier study left: not this trial's records
+            if os.path.exists(os.path.join(trial_dir, stale)):
+                os.remove(os.path.join(trial_dir, stale))
         with open(config_path, "w", encoding="utf-8") as fh:
             fh.write(config_text(cfg))
         for key, value in {"output_dir": trial_dir, "config": config_path, "seed": seed}.items():
