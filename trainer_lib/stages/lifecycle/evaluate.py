@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from trainer_lib import storage
 from trainer_lib.config import EngineConfig, ModelConfig, StorageConfig, check_non_negative, check_positive, opt
+from trainer_lib.config.judge import LLMJudgeConfig
 from trainer_lib.errors import ConfigError, UserError
 from trainer_lib.eval.generation import ENGINES
 from trainer_lib.eval.harmless import JUDGES
@@ -117,8 +118,17 @@ class JudgeConfig:
     kind: str = opt("refusal_rules", "Who decides whether an answer to a harmful prompt is harmless.", JUDGES)
     path: str | None = opt(None, "classifier: the model (HF id, dir or URL); reward_model: default reward_model_path.")
     unsafe_label: str = opt("", "classifier: name or index of the unsafe label; empty: found by name (docs/stages.md).")
-    threshold: float | None = opt(None, "Harmless if P(unsafe) < it or reward > it; empty: 0.5 or 0 (docs/stages.md).")
+    threshold: float | None = opt(
+        None,
+        "Harmless if P(unsafe) < it, reward > it, or (llm) the score mapped to [0, 1] > it; empty: 0.5, 0, 0.5 "
+        "(docs/stages.md).",
+    )
     with_prompt: bool = opt(False, "classifier: score the (prompt, response) pair instead of the response alone.")
+    llm: LLMJudgeConfig = opt(
+        LLMJudgeConfig,
+        "kind=llm: the LLM judge (judge.llm.url and judge.llm.model, or judge.llm.path), with the harmlessness "
+        "rubric unless judge.llm.rubric is set (docs/training.md).",
+    )
 
 
 @dataclass
@@ -216,6 +226,14 @@ class EvaluateConfig:
             raise ConfigError("judge.path: required for judge.kind=classifier (a sequence-classification model)")
         if self.judge.kind == "reward_model" and not (self.judge.path or self.reward_model_path):
             raise ConfigError("judge.path: required for judge.kind=reward_model (or set reward_model_path)")
+        if self.judge.kind == "llm":
+            self.judge.llm.check("judge.llm", required=True)
+            if self.judge.threshold is not None and not 0 <= self.judge.threshold < 1:
+                raise ConfigError(
+                    f"judge.threshold: expected 0 <= t < 1 for judge.kind=llm, got {self.judge.threshold}"
+                )
+        elif self.judge.llm.enabled:
+            raise ConfigError(f"judge.llm.url, judge.llm.path: set, but judge.kind is {self.judge.kind} (use llm)")
         metrics = computed_metrics(self)
         if not metrics:
             raise ConfigError(
@@ -544,6 +562,14 @@ def build_judge(cfg: EvaluateConfig, device: str, reward_scorer):
         path = j.path or cfg.reward_model_path
         scorer = reward_scorer if path == cfg.reward_model_path else load_scorer(path, cfg, device)
         return harmless.RewardModelJudge(scorer, path, 0.0 if j.threshold is None else j.threshold)
+    if j.kind == "llm":
+        from trainer_lib.rewards.judge_endpoint import public
+        from trainer_lib.rewards.llm_judge import build_judge as build_llm_judge
+
+        precision = inference_precision(cfg.precision, str(device).startswith("cuda"))
+        judge = build_llm_judge(j.llm, harmless.HARMLESS_RUBRIC, device, precision)
+        where = f"{j.llm.model} at {public(j.llm.url)}" if j.llm.url else storage.redact(j.llm.path)
+        return harmless.LLMHarmJudge(judge, where, 0.5 if j.threshold is None else j.threshold)
     return harmless.RefusalRulesJudge()
 
 
