@@ -52,6 +52,10 @@ SIZES = {
 SIZES["0.5b"] = {**SIZES["real"], "num_layers": 24}  # all 24 of Qwen2.5-0.5B's layers (bf16, CUDA only)
 #: ``make bench``: every stage at these sizes, on CPU.
 SUITE_SIZES = ("small", "real")
+#: Real checkpoints (``make real-model``): their own weights, vocabulary and chat template, and real data
+#: from ``--data`` (GSM8K conversations for SFT and GRPO prompts, HH-RLHF harmless-base pairs for DPO and
+#: the reward model) in place of the synthetic rows.
+REAL_MODELS = {"smollm2": os.path.join(ROOT, ".cache", "real-model", "smollm2-135m-instruct")}
 
 
 def length_reward(prompts, completions, **kwargs) -> list[float]:
@@ -105,16 +109,53 @@ def make_rows(algo: str, count: int, seed: int) -> list[dict]:
     return rows
 
 
+def real_rows(algo: str, count: int, data_dir: str) -> list[dict]:
+    """The first ``count`` rows of the shared public data in the algorithm's conversational format:
+    GSM8K problems (SFT: question and worked answer; GRPO: the question alone), HH-RLHF harmless-base
+    pairs (DPO, reward; the few malformed dialogues skipped) through posttrain's own converters."""
+    import gzip
+
+    from trainer_lib.data.public_datasets import gsm8k_row, hh_rlhf_row
+    from trainer_lib.errors import DataError
+
+    rows = []
+    if algo in ("sft", "grpo"):
+        with open(os.path.join(data_dir, "gsm8k_train.jsonl"), encoding="utf-8") as f:
+            for i, line in zip(range(count), f):
+                row = gsm8k_row(json.loads(line), f"gsm8k_train.jsonl:{i + 1}")
+                rows.append(
+                    {"messages": row["prompt"] + row["completion"]} if algo == "sft" else {"prompt": row["prompt"]}
+                )
+        return rows
+    with gzip.open(os.path.join(data_dir, "hh_rlhf_harmless_base_test.jsonl.gz"), "rt", encoding="utf-8") as f:
+        for i, line in enumerate(f):
+            try:
+                row = hh_rlhf_row(json.loads(line), f"hh_rlhf_harmless_base_test.jsonl.gz:{i + 1}")
+            except DataError:
+                continue
+            rows.append({key: row[key] for key in ("prompt", "chosen", "rejected")})
+            if len(rows) == count:
+                break
+    return rows
+
+
 def build_workload(args, workdir: str) -> dict:
     """Save the model, tokenizer and data under ``workdir``; return the spec both children read."""
     from trainer_lib.demo.tiny_model import build_tiny_llama, train_tokenizer
 
-    size = SIZES[args.size]
+    real = args.size in REAL_MODELS
+    size = {"max_length": 512} if real else SIZES[args.size]
     max_length = args.max_length or size["max_length"]
     batch = args.batch_size
     prompts_per_step = args.prompts_per_step if args.algo == "grpo" else 0
     count = args.steps * (prompts_per_step or batch * args.accumulation)  # one pass over the data
-    rows = make_rows(args.algo, count, args.seed)
+    rows = real_rows(args.algo, count, args.data) if real else make_rows(args.algo, count, args.seed)
+    data_path = os.path.join(workdir, f"{args.algo}.jsonl")
+    with open(data_path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    if real:
+        return workload_spec(args, REAL_MODELS[args.size], data_path, max_length, prompts_per_step)
     corpus = [
         m["content"] for row in make_rows("dpo", 200, args.seed + 1) for key in ("prompt", "chosen") for m in row[key]
     ]
@@ -133,20 +174,21 @@ def build_workload(args, workdir: str) -> dict:
     model_dir = os.path.join(workdir, "model")
     model.save_pretrained(model_dir, safe_serialization=True)
     tokenizer.save_pretrained(model_dir)
-    data_path = os.path.join(workdir, f"{args.algo}.jsonl")
-    with open(data_path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row) + "\n")
+    return workload_spec(args, model_dir, data_path, max_length, prompts_per_step)
+
+
+def workload_spec(args, model_dir: str, data_path: str, max_length: int, prompts_per_step: int) -> dict:
+    """What both children read: the model, the data and every training setting."""
     return {
         "algo": args.algo,
         "model_dir": model_dir,
         "data_path": data_path,
         "device": args.device,
-        "precision": "bf16" if args.device == "cuda" else "fp32",
+        "precision": args.precision or ("bf16" if args.device == "cuda" else "fp32"),
         "steps": args.steps,
         "warmup": args.warmup,
         "max_length": max_length,
-        "batch_size": batch,
+        "batch_size": args.batch_size,
         "accumulation": args.accumulation,
         "lr": args.lr,
         "adam_beta1": 0.9,
@@ -230,9 +272,17 @@ def parse_args(argv):
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument(
         "--size",
-        choices=(*SIZES, "suite"),
+        choices=(*SIZES, *REAL_MODELS, "suite"),
         default=None,
-        help=f"default: small on cpu, 0.5b on cuda; suite: {', '.join(SUITE_SIZES)} in turn",
+        help=f"default: small on cpu, 0.5b on cuda; suite: {', '.join(SUITE_SIZES)} in turn; "
+        f"{', '.join(REAL_MODELS)}: the real checkpoint (make real-model) on real data (--data)",
+    )
+    p.add_argument("--data", default=os.path.join(ROOT, "..", "shared", "data"), help="real sizes' data folder")
+    p.add_argument(
+        "--precision",
+        choices=("fp32", "bf16"),
+        default=None,
+        help="both sides (default: fp32 on cpu, bf16 on cuda); bf16 on a CPU with AMX runs its matmuls there",
     )
     p.add_argument("--max-length", type=int, default=0, help="default: the size's (1024; tiny 128)")
     p.add_argument("--batch-size", type=int, default=4)

@@ -92,3 +92,32 @@ def test_both_sides_and_ratio_line(tmp_path):
         check_side(report["results"][side][0])
     for figure in match.groups():  # 3 significant digits
         assert len(figure.replace(".", "").lstrip("0")) <= 3
+
+
+def test_real_rows_come_from_the_public_formats(tmp_path):
+    """--size smollm2's data: GSM8K conversations (SFT), their questions (GRPO), HH-RLHF pairs with the
+    malformed dialogue skipped (DPO, reward), in the format both sides read."""
+    import gzip
+
+    from benchmarks.vs_trl import real_rows
+
+    gsm8k = {"question": "What is 2 + 3?", "answer": "2 + 3 = <<2+3=5>>5\n#### 5"}
+    (tmp_path / "gsm8k_train.jsonl").write_text(json.dumps(gsm8k) + "\n" + json.dumps(gsm8k) + "\n")
+    good = {"chosen": "\n\nHuman: hi\n\nAssistant: hello", "rejected": "\n\nHuman: hi\n\nAssistant: go away"}
+    bad = {"chosen": "\n\nHuman: hi\n\nAssistant: a\n\nAssistant: b", "rejected": "\n\nHuman: hi\n\nAssistant: c"}
+    with gzip.open(tmp_path / "hh_rlhf_harmless_base_test.jsonl.gz", "wt") as f:
+        f.write("\n".join(json.dumps(r) for r in (bad, good, good)) + "\n")
+    sft = real_rows("sft", 1, str(tmp_path))
+    assert sft == [
+        {
+            "messages": [
+                {"role": "user", "content": "What is 2 + 3?"},
+                {"role": "assistant", "content": gsm8k["answer"]},
+            ]
+        }
+    ]
+    assert real_rows("grpo", 5, str(tmp_path)) == [{"prompt": [{"role": "user", "content": "What is 2 + 3?"}]}] * 2
+    pairs = real_rows("dpo", 2, str(tmp_path))
+    assert len(pairs) == 2 and pairs[0]["prompt"] == [{"role": "user", "content": "hi"}]
+    assert pairs[0]["chosen"] == [{"role": "assistant", "content": "hello"}]
+    assert pairs[0]["rejected"] == [{"role": "assistant", "content": "go away"}]

@@ -151,8 +151,7 @@ class SampledLogprobs:
     (NLPO's mask included), as :func:`token_logprobs` defines it (top-k / top-p truncation not counted).
 
     ``generate`` calls it once per new token with the ids so far; the last column of those ids is the token
-    drawn from the previous call's distribution, so one ``(B, vocab)`` table is held at a time.
-    :meth:`columns` takes the last sampled tokens and returns ``(B, new tokens)``."""
+    drawn from the previous call's distribution, so one ``(B, vocab)`` table is held at a time."""
 
     def __init__(self, temperature: float):
         self.temperature = temperature if temperature > 0 else 1.0
@@ -169,11 +168,31 @@ class SampledLogprobs:
         self.pending = torch.log_softmax(scores.float() / self.temperature, dim=-1)
         return scores
 
-    def columns(self, last_tokens: torch.Tensor) -> torch.Tensor:
-        self._take(last_tokens)
-        if not self.taken:
-            return torch.zeros((last_tokens.shape[0], 0))
-        return torch.stack(self.taken, dim=1).cpu()
+    def columns(self, new_tokens: torch.Tensor) -> torch.Tensor:
+        """``(B, T)`` log-probs of the ``(B, T)`` tokens generated."""
+        if new_tokens.shape[1]:
+            self._take(new_tokens[:, -1])
+        return torch.stack(self.taken, dim=1).cpu() if self.taken else torch.zeros((new_tokens.shape[0], 0))
+
+
+def _images(pixels: list | None, device=None) -> dict:
+    """``{"pixel_values": ...}``: the images of rows that have them, in row order; empty without any."""
+    if pixels is None or all(p is None for p in pixels):
+        return {}
+    return {"pixel_values": torch.cat([p for p in pixels if p is not None]).to(device or "cpu")}
+
+
+def _processor_list(logits_processor, ids: torch.Tensor, mask: torch.Tensor, recorder: SampledLogprobs | None):
+    """The caller's processor for this chunk (``logits_processor(ids, mask)``), then the recorder, last, so it
+    sees what the processors before it made of the logits; None without either."""
+    from transformers import LogitsProcessorList
+
+    processors = LogitsProcessorList()
+    if logits_processor is not None:
+        processors.append(logits_processor(ids, mask))
+    if recorder is not None:
+        processors.append(recorder)
+    return processors or None
 
 
 def _cut(tokenizer, ids: list[int], stop: list[str], eos_ids: list[int] | None = None) -> tuple[list[int], str, bool]:
@@ -273,8 +292,7 @@ def generate(
     processor to the raw next-token logits before temperature, top-k and top-p (NLPO's action mask).
     ``pixel_values``: a vision-language policy's images, one ``(images, 3, H, W)`` tensor (or None) per prompt.
     ``record_logprobs``: the Rollout's ``logprobs`` hold each response token's log-prob under the distribution
-    it was sampled from (:class:`SampledLogprobs`), for the truncated importance weights of a rollout engine
-    that differs from the trained model (:func:`trainer_lib.losses.truncated_importance_weights`).
+    it was sampled from (:class:`SampledLogprobs`; :func:`trainer_lib.losses.truncated_importance_weights`).
     """
     device = next(model.parameters()).device
     eos_ids = _eos_ids(model, tokenizer)
@@ -303,32 +321,19 @@ def generate(
             if share and ids.shape[1] > 1:
                 shared["cache"] = shared_prompt_cache(model, ids[::n].to(device), mask[::n].to(device), n)
             criteria = _stopping_criteria(tokenizer, list(stop), ids.shape[1])
-            from transformers import LogitsProcessorList
-
-            processors = LogitsProcessorList()
-            if logits_processor is not None:
-                processors.append(logits_processor(ids.to(device), mask.to(device)))
             recorder = SampledLogprobs(temperature) if record_logprobs else None
-            if recorder is not None:  # last: it sees what the processors before it made of the logits
-                processors.append(recorder)
-            images = {}
-            if pixels is not None and any(p is not None for p in pixels[chunk_start : chunk_start + batch_size]):
-                chunk_pixels = [p for p in pixels[chunk_start : chunk_start + batch_size] if p is not None]
-                images["pixel_values"] = torch.cat(chunk_pixels).to(device)
             out = model.generate(
-                **images,
+                **_images(None if pixels is None else pixels[chunk_start : chunk_start + batch_size], device),
                 **shared,
                 input_ids=ids.to(device),
                 attention_mask=mask.to(device),
                 generation_config=config,
                 stopping_criteria=criteria,
-                logits_processor=processors or None,
+                logits_processor=_processor_list(logits_processor, ids.to(device), mask.to(device), recorder),
                 synced_gpus=synced_gpus,
             )
             new = out[:, ids.shape[1] :]
-            chunk_logprobs = None
-            if recorder is not None:
-                chunk_logprobs = recorder.columns(new[:, -1]) if new.shape[1] else torch.zeros((len(new), 0))
+            chunk_logprobs = recorder.columns(new) if recorder is not None else None
             for i, row in enumerate(new.tolist()):
                 response, text, done = _cut(tokenizer, row, list(stop), eos_ids)
                 if chunk_logprobs is not None:
@@ -342,15 +347,10 @@ def generate(
     response_tensor, response_mask = _pad(responses, pad, left=False)
     tokens = int(response_mask.sum())
     stats = {"generate_time": elapsed, "generated_tokens": tokens, "tokens_per_s": tokens / max(elapsed, 1e-9)}
-    images = {}
-    if pixels is not None and any(p is not None for p in pixels):
-        images["pixel_values"] = torch.cat([p for p in pixels if p is not None])
+    images = _images(pixels)
+    if images:
         images["image_counts"] = [0 if p is None else p.shape[0] for p in pixels]
-    logprobs = None
-    if record_logprobs:
-        logprobs = torch.zeros(response_tensor.shape, dtype=torch.float32)
-        for i, row in enumerate(sampled):
-            logprobs[i, : len(row)] = row
+    logprobs = torch.nn.utils.rnn.pad_sequence(sampled, batch_first=True) if record_logprobs else None
     return Rollout(
         prompt_tensor, prompt_mask, response_tensor, response_mask, texts, finished, stats, **images, logprobs=logprobs
     )

@@ -197,11 +197,35 @@ def reward_shaping(cfg: GRPOConfig, strategy):
     return shape
 
 
+def rollout_correction(cfg: GRPOConfig):
+    """``(per-token loss, pi_old log-probs, sampler log-probs, mask, metrics window) -> per-token loss``:
+    truncated importance sampling (``rollout.tis_cap``; docs/training.md), else the loss unchanged."""
+    cap = cfg.rollout.tis_cap
+    if not cap:
+        return lambda per_token, old, sampled, mask, window: per_token
+
+    def correct(per_token, old, sampled, mask, window):
+        from trainer_lib.losses import masked_mean, truncated_importance_weights
+
+        sampled = sampled.to(old.device)
+        weights = truncated_importance_weights(old, sampled, cap)
+        window.add_all(
+            {
+                "tis_weight": masked_mean(weights, mask),
+                "tis_capped_fraction": masked_mean((weights >= cap).float(), mask),
+                "rollout_logprob_gap": masked_mean((old - sampled).abs(), mask),
+            }
+        )
+        return per_token * weights
+
+    return correct
+
+
 def run(cfg: GRPOConfig) -> dict:
     import torch
 
     from trainer_lib.loop.cadence import Cadence
-    from trainer_lib.losses import kl_k3, masked_mean, truncated_importance_weights
+    from trainer_lib.losses import kl_k3, masked_mean
     from trainer_lib.rl import experience as rl
     from trainer_lib.rl.actor_critic import build_models
     from trainer_lib.rl.rollout import token_logprobs
@@ -212,7 +236,7 @@ def run(cfg: GRPOConfig) -> dict:
     models = build_models(cfg, strategy, tokenizer, steps * cfg.updates_per_step(), use_reference=cfg.beta > 0)
     engine, rewards = models.actor_engine, models.rewards
     advantage_of, loss_of, aggregate = advantage_estimator(cfg, strategy), policy_loss(cfg), token_aggregation(cfg)
-    shape_rewards = reward_shaping(cfg, strategy)
+    shape_rewards, correct_rollout = reward_shaping(cfg, strategy), rollout_correction(cfg)
     # one update and no advantage that needs them up front: pi_old is the policy itself
     reuse_logprobs = cfg.updates_per_step() == 1 and not advantage_of.needs_old_logprobs
 
@@ -247,17 +271,7 @@ def run(cfg: GRPOConfig) -> dict:
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[micro, :width].to(logprobs.device)
                 adv = advantages[micro, :width].to(logprobs.device)
                 per_token, clipped = loss_of(logprobs, old, adv, mask)
-                if cfg.rollout.tis_cap:  # the sampler is not the trained model: reweight toward pi_old's samples
-                    sampled = part.logprobs.to(logprobs.device)
-                    weights = truncated_importance_weights(old, sampled, cfg.rollout.tis_cap)
-                    per_token = per_token * weights
-                    cadence.window.add_all(
-                        {
-                            "tis_weight": masked_mean(weights, mask),
-                            "tis_capped_fraction": masked_mean((weights >= cfg.rollout.tis_cap).float(), mask),
-                            "rollout_logprob_gap": masked_mean((old - sampled).abs(), mask),
-                        }
-                    )
+                per_token = correct_rollout(per_token, old, part.logprobs, mask, cadence.window)
                 if ref_logprobs is not None:
                     kl = kl_k3(logprobs, ref_logprobs[micro, :width].to(logprobs.device))
                     if advantage_of.kl_coef:  # reinforce_pp has its KL in the reward instead
