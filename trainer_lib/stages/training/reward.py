@@ -15,6 +15,9 @@ implicit prompt); an optional numeric ``margin`` column is the per-pair loss mar
 A ``model.path`` that is a CLIP-like dual encoder trains a multimodal reward model instead: the same loop
 and loss on rows with an ``images`` column, scoring each completion by its similarity with the prompt's
 images (:mod:`trainer_lib.models.dual_encoder`); it is saved as the dual encoder, for ``reward.clip_path``.
+
+``objective=process`` trains a process reward model on step-labelled rows instead, scored at each step's
+end token (:mod:`trainer_lib.stages.training.prm`).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 from dataclasses import dataclass
 
 from trainer_lib.config import TrainingConfig, opt
+from trainer_lib.data.step_labels import STEP_JOIN, STEP_SEPARATOR
 from trainer_lib.errors import ConfigError, UserError
 from trainer_lib.loop.micro_batches import SplitBatches, TrainOrder
 
@@ -32,9 +36,33 @@ class RewardConfig(TrainingConfig):
     center_rewards_coefficient: float = opt(0.0, "Weight of the centering term (r_chosen + r_rejected)^2; 0: off.")
     reference_set: str = opt("eval", "Split for the stored reward mean/std; train if eval is empty.", ("eval", "train"))
     normalize_max_rows: int = opt(1000, "At most this many pairs (both answers) for the reward mean/std; 0: all.")
+    objective: str = opt(
+        "pairwise",
+        "pairwise: a Bradley-Terry reward model on preference pairs; process: a process reward model (PRM) on "
+        "step-labelled rows (prompt, completions: [steps], labels), scored at each step's last token.",
+        ("pairwise", "process"),
+    )
+    step_join: str = opt(STEP_JOIN, "process: the text put after the prompt and after each step when training.")
+    step_separator: str = opt(
+        STEP_SEPARATOR,
+        "process: regular expression splitting a generated text into steps (default: blank lines, or a line "
+        "starting 'Step k:'); stored with the PRM in prm.json.",
+    )
 
     def validate(self) -> None:
         super().validate()
+        if self.objective == "process":
+            import re
+
+            try:
+                re.compile(self.step_separator)
+            except re.error as exc:
+                raise ConfigError(f"step_separator: not a regular expression ({exc})") from None
+            if not self.step_join or re.fullmatch(self.step_separator, self.step_join) is None:
+                raise ConfigError(
+                    f"step_join: {self.step_join!r} must be a separator that step_separator matches, so the "
+                    "steps the PRM was trained on are found again in generated text"
+                )
         if self.center_rewards_coefficient < 0:
             raise ConfigError(f"center_rewards_coefficient: expected >= 0, got {self.center_rewards_coefficient}")
         if self.normalize_max_rows < 0:
@@ -186,6 +214,10 @@ def reward_statistics(engine, strategy, batches: SplitBatches) -> dict:
 
 
 def run(cfg: RewardConfig) -> dict:
+    if cfg.objective == "process":
+        from trainer_lib.stages.training import prm
+
+        return prm.run(cfg)
     from trainer_lib.data.tokenize import count_tokens
     from trainer_lib.engine.batch_size import resolve_batch_size
     from trainer_lib.engine.strategy import DeepSpeedStrategy

@@ -1,0 +1,132 @@
+"""Process reward models: the GSM8K step-labelled set (one calculation corrupted, that step and the rest
+labelled wrong, held out by problem), steps found and tokenized, and `posttrain reward objective=process`
+on the tiny model: the step loss falls and held-out solutions are ranked."""
+
+import json
+import random
+
+import pytest
+
+from tests.conftest import CHAT_ROWS
+from trainer_lib.config import load_config
+from trainer_lib.data.step_labels import (
+    CALCULATION,
+    corrupt_calculation,
+    encode_steps,
+    gsm8k_step_rows,
+    split_steps,
+    write_gsm8k_step_set,
+)
+from trainer_lib.errors import ConfigError
+
+GSM8K = [
+    {
+        "question": f"Tom has {n} apples and buys {n} more. Then he gives away 3. How many are left?",
+        "answer": f"He has {n}+{n} = <<{n}+{n}={2 * n}>>{2 * n} apples.\n"
+        f"He gives away 3, so {2 * n}-3 = <<{2 * n}-3={2 * n - 3}>>{2 * n - 3} are left.\n#### {2 * n - 3}",
+    }
+    for n in range(5, 45)
+] + [{"question": "What is seven?", "answer": "It is seven.\n#### 7"}]  # no calculation: left out
+
+
+def test_the_gsm8k_set_corrupts_one_calculation_and_labels_the_rest_wrong(tmp_path):
+    train, evals = gsm8k_step_rows(GSM8K, eval_fraction=0.3, seed=1)
+    rows = train + evals
+    assert len(rows) == 2 * 40 and evals and train
+    assert not {r["prompt"] for r in train} & {r["prompt"] for r in evals}  # held out by problem
+    for right, wrong in zip(rows[::2], rows[1::2]):
+        assert right["prompt"] == wrong["prompt"] and right["labels"] == [True, True, True]
+        at = wrong["corrupted_step"]
+        assert wrong["labels"] == [True] * at + [False] * (3 - at)
+        changed = [i for i, (a, b) in enumerate(zip(right["completions"], wrong["completions"])) if a != b]
+        assert changed == [at]
+        (good,), (bad,) = CALCULATION.findall(right["completions"][at]), CALCULATION.findall(wrong["completions"][at])
+        assert good[0] == bad[0] and good[1] != bad[1] and bad[1] == bad[2]  # same sum, another result, shown
+    assert corrupt_calculation("Paid $<<0.2*50=10>>10.", random.Random(0)).endswith(".")
+    source = tmp_path / "gsm8k.jsonl"
+    source.write_text("".join(json.dumps(r) + "\n" for r in GSM8K))
+    train_path, eval_path = write_gsm8k_step_set(str(source), str(tmp_path / "prm"), limit=10, eval_fraction=0.3)
+    assert sum(1 for _ in open(train_path)) + sum(1 for _ in open(eval_path)) == 20
+
+
+def test_steps_are_split_and_scored_at_their_last_token(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    assert split_steps("Step 1: add.\nStep 2: halve.\n\nSo 4.\n\n\n#### 4") == [
+        "Step 1: add.",
+        "Step 2: halve.",
+        "So 4.",
+        "#### 4",
+    ]
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids, ends = encode_steps(tokenizer, "Add one.", ["x + 1", "def f(x): return x + 1"], max_length=64)
+    assert len(ends) == 2 and ends[-1] < len(ids)
+    assert tokenizer.decode(ids[: ends[0] + 1]).rstrip().endswith("x + 1")
+    short, kept = encode_steps(tokenizer, "Add one.", ["x + 1", "def f(x): return x + 1"], max_length=ends[0] + 3)
+    assert kept == ends[:1] and len(short) <= ends[0] + 3  # a step that does not fit is left out
+
+
+def _step_rows(count: int, seed: int) -> list[dict]:
+    """Each problem twice: clean steps, and a copy whose step k says 'oops' (labelled wrong from k on)."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(count):
+        question = CHAT_ROWS[i % len(CHAT_ROWS)][0] + f" Case {i}."
+        steps = [CHAT_ROWS[(i + j) % len(CHAT_ROWS)][1].split("\n")[0] for j in range(3)]
+        at = rng.randrange(3)
+        bad = [*steps[:at], "oops " + steps[at], *steps[at + 1 :]]
+        rows.append({"prompt": question, "completions": steps, "labels": [True] * 3})
+        rows.append({"prompt": question, "completions": bad, "labels": [True] * at + [False] * (3 - at)})
+    return rows
+
+
+def test_a_prm_trains_on_step_labels_and_ranks_held_out_solutions(tiny_model_dir, tmp_path):
+    import torch
+
+    from trainer_lib.cli import main
+
+    data, held_out = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in _step_rows(40, 0)))
+    held_out.write_text("".join(json.dumps(r) + "\n" for r in _step_rows(12, 1)))
+    out = tmp_path / "prm"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        code = main(
+            [
+                "reward",
+                "objective=process",
+                f"model.path={tiny_model_dir}",
+                f"data.path={data}",
+                f"data.eval_path={held_out}",
+                f"output_dir={out}",
+                "max_steps=40",
+                "batch_size=8",
+                "lr=3e-3",
+                "logging_steps=10",
+                "eval_steps=0",
+                "save_steps=0",
+                "seed=0",
+            ]
+        )
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    log = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    train = [r for r in log if r["split"] == "train"]
+    assert train[-1]["loss"] < 0.7 * train[0]["loss"], [r["loss"] for r in train]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["eval"]["ranking_accuracy"] >= 0.8, summary["eval"]
+    assert summary["eval"]["step_accuracy"] > 0.7
+    assert json.loads((out / "prm.json").read_text())["step_join"] == "\n\n"
+
+
+def test_the_process_keys_are_checked(tiny_model_dir):
+    from trainer_lib.stages.training.reward import RewardConfig
+
+    base = [f"model.path={tiny_model_dir}", "data.path=x.jsonl", "output_dir=/tmp/x", "objective=process"]
+    assert load_config(RewardConfig, None, base).step_join == "\n\n"
+    with pytest.raises(ConfigError, match="step_join"):
+        load_config(RewardConfig, None, [*base, "step_join=;"])
+    with pytest.raises(ConfigError, match="step_separator: not a regular expression"):
+        load_config(RewardConfig, None, [*base, "step_separator=(("])
