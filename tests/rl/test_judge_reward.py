@@ -97,3 +97,14 @@ def test_the_judge_keys_are_checked(tiny_model_dir, tmp_path):
     ]:
         with pytest.raises(ConfigError, match=message):
             load_config(GRPOConfig, None, [*base, *bad])
+
+
+def test_a_local_causal_lm_judge_is_built_from_the_keys(tiny_model_dir):
+    from trainer_lib.config.judge import LLMJudgeConfig
+    from trainer_lib.rewards.llm_judge import LocalJudge, build_judge
+
+    judge = build_judge(LLMJudgeConfig(path=tiny_model_dir, max_new_tokens=4, default=0.25, batch_size=2))
+    assert isinstance(judge.backend, LocalJudge) and judge.backend.max_new_tokens == 4
+    # the random tiny model writes no 'Score: N': every completion gets the default, counted
+    assert judge(["Say hi.", "Count."], ["hi", "one"]) == [0.25, 0.25]
+    assert judge.step_counts()["judge/failures"] == 2.0
