@@ -17,6 +17,9 @@ from trainer_lib.config import DataConfig, EngineConfig, TrainingConfig, opt
 from trainer_lib.config.judge import LLMJudgeConfig
 from trainer_lib.errors import ConfigError, UserError
 
+#: The names of trainer_lib.losses.process_reward.STEP_AGGREGATIONS (not imported: config stays free of torch).
+PRM_AGGREGATIONS = ("min", "last", "mean")
+
 
 @dataclass
 class RolloutConfig:
@@ -39,8 +42,8 @@ class RewardSourcesConfig:
     functions: list[str] = opt([], "Reward functions: built-in names or module:function (docs/configuration.md).")
     weights: list[float] = opt(
         [],
-        "Weights of the functions, then reward model, then classifier, then CLIP reward, then LLM judge "
-        "(empty: all 1.0).",
+        "Weights of the functions, then reward model, then classifier, then CLIP reward, then LLM judge, then "
+        "PRM (empty: all 1.0).",
     )
     model_path: str | None = opt(None, "Reward model (from `posttrain reward`), normalized with its stored mean/std.")
     classifier_path: str | None = opt(None, "Sequence classifier (HF id, dir or URL) scoring completions as a reward.")
@@ -60,6 +63,12 @@ class RewardSourcesConfig:
         LLMJudgeConfig,
         "An LLM as judge (an OpenAI-compatible endpoint or a local causal LM) scoring completions with a rubric: "
         "the source llm_judge, its score mapped to [0, 1] (docs/training.md).",
+    )
+    prm_path: str | None = opt(
+        None, "A process reward model (posttrain reward objective=process) scoring each completion's steps: prm."
+    )
+    prm_aggregation: str = opt(
+        "min", "prm_path: one reward from the step scores: the weakest step, the last, or their mean.", PRM_AGGREGATIONS
     )
 
 
@@ -118,12 +127,12 @@ class RLConfig(TrainingConfig):
         if self.reward.clip < 0:
             raise ConfigError(f"reward.clip: expected >= 0, got {self.reward.clip}")
         reward = self.reward
-        if not (
-            reward.functions or reward.model_path or reward.classifier_path or reward.clip_path or reward.judge.enabled
-        ):
+        sources = (reward.model_path, reward.classifier_path, reward.clip_path, reward.judge.enabled, reward.prm_path)
+        if not (reward.functions or any(sources)):
             raise ConfigError(
-                "reward.functions: required (or reward.model_path, reward.classifier_path, reward.clip_path or "
-                "reward.judge.url / reward.judge.path), e.g. reward.functions=code_execution or my_rewards:reward"
+                "reward.functions: required (or reward.model_path, reward.classifier_path, reward.clip_path, "
+                "reward.judge.url / reward.judge.path or reward.prm_path), e.g. reward.functions=code_execution "
+                "or my_rewards:reward"
             )
         reward.judge.check("reward.judge")
         if self.prompts_per_step < 1 or self.ppo_epochs < 1 or self.mini_batch_size < 0:

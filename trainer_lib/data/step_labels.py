@@ -80,6 +80,29 @@ def encode_steps(tokenizer, prompt, steps: list[str], max_length: int, join: str
     return ids[:max_length], ends
 
 
+def collate_steps(examples: list[dict], pad_id: int) -> dict:
+    """Examples ``{"input_ids", "step_ends"[, "step_labels"]}`` as right-padded ``input_ids`` and
+    ``attention_mask``, and ``step_mask`` / ``step_labels`` in token layout (1 and the label at each step's
+    last token, 0 elsewhere), all ``(B, T)``."""
+    import torch
+
+    width = max(len(e["input_ids"]) for e in examples)
+    shape = (len(examples), width)
+    input_ids = torch.full(shape, pad_id, dtype=torch.long)
+    attention = torch.zeros(shape, dtype=torch.long)
+    step_mask, step_labels = torch.zeros(shape), torch.zeros(shape)
+    for i, example in enumerate(examples):
+        n = len(example["input_ids"])
+        input_ids[i, :n] = torch.tensor(example["input_ids"], dtype=torch.long)
+        attention[i, :n] = 1
+        if example["step_ends"]:
+            ends = torch.tensor(example["step_ends"], dtype=torch.long)
+            step_mask[i, ends] = 1.0
+            if "step_labels" in example:
+                step_labels[i, ends] = torch.tensor(example["step_labels"], dtype=torch.float32)
+    return {"input_ids": input_ids, "attention_mask": attention, "step_mask": step_mask, "step_labels": step_labels}
+
+
 # --------------------------------------------------------------------------- GSM8K -> step labels
 
 

@@ -82,6 +82,15 @@ def sequence_rewards(model, inputs: dict):
     return score_head(model)(hidden[0, ends]).squeeze(-1).float()
 
 
+def token_rewards(model, input_ids, attention_mask):
+    """The scalar head at every token, ``(B, T)`` float32 (a process reward model reads it at step ends):
+    the backbone's last hidden states through the head."""
+    hidden = model(
+        input_ids=input_ids, attention_mask=attention_mask, use_cache=False, output_hidden_states=True
+    ).hidden_states[-1]
+    return score_head(model)(hidden).squeeze(-1).float()
+
+
 def score_head(model):
     """The scalar head module of a reward model, through DeepSpeed's and PEFT's wrappers (under LoRA, the
     trained copy that ``modules_to_save`` keeps)."""

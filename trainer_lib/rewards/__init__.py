@@ -11,6 +11,7 @@ scorer, and how several sources combine into one scalar per completion.
     llm_judge.py   an LLM as judge: rubric prompt, strict score parser, cache, local causal-LM backend;
                    a reward source of the RL stages through reward.judge.* (build_judge)
     judge_endpoint.py  the judge's OpenAI-compatible HTTP backend (timeouts, retries, the key kept secret)
+    prm_scorer.py  a process reward model's step scores, aggregated (min, last, mean) into one reward
     combine.py     weights, clipping, batch/running normalization
 
 Nothing is imported here, so importing the package stays cheap.

@@ -91,8 +91,9 @@ def prompt_inputs(rows: list[dict], tokenizer, n: int) -> tuple[list, list[list[
 
 def build_rewards(cfg, strategy, tokenizer, reward_model=None):
     """The configured reward sources, combined (functions in order, then the reward model, then the
-    classifier, then the CLIP reward, then the LLM judge, ``llm_judge``). ``reward_model``: reward.model_path's
-    model already in memory (multi_adapter: its adapter on the shared base), else it is loaded here."""
+    classifier, then the CLIP reward, then the LLM judge ``llm_judge``, then the PRM ``prm``).
+    ``reward_model``: reward.model_path's model already in memory (multi_adapter: its adapter on the
+    shared base), else it is loaded here."""
     from trainer_lib.rewards.combine import RewardCombiner
     from trainer_lib.rewards.functions import resolve
 
@@ -152,6 +153,21 @@ def build_rewards(cfg, strategy, tokenizer, reward_model=None):
 
         judge = build_judge(cfg.reward.judge, device=strategy.device, precision=cfg.engine.precision)
         sources.append(("llm_judge", judge))
+    if cfg.reward.prm_path:
+        from trainer_lib.rewards.prm_scorer import load_prm_scorer
+
+        prm = load_prm_scorer(
+            cfg.reward.prm_path,
+            cfg.model,
+            strategy.prepare_frozen,
+            cfg.engine.precision,
+            cfg.reward.prm_aggregation,
+            placement=strategy.placement(train=False),
+            max_length=cfg.data.max_length + cfg.rollout.max_new_tokens,
+            batch_size=cfg.eval_batch_size,
+            device=strategy.device,
+        )
+        sources.append(("prm", prm))
     return RewardCombiner(
         sources,
         cfg.reward.weights,

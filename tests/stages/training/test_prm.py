@@ -80,15 +80,18 @@ def _step_rows(count: int, seed: int) -> list[dict]:
     return rows
 
 
-def test_a_prm_trains_on_step_labels_and_ranks_held_out_solutions(tiny_model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def trained_prm(tiny_model_dir, tmp_path_factory):
+    """A PRM trained on the tiny model for 40 steps; held-out problems in data.eval_path."""
     import torch
 
     from trainer_lib.cli import main
 
-    data, held_out = tmp_path / "train.jsonl", tmp_path / "eval.jsonl"
+    root = tmp_path_factory.mktemp("prm")
+    data, held_out = root / "train.jsonl", root / "eval.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in _step_rows(40, 0)))
     held_out.write_text("".join(json.dumps(r) + "\n" for r in _step_rows(12, 1)))
-    out = tmp_path / "prm"
+    out = root / "prm"
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -112,13 +115,50 @@ def test_a_prm_trains_on_step_labels_and_ranks_held_out_solutions(tiny_model_dir
     finally:
         torch.set_num_threads(threads)
     assert code == 0
-    log = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    return out
+
+
+def test_a_prm_trains_on_step_labels_and_ranks_held_out_solutions(trained_prm):
+    log = [json.loads(line) for line in open(trained_prm / "metrics.jsonl")]
     train = [r for r in log if r["split"] == "train"]
     assert train[-1]["loss"] < 0.7 * train[0]["loss"], [r["loss"] for r in train]
-    summary = json.loads((out / "summary.json").read_text())
+    summary = json.loads((trained_prm / "summary.json").read_text())
     assert summary["eval"]["ranking_accuracy"] >= 0.8, summary["eval"]
     assert summary["eval"]["step_accuracy"] > 0.7
-    assert json.loads((out / "prm.json").read_text())["step_join"] == "\n\n"
+    assert json.loads((trained_prm / "prm.json").read_text())["step_join"] == "\n\n"
+
+
+def test_the_prm_scores_generated_steps_and_is_a_grpo_reward(trained_prm, tiny_model_dir, tmp_path):
+    from tests.stages.training.rl_helpers import one_thread, run_rl, write_prompts
+    from trainer_lib.config import ModelConfig
+    from trainer_lib.rewards.prm_scorer import load_prm_scorer
+
+    row = _step_rows(1, 5)[0]
+    clean = "\n\n".join(row["completions"])
+    broken = "\n\n".join([row["completions"][0], "oops " + row["completions"][1], row["completions"][2]])
+    scores = {}
+    for aggregation in ("min", "last", "mean"):
+        scorer = load_prm_scorer(str(trained_prm), ModelConfig(path=tiny_model_dir), lambda m: m, "fp32", aggregation)
+        scores[aggregation] = scorer([row["prompt"]] * 3, [clean, broken, ""])
+    assert scores["min"][0] > scores["min"][1] and scores["min"][2] == 0.0  # no step: 0
+    assert scores["min"][1] <= scores["mean"][1] and all(0 <= v <= 1 for v in scores["last"])
+
+    out = tmp_path / "grpo"
+    with one_thread():
+        run_rl(
+            "grpo",
+            tiny_model_dir,
+            write_prompts(tmp_path / "prompts.jsonl", count=8),
+            out,
+            3,
+            "max_steps=2",
+            "logging_steps=1",
+            "save_steps=0",
+            f"reward.prm_path={trained_prm}",
+            "reward.prm_aggregation=mean",
+        )
+    train = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["split"] == "train"]
+    assert len(train) == 2 and all(0 < r["rewards/prm"] < 1 for r in train)
 
 
 def test_the_process_keys_are_checked(tiny_model_dir):

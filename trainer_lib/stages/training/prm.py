@@ -66,33 +66,11 @@ def tokenize(rows: list[dict], tokenizer, cfg) -> list[dict]:
     return out
 
 
-def collate(examples: list[dict], pad_id: int) -> dict:
-    """Right-padded ``input_ids`` and ``attention_mask``, and ``step_mask`` / ``step_labels`` in token layout
-    (1 and the label at each step's last token, 0 elsewhere), all ``(B, T)``."""
-    import torch
-
-    width = max(len(e["input_ids"]) for e in examples)
-    shape = (len(examples), width)
-    input_ids = torch.full(shape, pad_id, dtype=torch.long)
-    attention = torch.zeros(shape, dtype=torch.long)
-    step_mask, step_labels = torch.zeros(shape), torch.zeros(shape)
-    for i, example in enumerate(examples):
-        n = len(example["input_ids"])
-        input_ids[i, :n] = torch.tensor(example["input_ids"])
-        attention[i, :n] = 1
-        ends = torch.tensor(example["step_ends"])
-        step_mask[i, ends] = 1.0
-        step_labels[i, ends] = torch.tensor(example["step_labels"], dtype=torch.float32)
-    return {"input_ids": input_ids, "attention_mask": attention, "step_mask": step_mask, "step_labels": step_labels}
-
-
 def step_logits(engine, batch: dict, device):
-    """The scalar head at every token, ``(B, T)`` float32: the backbone's last hidden states through the head."""
-    from trainer_lib.models.heads import score_head
+    """The scalar head at every token of a batch, ``(B, T)`` float32."""
+    from trainer_lib.models.heads import token_rewards
 
-    inputs = {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
-    hidden = engine(**inputs, use_cache=False, output_hidden_states=True).hidden_states[-1]
-    return score_head(engine)(hidden).squeeze(-1).float()
+    return token_rewards(engine, batch["input_ids"].to(device), batch["attention_mask"].to(device))
 
 
 def step_values(logits, batch: dict) -> dict:
@@ -168,6 +146,7 @@ def evaluate(engine, strategy, evals: SplitBatches) -> dict:
 
 def run(cfg) -> dict:
     """``posttrain reward objective=process``: the PRM's training loop (cfg: the reward stage's config)."""
+    from trainer_lib.data.step_labels import collate_steps
     from trainer_lib.data.tokenize import count_tokens
     from trainer_lib.engine.batch_size import resolve_batch_size
     from trainer_lib.engine.strategy import DeepSpeedStrategy
@@ -188,7 +167,7 @@ def run(cfg) -> dict:
         raise UserError(f"data.path: {cfg.data.path} has no step-labelled rows with a step within data.max_length")
 
     def collate_rows(examples):
-        return collate(examples, tokenizer.pad_token_id)
+        return collate_steps(examples, tokenizer.pad_token_id)
 
     size = cfg.batch_size
     train = SplitBatches(
