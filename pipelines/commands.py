@@ -609,10 +609,21 @@ def posttrain(argv: list[str] | None = None) -> int:
 
     It lives here, in the top layer, so that ``trainer_lib`` never imports the pipelines.
     """
+    from trainer_lib.cli import COMMANDS
     from trainer_lib.cli import main as library_main
 
     pipeline = ("Compile, run locally, submit or schedule the Kubeflow pipelines.", main)
-    return library_main(argv, extra_commands={"pipeline": pipeline})
+    tune = (COMMANDS["tune"][0], tune_main)
+    return library_main(argv, extra_commands={"pipeline": pipeline, "tune": tune})
+
+
+def tune_main(argv: list[str]) -> int:
+    """``posttrain tune``, with our images and GPU pods (components/common.py) for ``--target katib``."""
+    from components.common import CUDA_IMAGE, IMAGE, training_node
+    from trainer_lib.runner.tune.katib_experiment import ClusterDefaults
+    from trainer_lib.runner.tune.tune_cli import main as tune
+
+    return tune(argv, cluster=ClusterDefaults(IMAGE, CUDA_IMAGE, training_node))
 
 
 if __name__ == "__main__":

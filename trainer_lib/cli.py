@@ -6,7 +6,8 @@
     posttrain safety-set [--harmbench P] [--donotanswer P] [--benign FILE ...] --out FILE
     posttrain serve --repo DIR|s3://... [--http-port P] [--grpc-port Q]
     posttrain convert-gguf FILE.gguf [OUT_DIR]
-    posttrain tune --config tune.yaml [key=value ...]
+    posttrain tune --config tune.yaml [--target local|katib] [--out FILE] [key=value ...]
+    posttrain tune-trial --metric NAME --output-dir DIR -- posttrain <stage> ...
     posttrain deploy rollback repository=... model_name=... [to_version=N] [triton.url=...]
 
 Stages come from the registry in :mod:`trainer_lib.stages` and are imported lazily, so
@@ -92,6 +93,10 @@ COMMANDS: dict[str, Command] = {
     "tune": (
         "Search a training stage's keys with Optuna, each trial a stage process (docs/tuning.md).",
         _lazy("trainer_lib.runner.tune.tune_cli"),
+    ),
+    "tune-trial": (
+        "Run one Katib trial's stage, printing its eval metrics for Katib's collector (posttrain tune --target katib).",
+        _lazy("trainer_lib.runner.tune.katib_trial"),
     ),
 }
 

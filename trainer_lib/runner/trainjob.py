@@ -99,9 +99,9 @@ class NodeResources:
             requests[self.accelerator] = limits[self.accelerator] = str(self.gpus)
         return {key: value for key, value in (("requests", requests), ("limits", limits)) if value}
 
-    def runtime_patch(self) -> dict | None:
-        """Our ``spec.runtimePatches`` entry: the pod settings of the runtime's ``node`` job that
-        ``resourcesPerNode`` cannot express (None when there are none)."""
+    def pod_settings(self, container: str) -> dict:
+        """The pod settings ``resources()`` cannot express: tolerations, node selector, and a memory-backed
+        ``/dev/shm`` mounted in the container named ``container`` (empty when there are none)."""
         pod: dict = {}
         if self.tolerations:
             pod["tolerations"] = [dict(t) for t in self.tolerations]
@@ -109,9 +109,13 @@ class NodeResources:
             pod["nodeSelector"] = dict(self.node_selector)
         if self.shm:
             pod["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": self.shm}}]
-            pod["containers"] = [
-                {"name": RUNTIME_CONTAINER, "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}
-            ]
+            pod["containers"] = [{"name": container, "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}]
+        return pod
+
+    def runtime_patch(self) -> dict | None:
+        """Our ``spec.runtimePatches`` entry: the pod settings of the runtime's ``node`` job that
+        ``resourcesPerNode`` cannot express (None when there are none)."""
+        pod = self.pod_settings(RUNTIME_CONTAINER)
         if not pod:
             return None
         job = {"name": RUNTIME_JOB, "template": {"spec": {"template": {"spec": pod}}}}
@@ -182,6 +186,12 @@ def check_locations(cfg) -> None:
                 f"{key}: a TrainJob writes to an object-store prefix (s3://, gs://, az://...) that "
                 f"every node and every retry sees, got {value!r}"
             )
+    check_read_paths(cfg, "the TrainJob's nodes")
+
+
+def check_read_paths(cfg, who: str) -> None:
+    """Refuse a ``*path`` key of ``cfg`` that names this machine's disk, which ``who`` (pods elsewhere)
+    do not see; a hub id or a URL is fine."""
     for key, value in _dotted(to_dict(cfg)):
         if (
             key.endswith("path")
@@ -189,7 +199,7 @@ def check_locations(cfg) -> None:
             and (value.startswith(("/", "./", "../", "~")) or storage.is_remote(value) and not storage.is_shared(value))
         ):
             raise UserError(
-                f"{key}: {value!r} is a path on the launcher's disk, which the TrainJob's nodes "
+                f"{key}: {value!r} is a path on the launcher's disk, which {who} "
                 f"do not see; use an object-store URL (s3://, gs://...) or a hub id"
             )
 

@@ -82,6 +82,8 @@ def make_sampler(search: Search, already: int):
     seed = tune.seed + already
     if tune.sampler.kind == "random":
         return optuna.samplers.RandomSampler(seed=seed)
+    if tune.sampler.kind == "grid":
+        return optuna.samplers.GridSampler({p.key: p.grid_values() for p in search.params}, seed=seed)
     with warnings.catch_warnings():  # constant_liar is marked experimental
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return optuna.samplers.TPESampler(

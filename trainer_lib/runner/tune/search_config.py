@@ -40,7 +40,7 @@ KINDS = ("float", "int", "categorical")
 SPEC_KEYS = ("type", "low", "high", "log", "step", "choices", "when")
 DIRECTIONS = ("maximize", "minimize")
 PRUNERS = ("median", "halving", "none")
-SAMPLERS = ("tpe", "random")
+SAMPLERS = ("tpe", "random", "grid")
 
 #: Held-out metrics whose scale follows other keys of the stage, per stage. Trials that search one of
 #: those keys cannot be ranked by the metric: DPO's loss is -log sigmoid(beta * margin), its implicit
@@ -93,7 +93,12 @@ class ObjectiveConfig:
 
 @dataclass
 class SamplerConfig:
-    kind: str = opt("tpe", "How trials' values are drawn: Optuna's TPE, or uniformly at random.", SAMPLERS)
+    kind: str = opt(
+        "tpe",
+        "How trials' values are drawn: Optuna's TPE, uniformly at random, or grid (every combination in turn; "
+        "each key searched with choices, as an int, or with a step).",
+        SAMPLERS,
+    )
     startup_trials: int = opt(4, "TPE: trials drawn at random before it models the space.")
 
 
@@ -107,6 +112,18 @@ class PrunerConfig:
     )
     startup_trials: int = opt(2, "median: trials that finish before any is pruned.")
     warmup_steps: int = opt(0, "median: training steps before a trial can be pruned.")
+
+
+@dataclass
+class KatibConfig:
+    name: str = opt("", "The Experiment's name (default posttrain-<stage>-<study_name>).")
+    namespace: str = opt("", "The Experiment's namespace (default: the one kubectl applies it in).")
+    gpus_per_step: int = opt(0, "Accelerators per trial pod (0: the CPU image; more: the CUDA image, a process each).")
+    nodes: int = opt(1, "Nodes per trial: more than 1 runs each trial as a Kubeflow Trainer TrainJob.")
+    accelerator: str = opt("", "The accelerator's resource name (default nvidia.com/gpu).")
+    image: str = opt("", "The trials' image (default: our CPU build, or the CUDA build with gpus_per_step > 0).")
+    goal: float | None = opt(None, "Katib stops the search once a trial reaches this objective value.")
+    max_failed_trials: int = opt(-1, "Failed trials after which Katib fails the search (-1: n_trials).")
 
 
 @dataclass
@@ -136,6 +153,7 @@ class TuneConfig:
     trial_command: list[str] = opt(
         [], "Command a trial runs, followed by --config FILE; default: this Python, -m trainer_lib.cli <stage>."
     )
+    katib: KatibConfig = opt(KatibConfig, "posttrain tune --target katib: the Experiment's settings (docs/tuning.md).")
 
     def validate(self) -> None:
         if self.stage not in STAGES or STAGES[self.stage].kind != "training":
@@ -157,12 +175,15 @@ class TuneConfig:
         return self.storage or f"sqlite:///{os.path.abspath(os.path.join(self.output_dir, 'study.db'))}"
 
     def metric_key(self) -> str:
-        """The objective's key in the stage's eval records: ``eval_loss`` and ``eval/loss`` are ``loss``."""
-        metric = self.objective.metric
-        for prefix in ("eval/", "eval_"):
-            if metric.startswith(prefix):
-                return metric[len(prefix) :]
-        return metric
+        return metric_key(self.objective.metric)
+
+
+def metric_key(metric: str) -> str:
+    """A metric's key in the stage's eval records: ``eval_loss`` and ``eval/loss`` are ``loss``."""
+    for prefix in ("eval/", "eval_"):
+        if metric.startswith(prefix):
+            return metric[len(prefix) :]
+    return metric
 
 
 @dataclass(frozen=True)
@@ -188,6 +209,18 @@ class Param:
         if self.kind == "int":
             return trial.suggest_int(self.key, int(self.low), int(self.high), step=int(self.step or 1), log=self.log)
         return trial.suggest_categorical(self.key, list(self.choices))
+
+    def grid_values(self) -> list | None:
+        """Every value a grid search tries (None: a float range without a step has no grid)."""
+        if self.kind == "categorical":
+            return list(self.choices)
+        if self.kind == "float" and self.step is None:
+            return None
+        step = self.step or 1
+        count = int(math.floor((self.high - self.low) / step + 1e-9)) + 1
+        if self.kind == "int":
+            return [int(self.low) + i * int(step) for i in range(count)]
+        return [round(self.low + i * step, 12) for i in range(count)]
 
     def probes(self) -> list:
         """The values checked against the stage before any trial: the bounds, or every choice."""
@@ -238,7 +271,24 @@ def check_search(tune: TuneConfig) -> Search:
     for param in ordered:
         check_probes(search, param, base_cfg)
     check_objective(tune, base_cfg, [p.key for p in ordered])
+    if tune.sampler.kind == "grid":
+        check_grid(tune, ordered)
     return search
+
+
+def check_grid(tune: TuneConfig, params: list[Param]) -> None:
+    """A grid search tries each combination once: every key needs a finite list of values, and
+    ``n_trials`` cannot exceed their product (Katib's grid refuses that too)."""
+    combinations = 1
+    for param in params:
+        values = param.grid_values()
+        if values is None:
+            raise ConfigError(f"space.{param.key}: sampler.kind grid needs a step on a float range (or choices)")
+        if param.when:
+            raise ConfigError(f"space.{param.key}.when: sampler.kind grid takes no conditions")
+        combinations *= len(values)
+    if tune.n_trials > combinations:
+        raise ConfigError(f"n_trials: {tune.n_trials} is more than the grid's {combinations} combinations")
 
 
 def flatten_space(space: dict, prefix: str = "") -> dict[str, dict]:

@@ -13,6 +13,7 @@ stage writes them (one flushed JSON line per record, :mod:`trainer_lib.loop.trac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -37,18 +38,19 @@ class Outcome:
 
 
 class TrialProcess:
-    def __init__(self, command: list[str], output_dir: str, marker: str):
+    def __init__(self, command: list[str], output_dir: str, marker: str, log_to_file: bool = True):
         os.makedirs(output_dir, exist_ok=True)
         self.output_dir = output_dir
         self.log_path = os.path.join(output_dir, LOG_FILE)
         self.metrics_path = os.path.join(output_dir, METRICS_FILE)
         self._offset = 0
-        with open(self.log_path, "ab") as log:
+        # log_to_file=False: the trial prints to this process's stdout (a Katib trial's pod log)
+        with open(self.log_path, "ab") if log_to_file else contextlib.nullcontext() as log:
             self.proc = subprocess.Popen(
                 command,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
-                stderr=subprocess.STDOUT,
+                stderr=subprocess.STDOUT if log_to_file else None,
                 start_new_session=True,
                 env={**own_group_env(), "POSTTRAIN_NO_PROGRESS": "1", MARKER_ENV: marker},
             )
