@@ -31,6 +31,9 @@ STEP_SEPARATOR = r"\n[ \t]*\n\s*|\n(?=[ \t]*Step \d+:)"
 #: STEP_SEPARATOR, so a PRM trained on given steps finds them again in generated text.
 STEP_JOIN = "\n\n"
 
+#: The file beside a trained PRM that records its step settings (``step_separator``, ``step_join``).
+PRM_FILE = "prm.json"
+
 #: GSM8K's calculator annotation ``<<expression=result>>`` and the result written right after it.
 CALCULATION = re.compile(r"<<([^<>=]+)=(-?[0-9]+(?:\.[0-9]+)?)>>(-?[0-9]+(?:\.[0-9]+)?)?")
 
@@ -38,6 +41,12 @@ CALCULATION = re.compile(r"<<([^<>=]+)=(-?[0-9]+(?:\.[0-9]+)?)>>(-?[0-9]+(?:\.[0
 def split_steps(text: str, separator: str = STEP_SEPARATOR) -> list[str]:
     """The non-empty steps of ``text``, split at ``separator`` (a regular expression)."""
     return [step.strip() for step in re.split(separator, text) if step.strip()]
+
+
+def held_out(problem: str, eval_fraction: float) -> bool:
+    """Whether a problem (its prompt as text) goes to eval: a hash of it below ``eval_fraction``, so every
+    row of a problem lands on the same side, in every run."""
+    return int(hashlib.sha256(problem.encode()).hexdigest()[:8], 16) / 16**8 < eval_fraction
 
 
 def check_row(location: str, row: dict) -> dict:
@@ -148,8 +157,7 @@ def gsm8k_step_rows(rows, eval_fraction: float = 0.1, seed: int = 0) -> tuple[li
         corrupted = [*steps[:at], corrupt_calculation(steps[at], rng), *steps[at + 1 :]]
         labels = [True] * at + [False] * (len(steps) - at)
         question = str(row["question"])
-        digest = int(hashlib.sha256(question.encode()).hexdigest()[:8], 16) / 16**8
-        target = evals if digest < eval_fraction else train
+        target = evals if held_out(question, eval_fraction) else train
         base = {"prompt": question, "problem": index}
         target.append({**base, "completions": steps, "labels": [True] * len(steps)})
         target.append({**base, "completions": corrupted, "labels": labels, "corrupted_step": at})

@@ -13,10 +13,8 @@ import json
 import os
 
 from trainer_lib.data.formats import generated_text
-from trainer_lib.data.step_labels import STEP_JOIN, STEP_SEPARATOR, collate_steps, encode_steps, split_steps
+from trainer_lib.data.step_labels import PRM_FILE, STEP_JOIN, STEP_SEPARATOR, collate_steps, encode_steps, split_steps
 from trainer_lib.errors import UserError
-
-PRM_FILE = "prm.json"
 
 
 class PRMScorer:

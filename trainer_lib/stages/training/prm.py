@@ -18,14 +18,13 @@ there. ``prm.json`` beside it records ``step_separator`` and ``step_join``, how 
 
 from __future__ import annotations
 
-import hashlib
 import json
 
+from trainer_lib.data.step_labels import PRM_FILE
 from trainer_lib.errors import UserError
 from trainer_lib.loop.micro_batches import SplitBatches, TrainOrder
 
 METRICS = ("loss", "step_accuracy")
-PRM_FILE = "prm.json"
 
 
 def prompt_key(prompt) -> str:
@@ -37,7 +36,7 @@ def load_rows(cfg) -> tuple[list[dict], list[dict]]:
     """``(train rows, eval rows)`` of checked step-labelled rows: ``data.eval_path``'s rows, else the problems
     whose prompt hashes below ``data.eval_fraction`` (all of a problem's rows on one side)."""
     from trainer_lib.data.sources import iter_source
-    from trainer_lib.data.step_labels import check_row
+    from trainer_lib.data.step_labels import check_row, held_out
 
     def read(path: str, key: str) -> list[dict]:
         return [check_row(location, row) for location, row in iter_source(path, key=key)]
@@ -47,8 +46,7 @@ def load_rows(cfg) -> tuple[list[dict], list[dict]]:
         return rows, read(cfg.data.eval_path, "data.eval_path")
     train, evals = [], []
     for row in rows:
-        digest = int(hashlib.sha256(prompt_key(row["prompt"]).encode()).hexdigest()[:8], 16) / 16**8
-        (evals if digest < cfg.data.eval_fraction else train).append(row)
+        (evals if held_out(prompt_key(row["prompt"]), cfg.data.eval_fraction) else train).append(row)
     return train, evals
 
 
