@@ -9,6 +9,7 @@
 #   server answers a held-out GSM8K question with the deployed INT8.
 # Held out: GSM8K and HH-RLHF rows by the hash of the row (data.eval_by=hash: the same rows on every
 # machine), MBPP's validation tasks 511-600 (data.eval_by=task_id:511-600); no evaluated row is trained on.
+# The export's parity runs on 50 of those held-out conversations (benchmarks/export_real.py).
 # Step counts are small, to fit 2 CPU cores (docs/results.md has the figures and each task's time).
 #
 #   examples/smollm2_public_data.sh [DATA=../shared/data] [ROOT=runs/real]
@@ -29,6 +30,10 @@ mkdir -p "$ROOT"
 	"output_dir=$ROOT/gsm8k" >/dev/null
 "$BIN/posttrain" prepare "data.path=$DATA/mbpp_train_validation_prompt.jsonl" data.eval_by=task_id:511-600 \
 	"output_dir=$ROOT/mbpp" >/dev/null
+# export's parity on 50 held-out conversations, answers included (10,135 positions), not the 8 built-in prompts
+mkdir -p "$ROOT/parity"
+PARITY=$("$BIN/python" -c "import sys; from benchmarks.export_real import parity_prompts; print(parity_prompts(*sys.argv[1:]))" \
+	"$DATA" "$ROOT/parity" | tail -1)
 
 "$BIN/python" -m benchmarks.dag_profile --out "$ROOT/profile.json" -- \
 "$BIN/posttrain" pipeline run --pipeline posttrain-all --root "$ROOT/runs" \
@@ -47,12 +52,15 @@ mkdir -p "$ROOT"
 	"eval_tasks=$ROOT/mbpp/eval" "eval_safety=$SAFETY" humaneval_limit=${HUMANEVAL:-5} \
 	"evaluate_overrides=[\"math.path=$ROOT/gsm8k/eval\",\"math.limit=${LIMIT:-20}\",\"tasks.limit=${LIMIT:-20}\",\"safety.limit=${LIMIT:-20}\",\"humaneval.max_new_tokens=160\",\"tasks.max_new_tokens=160\"]" \
 	'served_gate_rules=["task_pass_rate>=candidate-0.05","harmless_rate>=candidate-0.05","over_refusal_rate<=candidate+0.05","math_accuracy>=candidate-0.05"]' \
+	"export_overrides=[\"parity.prompts=$PARITY\",\"parity.num_prompts=50\",\"parity.with_answers=true\"]" \
 	deploy_variant=int8
 
-if [ -d runs/latest/repository ]; then
+LATEST="$ROOT/latest"  # posttrain pipeline run --root R keeps its record next to R
+if [ -d "$LATEST/repository" ]; then
 	QUESTION=$("$BIN/python" -c "import datasets, sys; print(datasets.load_from_disk(sys.argv[1])['eval'][0]['prompt'][0]['content'])" "$ROOT/gsm8k")
-	"$BIN/posttrain" serve --repo runs/latest/repository --http-port 0 --grpc-port 0 --metrics-port 0 \
-		--log runs/latest/triton.log --ask "$QUESTION" --chat --max-tokens 160
+	# the served INT8's answer, with the released model's PyTorch answer to the same chat-formatted question
+	"$BIN/posttrain" serve --repo "$LATEST/repository" --http-port 0 --grpc-port 0 --metrics-port 0 \
+		--log "$LATEST/triton.log" --ask "$QUESTION" --chat --compare "$LATEST/exported_model" --max-tokens 160
 else
-	echo "the evaluation gate failed, so nothing was released or served (see runs/latest/report.html)"
+	echo "the evaluation gate failed, so nothing was released or served (see $LATEST/report.html)"
 fi
