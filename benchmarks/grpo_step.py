@@ -58,16 +58,17 @@ def phases(record: dict, previous_time: float) -> dict:
         "policy": record["train_time"] - optimizer,
         "optimizer": optimizer,
         "step": record["time"] - previous_time,
+        "response_length": record.get("response_length", 0.0),
     }
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| step | " + " | ".join(PHASES) + " |", "|---|" + "---:|" * len(PHASES)]
+    lines = ["| step | " + " | ".join(PHASES) + " | mean completion tokens |", "|---|" + "---:|" * (len(PHASES) + 1)]
     for i, row in enumerate(rows, 1):
-        lines.append(f"| {i} | " + " | ".join(f"{row[p]:.1f}" for p in PHASES) + " |")
+        lines.append(f"| {i} | " + " | ".join(f"{row[p]:.1f}" for p in PHASES) + f" | {row['response_length']:.0f} |")
     later = rows[1:] or rows
     mean = {p: sum(r[p] for r in later) / len(later) for p in PHASES}
-    lines.append("| mean (after the first) | " + " | ".join(f"{mean[p]:.1f}" for p in PHASES) + " |")
+    lines.append("| mean (after the first) | " + " | ".join(f"{mean[p]:.1f}" for p in PHASES) + " | |")
     return "\n".join(lines)
 
 
