@@ -23,13 +23,13 @@ import jsonschema
 SCHEMA = os.path.join(os.path.dirname(__file__), "crds", "trainjob-v2.3.0.schema.json")
 
 
-def _strict(schema):
+def strict(schema):
     """The schema with every object that lists its properties closed to others (Strict field validation)."""
     if isinstance(schema, list):
-        return [_strict(item) for item in schema]
+        return [strict(item) for item in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {key: _strict(value) for key, value in schema.items()}
+    out = {key: strict(value) for key, value in schema.items()}
     if "properties" in out and "additionalProperties" not in out:
         if not out.get("x-kubernetes-preserve-unknown-fields"):
             out["additionalProperties"] = False
@@ -39,14 +39,19 @@ def _strict(schema):
 @functools.cache
 def _validator() -> jsonschema.Draft7Validator:
     with open(SCHEMA, encoding="utf-8") as fh:
-        schema = _strict(json.load(fh))
+        schema = strict(json.load(fh))
     jsonschema.Draft7Validator.check_schema(schema)
     return jsonschema.Draft7Validator(schema)
 
 
-def trainjob_errors(job: dict) -> list[str]:
-    """What the API server would refuse in ``job``, one ``path: message`` each (empty: it would accept it)."""
+def schema_errors(validator: jsonschema.Draft7Validator, document: dict) -> list[str]:
+    """What ``validator`` refuses in ``document``, one sorted ``path: message`` each (empty: it accepts it)."""
     return sorted(
         f"{'.'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
-        for error in _validator().iter_errors(job)
+        for error in validator.iter_errors(document)
     )
+
+
+def trainjob_errors(job: dict) -> list[str]:
+    """What the API server would refuse in ``job``, one ``path: message`` each (empty: it would accept it)."""
+    return schema_errors(_validator(), job)

@@ -23,6 +23,8 @@ import re
 
 import jsonschema
 
+from tests.manifests.crd_schema import schema_errors, strict
+
 SCHEMA = os.path.join(os.path.dirname(__file__), "crds", "katib-v0.19.0-experiment.openapi.json")
 PARAM = re.compile(r"\$\{trialParameters\..+?\}")
 META = re.compile(r"\$\{trialSpec\.(.+?)\}")
@@ -39,31 +41,17 @@ OPTUNA_SETTINGS = {
 MEDIANSTOP = {"min_trials_required": 1, "start_step": 1}  # setting -> its minimum
 
 
-def _strict(schema):
-    if isinstance(schema, list):
-        return [_strict(item) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {key: _strict(value) for key, value in schema.items()}
-    if "properties" in out and "additionalProperties" not in out:
-        out["additionalProperties"] = False
-    return out
-
-
 @functools.cache
 def _validator() -> jsonschema.Draft7Validator:
     with open(SCHEMA, encoding="utf-8") as fh:
-        definitions = _strict(json.load(fh))
+        definitions = strict(json.load(fh))
     schema = {"$ref": "#/components/schemas/v1beta1.Experiment", "components": definitions["components"]}
     return jsonschema.Draft7Validator(schema)
 
 
 def experiment_errors(experiment: dict) -> list[str]:
     """What Katib's OpenAPI definition refuses in ``experiment``, one ``path: message`` each."""
-    return sorted(
-        f"{'.'.join(str(p) for p in error.absolute_path) or '(root)'}: {error.message}"
-        for error in _validator().iter_errors(experiment)
-    )
+    return schema_errors(_validator(), experiment)
 
 
 def _number(text) -> float | None:

@@ -85,6 +85,11 @@ def test_grpo_variants_raise_a_custom_reward(tiny_model_dir, prompts, tmp_path, 
         assert max(r["clip_fraction"] for r in train) > 0
 
 
+def _config_keys(model, data) -> list[str]:
+    """The keys every GRPO/PPO config needs, for building configs without running them."""
+    return [f"model.path={model}", f"data.path={data}", "output_dir=/tmp/x", f"reward.functions={LENGTH_REWARD}"]
+
+
 def test_grpo_defaults_are_grpo(tiny_model_dir, prompts):
     """Without the new keys the stage is today's GRPO: symmetric clip, sequence mean, KL as a loss term."""
     from trainer_lib.losses import constant_normalized_sum, sequence_mean, token_mean
@@ -96,12 +101,7 @@ def test_grpo_defaults_are_grpo(tiny_model_dir, prompts):
         token_aggregation,
     )
 
-    base = [
-        f"model.path={tiny_model_dir}",
-        f"data.path={prompts}",
-        "output_dir=/tmp/x",
-        f"reward.functions={LENGTH_REWARD}",
-    ]
+    base = _config_keys(tiny_model_dir, prompts)
     cfg = load_config(GRPOConfig, None, base)
     assert (cfg.objective, cfg.loss_aggregation, cfg.overlong_buffer) == ("grpo", "auto", 0)
     assert cfg.clip_range() == (0.2, 0.2) and token_aggregation(cfg) is sequence_mean
@@ -162,12 +162,7 @@ def test_resume_is_bit_exact(tiny_model_dir, prompts, tmp_path, capsys):
 
 
 def test_group_settings_are_validated(tiny_model_dir, prompts):
-    base = [
-        f"model.path={tiny_model_dir}",
-        f"data.path={prompts}",
-        "output_dir=/tmp/x",
-        f"reward.functions={LENGTH_REWARD}",
-    ]
+    base = _config_keys(tiny_model_dir, prompts)
     from trainer_lib.stages.training.grpo import GRPOConfig
 
     with pytest.raises(ConfigError, match="rollout.n: group methods need at least 2"):
@@ -285,12 +280,7 @@ def test_tis_cap_is_validated(tiny_model_dir, prompts):
     from trainer_lib.stages.training.grpo import GRPOConfig
     from trainer_lib.stages.training.ppo import PPOConfig
 
-    base = [
-        f"model.path={tiny_model_dir}",
-        f"data.path={prompts}",
-        "output_dir=/tmp/x",
-        f"reward.functions={LENGTH_REWARD}",
-    ]
+    base = _config_keys(tiny_model_dir, prompts)
     with pytest.raises(ConfigError, match="rollout.tis_cap: expected 0 \\(off\\) or a cap >= 1, got 0.5"):
         load_config(GRPOConfig, None, [*base, "rollout.tis_cap=0.5"])
     with pytest.raises(ConfigError, match="rollout.tis_cap: truncated importance sampling is GRPO's"):
