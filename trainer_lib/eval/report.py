@@ -24,6 +24,7 @@ METRIC_ORDER = (
     "humaneval_pass@10",
     "humaneval_pass@100",
     "math_accuracy",
+    "math_format_rate",
     "harmless_rate",
     "over_refusal_rate",
     "reward_win_rate",

@@ -295,7 +295,7 @@ def computed_metrics(cfg: EvaluateConfig) -> list[str]:
     if cfg.humaneval.enabled:
         names += [f"humaneval_pass@{k}" for k in cfg.humaneval.k if k <= cfg.humaneval.n]
     if cfg.math.path:  # trainer_lib/eval/math_problems.py
-        names += ["math_accuracy"]
+        names += ["math_accuracy", "math_format_rate"]
     if cfg.safety.path or cfg.data_dir:
         names += ["harmless_rate", "over_refusal_rate"]
     if cfg.reward_model_path:
