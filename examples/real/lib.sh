@@ -40,7 +40,7 @@ report() {
 			echo
 			echo "## $(basename "$dir"): $dir/metrics.json"
 			echo
-			grep '^|' "$dir/summary.md"
+			awk '/^\|/ { print; table = 1; next } table { print ""; table = 0 }' "$dir/summary.md"  # the tables
 		done
 		echo
 		echo "| step | seconds |"
