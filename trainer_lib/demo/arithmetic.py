@@ -19,7 +19,8 @@ import argparse
 import json
 import os
 import random
-import tempfile
+
+from trainer_lib import storage
 
 #: the answer instruction after every question; ``posttrain evaluate math.template`` can add it to others.
 INSTRUCTION = "Give the final answer as a number on the last line."
@@ -86,18 +87,6 @@ def problems(seed: int, train: int, held_out: int) -> tuple[list[dict], list[dic
     return rows, held
 
 
-def write_jsonl(path: str, rows: list[dict]) -> None:
-    """All of ``rows`` at ``path``, or nothing: written to a temporary file, then renamed."""
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.writelines(json.dumps(row) + "\n" for row in rows)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("out_dir")
@@ -107,10 +96,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.train < 1 or args.held_out < 1:
         parser.error("--train and --held-out must be >= 1")
-    os.makedirs(args.out_dir, exist_ok=True)
     train, held = problems(args.seed, args.train, args.held_out)
-    write_jsonl(os.path.join(args.out_dir, "train.jsonl"), train)
-    write_jsonl(os.path.join(args.out_dir, "held_out.jsonl"), held)
+    for name, rows in (("train.jsonl", train), ("held_out.jsonl", held)):  # each whole or not at all
+        storage.write_text(os.path.join(args.out_dir, name), "".join(json.dumps(row) + "\n" for row in rows))
     print(f"{args.out_dir}: {len(train)} training and {len(held)} held-out problems")
     return 0
 
