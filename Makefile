@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 WORKERS ?= 2
 
-.PHONY: setup triton-env real-model real-dag demo-real lint format test test-all test-fast demo demo-weak demo-style demo-multimodal compile clean help bench lock lock-check image-cpu image-cuda safety-data
+.PHONY: setup triton-env real-model real-dag demo-real lint format test test-all test-fast demo demo-weak demo-style demo-multimodal compile clean help bench lock lock-check image-cpu image-cuda image-inputs test-images base-image container-engine safety-data
 
 help:
 	@echo "make demo     set up .venv and run the whole pipeline locally (kfp.local, tiny model)"
@@ -64,20 +64,62 @@ lock:
 lock-check: setup
 	POSTTRAIN_CHECK_LOCK=1 $(BIN)/python -m pytest -q tests/images
 
-# The two images (Docker is not on the dev machines: built by the release CI, see images/README.md).
+# The images (images/README.md, docs/images.md). CONTAINER_ENGINE=podman builds with podman (the dev machines
+# have podman, no docker: make container-engine installs it) under images/podman.conf. Behind a wall:
+# BASE_IMAGE=$(LOCAL_BASE) (make base-image: Debian 12 from debootstrap, when no registry can be reached),
+# TORCH_WHEELS=<wheel folder> with TORCH_INDEX_URL=https://pypi.org/simple (a local CPU torch wheel where
+# download.pytorch.org is out of reach), PIP_CA_BUNDLE=<file> (a TLS-inspecting proxy's CA). The last two
+# default to pip's own PIP_FIND_LINKS and PIP_CERT: the build takes what pip here takes.
 IMAGE_NAME ?= ghcr.io/posttrain/posttrain
 IMAGE_TAG  ?= 0.1.0
-# what the image was built from, for a release's lineage (/etc/posttrain/build.json; trainer_lib/release/lineage.py)
-BUILD_INFO = --build-arg POSTTRAIN_COMMIT=$$(git rev-parse HEAD) \
-	--build-arg POSTTRAIN_DIRTY=$$(git diff --quiet HEAD && echo false || echo true)
-image-cpu:
-	docker build -f images/Dockerfile $(BUILD_INFO) --build-arg POSTTRAIN_IMAGE=$(IMAGE_NAME):$(IMAGE_TAG) \
-		-t $(IMAGE_NAME):$(IMAGE_TAG) .
-image-cuda:
-	docker build -f images/Dockerfile --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 \
-		--build-arg DS_ACCELERATOR=cuda $(BUILD_INFO) --build-arg POSTTRAIN_IMAGE=$(IMAGE_NAME):$(IMAGE_TAG)-cu128 \
-		-t $(IMAGE_NAME):$(IMAGE_TAG)-cu128 .
-image-triton: ; docker build -f images/Dockerfile.triton -t $(IMAGE_NAME)-triton:$(IMAGE_TAG) images
+CONTAINER_ENGINE ?= docker
+BASE_IMAGE ?=
+LOCAL_BASE ?= localhost/posttrain-base:bookworm
+TORCH_WHEELS ?= $(PIP_FIND_LINKS)
+PIP_CA_BUNDLE ?= $(PIP_CERT)
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+ENGINE = $(if $(filter podman,$(CONTAINER_ENGINE)),CONTAINERS_CONF=$(CURDIR)/images/podman.conf podman,$(CONTAINER_ENGINE))
+# $(call image_build,ACCELERATOR,TORCH_INDEX_URL,TAG). podman 4.3's builder (buildah 1.28) skips the stage
+# that `FROM toolchain-$${DS_ACCELERATOR}` names (it does not expand the ARG when it picks the stages to build),
+# then looks for an image of that name: built first under that name, the main build finds it.
+image_build = $(if $(filter podman,$(CONTAINER_ENGINE)),$(ENGINE) build -f images/Dockerfile \
+		--ignorefile images/Dockerfile.dockerignore $(BASE_ARG) --build-arg DS_ACCELERATOR=$(1) \
+		--target toolchain-$(1) -t toolchain-$(1) . &&) \
+	$(ENGINE) build -f images/Dockerfile $(if $(filter podman,$(CONTAINER_ENGINE)),--ignorefile images/Dockerfile.dockerignore) \
+		$(BASE_ARG) --build-arg DS_ACCELERATOR=$(1) --build-arg TORCH_INDEX_URL=$(2) \
+		--build-arg POSTTRAIN_COMMIT=$$(git rev-parse HEAD) \
+		--build-arg POSTTRAIN_DIRTY=$$(git diff --quiet HEAD && echo false || echo true) \
+		--build-arg POSTTRAIN_IMAGE=$(3) -t $(3) .
+BASE_ARG = $(if $(BASE_IMAGE),--build-arg BASE_IMAGE=$(BASE_IMAGE))
+# images/local/: the build stage's local inputs (wheels, CA certificates), refilled for every build
+image-inputs:
+	rm -rf images/local/wheels images/local/*.crt && mkdir -p images/local/wheels
+	$(if $(TORCH_WHEELS),cp $(TORCH_WHEELS)/torch-*.whl images/local/wheels/)
+	$(if $(PIP_CA_BUNDLE),cp $(PIP_CA_BUNDLE) images/local/pip-ca.crt)
+image-cpu: image-inputs
+	$(call image_build,cpu,$(TORCH_INDEX_URL),$(IMAGE_NAME):$(IMAGE_TAG))
+image-cuda: image-inputs
+	$(call image_build,cuda,https://download.pytorch.org/whl/cu128,$(IMAGE_NAME):$(IMAGE_TAG)-cu128)
+# The CPU image built and run (tests/images/test_built_image.py): the commit it records, a stage as its user
+# under a read-only root, the sandbox containing a hostile program inside it. Minutes: not part of make test.
+# Here: make test-images CONTAINER_ENGINE=podman BASE_IMAGE=$(LOCAL_BASE) TORCH_INDEX_URL=https://pypi.org/simple
+test-images: $(STAMP) image-cpu
+	POSTTRAIN_TEST_IMAGE=$(IMAGE_NAME):$(IMAGE_TAG) POSTTRAIN_CONTAINER_ENGINE=$(CONTAINER_ENGINE) \
+		$(BIN)/python -m pytest -q -rs tests/images/test_built_image.py
+# Debian 12 with Python 3.11 from Debian's own mirror, imported as $(LOCAL_BASE): a BASE_IMAGE where no
+# registry can be reached (debootstrap needs root and deb.debian.org).
+BASE_ROOT ?= .cache/base-root
+base-image:
+	rm -rf $(BASE_ROOT)
+	debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm $(BASE_ROOT) \
+		http://deb.debian.org/debian
+	tar -C $(BASE_ROOT) -c . | $(ENGINE) import - $(LOCAL_BASE)
+	rm -rf $(BASE_ROOT)
+# podman, runc and debootstrap from Debian's packages (apt, as root), when missing
+container-engine:
+	command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null || \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap
+image-triton: ; $(ENGINE) build -f images/Dockerfile.triton -t $(IMAGE_NAME)-triton:$(IMAGE_TAG) images
 
 # Triton (posttrain serve/deploy, tests/serving): tritonserver from nvidia-pytriton, in its own venv, because
 # nvidia-pytriton pins numpy<2 and Triton's Python-backend stub runs model.py in this same env.

@@ -102,7 +102,8 @@ def test_make_and_both_builds_install_with_the_lock():
         or "--no-build-isolation -c requirements.lock" in line
         for line in pip_lines
     )
-    assert "--build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128" in makefile  # the CUDA build
+    assert "$(call image_build,cuda,https://download.pytorch.org/whl/cu128," in makefile  # the CUDA build
+    assert "--build-arg TORCH_INDEX_URL=$(2)" in makefile
 
 
 def test_the_lock_pins_every_declared_dependency_within_its_range():
@@ -259,7 +260,7 @@ def test_the_cuda_build_compiles_with_nvcc_into_the_runtime_python():
     assert named["cuda-devel"][0] == "FROM ${CUDA_DEVEL_IMAGE} AS cuda-devel"
     version = re.fullmatch(r"nvidia/cuda:(\d+)\.(\d+)\.\d+-devel-ubuntu[\d.]+", args["CUDA_DEVEL_IMAGE"]).groups()
     with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as fh:
-        assert f"whl/cu{''.join(version)} " in fh.read()
+        assert f"whl/cu{''.join(version)}," in fh.read()
     copied = [line.split()[2] for line in cuda if line.startswith("COPY --from=cuda-devel")]
     assert "/usr/local/cuda/bin" in copied and any("libcudart.so" in path for path in copied)
     assert any("nvcc --version" in line for line in cuda) and any("CUDA_HOME=/usr/local/cuda" in line for line in cuda)
@@ -301,3 +302,38 @@ def test_the_cpu_ops_are_compiled_for_a_fixed_cpu_not_the_build_machine(tmp_path
     assert any(
         'for name in g++ cc c++; do cp /opt/portable-cc/gcc "/opt/portable-cc/$name"' in line for line in toolchain
     )
+
+
+def make_images() -> set[str]:
+    """The tags the Makefile's image targets build (make -n: the variables as make expands them)."""
+    tags = set()
+    for target in ("image-cpu", "image-cuda", "image-triton"):
+        out = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+        tags |= set(re.findall(r" -t (\S+) ", out))
+    return tags
+
+
+def test_every_image_the_compiled_pipelines_and_manifests_name_is_one_make_builds():
+    built = make_images()
+    assert {f"ghcr.io/posttrain/posttrain{suffix}" for suffix in (":0.1.0", ":0.1.0-cu128", "-triton:0.1.0")} <= built
+    named = {}
+    for folder in ("pipelines/compiled", "manifests"):
+        for base, _, files in os.walk(os.path.join(ROOT, folder)):
+            for name in (f for f in files if f.endswith((".yaml", ".yml", ".json"))):
+                with open(os.path.join(base, name), encoding="utf-8") as fh:
+                    for image in re.findall(r'"?image"?:\s*"?([\w.\-/]+:[\w.\-]+)', fh.read()):
+                        named.setdefault(image, os.path.relpath(os.path.join(base, name), ROOT))
+    assert len(named) >= 3, named  # the CPU, CUDA and Triton images at least
+    unbuilt = {image: where for image, where in named.items() if image not in built}
+    assert not unbuilt, f"images no make target builds: {unbuilt}"
+
+
+def test_caches_go_to_the_volume_a_cluster_mounts_its_cache_at():
+    """A read-only root still has a writable cache, at the path pipelines/settings.py mounts a shared PVC at."""
+    from pipelines.settings import MODEL_CACHE_PATH
+
+    runtime = " ".join(named_stages()["runtime"])
+    assert f"VOLUME {MODEL_CACHE_PATH}" in runtime
+    for variable, value in (("POSTTRAIN_CACHE", "/posttrain"), ("HF_HOME", "/huggingface"), ("XDG_CACHE_HOME", "")):
+        assert f"{variable}={MODEL_CACHE_PATH}{value} " in runtime + " ", variable
+    assert f"chown posttrain:posttrain /gcs /minio /s3 {MODEL_CACHE_PATH}" in runtime

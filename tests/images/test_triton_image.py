@@ -66,7 +66,7 @@ def makefile() -> str:
 def build_context() -> str:
     """The context ``make image-triton`` builds with (the last word of its docker build)."""
     (line,) = [line for line in makefile().splitlines() if line.startswith("image-triton:")]
-    assert "docker build -f images/Dockerfile.triton " in line
+    assert "$(ENGINE) build -f images/Dockerfile.triton " in line
     return os.path.join(ROOT, line.split()[-1])
 
 

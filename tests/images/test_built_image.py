@@ -1,0 +1,87 @@
+"""The built CPU image, run by its engine: ``make test-images`` builds it and runs these (docs/development.md).
+
+Skipped unless ``POSTTRAIN_TEST_IMAGE`` names a built image (and ``POSTTRAIN_CONTAINER_ENGINE`` the
+engine, default podman): image builds take minutes and do not belong in ``make test``. Every container
+runs as the image's user, with a read-only root, no network and a tmpfs /tmp, as a locked-down pod would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+IMAGE = os.environ.get("POSTTRAIN_TEST_IMAGE", "")
+ENGINE = os.environ.get("POSTTRAIN_CONTAINER_ENGINE", "podman")
+
+pytestmark = pytest.mark.skipif(not IMAGE, reason="POSTTRAIN_TEST_IMAGE is not set (make test-images)")
+
+
+def engine_env() -> dict:
+    env = dict(os.environ)
+    if ENGINE == "podman":
+        env["CONTAINERS_CONF"] = os.path.join(ROOT, "images", "podman.conf")
+    return env
+
+
+def run_in_image(*args: str, mounts: tuple[tuple[str, str], ...] = ()) -> subprocess.CompletedProcess:
+    volumes = [arg for host, inside in mounts for arg in ("-v", f"{host}:{inside}:ro")]
+    command = [ENGINE, "run", "--rm", "--read-only", "--tmpfs", "/tmp", "--network", "none", *volumes, IMAGE, *args]
+    return subprocess.run(command, capture_output=True, text=True, env=engine_env(), timeout=600)
+
+
+def test_the_image_records_the_commit_it_was_built_from():
+    out = run_in_image("cat", "/etc/posttrain/build.json")
+    assert out.returncode == 0, out.stderr
+    build = json.loads(out.stdout)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert build["commit"] == head.stdout.strip()
+    assert build["dirty"] in ("true", "false") and build["image"]
+
+
+def test_a_stage_runs_in_the_image_as_its_user(tmp_path):
+    """``posttrain prepare`` on a data file of the repo: the user is uid 1000, the output lands in a mount."""
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out_dir.chmod(0o777)  # the container's uid 1000 writes here
+    data, source = os.path.join(ROOT, "tests", "data", "foreign", "trl", "data"), "capybara.jsonl"  # TRL's SFT rows
+    command = [ENGINE, "run", "--rm", "--read-only", "--tmpfs", "/tmp", "--network", "none"]
+    command += ["-v", f"{data}:/data:ro", "-v", f"{out_dir}:/out", IMAGE]
+    command += ["sh", "-c", f"id -u && posttrain prepare data.path=/data/{source} output_dir=/out/prepared"]
+    out = subprocess.run(command, capture_output=True, text=True, env=engine_env(), timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.splitlines()[0] == "1000"
+    written = sorted(p.name for p in (out_dir / "prepared").iterdir())
+    assert written, "prepare wrote nothing"
+
+
+def test_a_hostile_program_is_contained_by_the_sandbox_in_the_image(tmp_path):
+    """HumanEval's sandbox where the evaluation runs: no secret read, no socket, no write outside its
+    scratch space, no signal to the evaluator, whichever isolation the container lets it use."""
+    canary = f"canary-{uuid.uuid4().hex}"
+    secret = tmp_path / "token"
+    secret.write_text(canary)
+    secret.chmod(0o644)  # readable by the evaluator (uid 1000), as a mounted token is
+    probe = os.path.join(ROOT, "tests", "images", "container_probe.py")
+    out = run_in_image(
+        "python3",
+        "/probe/container_probe.py",
+        "/var/run/secrets/posttrain/token",
+        mounts=((probe, "/probe/container_probe.py"), (str(secret), "/var/run/secrets/posttrain/token")),
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["uid"] == 1000
+    markers = ("LEAKED", "CONNECTED", "WROTE")
+    for name, result in report["results"].items():
+        assert not any(marker in result["output"] for marker in markers), (name, result)
+        assert canary not in result["output"] + result["detail"], name
+    # in a PID namespace kill() may succeed on the program's own namespace: what counts is that none arrived
+    assert report["signals"] == 0 and report["written"] == []
+    # which mechanism held is reported (namespaces where the container allows them, else the fallback)
+    assert set(report["isolation"]) >= {"network", "filesystem", "user", "chroot"}
+    print("isolation in the image:", report["isolation"])
