@@ -216,6 +216,21 @@ demo: setup
 			--log runs/latest/triton.log --ask '$(DEMO_PROMPT)' --chat --compare runs/latest/exported_model; \
 	else echo "the evaluation gate failed, so nothing was exported or served (see runs/latest/report.html)"; fi
 
+# make demo with every task in its container (kfp.local's DockerRunner; docs/images.md): the CPU image,
+# GPU tasks in it too (--cpu-only). With podman, its Docker API on a socket of ours for the run's length.
+# The served answer comes from the host's Triton (triton-env), as in make demo.
+PODMAN_SOCKET ?= /tmp/posttrain-podman.sock
+CONTAINER_HOST = $(if $(filter podman,$(CONTAINER_ENGINE)),unix://$(PODMAN_SOCKET),$(DOCKER_HOST))
+demo-containers: setup image-cpu
+	$(if $(filter podman,$(CONTAINER_ENGINE)),$(ENGINE) system service --time=0 unix://$(PODMAN_SOCKET) & \
+		trap "kill $$!" EXIT; sleep 2;) \
+	DOCKER_HOST=$(CONTAINER_HOST) $(BIN)/posttrain pipeline run --pipeline posttrain-all --runner docker --cpu-only \
+		--root runs/demo-containers $(DEMO_PARAMS) seed=$(SEED)
+	@if [ -d runs/latest/repository ]; then \
+		$(BIN)/posttrain serve --repo runs/latest/repository --http-port 0 --grpc-port 0 --metrics-port 0 \
+			--log runs/latest/triton.log --ask '$(DEMO_PROMPT)' --chat --compare runs/latest/exported_model; \
+	else echo "the evaluation gate failed, so nothing was exported or served (see runs/latest/report.html)"; fi
+
 # The gate turning down a weakened candidate (SFT for 10 steps) evaluated in the demo's candidate's place.
 demo-weak: setup
 	BIN=$(BIN) examples/weak_candidate.sh runs/latest runs/weak

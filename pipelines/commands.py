@@ -211,7 +211,15 @@ def cmd_run(args) -> int:
 
     from kfp import local
 
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=root)
+    if args.runner == "docker":
+        from pipelines.containers import docker_runner, run_on_cpu
+
+        if args.cpu_only:
+            run_on_cpu(pipeline)
+        runner = docker_runner(root, os.path.abspath(args.cache))
+    else:
+        runner = local.SubprocessRunner(use_venv=False)
+    local.init(runner=runner, pipeline_root=root)
     started = datetime.datetime.now().isoformat(timespec="seconds")
     try:
         with warnings.catch_warnings():
@@ -539,12 +547,26 @@ def build_parser() -> argparse.ArgumentParser:
         "(translated from the KFP IR); all: both (default: %(default)s)",
     )
 
-    p = sub.add_parser("run", help="Run a pipeline locally with kfp.local (subprocesses, this venv).")
+    p = sub.add_parser("run", help="Run a pipeline locally with kfp.local (subprocesses or containers).")
     p.add_argument("--pipeline", default=DEFAULT_PIPELINE, help="pipeline name (default: %(default)s)")
     p.add_argument(
         "--root", default=DEFAULT_ROOT, help="outputs go to ROOT/<pipeline>-<time>/<task> (default: %(default)s)"
     )
     p.add_argument("--latest", help="directory linking this run's outputs (default: 'latest' next to --root)")
+    p.add_argument(
+        "--runner",
+        choices=("subprocess", "docker"),
+        default="subprocess",
+        help="subprocess: every task in this venv; docker: every task in its image, through Docker or podman's "
+        "Docker API ($DOCKER_HOST), with the settings of pipelines/settings.py (default: %(default)s)",
+    )
+    p.add_argument("--cpu-only", action="store_true", help="with --runner docker: GPU tasks run in the CPU image")
+    p.add_argument(
+        "--cache",
+        default=os.path.join("runs", "container-cache"),
+        help="with --runner docker: the tasks' shared "
+        "cache folder, mounted where a cluster mounts its cache volume (default: %(default)s)",
+    )
     p.add_argument("params", nargs="*", metavar="param=value", help=PARAMS_HELP)
 
     for command, text in (

@@ -155,6 +155,34 @@ MODEL_CACHE_PATH = "/cache"
 #: plain environment variables for every task.
 ENV = {"PYTHONUNBUFFERED": "1"}
 
+#: ``posttrain pipeline run --runner docker`` (kfp.local's DockerRunner; Docker, or podman's Docker API):
+#: every task in its image, with what its pod gets on a cluster, from this file (:func:`container_run_args`).
+IMAGE_UID = 1000  # the image's user (images/Dockerfile)
+CONTAINER_ULIMITS = {"nofile": 20000, "nproc": 4096}  # a container runtime's defaults can be lower, or unset
+#: the network of a local task: the host's, so a server on the host's loopback (a local S3 endpoint, as the
+#: cluster's endpoint is for a pod) is reachable; a container on the default bridge cannot reach it.
+CONTAINER_NETWORK = "host"
+
+
+def container_run_args(environ: dict, cache_dir: str, host_uid: int, host_gid: int) -> dict:
+    """kfp.local DockerRunner arguments: the image's user (the host's own uid when that is not root, so the
+    files a task writes are the host user's), /dev/shm as a one-accelerator training pod's, the limits
+    above, the network above, ENV plus the variables the S3 and Hugging Face Secrets and the ConfigMap give
+    a pod, taken from ``environ`` where set (nothing is compiled into the pipeline), and ``cache_dir`` as the
+    shared cache at MODEL_CACHE_PATH (a local run's MODEL_CACHE_PVC)."""
+    forwarded = [*S3_SECRET_ENV.values(), *CONFIG_MAP_ENV.values(), *HF_SECRET_ENV.values()]
+    environment = {**ENV, **{name: environ[name] for name in forwarded if environ.get(name)}}
+    environment.update(POSTTRAIN_CACHE=f"{MODEL_CACHE_PATH}/posttrain", HF_HOME=f"{MODEL_CACHE_PATH}/huggingface")
+    user = f"{IMAGE_UID}:{IMAGE_UID}" if host_uid == 0 else f"{host_uid}:{host_gid}"
+    return {
+        "user": user,
+        "shm_size": PER_GPU.for_gpus(1)["shm"].replace("Gi", "g"),
+        "ulimits": [{"Name": name, "Soft": value, "Hard": value} for name, value in CONTAINER_ULIMITS.items()],
+        "network_mode": CONTAINER_NETWORK,
+        "environment": environment,
+        "mounts": [{"Target": MODEL_CACHE_PATH, "Source": cache_dir, "Type": "bind", "ReadOnly": False}],
+    }
+
 
 def sizing_task(gpus, nodes, after: PipelineTask) -> PipelineTask:
     """The run's ``training-resources`` task: a training pod's CPU, memory and accelerator count for

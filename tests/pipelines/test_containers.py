@@ -1,0 +1,57 @@
+"""pipelines/containers.py and the container settings: what a task's container gets in a local run."""
+
+from __future__ import annotations
+
+import os
+
+from kfp import local
+
+from pipelines import settings
+from pipelines.commands import get_pipeline
+from pipelines.containers import run_on_cpu
+
+
+def test_a_container_gets_the_pods_user_limits_network_cache_and_only_the_pods_variables(tmp_path):
+    environ = {
+        "AWS_ACCESS_KEY_ID": "AKIAEXAMPLE",
+        "AWS_SECRET_ACCESS_KEY": "s3cr3t",
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+        "HF_TOKEN": "",  # set but empty: not forwarded
+        "GITHUB_TOKEN": "ghp_unrelated",  # the host's, never a pod's: stays out
+        "HOME": "/root",
+    }
+    args = settings.container_run_args(environ, str(tmp_path), host_uid=0, host_gid=0)
+    assert args["user"] == "1000:1000"  # root on the host: the image's own user
+    assert settings.container_run_args(environ, str(tmp_path), 1234, 99)["user"] == "1234:99"
+    env = args["environment"]
+    assert env["AWS_ACCESS_KEY_ID"] == "AKIAEXAMPLE" and env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
+    assert "GITHUB_TOKEN" not in env and "HF_TOKEN" not in env and "HOME" not in env
+    assert env["PYTHONUNBUFFERED"] == "1" and env["POSTTRAIN_CACHE"] == "/cache/posttrain"
+    assert env["HF_HOME"] == f"{settings.MODEL_CACHE_PATH}/huggingface"
+    assert args["mounts"] == [
+        {"Target": settings.MODEL_CACHE_PATH, "Source": str(tmp_path), "Type": "bind", "ReadOnly": False}
+    ]
+    assert {u["Name"]: (u["Soft"], u["Hard"]) for u in args["ulimits"]} == {
+        "nofile": (20000, 20000),
+        "nproc": (4096, 4096),
+    }
+    assert args["shm_size"] == "16g" and args["network_mode"] == "host"
+    runner = local.DockerRunner(**args)  # kfp.local accepts every key
+    assert runner.container_run_args["user"] == "1000:1000"
+
+
+def test_cpu_only_points_gpu_tasks_at_the_cpu_image_in_memory_only():
+    pipeline = get_pipeline("posttrain-sft")
+    executors = pipeline.pipeline_spec.deployment_spec["executors"]
+    before = {name: e["container"]["image"] for name, e in executors.items()}
+    gpu = sorted(name for name, image in before.items() if image == settings.CUDA_IMAGE)
+    assert gpu and any(image == settings.IMAGE for image in before.values())
+    try:
+        assert sorted(run_on_cpu(pipeline)) == gpu
+        assert {e["container"]["image"] for e in executors.values()} == {settings.IMAGE}
+    finally:  # the loaded pipeline is shared with the other tests of this process
+        for name in gpu:
+            executors[name]["container"]["image"] = settings.CUDA_IMAGE
+    compiled = os.path.join(os.path.dirname(settings.__file__), "compiled", "posttrain-sft.yaml")
+    with open(compiled, encoding="utf-8") as fh:
+        assert settings.CUDA_IMAGE in fh.read()  # the compiled pipeline keeps its images
