@@ -120,6 +120,10 @@ container-engine:
 	command -v podman >/dev/null && command -v runc >/dev/null && command -v debootstrap >/dev/null || \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman runc debootstrap
 image-triton: ; $(ENGINE) build -f images/Dockerfile.triton -t $(IMAGE_NAME)-triton:$(IMAGE_TAG) images
+# Triton on CPU (images/Dockerfile.triton-cpu): nvidia-pytriton's server on BASE_IMAGE, for make demo-containers
+image-triton-cpu: image-inputs
+	$(ENGINE) build -f images/Dockerfile.triton-cpu $(if $(filter podman,$(CONTAINER_ENGINE)),--ignorefile images/Dockerfile.dockerignore) \
+		$(BASE_ARG) -t $(IMAGE_NAME)-triton:$(IMAGE_TAG)-cpu images
 
 # Triton (posttrain serve/deploy, tests/serving): tritonserver from nvidia-pytriton, in its own venv, because
 # nvidia-pytriton pins numpy<2 and Triton's Python-backend stub runs model.py in this same env.
@@ -216,20 +220,11 @@ demo: setup
 			--log runs/latest/triton.log --ask '$(DEMO_PROMPT)' --chat --compare runs/latest/exported_model; \
 	else echo "the evaluation gate failed, so nothing was exported or served (see runs/latest/report.html)"; fi
 
-# make demo with every task in its container (kfp.local's DockerRunner; docs/images.md): the CPU image,
-# GPU tasks in it too (--cpu-only). With podman, its Docker API on a socket of ours for the run's length.
-# The served answer comes from the host's Triton (triton-env), as in make demo.
-PODMAN_SOCKET ?= /tmp/posttrain-podman.sock
-CONTAINER_HOST = $(if $(filter podman,$(CONTAINER_ENGINE)),unix://$(PODMAN_SOCKET),$(DOCKER_HOST))
-demo-containers: setup image-cpu
-	$(if $(filter podman,$(CONTAINER_ENGINE)),$(ENGINE) system service --time=0 unix://$(PODMAN_SOCKET) & \
-		trap "kill $$!" EXIT; sleep 2;) \
-	DOCKER_HOST=$(CONTAINER_HOST) $(BIN)/posttrain pipeline run --pipeline posttrain-all --runner docker --cpu-only \
-		--root runs/demo-containers $(DEMO_PARAMS) seed=$(SEED)
-	@if [ -d runs/latest/repository ]; then \
-		$(BIN)/posttrain serve --repo runs/latest/repository --http-port 0 --grpc-port 0 --metrics-port 0 \
-			--log runs/latest/triton.log --ask '$(DEMO_PROMPT)' --chat --compare runs/latest/exported_model; \
-	else echo "the evaluation gate failed, so nothing was exported or served (see runs/latest/report.html)"; fi
+# make demo with every task in its container (examples/demo_containers.sh, docs/images.md): the DAG in the
+# CPU image (GPU tasks too: --cpu-only), Triton on CPU in its own image, loaded by the deploy task over HTTP.
+demo-containers: setup image-cpu image-triton-cpu
+	$(if $(filter podman,$(CONTAINER_ENGINE)),CONTAINERS_CONF=$(CURDIR)/images/podman.conf) ENGINE=$(CONTAINER_ENGINE) BIN=$(BIN) TRITON_IMAGE=$(IMAGE_NAME)-triton:$(IMAGE_TAG)-cpu DEMO_PROMPT='$(DEMO_PROMPT)' \
+		examples/demo_containers.sh $(DEMO_PARAMS) seed=$(SEED)
 
 # The gate turning down a weakened candidate (SFT for 10 steps) evaluated in the demo's candidate's place.
 demo-weak: setup

@@ -296,3 +296,21 @@ def test_the_pinned_onnxruntime_numpy_and_tokenizers_run_the_generate_model(tiny
         sys.path.pop(0)
         sys.modules.pop("ort_generate", None)
     assert answers["fp32"] == str(here)
+
+
+def test_the_cpu_triton_image_copies_what_its_context_has_and_pins_every_package():
+    """images/Dockerfile.triton-cpu (make image-triton-cpu, context images/): every COPY source exists and
+    every package it installs is pinned once."""
+    with open(os.path.join(ROOT, "images", "Dockerfile.triton-cpu"), encoding="utf-8") as fh:
+        text = fh.read()
+    sources = [line.split()[1] for line in text.splitlines() if line.startswith("COPY ")]
+    assert "triton-cpu-requirements.txt" in sources and "triton-cpu-start" in sources
+    for source in sources:
+        assert os.path.exists(os.path.join(ROOT, "images", source)), source
+    assert "make image-triton-cpu" in text and "image-triton-cpu:" in makefile()
+    with open(os.path.join(ROOT, "images", "triton-cpu-requirements.txt"), encoding="utf-8") as fh:
+        pins = [line.strip() for line in fh if line.strip() and not line.startswith("#")]
+    names = [canonicalize_name(pin.split("==")[0]) for pin in pins]
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+==[0-9][^\s;]*", pin) for pin in pins) and len(set(names)) == len(names)
+    assert {"nvidia-pytriton", "onnxruntime", "tokenizers", "numpy"} <= set(names)
+    assert next(pin for pin in pins if pin.startswith("numpy==")).split("==")[1] < "2"

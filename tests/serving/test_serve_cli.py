@@ -173,3 +173,42 @@ def test_serve_ask_prints_the_served_answer_next_to_pytorch(export_dir, tiny_mod
     assert answer["model"] == "tiny" and answer["prompt"].endswith("\n") and "Say hello." in answer["prompt"]
     assert answer["text_output"] == answer["pytorch"] != ""
     assert "served (tiny v1)" in proc.stderr and "PyTorch (" in proc.stderr
+
+
+def test_serve_url_asks_a_server_started_elsewhere(export_dir, triton_env, tmp_path):
+    """`posttrain serve --url URL --ask TEXT` (make demo-containers: Triton in its own container): no server of
+    its own, the answer of the one running at URL."""
+    from trainer_lib.serving.server import TritonServer, free_port
+
+    repository = str(tmp_path / "repo")
+    deploy.run(
+        load_config(
+            deploy.CONFIG,
+            None,
+            nest({"export.path": export_dir, "repository": repository, "model_name": "tiny", "variant": "fp32"}),
+        )
+    )
+    with TritonServer(repository, load=["tiny"], env=triton_env) as server:
+        proc = subprocess.run(
+            [sys.executable, "-c", SERVE, "--url", server.url, "--ask", "Say hello.", "--max-tokens", "8"],
+            capture_output=True,
+            text=True,
+            env=clean_env(),
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        answer = json.loads(proc.stdout.strip().splitlines()[-1])
+        assert answer["model"] == "tiny" and answer["model_version"] == "1" and answer["text_output"]
+    port = free_port()  # nothing listens there
+    proc = subprocess.run(
+        [sys.executable, "-c", SERVE, "--url", f"http://127.0.0.1:{port}", "--ask", "x", "--timeout", "2"],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+        timeout=60,
+    )
+    assert proc.returncode == 1 and f"no ready Triton server at http://127.0.0.1:{port}" in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-c", SERVE, "--url", server.url], capture_output=True, text=True, env=clean_env()
+    )
+    assert proc.returncode == 2 and "--url: only with --ask" in proc.stderr

@@ -25,7 +25,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="posttrain serve",
         description="Serve a Triton model repository with a local tritonserver (nvidia-pytriton, Python backend).",
     )
-    parser.add_argument("--repo", required=True, help="model repository: local dir or s3://bucket/prefix")
+    parser.add_argument("--repo", help="model repository: local dir or s3://bucket/prefix (required without --url)")
+    parser.add_argument(
+        "--url", help="with --ask: ask the Triton server already running at this HTTP URL (a container's) instead"
+    )
     parser.add_argument("--http-port", type=int, default=8000, help="HTTP port (0: a free one) [default: 8000]")
     parser.add_argument("--grpc-port", type=int, default=8001, help="gRPC port (0: a free one) [default: 8001]")
     parser.add_argument("--metrics-port", type=int, default=8002, help="metrics port (0: a free one) [default: 8002]")
@@ -71,7 +74,7 @@ def ask(server, args) -> dict:
     loaded = [m["name"] for m in server.model_states() if m.get("state") == "READY"]
     name = (args.load or loaded or [""])[0]
     if not name:
-        raise UserError(f"--ask: no model is loaded from {args.repo}")
+        raise UserError(f"--ask: no model is loaded from {args.repo or args.url}")
     text = args.ask
     if args.chat:
         if not args.compare:
@@ -113,6 +116,29 @@ def _check_repository(repo: str, endpoint: str | None) -> None:
         )
 
 
+def ask_running(args) -> int:
+    """--url with --ask: wait until that server is ready, ask it, print the answer as a started server's."""
+    from trainer_lib.serving.server import RunningServer, TritonServerError
+
+    if args.ask is None:
+        raise UserError("--url: only with --ask (the server is already running)")
+    server = RunningServer(args.url.rstrip("/"))
+    try:
+        server.wait_ready(args.timeout)
+    except TritonServerError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return print_answer(ask(server, args), args)
+
+
+def print_answer(answer: dict, args) -> int:
+    print(json.dumps(answer))
+    print(f"served ({answer['model']} v{answer['model_version']}): {answer['text_output']!r}", file=sys.stderr)
+    if "pytorch" in answer:
+        print(f"PyTorch ({args.compare}): {answer['pytorch']!r}", file=sys.stderr)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from trainer_lib.serving.server import TritonServer, TritonServerError
@@ -120,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     def stop_on_sigterm(signum, frame):  # a pod's SIGTERM stops the server like Ctrl-C
         raise KeyboardInterrupt
 
+    if args.url:
+        return ask_running(args)
+    if not args.repo:
+        raise UserError("--repo: required (or --url with --ask)")
     try:
         _check_repository(args.repo, args.s3_endpoint)
         server = TritonServer(
@@ -142,11 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             answer = ask(server, args)
         finally:
             server.stop()
-        print(json.dumps(answer))
-        print(f"served ({answer['model']} v{answer['model_version']}): {answer['text_output']!r}", file=sys.stderr)
-        if "pytorch" in answer:
-            print(f"PyTorch ({args.compare}): {answer['pytorch']!r}", file=sys.stderr)
-        return 0
+        return print_answer(answer, args)
     previous = signal.signal(signal.SIGTERM, stop_on_sigterm)
     # Ctrl-C / SIGINT stops it even when it was started as a background job, which a shell starts
     # with SIGINT ignored (Python then leaves it ignored), or by a parent that had SIGINT blocked

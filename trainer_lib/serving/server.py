@@ -29,6 +29,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from dataclasses import dataclass
 
 from trainer_lib.errors import UserError
 
@@ -301,8 +302,37 @@ class TritonServer:
 
     def model_states(self) -> list[dict]:
         """``/v2/repository/index``: every model and version the server knows, with its state."""
-        import json
+        return model_states(self.url)
 
-        req = urllib.request.Request(f"{self.url}/v2/repository/index", data=b"{}", method="POST")
-        with urllib.request.urlopen(req, timeout=10) as resp:
-            return json.loads(resp.read())
+
+def model_states(url: str) -> list[dict]:
+    """``/v2/repository/index`` of the Triton server at ``url``: every model and version, with its state."""
+    import json
+
+    req = urllib.request.Request(f"{url}/v2/repository/index", data=b"{}", method="POST")
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    """A Triton server started elsewhere (a container, a cluster's Service), reached at ``url``."""
+
+    url: str
+
+    def model_states(self) -> list[dict]:
+        return model_states(self.url)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Wait until ``/v2/health/ready`` answers 200 (every model given to --load-model is loaded)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=5) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TritonServerError(f"no ready Triton server at {self.url} after {timeout_s:.0f} s")
+            time.sleep(1.0)
