@@ -337,3 +337,15 @@ def test_caches_go_to_the_volume_a_cluster_mounts_its_cache_at():
     for variable, value in (("POSTTRAIN_CACHE", "/posttrain"), ("HF_HOME", "/huggingface"), ("XDG_CACHE_HOME", "")):
         assert f"{variable}={MODEL_CACHE_PATH}{value} " in runtime + " ", variable
     assert f"chown posttrain:posttrain /gcs /minio /s3 {MODEL_CACHE_PATH}" in runtime
+
+
+def test_the_dependencies_and_ops_are_built_before_the_sources_are_copied():
+    """A change to trainer_lib/, components/ or pipelines/ rebuilds the layers after it: never DeepSpeed's ops."""
+    build = named_stages()["build"]
+    (compile_ops,) = [i for i, line in enumerate(build) if "DS_BUILD_${op}=1" in line]
+    sources = [i for i, line in enumerate(build) if line.startswith("COPY ") and line.split()[1] != "pyproject.toml"]
+    copied = [build[i].split()[1] for i in sources if i > compile_ops]
+    assert copied[:3] == ["trainer_lib", "components", "pipelines"]
+    assert "-r /tmp/requirements.txt" in build[compile_ops] and "['tracking']" in build[compile_ops]
+    (package,) = [line for line in build if "pip install --no-deps" in line]
+    assert build.index(package) > build.index("COPY pipelines ./pipelines")
