@@ -233,6 +233,10 @@ def cmd_run(args) -> int:
         return 1
     defaults = {k: v.default for k, v in (pipeline.component_spec.inputs or {}).items()}
     record = run_record(pipeline.name, root, shown_params({**defaults, **params}), started, task.outputs)
+    if args.runner == "docker":
+        from pipelines.containers import image_records
+
+        record["containers"] = image_records(pipeline)
     write_latest(latest, record)
     print(f"\npipeline {pipeline.name} succeeded; run directory: {record['run_dir']}")
     for name, out in record["outputs"].items():

@@ -8,6 +8,7 @@ get (:func:`pipelines.settings.container_run_args`), not a second list.
 
 from __future__ import annotations
 
+import json
 import os
 
 from pipelines import settings
@@ -36,3 +37,39 @@ def run_on_cpu(pipeline) -> list[str]:
             container["image"] = settings.IMAGE
             changed.append(name)
     return changed
+
+
+def task_images(pipeline) -> dict[str, str]:
+    """Each task of the pipeline (nested DAGs' included, by task name) and the image it runs in."""
+    spec = pipeline.pipeline_spec
+    executors = spec.deployment_spec["executors"]
+    components = spec.components
+    found: dict[str, str] = {}
+
+    def walk(tasks) -> None:
+        for name, task in tasks.items():
+            component = components[task.component_ref.name]
+            if component.executor_label:
+                found[name] = executors[component.executor_label]["container"]["image"]
+            elif component.HasField("dag"):
+                walk(component.dag.tasks)
+
+    walk(spec.root.dag.tasks)
+    return found
+
+
+def image_records(pipeline) -> dict:
+    """What the run's containers ran: per image, the engine's image id and the image's own build record
+    (/etc/posttrain/build.json: the commit it was built from), and per task, its image. Kept in run.json."""
+    import docker
+
+    tasks = task_images(pipeline)
+    client = docker.from_env()
+    try:
+        images = {}
+        for image in sorted(set(tasks.values())):
+            built = client.containers.run(image, ["cat", "/etc/posttrain/build.json"], remove=True, network_mode="none")
+            images[image] = {"id": client.images.get(image).id, "build": json.loads(built)}
+    finally:
+        client.close()
+    return {"images": images, "tasks": tasks}

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+import time
 import uuid
 
 import pytest
@@ -85,3 +87,46 @@ def test_a_hostile_program_is_contained_by_the_sandbox_in_the_image(tmp_path):
     # which mechanism held is reported (namespaces where the container allows them, else the fallback)
     assert set(report["isolation"]) >= {"network", "filesystem", "user", "chroot"}
     print("isolation in the image:", report["isolation"])
+
+
+def test_a_pipeline_runs_with_every_task_in_the_image_and_records_it(tmp_path):
+    """posttrain-sft (a few SFT steps on the embedded default) with --runner docker --cpu-only: every task ran
+    in the built image, and run.json records that image's id as the engine knows it and the commit it was
+    built from (HEAD)."""
+    env = engine_env()
+    service = None
+    if ENGINE == "podman":  # kfp.local speaks Docker's API: podman serves it on a socket of ours
+        socket_path = tmp_path / "podman.sock"
+        service = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{socket_path}"], env=env)
+        env["DOCKER_HOST"] = f"unix://{socket_path}"
+        for _ in range(30):
+            if socket_path.exists():
+                break
+            time.sleep(1)
+    try:
+        run = subprocess.run(
+            [os.path.join(os.path.dirname(sys.executable), "posttrain"), "pipeline", "run"]
+            + ["--pipeline", "posttrain-sft", "--runner", "docker", "--cpu-only", "--root", str(tmp_path / "runs")]
+            + ["--cache", str(tmp_path / "cache"), "sft_max_steps=5", 'demo_overrides=["n_code_train=100"]'],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=1200,
+            cwd=ROOT,
+        )
+    finally:
+        if service is not None:
+            service.terminate()
+            service.wait(timeout=30)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.stdout.count(f"Found image '{IMAGE}'") >= 8  # check-config ... notify, each in a container
+    with open(tmp_path / "latest" / "run.json", encoding="utf-8") as fh:
+        containers = json.load(fh)["containers"]
+    assert set(containers["tasks"].values()) == {IMAGE}
+    engine_id = subprocess.run(
+        [ENGINE, "image", "inspect", "--format", "{{.Id}}", IMAGE], capture_output=True, text=True, env=engine_env()
+    ).stdout.strip()
+    record = containers["images"][IMAGE]
+    assert record["id"].removeprefix("sha256:") == engine_id.removeprefix("sha256:")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert record["build"]["commit"] == head.stdout.strip()

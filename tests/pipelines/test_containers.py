@@ -55,3 +55,16 @@ def test_cpu_only_points_gpu_tasks_at_the_cpu_image_in_memory_only():
     compiled = os.path.join(os.path.dirname(settings.__file__), "compiled", "posttrain-sft.yaml")
     with open(compiled, encoding="utf-8") as fh:
         assert settings.CUDA_IMAGE in fh.read()  # the compiled pipeline keeps its images
+
+
+def test_every_task_of_every_pipeline_is_mapped_to_the_image_its_component_names():
+    from components.common import BUILDS
+    from pipelines.commands import pipelines
+    from pipelines.containers import task_images
+
+    for name in pipelines():
+        tasks = task_images(get_pipeline(name))
+        assert tasks, name
+        for task, image in tasks.items():
+            component = task.rsplit("-", 1)[0] if task.rsplit("-", 1)[-1].isdigit() else task
+            assert image == BUILDS[component], (name, task, image)
