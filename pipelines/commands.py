@@ -212,11 +212,12 @@ def cmd_run(args) -> int:
     from kfp import local
 
     if args.runner == "docker":
-        from pipelines.containers import docker_runner, run_on_cpu
+        from pipelines.containers import docker_runner, host_paths, run_on_cpu
 
         if args.cpu_only:
             run_on_cpu(pipeline)
-        runner = docker_runner(root, os.path.abspath(args.cache))
+        params, paths = host_paths(params)
+        runner = docker_runner(root, os.path.abspath(args.cache), paths)
     else:
         runner = local.SubprocessRunner(use_venv=False)
     local.init(runner=runner, pipeline_root=root)

@@ -130,3 +130,32 @@ def test_a_pipeline_runs_with_every_task_in_the_image_and_records_it(tmp_path):
     assert record["id"].removeprefix("sha256:") == engine_id.removeprefix("sha256:")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
     assert record["build"]["commit"] == head.stdout.strip()
+
+
+def test_a_failing_task_container_reports_its_exit_status(tmp_path):
+    """kfp.local 2.17's own runner reports success when the container is gone before it asks (podman
+    removes it at once): ours returns the status, so a failed task fails the pipeline."""
+    import docker
+
+    from pipelines.containers import run_container
+
+    env = engine_env()
+    service = None
+    if ENGINE == "podman":
+        socket_path = tmp_path / "podman.sock"
+        service = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{socket_path}"], env=env)
+        for _ in range(30):
+            if socket_path.exists():
+                break
+            time.sleep(1)
+        client = docker.DockerClient(base_url=f"unix://{socket_path}")
+    else:
+        client = docker.from_env()
+    try:
+        assert run_container(client, IMAGE, ["sh", "-c", "echo failing; exit 3"], {}) == 3
+        assert run_container(client, IMAGE, ["true"], {}) == 0
+    finally:
+        client.close()
+        if service is not None:
+            service.terminate()
+            service.wait(timeout=30)

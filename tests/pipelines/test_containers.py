@@ -68,3 +68,22 @@ def test_every_task_of_every_pipeline_is_mapped_to_the_image_its_component_names
         for task, image in tasks.items():
             component = task.rsplit("-", 1)[0] if task.rsplit("-", 1)[-1].isdigit() else task
             assert image == BUILDS[component], (name, task, image)
+
+
+def test_parameters_naming_local_paths_become_absolute_and_are_mounted(tmp_path, monkeypatch):
+    from pipelines.containers import host_paths
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "data.jsonl").write_text("{}\n")
+    (tmp_path / "repository").mkdir()
+    params = {
+        "dataset": "data.jsonl",
+        "model_repository": str(tmp_path / "repository"),
+        "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct",  # a hub id, not a path here
+        "prompt_dataset": "s3://bucket/prompts.jsonl",
+        "sft_max_steps": 5,
+    }
+    out, paths = host_paths(params)
+    assert out["dataset"] == str(tmp_path / "data.jsonl") and out["sft_max_steps"] == 5
+    assert out["base_model"] == params["base_model"] and out["prompt_dataset"] == params["prompt_dataset"]
+    assert paths == sorted([str(tmp_path / "data.jsonl"), str(tmp_path / "repository")])
