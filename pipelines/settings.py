@@ -164,13 +164,19 @@ CONTAINER_ULIMITS = {"nofile": 20000, "nproc": 4096}  # a container runtime's de
 CONTAINER_NETWORK = "host"
 
 
+#: thread caps a local container takes from the host where set: torch sizes its pools by the machine's
+#: cores, and beside other work a tiny model's many short parallel regions stall on preempted threads
+#: (make demo-containers' SFT ran 3.5 s a step beside one other training process, 10x its usual).
+THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
 def container_run_args(environ: dict, cache_dir: str, host_uid: int, host_gid: int) -> dict:
     """kfp.local DockerRunner arguments: the image's user (the host's own uid when that is not root, so the
     files a task writes are the host user's), /dev/shm as a one-accelerator training pod's, the limits
     above, the network above, ENV plus the variables the S3 and Hugging Face Secrets and the ConfigMap give
-    a pod, taken from ``environ`` where set (nothing is compiled into the pipeline), and ``cache_dir`` as the
-    shared cache at MODEL_CACHE_PATH (a local run's MODEL_CACHE_PVC)."""
-    forwarded = [*S3_SECRET_ENV.values(), *CONFIG_MAP_ENV.values(), *HF_SECRET_ENV.values()]
+    a pod and the thread caps of THREAD_ENV, taken from ``environ`` where set (nothing is compiled into the
+    pipeline), and ``cache_dir`` as the shared cache at MODEL_CACHE_PATH (a local run's MODEL_CACHE_PVC)."""
+    forwarded = [*S3_SECRET_ENV.values(), *CONFIG_MAP_ENV.values(), *HF_SECRET_ENV.values(), *THREAD_ENV]
     environment = {**ENV, **{name: environ[name] for name in forwarded if environ.get(name)}}
     environment.update(POSTTRAIN_CACHE=f"{MODEL_CACHE_PATH}/posttrain", HF_HOME=f"{MODEL_CACHE_PATH}/huggingface")
     user = f"{IMAGE_UID}:{IMAGE_UID}" if host_uid == 0 else f"{host_uid}:{host_gid}"

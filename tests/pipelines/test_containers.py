@@ -19,6 +19,7 @@ def test_a_container_gets_the_pods_user_limits_network_cache_and_only_the_pods_v
         "HF_TOKEN": "",  # set but empty: not forwarded
         "GITHUB_TOKEN": "ghp_unrelated",  # the host's, never a pod's: stays out
         "HOME": "/root",
+        "OMP_NUM_THREADS": "1",  # the host's thread cap, passed on
     }
     args = settings.container_run_args(environ, str(tmp_path), host_uid=0, host_gid=0)
     assert args["user"] == "1000:1000"  # root on the host: the image's own user
@@ -27,6 +28,7 @@ def test_a_container_gets_the_pods_user_limits_network_cache_and_only_the_pods_v
     assert env["AWS_ACCESS_KEY_ID"] == "AKIAEXAMPLE" and env["AWS_ENDPOINT_URL"] == "http://127.0.0.1:9000"
     assert "GITHUB_TOKEN" not in env and "HF_TOKEN" not in env and "HOME" not in env
     assert env["PYTHONUNBUFFERED"] == "1" and env["POSTTRAIN_CACHE"] == "/cache/posttrain"
+    assert env["OMP_NUM_THREADS"] == "1" and "MKL_NUM_THREADS" not in env
     assert env["HF_HOME"] == f"{settings.MODEL_CACHE_PATH}/huggingface"
     assert args["mounts"] == [
         {"Target": settings.MODEL_CACHE_PATH, "Source": str(tmp_path), "Type": "bind", "ReadOnly": False}
