@@ -70,8 +70,8 @@ lock-check: setup
 # The images (images/README.md, docs/images.md). CONTAINER_ENGINE=podman builds with podman (the dev machines
 # have podman, no docker: make container-engine installs it) under images/podman.conf. Behind a wall:
 # BASE_IMAGE=$(LOCAL_BASE) (make base-image: Debian 12 from debootstrap, when no registry can be reached),
-# TORCH_WHEELS=<wheel folder> with TORCH_INDEX_URL=https://pypi.org/simple (a local CPU torch wheel where
-# download.pytorch.org is out of reach), PIP_CA_BUNDLE=<file> (a TLS-inspecting proxy's CA). The last two
+# TORCH_WHEELS=<wheel folder> (a local CPU torch wheel where download.pytorch.org is out of reach; with one
+# there, TORCH_INDEX_URL defaults to PyPI), PIP_CA_BUNDLE=<file> (a TLS-inspecting proxy's CA). The last two
 # default to pip's own PIP_FIND_LINKS and PIP_CERT: the build takes what pip here takes.
 IMAGE_NAME ?= ghcr.io/posttrain/posttrain
 IMAGE_TAG  ?= 0.1.0
@@ -80,7 +80,8 @@ BASE_IMAGE ?=
 LOCAL_BASE ?= localhost/posttrain-base:bookworm
 TORCH_WHEELS ?= $(PIP_FIND_LINKS)
 PIP_CA_BUNDLE ?= $(PIP_CERT)
-TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
+# a CPU torch wheel among TORCH_WHEELS: it comes from there (it sorts above PyPI's own build of that version)
+TORCH_INDEX_URL ?= $(if $(wildcard $(TORCH_WHEELS)/torch-*+cpu-*.whl),https://pypi.org/simple,https://download.pytorch.org/whl/cpu)
 ENGINE = $(if $(filter podman,$(CONTAINER_ENGINE)),CONTAINERS_CONF=$(CURDIR)/images/podman.conf podman,$(CONTAINER_ENGINE))
 # $(call image_build,ACCELERATOR,TORCH_INDEX_URL,TAG). podman 4.3's builder (buildah 1.28) skips the stage
 # that `FROM toolchain-$${DS_ACCELERATOR}` names (it does not expand the ARG when it picks the stages to build),
@@ -105,7 +106,7 @@ image-cuda: image-inputs
 	$(call image_build,cuda,https://download.pytorch.org/whl/cu128,$(IMAGE_NAME):$(IMAGE_TAG)-cu128)
 # The CPU image built and run (tests/images/test_built_image.py): the commit it records, a stage as its user
 # under a read-only root, the sandbox containing a hostile program inside it. Minutes: not part of make test.
-# Here: make test-images CONTAINER_ENGINE=podman BASE_IMAGE=$(LOCAL_BASE) TORCH_INDEX_URL=https://pypi.org/simple
+# Here: make test-images CONTAINER_ENGINE=podman BASE_IMAGE=$(LOCAL_BASE)
 test-images: $(STAMP) image-cpu
 	POSTTRAIN_TEST_IMAGE=$(IMAGE_NAME):$(IMAGE_TAG) POSTTRAIN_CONTAINER_ENGINE=$(CONTAINER_ENGINE) \
 		$(BIN)/python -m pytest -q -rs tests/images/test_built_image.py
