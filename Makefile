@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 WORKERS ?= 2
 
-.PHONY: setup triton-env real-model real-dag demo-real lint format test test-all test-fast demo demo-weak demo-style demo-multimodal compile clean help bench lock lock-check image-cpu image-cuda image-inputs test-images base-image container-engine safety-data
+.PHONY: setup triton-env real-model real-dag demo-real lint format test test-all test-fast demo demo-weak demo-style demo-multimodal compile clean help bench lock lock-check image-cpu image-cuda image-inputs test-images base-image container-engine image-triton image-triton-cpu demo-containers safety-data
 
 help:
 	@echo "make demo     set up .venv and run the whole pipeline locally (kfp.local, tiny model)"
@@ -82,15 +82,16 @@ TORCH_WHEELS ?= $(PIP_FIND_LINKS)
 PIP_CA_BUNDLE ?= $(PIP_CERT)
 # a CPU torch wheel among TORCH_WHEELS: it comes from there (it sorts above PyPI's own build of that version)
 TORCH_INDEX_URL ?= $(if $(wildcard $(TORCH_WHEELS)/torch-*+cpu-*.whl),https://pypi.org/simple,https://download.pytorch.org/whl/cpu)
-ENGINE = $(if $(filter podman,$(CONTAINER_ENGINE)),CONTAINERS_CONF=$(CURDIR)/images/podman.conf podman,$(CONTAINER_ENGINE))
+PODMAN = $(filter podman,$(CONTAINER_ENGINE))
+ENGINE_ENV = $(if $(PODMAN),CONTAINERS_CONF=$(CURDIR)/images/podman.conf)
+ENGINE = $(ENGINE_ENV) $(CONTAINER_ENGINE)
+IGNORE_ARG = $(if $(PODMAN),--ignorefile images/Dockerfile.dockerignore)
 # $(call image_build,ACCELERATOR,TORCH_INDEX_URL,TAG). podman 4.3's builder (buildah 1.28) skips the stage
 # that `FROM toolchain-$${DS_ACCELERATOR}` names (it does not expand the ARG when it picks the stages to build),
 # then looks for an image of that name: built first under that name, the main build finds it.
-image_build = $(if $(filter podman,$(CONTAINER_ENGINE)),$(ENGINE) build -f images/Dockerfile \
-		--ignorefile images/Dockerfile.dockerignore $(BASE_ARG) --build-arg DS_ACCELERATOR=$(1) \
-		--target toolchain-$(1) -t toolchain-$(1) . &&) \
-	$(ENGINE) build -f images/Dockerfile $(if $(filter podman,$(CONTAINER_ENGINE)),--ignorefile images/Dockerfile.dockerignore) \
-		$(BASE_ARG) --build-arg DS_ACCELERATOR=$(1) --build-arg TORCH_INDEX_URL=$(2) \
+image_build = $(if $(PODMAN),$(ENGINE) build -f images/Dockerfile $(IGNORE_ARG) $(BASE_ARG) \
+		--build-arg DS_ACCELERATOR=$(1) --target toolchain-$(1) -t toolchain-$(1) . &&) \
+	$(ENGINE) build -f images/Dockerfile $(IGNORE_ARG) $(BASE_ARG) --build-arg DS_ACCELERATOR=$(1) --build-arg TORCH_INDEX_URL=$(2) \
 		--build-arg POSTTRAIN_COMMIT=$$(git rev-parse HEAD) \
 		--build-arg POSTTRAIN_DIRTY=$$(git diff --quiet HEAD && echo false || echo true) \
 		--build-arg POSTTRAIN_IMAGE=$(3) -t $(3) .
@@ -126,8 +127,7 @@ container-engine:
 image-triton: ; $(ENGINE) build -f images/Dockerfile.triton -t $(IMAGE_NAME)-triton:$(IMAGE_TAG) images
 # Triton on CPU (images/Dockerfile.triton-cpu): nvidia-pytriton's server on BASE_IMAGE, for make demo-containers
 image-triton-cpu: image-inputs
-	$(ENGINE) build -f images/Dockerfile.triton-cpu $(if $(filter podman,$(CONTAINER_ENGINE)),--ignorefile images/Dockerfile.dockerignore) \
-		$(BASE_ARG) -t $(IMAGE_NAME)-triton:$(IMAGE_TAG)-cpu images
+	$(ENGINE) build -f images/Dockerfile.triton-cpu $(BASE_ARG) -t $(IMAGE_NAME)-triton:$(IMAGE_TAG)-cpu images
 
 # Triton (posttrain serve/deploy, tests/serving): tritonserver from nvidia-pytriton, in its own venv, because
 # nvidia-pytriton pins numpy<2 and Triton's Python-backend stub runs model.py in this same env.
@@ -227,7 +227,7 @@ demo: setup
 # make demo with every task in its container (examples/demo_containers.sh, docs/images.md): the DAG in the
 # CPU image (GPU tasks too: --cpu-only), Triton on CPU in its own image, loaded by the deploy task over HTTP.
 demo-containers: setup image-cpu image-triton-cpu
-	$(if $(filter podman,$(CONTAINER_ENGINE)),CONTAINERS_CONF=$(CURDIR)/images/podman.conf) ENGINE=$(CONTAINER_ENGINE) BIN=$(BIN) TRITON_IMAGE=$(IMAGE_NAME)-triton:$(IMAGE_TAG)-cpu DEMO_PROMPT='$(DEMO_PROMPT)' \
+	$(ENGINE_ENV) ENGINE=$(CONTAINER_ENGINE) BIN=$(BIN) TRITON_IMAGE=$(IMAGE_NAME)-triton:$(IMAGE_TAG)-cpu DEMO_PROMPT='$(DEMO_PROMPT)' \
 		examples/demo_containers.sh $(DEMO_PARAMS) seed=$(SEED)
 
 # The gate turning down a weakened candidate (SFT for 10 steps) evaluated in the demo's candidate's place.

@@ -30,6 +30,28 @@ def engine_env() -> dict:
     return env
 
 
+@pytest.fixture
+def docker_env(tmp_path):
+    """The environment in which the Docker SDK reaches the engine: with podman, its Docker API on a socket of
+    this test's (``DOCKER_HOST``), served for the test's length; with Docker, as it is."""
+    env = engine_env()
+    if ENGINE != "podman":
+        yield env
+        return
+    socket_path = tmp_path / "podman.sock"
+    service = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{socket_path}"], env=env)
+    env["DOCKER_HOST"] = f"unix://{socket_path}"
+    for _ in range(30):
+        if socket_path.exists():
+            break
+        time.sleep(1)
+    try:
+        yield env
+    finally:
+        service.terminate()
+        service.wait(timeout=30)
+
+
 def run_in_image(*args: str, mounts: tuple[tuple[str, str], ...] = ()) -> subprocess.CompletedProcess:
     volumes = [arg for host, inside in mounts for arg in ("-v", f"{host}:{inside}:ro")]
     command = [ENGINE, "run", "--rm", "--read-only", "--tmpfs", "/tmp", "--network", "none", *volumes, IMAGE, *args]
@@ -89,35 +111,20 @@ def test_a_hostile_program_is_contained_by_the_sandbox_in_the_image(tmp_path):
     print("isolation in the image:", report["isolation"])
 
 
-def test_a_pipeline_runs_with_every_task_in_the_image_and_records_it(tmp_path):
+def test_a_pipeline_runs_with_every_task_in_the_image_and_records_it(tmp_path, docker_env):
     """posttrain-sft (a few SFT steps on the embedded default) with --runner docker --cpu-only: every task ran
     in the built image, and run.json records that image's id as the engine knows it and the commit it was
     built from (HEAD)."""
-    env = engine_env()
-    service = None
-    if ENGINE == "podman":  # kfp.local speaks Docker's API: podman serves it on a socket of ours
-        socket_path = tmp_path / "podman.sock"
-        service = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{socket_path}"], env=env)
-        env["DOCKER_HOST"] = f"unix://{socket_path}"
-        for _ in range(30):
-            if socket_path.exists():
-                break
-            time.sleep(1)
-    try:
-        run = subprocess.run(
-            [os.path.join(os.path.dirname(sys.executable), "posttrain"), "pipeline", "run"]
-            + ["--pipeline", "posttrain-sft", "--runner", "docker", "--cpu-only", "--root", str(tmp_path / "runs")]
-            + ["--cache", str(tmp_path / "cache"), "sft_max_steps=5", 'demo_overrides=["n_code_train=100"]'],
-            capture_output=True,
-            text=True,
-            env=env,
-            timeout=1200,
-            cwd=ROOT,
-        )
-    finally:
-        if service is not None:
-            service.terminate()
-            service.wait(timeout=30)
+    run = subprocess.run(
+        [os.path.join(os.path.dirname(sys.executable), "posttrain"), "pipeline", "run"]
+        + ["--pipeline", "posttrain-sft", "--runner", "docker", "--cpu-only", "--root", str(tmp_path / "runs")]
+        + ["--cache", str(tmp_path / "cache"), "sft_max_steps=5", 'demo_overrides=["n_code_train=100"]'],
+        capture_output=True,
+        text=True,
+        env=docker_env,
+        timeout=1200,
+        cwd=ROOT,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert run.stdout.count(f"Found image '{IMAGE}'") >= 8  # check-config ... notify, each in a container
     with open(tmp_path / "latest" / "run.json", encoding="utf-8") as fh:
@@ -132,30 +139,16 @@ def test_a_pipeline_runs_with_every_task_in_the_image_and_records_it(tmp_path):
     assert record["build"]["commit"] == head.stdout.strip()
 
 
-def test_a_failing_task_container_reports_its_exit_status(tmp_path):
+def test_a_failing_task_container_reports_its_exit_status(docker_env):
     """kfp.local 2.17's own runner reports success when the container is gone before it asks (podman
     removes it at once): ours returns the status, so a failed task fails the pipeline."""
     import docker
 
     from pipelines.containers import run_container
 
-    env = engine_env()
-    service = None
-    if ENGINE == "podman":
-        socket_path = tmp_path / "podman.sock"
-        service = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{socket_path}"], env=env)
-        for _ in range(30):
-            if socket_path.exists():
-                break
-            time.sleep(1)
-        client = docker.DockerClient(base_url=f"unix://{socket_path}")
-    else:
-        client = docker.from_env()
+    client = docker.from_env(environment=docker_env)
     try:
         assert run_container(client, IMAGE, ["sh", "-c", "echo failing; exit 3"], {}) == 3
         assert run_container(client, IMAGE, ["true"], {}) == 0
     finally:
         client.close()
-        if service is not None:
-            service.terminate()
-            service.wait(timeout=30)

@@ -18,6 +18,18 @@ from trainer_lib.stages.lifecycle import deploy
 SERVE = "import sys; from trainer_lib.cli import main; sys.exit(main(['serve', *sys.argv[1:]]))"
 
 
+def deployed_tiny(export_dir: str, repository: str) -> str:
+    """The tiny export published as model ``tiny`` (FP32) into ``repository``."""
+    deploy.run(
+        load_config(
+            deploy.CONFIG,
+            None,
+            nest({"export.path": export_dir, "repository": repository, "model_name": "tiny", "variant": "fp32"}),
+        )
+    )
+    return repository
+
+
 def _serve(log, *args: str) -> subprocess.Popen:
     """The server's stderr (its own log and Triton's) goes to the file ``log``: a pipe nobody reads
     would block the server once Triton had logged 64 KiB."""
@@ -130,14 +142,7 @@ def test_serve_errors_say_what_to_do(tmp_path, args, message):
 
 def test_serve_ask_prints_the_served_answer_next_to_pytorch(export_dir, tiny_model_dir, triton_env, tmp_path):
     """`posttrain serve --ask TEXT --chat --compare MODEL` (what `make demo` ends with): one request, both answers."""
-    repository = str(tmp_path / "repo")
-    deploy.run(
-        load_config(
-            deploy.CONFIG,
-            None,
-            nest({"export.path": export_dir, "repository": repository, "model_name": "tiny", "variant": "fp32"}),
-        )
-    )
+    repository = deployed_tiny(export_dir, str(tmp_path / "repo"))
     proc = subprocess.run(
         [
             sys.executable,
@@ -180,14 +185,7 @@ def test_serve_url_asks_a_server_started_elsewhere(export_dir, triton_env, tmp_p
     its own, the answer of the one running at URL."""
     from trainer_lib.serving.server import TritonServer, free_port
 
-    repository = str(tmp_path / "repo")
-    deploy.run(
-        load_config(
-            deploy.CONFIG,
-            None,
-            nest({"export.path": export_dir, "repository": repository, "model_name": "tiny", "variant": "fp32"}),
-        )
-    )
+    repository = deployed_tiny(export_dir, str(tmp_path / "repo"))
     with TritonServer(repository, load=["tiny"], env=triton_env) as server:
         proc = subprocess.run(
             [sys.executable, "-c", SERVE, "--url", server.url, "--ask", "Say hello.", "--max-tokens", "8"],

@@ -233,21 +233,7 @@ class TritonServer:
         return self
 
     def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.process.poll() is not None:
-                raise TritonServerError(
-                    f"tritonserver exited with code {self.process.returncode} before it was ready:\n{self.log_tail()}"
-                )
-            with contextlib.suppress(OSError):
-                with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            if time.monotonic() > deadline:
-                raise TritonServerError(
-                    f"tritonserver was not ready on {self.url} after {timeout_s:.0f} s:\n{self.log_tail()}"
-                )
-            time.sleep(0.1)
+        wait_ready(self.url, timeout_s, f"tritonserver was not ready on {self.url} after {timeout_s:.0f} s:\n", self)
 
     def log_tail(self, chars: int = 4000) -> str:
         if self.log_path in (None, "-"):
@@ -325,14 +311,22 @@ class RunningServer:
 
     def wait_ready(self, timeout_s: float) -> None:
         """Wait until ``/v2/health/ready`` answers 200 (every model given to --load-model is loaded)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.url}/v2/health/ready", timeout=5) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TritonServerError(f"no ready Triton server at {self.url} after {timeout_s:.0f} s")
-            time.sleep(1.0)
+        wait_ready(self.url, timeout_s, f"no ready Triton server at {self.url} after {timeout_s:.0f} s")
+
+
+def wait_ready(url: str, timeout_s: float, not_ready: str, started: TritonServer | None = None) -> None:
+    """Poll ``url``'s ``/v2/health/ready`` until it answers 200; after ``timeout_s``, TritonServerError with
+    ``not_ready`` (and the log tail of the server we ``started``, which fails at once if that process exits)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if started is not None and started.process.poll() is not None:
+            raise TritonServerError(
+                f"tritonserver exited with code {started.process.returncode} before it was ready:\n{started.log_tail()}"
+            )
+        with contextlib.suppress(OSError):
+            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        if time.monotonic() > deadline:
+            raise TritonServerError(not_ready + (started.log_tail() if started is not None else ""))
+        time.sleep(0.1)
