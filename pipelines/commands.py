@@ -235,9 +235,9 @@ def cmd_run(args) -> int:
     defaults = {k: v.default for k, v in (pipeline.component_spec.inputs or {}).items()}
     record = run_record(pipeline.name, root, shown_params({**defaults, **params}), started, task.outputs)
     if args.runner == "docker":
-        from pipelines.containers import image_records
+        from pipelines.containers import container_records
 
-        record["containers"] = image_records(pipeline)
+        record["containers"] = container_records(record["run_dir"]) if record["run_dir"] else {}
     write_latest(latest, record)
     print(f"\npipeline {pipeline.name} succeeded; run directory: {record['run_dir']}")
     for name, out in record["outputs"].items():

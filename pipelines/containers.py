@@ -35,9 +35,10 @@ def docker_runner(pipeline_root: str, cache_dir: str, host_paths: list[str] = ()
 
 
 def run_container(client, image: str, command: list[str], volumes: dict, **run_args) -> int:
-    """One task's container: its log streamed, its exit status returned. Replaces kfp.local's own (2.17),
-    which starts the container with auto_remove and, when the container is gone before it asks for the exit
-    status (a quick exit; always, with podman), reports success: a failed deploy passed as SUCCESS."""
+    """One task's container: its log streamed, its exit status returned, and what it ran recorded in the task's
+    executor output folder (:func:`record_container`). Replaces kfp.local's own (2.17), which starts the container
+    with auto_remove and, when the container is gone before it asks for the exit status (a quick exit; always,
+    with podman), reports success: a failed deploy passed as SUCCESS."""
     image = image if ":" in image.rsplit("/", 1)[-1] else f"{image}:latest"
     if not any(image in found.tags for found in client.images.list()):
         print(f"Pulling image {image!r}")
@@ -49,9 +50,53 @@ def run_container(client, image: str, command: list[str], volumes: dict, **run_a
     try:
         for line in container.logs(stream=True):
             print(line.decode(errors="replace"), end="")
-        return int(container.wait()["StatusCode"])
+        status = int(container.wait()["StatusCode"])
+        record_container(container, image, command)
+        return status
     finally:
         container.remove(force=True)
+
+
+#: The file beside a task's executor_output.json that says what the task's container ran.
+RECORD = "container.json"
+#: Where images/Dockerfile writes the image's build record (the commit it was built from).
+BUILD_INFO = "/etc/posttrain/build.json"
+
+
+def record_container(container, image: str, command: list[str]) -> str:
+    """Write ``container.json`` beside the task's executor_output.json (the folder KFP's executor input names):
+    the image's tag, the id of the image the container ran, and that container's own /etc/posttrain/build.json.
+    KFP's ExecutorOutput message has no free-form field, so the record is a file of the task's output folder."""
+    import io
+    import tarfile
+
+    executor_input = json.loads(command[command.index("--executor_input") + 1])
+    folder = os.path.dirname(executor_input["outputs"]["outputFile"])
+    import docker
+
+    try:
+        stream, _ = container.get_archive(BUILD_INFO)
+    except docker.errors.NotFound:
+        raise RuntimeError(f"image {image} has no {BUILD_INFO}: not a build of images/Dockerfile") from None
+    with tarfile.open(fileobj=io.BytesIO(b"".join(stream))) as tar:
+        build = json.load(tar.extractfile(os.path.basename(BUILD_INFO)))
+    record = {"image": image, "image_id": container.attrs["Image"], "build": build}
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(folder, RECORD)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(record, fh, indent=2)
+    return path
+
+
+def container_records(run_dir: str) -> dict[str, dict]:
+    """The records of a run's tasks (:func:`record_container`), by task folder under ``run_dir``. Kept in
+    run.json."""
+    found = {}
+    for folder, _, files in sorted(os.walk(run_dir)):
+        if RECORD in files:
+            with open(os.path.join(folder, RECORD), encoding="utf-8") as fh:
+                found[os.path.relpath(folder, run_dir)] = json.load(fh)
+    return found
 
 
 def host_paths(params: dict) -> tuple[dict, list[str]]:
@@ -75,39 +120,3 @@ def run_on_cpu(pipeline) -> list[str]:
             container["image"] = settings.IMAGE
             changed.append(name)
     return changed
-
-
-def task_images(pipeline) -> dict[str, str]:
-    """Each task of the pipeline (nested DAGs' included, by task name) and the image it runs in."""
-    spec = pipeline.pipeline_spec
-    executors = spec.deployment_spec["executors"]
-    components = spec.components
-    found: dict[str, str] = {}
-
-    def walk(tasks) -> None:
-        for name, task in tasks.items():
-            component = components[task.component_ref.name]
-            if component.executor_label:
-                found[name] = executors[component.executor_label]["container"]["image"]
-            elif component.HasField("dag"):
-                walk(component.dag.tasks)
-
-    walk(spec.root.dag.tasks)
-    return found
-
-
-def image_records(pipeline) -> dict:
-    """What the run's containers ran: per image, the engine's image id and the image's own build record
-    (/etc/posttrain/build.json: the commit it was built from), and per task, its image. Kept in run.json."""
-    import docker
-
-    tasks = task_images(pipeline)
-    client = docker.from_env()
-    try:
-        images = {}
-        for image in sorted(set(tasks.values())):
-            built = client.containers.run(image, ["cat", "/etc/posttrain/build.json"], remove=True, network_mode="none")
-            images[image] = {"id": client.images.get(image).id, "build": json.loads(built)}
-    finally:
-        client.close()
-    return {"images": images, "tasks": tasks}

@@ -111,10 +111,73 @@ def test_a_hostile_program_is_contained_by_the_sandbox_in_the_image(tmp_path):
     print("isolation in the image:", report["isolation"])
 
 
+#: Bodies of ``add(a, b)`` for ``posttrain humaneval``: the first is honest; each other one returns the right sum
+#: only when its escape works, so a hostile sample passes exactly when it got out.
+HOSTILE_COMPLETIONS = {
+    "honest": "    return a + b\n",
+    "read_secret": (
+        "    try:\n        leaked = open('/var/run/secrets/posttrain/token').read()\n"
+        "    except OSError:\n        return None\n    print('LEAKED', leaked)\n    return a + b\n"
+    ),
+    "write_results": (
+        "    try:\n        open('/out/escaped', 'w').write('x')\n    except OSError:\n        return None\n"
+        "    return a + b\n"
+    ),
+    "kill_evaluator": (
+        "    import os, signal\n    try:\n        os.kill(1, signal.SIGKILL)\n        os.killpg(0, signal.SIGKILL)\n"
+        "    except OSError:\n        return None\n    return a + b\n"
+    ),
+}
+
+
+def test_hostile_humaneval_completions_are_contained_when_evaluated_in_the_image(tmp_path):
+    """``posttrain humaneval`` in the image, as PID 1 of a locked-down container with a mounted token and a
+    writable results folder: the honest completion passes, the hostile ones (read the token, write into the
+    results folder, kill the evaluator) fail, the token appears nowhere, and the evaluator finishes."""
+    canary = f"canary-{uuid.uuid4().hex}"
+    secret = tmp_path / "token"
+    secret.write_text(canary)
+    secret.chmod(0o644)  # readable by the evaluator (uid 1000), as a mounted token is
+    data, out_dir = tmp_path / "data", tmp_path / "out"
+    data.mkdir()
+    out_dir.mkdir()
+    out_dir.chmod(0o777)  # the container's uid 1000 writes here
+    problem = {
+        "task_id": "Probe/0",
+        "prompt": "def add(a, b):\n",
+        "entry_point": "add",
+        "canonical_solution": "    return a + b\n",
+        "test": "def check(candidate):\n    assert candidate(2, 3) == 5\n",
+    }
+    (data / "problems.jsonl").write_text(json.dumps(problem) + "\n")
+    samples = [{"task_id": "Probe/0", "completion": body} for body in HOSTILE_COMPLETIONS.values()]
+    (data / "samples.jsonl").write_text("".join(json.dumps(row) + "\n" for row in samples))
+    command = [ENGINE, "run", "--rm", "--read-only", "--tmpfs", "/tmp", "--network", "none"]
+    command += [
+        "-v",
+        f"{data}:/data:ro",
+        "-v",
+        f"{out_dir}:/out",
+        "-v",
+        f"{secret}:/var/run/secrets/posttrain/token:ro",
+    ]
+    command += [IMAGE, "posttrain", "humaneval", "--samples", "/data/samples.jsonl", "--problems"]
+    command += ["/data/problems.jsonl", "--out", "/out/results", "--k", "1", "--workers", "1"]
+    out = subprocess.run(command, capture_output=True, text=True, env=engine_env(), timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    with open(out_dir / "results" / "samples.jsonl", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh]
+    passed = {name: row["passed"] for name, row in zip(HOSTILE_COMPLETIONS, rows)}
+    assert passed == {name: name == "honest" for name in HOSTILE_COMPLETIONS}, [r["result"] for r in rows]
+    assert not (out_dir / "escaped").exists()
+    written = "".join(path.read_text() for path in (out_dir / "results").iterdir())
+    assert canary not in written + out.stdout + out.stderr
+
+
 def test_a_pipeline_runs_with_every_task_in_the_image_and_records_it(tmp_path, docker_env):
     """posttrain-sft (a few SFT steps on the embedded default) with --runner docker --cpu-only: every task ran
-    in the built image, and run.json records that image's id as the engine knows it and the commit it was
-    built from (HEAD)."""
+    in the built image, and each task's executor output folder records that image's id as the engine knows it
+    and the commit it was built from (HEAD); run.json gathers the records."""
     run = subprocess.run(
         [os.path.join(os.path.dirname(sys.executable), "posttrain"), "pipeline", "run"]
         + ["--pipeline", "posttrain-sft", "--runner", "docker", "--cpu-only", "--root", str(tmp_path / "runs")]
@@ -126,29 +189,25 @@ def test_a_pipeline_runs_with_every_task_in_the_image_and_records_it(tmp_path, d
         cwd=ROOT,
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    assert run.stdout.count(f"Found image '{IMAGE}'") >= 8  # check-config ... notify, each in a container
+    started = run.stdout.count(f"Found image '{IMAGE}'")
+    assert started >= 8  # check-config ... notify, each in a container
     with open(tmp_path / "latest" / "run.json", encoding="utf-8") as fh:
-        containers = json.load(fh)["containers"]
-    assert set(containers["tasks"].values()) == {IMAGE}
+        record = json.load(fh)
+    run_dir = record["run_dir"]
+    outputs = sorted(
+        os.path.relpath(folder, run_dir) for folder, _, files in os.walk(run_dir) if "executor_output.json" in files
+    )
+    assert sorted(record["containers"]) == sorted(
+        os.path.relpath(folder, run_dir) for folder, _, files in os.walk(run_dir) if "container.json" in files
+    )
+    assert set(outputs) <= set(record["containers"]) and len(record["containers"]) == started
     engine_id = subprocess.run(
         [ENGINE, "image", "inspect", "--format", "{{.Id}}", IMAGE], capture_output=True, text=True, env=engine_env()
     ).stdout.strip()
-    record = containers["images"][IMAGE]
-    assert record["id"].removeprefix("sha256:") == engine_id.removeprefix("sha256:")
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert record["build"]["commit"] == head.stdout.strip()
-
-
-def test_a_failing_task_container_reports_its_exit_status(docker_env):
-    """kfp.local 2.17's own runner reports success when the container is gone before it asks (podman
-    removes it at once): ours returns the status, so a failed task fails the pipeline."""
-    import docker
-
-    from pipelines.containers import run_container
-
-    client = docker.from_env(environment=docker_env)
-    try:
-        assert run_container(client, IMAGE, ["sh", "-c", "echo failing; exit 3"], {}) == 3
-        assert run_container(client, IMAGE, ["true"], {}) == 0
-    finally:
-        client.close()
+    for task, task_record in record["containers"].items():
+        with open(os.path.join(run_dir, task, "container.json"), encoding="utf-8") as fh:
+            assert json.load(fh) == task_record, task
+        assert task_record["image"] == IMAGE, task
+        assert task_record["image_id"].removeprefix("sha256:") == engine_id.removeprefix("sha256:"), task
+        assert task_record["build"]["commit"] == head.stdout.strip(), task

@@ -62,7 +62,6 @@ def test_cpu_only_points_gpu_tasks_at_the_cpu_image_in_memory_only():
 def test_every_task_of_every_pipeline_is_mapped_to_the_image_its_component_names():
     from components.common import BUILDS
     from pipelines.commands import pipelines
-    from pipelines.containers import task_images
 
     for name in pipelines():
         tasks = task_images(get_pipeline(name))
@@ -89,3 +88,35 @@ def test_parameters_naming_local_paths_become_absolute_and_are_mounted(tmp_path,
     assert out["dataset"] == str(tmp_path / "data.jsonl") and out["sft_max_steps"] == 5
     assert out["base_model"] == params["base_model"] and out["prompt_dataset"] == params["prompt_dataset"]
     assert paths == sorted([str(tmp_path / "data.jsonl"), str(tmp_path / "repository")])
+
+
+def task_images(pipeline) -> dict[str, str]:
+    """Each task of the pipeline (nested DAGs' included, by task name) and the image it runs in."""
+    spec = pipeline.pipeline_spec
+    executors = spec.deployment_spec["executors"]
+    found: dict[str, str] = {}
+
+    def walk(tasks) -> None:
+        for name, task in tasks.items():
+            component = spec.components[task.component_ref.name]
+            if component.executor_label:
+                found[name] = executors[component.executor_label]["container"]["image"]
+            elif component.HasField("dag"):
+                walk(component.dag.tasks)
+
+    walk(spec.root.dag.tasks)
+    return found
+
+
+def test_the_container_records_of_a_run_are_gathered_by_task_folder(tmp_path):
+    import json
+
+    from pipelines.containers import RECORD, container_records
+
+    records = {"prepare": {"image": "a:1", "image_id": "sha256:1"}, "sft/train": {"image": "b:1", "image_id": "2"}}
+    for task, record in records.items():
+        (tmp_path / task).mkdir(parents=True)
+        (tmp_path / task / RECORD).write_text(json.dumps(record))
+        (tmp_path / task / "executor_output.json").write_text("{}")
+    (tmp_path / "fingerprint").mkdir()  # a task folder without a record is not one
+    assert container_records(str(tmp_path)) == records
