@@ -63,10 +63,13 @@ RECORD = "container.json"
 BUILD_INFO = "/etc/posttrain/build.json"
 
 
-def record_container(container, image: str, command: list[str]) -> str:
+def record_container(container, image: str, command: list[str]) -> str | None:
     """Write ``container.json`` beside the task's executor_output.json (the folder KFP's executor input names):
     the image's tag, the id of the image the container ran, and that container's own /etc/posttrain/build.json.
-    KFP's ExecutorOutput message has no free-form field, so the record is a file of the task's output folder."""
+    KFP's ExecutorOutput message has no free-form field, so the record is a file of the task's output folder.
+    A command that is no KFP task (no ``--executor_input``) has no such folder: nothing is written."""
+    if "--executor_input" not in command:
+        return None
     import io
     import tarfile
 

@@ -211,3 +211,18 @@ def test_a_pipeline_runs_with_every_task_in_the_image_and_records_it(tmp_path, d
         assert task_record["image"] == IMAGE, task
         assert task_record["image_id"].removeprefix("sha256:") == engine_id.removeprefix("sha256:"), task
         assert task_record["build"]["commit"] == head.stdout.strip(), task
+
+
+def test_a_failing_task_container_reports_its_exit_status(docker_env):
+    """kfp.local 2.17's own runner reports success when the container is gone before it asks (podman
+    removes it at once): ours returns the status, so a failed task fails the pipeline."""
+    import docker
+
+    from pipelines.containers import run_container
+
+    client = docker.from_env(environment=docker_env)
+    try:
+        assert run_container(client, IMAGE, ["sh", "-c", "echo failing; exit 3"], {}) == 3
+        assert run_container(client, IMAGE, ["true"], {}) == 0
+    finally:
+        client.close()
