@@ -533,18 +533,30 @@ def training_data(
     dd = load_saved(storage.localize(data_cfg.path), data_cfg.path)
     if not isinstance(dd, datasets.DatasetDict) or "train" not in dd:
         raise UserError(f"data.path: {data_cfg.path}: expected a DatasetDict with a 'train' split")
-    fingerprints = _split_fingerprints(stats.get("fingerprint"), dd)
+    split, held_out = getattr(data_cfg, "split", "") or "train", getattr(data_cfg, "eval_split", "") or "eval"
+    Source(data_cfg.path, data_cfg.path, "saved", splits=list(dd)).check_splits(
+        getattr(data_cfg, "split", ""), getattr(data_cfg, "eval_split", "")
+    )
+    max_rows = getattr(data_cfg, "max_rows", 0)
+    picked = {"train": dd[split], "eval": dd[held_out] if held_out in dd else dd[split].select([])}
+    if max_rows:
+        picked = {name: rows.select(range(min(max_rows, len(rows)))) for name, rows in picked.items()}
+    fingerprints = _split_fingerprints(stats.get("fingerprint"), dd, {"train": split, "eval": held_out}, max_rows)
     if data_cfg.eval_path:
-        dd["eval"], fingerprints["eval"] = _prepared_eval(data_cfg, fmt, normalizer, tokenizer, dd["train"])
-    elif "eval" not in dd:
-        dd["eval"] = dd["train"].select([])
-    return TrainingData(datasets.DatasetDict({"train": dd["train"], "eval": dd["eval"]}), fmt, fingerprints)
+        picked["eval"], fingerprints["eval"] = _prepared_eval(data_cfg, fmt, normalizer, tokenizer, picked["train"])
+    return TrainingData(datasets.DatasetDict(picked), fmt, fingerprints)
 
 
-def _split_fingerprints(content: str | None, dd) -> dict:
+def _split_fingerprints(content: str | None, dd, names: dict | None = None, max_rows: int = 0) -> dict:
+    """The content fingerprint of each split a stage trains and evaluates on: a prepared dataset's own
+    split (``names``: which one each role takes, data.split / data.eval_split), cut to ``max_rows``."""
     from trainer_lib.data.cache import digest
 
-    return {name: digest([content, name]) if content else None for name in ("train", "eval")}
+    names = names or {"train": "train", "eval": "eval"}
+    return {
+        role: digest([content, names[role]] + ([max_rows] if max_rows else [])) if content else None
+        for role in ("train", "eval")
+    }
 
 
 def _prepared_eval(data_cfg, fmt: str, normalizer: Normalizer, tokenizer, train):

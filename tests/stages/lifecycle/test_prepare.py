@@ -403,6 +403,35 @@ def test_load_training_data_prepared_and_raw_agree(tmp_path, capsys):
     assert fmt == "preference"
 
 
+def test_a_prepared_dataset_honours_split_eval_split_and_max_rows(tmp_path, capsys):
+    """A judge trained on a prepared dataset's eval half and measured on its train half (data.split=eval
+    data.eval_split=train), each cut to data.max_rows, as the DPO recipe's judge is; a split the dataset
+    lacks is named."""
+    rows = [{"prompt": f"q{i}", "chosen": "good", "rejected": "bad"} for i in range(20)]
+    src = write_jsonl(tmp_path / "pref.jsonl", rows)
+    out = tmp_path / "prepared"
+    rc, _, err = run_prepare(capsys, f"data.path={src}", f"output_dir={out}", "data.eval_fraction=0.5", "seed=1")
+    assert rc == 0, err
+    whole, _ = load_training_data(data_cfg(out, split="", eval_split="", max_rows=0), seed=0)
+    swapped, _ = load_training_data(data_cfg(out, split="eval", eval_split="train", max_rows=0), seed=0)
+    assert (
+        swapped["train"].to_list() == whole["eval"].to_list() and swapped["eval"].to_list() == whole["train"].to_list()
+    )
+    cut, _ = load_training_data(data_cfg(out, split="eval", eval_split="train", max_rows=4), seed=0)
+    assert (
+        cut["train"].to_list() == whole["eval"].to_list()[:4] and cut["eval"].to_list() == whole["train"].to_list()[:4]
+    )
+    from trainer_lib.data.dataset import training_data
+
+    prints = [
+        training_data(data_cfg(out, split=a, eval_split=b, max_rows=m), seed=0).fingerprints["train"]
+        for a, b, m in (("", "", 0), ("eval", "train", 0), ("eval", "train", 4))
+    ]
+    assert len(set(prints)) == 3  # nothing tokenized for one selection is reused for another
+    with pytest.raises(UserError, match="data.split: .* has no split 'test'"):
+        load_training_data(data_cfg(out, split="test", eval_split="", max_rows=0), seed=0)
+
+
 def test_prepare_a_prepared_dir_keeps_its_split(tmp_path, capsys):
     src = write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"p{i}", "completion": f"c{i}"} for i in range(6)])
     rc, first, err = run_prepare(
