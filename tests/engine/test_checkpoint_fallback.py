@@ -1,4 +1,5 @@
-"""Resume past a damaged checkpoint, and refuse a checkpoint of the old format with the way to convert it.
+"""Resume past a damaged checkpoint, refuse a checkpoint of the old format with the way to convert it, and
+refuse one a run of other settings wrote.
 
 A real SFT run keeps its two newest checkpoints (steps 4 and 6). Damaging step 6 (a flipped byte,
 caught by the marker's checksums; a truncated file under a marker without checksums, caught when it
@@ -42,11 +43,11 @@ def run(tiny_model_dir, chat_jsonl, tmp_path):
         f"output_dir={out}",
     ]
 
-    def again(capsys) -> tuple[int, str, str]:
+    def again(capsys, *changes: str) -> tuple[int, str, str]:
         (out / "summary.json").unlink(missing_ok=True)
         capsys.readouterr()
         with one_thread():
-            code = main(args)
+            code = main(args + list(changes))
         captured = capsys.readouterr()
         return code, captured.out, captured.err
 
@@ -144,3 +145,18 @@ def test_no_usable_checkpoint_and_an_old_one_are_one_error_line(run, capsys):
     assert last.startswith(f"error: no usable checkpoint in {ckpts} (move them away, or set resume=false to start")
     assert f"over): {tag_for(6)}: mp_rank_00_model_states.pt has " in last, last  # (its marker has checksums)
     assert f"; {tag_for(4)}: failed to load: RuntimeError: " in last, last  # (its marker had them dropped above)
+
+
+def test_a_rerun_with_other_settings_is_refused_and_a_longer_one_resumes(run, capsys):
+    """Another lr or data selection is another run: one error naming the keys, exit 2, nothing trained or
+    removed. More steps (and other cadences or trackers) continue the same run from its newest checkpoint."""
+    out, again = run
+    before = sorted(os.listdir(out / "checkpoints"))
+    code, _, err = again(capsys, "lr=1e-3", "data.max_rows=8")
+    assert code == 2
+    assert "written by a run with other settings (data.max_rows, lr differ)" in err and "resume=false" in err
+    assert sorted(os.listdir(out / "checkpoints")) == before and not (out / "summary.json").exists()
+    code, out_text, err = again(capsys, "max_steps=8", "logging_steps=2", "report_to=[none]")
+    assert code == 0, err
+    assert "resuming at step 6" in out_text + err
+    assert json.loads((out / "summary.json").read_text())["steps"] == 8

@@ -14,6 +14,12 @@ them before loading; a checkpoint that fails the check, or fails to load, is nam
 warning and the previous complete one is used instead; none usable is one error line.
 Checkpoints written before RNG states were saved as tensors (weights-only loading) are refused
 with the command that converts them: ``python -m trainer_lib.engine.checkpoint convert DIR``.
+
+The marker also holds a digest of each setting that shapes what is learned (:func:`run_identity`:
+the model, the data and its selection, the objective and optimizer settings, the seed). A rerun whose
+settings differ is refused with the keys that changed, instead of resuming a run it is not: a
+checkpoint of 109 steps on all pairs would otherwise finish a 40-step run on 320 of them at once.
+What may change on a resume: where things go, how long and how often, trackers, the engine.
 """
 
 from __future__ import annotations
@@ -36,6 +42,43 @@ LOG_FILE = "metrics.jsonl"
 SUMMARY = "summary.json"  # written last: an output root with it holds a complete model
 FINAL_STAGING = ".final-model.tmp"
 RANK_STATE = "loop_state_rank{rank}.json"  # what one rank's training loop keeps (its unlogged metric sums)
+
+
+#: Settings a resumed run may change (a key, or a section ending in "."): where things go, how long and how
+#: often, trackers, the engine and the object store. The parallel layout is checked on its own.
+RESUMABLE_CHANGES = (
+    "output_dir",
+    "checkpoint_dir",
+    "resume",
+    "max_steps",
+    "num_epochs",
+    "save_steps",
+    "save_total_limit",
+    "eval_steps",
+    "logging_steps",
+    "eval_batch_size",
+    "report_to",
+    "loss_plot",
+    "data.num_workers",
+    "engine.",
+    "parallel.",
+    "storage.",
+    "hub.",
+    "preemption.",
+)
+
+
+def run_identity(cfg) -> dict[str, str]:
+    """``{key: digest of its value}`` of every setting of ``cfg`` but :data:`RESUMABLE_CHANGES`: what a
+    checkpoint's run was. Digests, not values: a marker never holds a location's credentials."""
+    from trainer_lib.config.loader import flat_dict
+
+    sections = tuple(key for key in RESUMABLE_CHANGES if key.endswith("."))
+    return {
+        key: hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        for key, value in flat_dict(cfg).items()
+        if key not in RESUMABLE_CHANGES and not key.startswith(sections)
+    }
 
 
 def tag_for(step: int) -> str:
@@ -141,9 +184,16 @@ def staging_dir(location: str) -> str:
 
 class CheckpointManager:
     def __init__(
-        self, output_dir: str, strategy, keep: int = 2, checkpoint_dir: str | None = None, merge_lora: bool = True
+        self,
+        output_dir: str,
+        strategy,
+        keep: int = 2,
+        checkpoint_dir: str | None = None,
+        merge_lora: bool = True,
+        identity: dict | None = None,
     ):
         self.output_dir = output_dir
+        self.identity = identity
         self.merge_lora = merge_lora
         self.strategy = strategy
         self.keep = keep
@@ -159,13 +209,15 @@ class CheckpointManager:
 
     @classmethod
     def for_stage(cls, cfg, strategy) -> CheckpointManager:
-        """From the shared training keys: output_dir, checkpoint_dir, save_total_limit, lora.merge."""
+        """From the shared training keys: output_dir, checkpoint_dir, save_total_limit, lora.merge; the
+        run's identity (:func:`run_identity`) from all of them."""
         return cls(
             cfg.output_dir,
             strategy,
             keep=cfg.save_total_limit,
             checkpoint_dir=cfg.checkpoint_dir,
             merge_lora=cfg.lora.merge,
+            identity=run_identity(cfg),
         )
 
     # ------------------------------------------------------------------ discovery
@@ -237,11 +289,19 @@ class CheckpointManager:
             f"with the layout it was saved with"
         )
 
+    def _changed_settings(self, saved: dict | None) -> list[str]:
+        """The settings whose values differ from the run that wrote a checkpoint (markers from before the
+        identity was recorded: none)."""
+        if not saved or self.identity is None:
+            return []
+        return sorted(key for key in set(saved) | set(self.identity) if saved.get(key) != self.identity.get(key))
+
     def _fetch_and_check(self, tag: str) -> str | None:
         """Download ``tag`` (URL locations) and check its files against its marker, once per node;
-        what is wrong with it, agreed by every rank (None: nothing)."""
+        what is wrong with it, agreed by every rank (None: nothing). A checkpoint of other settings is
+        an error: every checkpoint of that run is."""
         local = os.path.join(self.ckpt_dir, tag)
-        problem, old = None, []
+        problem, old, changed = None, [], []
         if self.strategy.local_rank == 0:
             try:
                 if self.ckpt_remote:
@@ -251,14 +311,22 @@ class CheckpointManager:
                 files = marker.get("files")
                 problem = check_digests(local, files) if files else None
                 problem = problem or self._other_layout(marker.get("parallel"))
-                old = [] if problem else old_format_files(local)
+                changed = [] if problem else self._changed_settings(marker.get("config"))
+                old = [] if problem or changed else old_format_files(local)
             except storage.StorageError as exc:  # a transient failure stays one: exit 1 and a retry
                 if "checksum mismatch" not in str(exc):
                     raise
                 problem = " ".join(str(exc).split())
             except (OSError, ValueError, RuntimeError) as exc:  # an unreadable marker or pickle
                 problem = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
-        verdict = self.strategy.all_reduce(2.0 if old else 1.0 if problem else 0.0, op="max")
+        verdict = self.strategy.all_reduce(3.0 if changed else 2.0 if old else 1.0 if problem else 0.0, op="max")
+        if verdict == 3.0:
+            shown = ", ".join(changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
+            raise UserError(
+                f"{storage.join(self.ckpt_root, tag)}: written by a run with other settings "
+                f"({shown or 'on another rank'} differ); rerun with the settings it was saved with to continue "
+                "it, or move the checkpoints away (or set resume=false) to start over"
+            )
         if verdict == 2.0:
             where = storage.join(self.ckpt_root, tag)
             files = f" ({', '.join(old)}: NumPy arrays)" if old else ""
@@ -337,6 +405,7 @@ class CheckpointManager:
                     "time": time.time(),
                     "world_size": self.strategy.world_size,
                     "parallel": self._layout(),
+                    "config": self.identity,
                     "files": file_digests(local),
                 }
             )
