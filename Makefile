@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 WORKERS ?= 2
 
-.PHONY: setup triton-env real-model real-dag demo-real lint format test test-all test-fast demo demo-weak demo-style demo-multimodal compile clean help bench lock lock-check image-cpu image-cuda image-inputs test-images base-image container-engine image-triton image-triton-cpu demo-containers safety-data
+.PHONY: setup triton-env real-model real-dag demo-real lint format test test-all test-fast demo demo-weak demo-style demo-multimodal compile clean help bench lock lock-check image-cpu image-cuda cuda-devel-pypi image-inputs test-images base-image container-engine image-triton image-triton-cpu demo-containers safety-data
 
 help:
 	@echo "make demo     set up .venv and run the whole pipeline locally (kfp.local, tiny model)"
@@ -25,6 +25,7 @@ help:
 	@echo "make demo-real RECIPE=grpo-arithmetic SEED=0  a recipe that trains SmolLM2-135M-Instruct for a real gain (examples/real/)"
 	@echo "make real-dag  the posttrain-all DAG on SmolLM2-135M-Instruct and public data (GSM8K, HH-RLHF, MBPP)"
 	@echo "make image-cpu / image-cuda / image-triton-cpu [CONTAINER_ENGINE=podman]  build the images (docs/images.md)"
+	@echo "make cuda-devel-pypi  nvcc and the CUDA headers from PyPI, for image-cuda where Docker Hub is out of reach"
 	@echo "make demo-containers  make demo with every task in its container, served by Triton in its own"
 	@echo "make test-images  build the CPU image and test it: a stage, the sandbox, a pipeline in containers"
 
@@ -86,12 +87,12 @@ PODMAN = $(filter podman,$(CONTAINER_ENGINE))
 ENGINE_ENV = $(if $(PODMAN),CONTAINERS_CONF=$(CURDIR)/images/podman.conf)
 ENGINE = $(ENGINE_ENV) $(CONTAINER_ENGINE)
 IGNORE_ARG = $(if $(PODMAN),--ignorefile images/Dockerfile.dockerignore)
-# $(call image_build,ACCELERATOR,TORCH_INDEX_URL,TAG). podman 4.3's builder (buildah 1.28) skips the stage
+# $(call image_build,ACCELERATOR,TORCH_INDEX_URL,TAG[,MORE BUILD ARGS]). podman 4.3's builder (buildah 1.28) skips the stage
 # that `FROM toolchain-$${DS_ACCELERATOR}` names (it does not expand the ARG when it picks the stages to build),
 # then looks for an image of that name: built first under that name, the main build finds it.
-image_build = $(if $(PODMAN),$(ENGINE) build -f images/Dockerfile $(IGNORE_ARG) $(BASE_ARG) \
+image_build = $(if $(PODMAN),$(ENGINE) build -f images/Dockerfile $(IGNORE_ARG) $(BASE_ARG) $(4) \
 		--build-arg DS_ACCELERATOR=$(1) --target toolchain-$(1) -t toolchain-$(1) . &&) \
-	$(ENGINE) build -f images/Dockerfile $(IGNORE_ARG) $(BASE_ARG) --build-arg DS_ACCELERATOR=$(1) --build-arg TORCH_INDEX_URL=$(2) \
+	$(ENGINE) build -f images/Dockerfile $(IGNORE_ARG) $(BASE_ARG) $(4) --build-arg DS_ACCELERATOR=$(1) --build-arg TORCH_INDEX_URL=$(2) \
 		--build-arg POSTTRAIN_COMMIT=$$(git rev-parse HEAD) \
 		--build-arg POSTTRAIN_DIRTY=$$(git diff --quiet HEAD && echo false || echo true) \
 		--build-arg POSTTRAIN_IMAGE=$(3) -t $(3) .
@@ -103,8 +104,24 @@ image-inputs:
 	$(if $(PIP_CA_BUNDLE),cp $(PIP_CA_BUNDLE) images/local/pip-ca.crt)
 image-cpu: image-inputs
 	$(call image_build,cpu,$(TORCH_INDEX_URL),$(IMAGE_NAME):$(IMAGE_TAG))
+# The CUDA build: torch +cu128 from download.pytorch.org over NVIDIA's 12.8 devel image's nvcc, every GPU
+# architecture of CUDA_ARCHS (images/Dockerfile). Where neither can be reached: PyPI's torch (its cu130 build)
+# and nvcc from PyPI's wheels (make cuda-devel-pypi), CUDA_TAG=cu130; CUDA_ARCHS=9.0 compiles for one GPU.
+CUDA_TORCH_INDEX ?= https://download.pytorch.org/whl/cu128
+CUDA_TAG ?= cu128
+CUDA_DEVEL_IMAGE ?=
+CUDA_ARCHS ?=
+CUDA_TOOLKIT ?= 13.0.3
+CUDA_ARGS = $(if $(CUDA_DEVEL_IMAGE),--build-arg CUDA_DEVEL_IMAGE=$(CUDA_DEVEL_IMAGE)) \
+	$(if $(CUDA_ARCHS),--build-arg "CUDA_ARCHS=$(CUDA_ARCHS)")
+# no CPU torch wheel among the build's local wheels: it would sort above the CUDA build of its version
+image-cuda: TORCH_WHEELS =
 image-cuda: image-inputs
-	$(call image_build,cuda,https://download.pytorch.org/whl/cu128,$(IMAGE_NAME):$(IMAGE_TAG)-cu128)
+	$(call image_build,cuda,$(CUDA_TORCH_INDEX),$(IMAGE_NAME):$(IMAGE_TAG)-$(CUDA_TAG),$(CUDA_ARGS))
+# NVIDIA's CUDA devel image from PyPI's CUDA wheels (images/Dockerfile.cuda-pypi), where Docker Hub is out of reach
+cuda-devel-pypi: image-inputs
+	$(ENGINE) build -f images/Dockerfile.cuda-pypi $(BASE_ARG) --build-arg CUDA_TOOLKIT=$(CUDA_TOOLKIT) \
+		-t localhost/cuda-devel-pypi:$(CUDA_TOOLKIT) images
 # The CPU image built and run (tests/images/test_built_image.py): the commit it records, a stage as its user
 # under a read-only root, the sandbox containing a hostile program inside it. Minutes: not part of make test.
 # Here: make test-images CONTAINER_ENGINE=podman BASE_IMAGE=$(LOCAL_BASE)

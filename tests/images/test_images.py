@@ -102,7 +102,7 @@ def test_make_and_both_builds_install_with_the_lock():
         or "--no-build-isolation -c requirements.lock" in line
         for line in pip_lines
     )
-    assert "$(call image_build,cuda,https://download.pytorch.org/whl/cu128," in makefile  # the CUDA build
+    assert "$(call image_build,cuda,$(CUDA_TORCH_INDEX)," in makefile  # the CUDA build (cu128 by default)
     assert "--build-arg TORCH_INDEX_URL=$(2)" in makefile
 
 
@@ -260,7 +260,9 @@ def test_the_cuda_build_compiles_with_nvcc_into_the_runtime_python():
     assert named["cuda-devel"][0] == "FROM ${CUDA_DEVEL_IMAGE} AS cuda-devel"
     version = re.fullmatch(r"nvidia/cuda:(\d+)\.(\d+)\.\d+-devel-ubuntu[\d.]+", args["CUDA_DEVEL_IMAGE"]).groups()
     with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as fh:
-        assert f"whl/cu{''.join(version)}," in fh.read()
+        makefile = fh.read()
+    assert f"CUDA_TORCH_INDEX ?= https://download.pytorch.org/whl/cu{''.join(version)}\n" in makefile
+    assert f"CUDA_TAG ?= cu{''.join(version)}\n" in makefile
     copied = [line.split()[2] for line in cuda if line.startswith("COPY --from=cuda-devel")]
     assert "/usr/local/cuda/bin" in copied and any("libcudart.so" in path for path in copied)
     assert any("nvcc --version" in line for line in cuda) and any("CUDA_HOME=/usr/local/cuda" in line for line in cuda)
@@ -311,6 +313,48 @@ def make_images() -> set[str]:
         out = subprocess.run(["make", "-n", target], cwd=ROOT, capture_output=True, text=True, check=True).stdout
         tags |= set(re.findall(r" -t (\S+) ", out))
     return tags
+
+
+def test_the_pypi_cuda_devel_image_lays_out_what_the_cuda_toolchain_copies():
+    """images/Dockerfile.cuda-pypi stands in for NVIDIA's devel image: each path toolchain-cuda copies from
+    CUDA_DEVEL_IMAGE is one it fills from PyPI's CUDA wheels, at the toolkit version make asks for."""
+    copied = [line.split()[2] for line in named_stages()["toolchain-cuda"] if line.startswith("COPY --from=cuda-devel")]
+    assert copied == [
+        "/usr/local/cuda/bin",
+        "/usr/local/cuda/nvvm",
+        "/usr/local/cuda/targets/x86_64-linux/include",
+        "/usr/local/cuda/targets/x86_64-linux/lib/libcudart.so*",
+    ]
+    with open(os.path.join(ROOT, "images", "Dockerfile.cuda-pypi"), encoding="utf-8") as fh:
+        text = re.sub(r"\\\n", " ", "".join(line for line in fh if not line.lstrip().startswith("#")))
+    assert 'cp -a "$wheels/bin" "$wheels/nvvm" /usr/local/cuda/' in text
+    assert "target=/usr/local/cuda/targets/x86_64-linux" in text
+    assert 'cp -a "$wheels/include" "$target/"' in text and 'cp -a "$wheels"/lib/libcudart* "$target/lib/"' in text
+    # torch's ATen/cuda headers include these libraries' headers (cusparse.h, cublas_v2.h, ...)
+    assert "cuda-toolkit[nvcc,cccl,crt,cudart,cublas,cusparse,cusolver,curand]==${CUDA_TOOLKIT}" in text
+    assert 'ln -s "libcudart.so.${CUDA_TOOLKIT%%.*}" "$target/lib/libcudart.so"' in text
+    assert "/usr/local/cuda/bin/nvcc --version" in text
+    (default,) = re.findall(r"^ARG CUDA_TOOLKIT=(\S+)$", text, re.MULTILINE)
+    with open(os.path.join(ROOT, "Makefile"), encoding="utf-8") as fh:
+        assert f"CUDA_TOOLKIT ?= {default}\n" in fh.read()
+
+
+def test_the_cuda_build_takes_no_cpu_torch_wheel_and_passes_its_toolchain_args():
+    """A CPU torch wheel among the build's local wheels (pip's find-links, the default TORCH_WHEELS) would sort
+    above the CUDA build of its version."""
+    out = subprocess.run(
+        ["make", "-n", "image-cuda", "CUDA_DEVEL_IMAGE=localhost/cuda-devel-pypi:13.0.3"]
+        + ["CUDA_TORCH_INDEX=https://pypi.org/simple", "CUDA_TAG=cu130", "CUDA_ARCHS=9.0"],
+        env={**os.environ, "PIP_FIND_LINKS": "/opt/wheels"},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "/opt/wheels" not in out and "torch-" not in out
+    assert "--build-arg CUDA_DEVEL_IMAGE=localhost/cuda-devel-pypi:13.0.3" in out
+    assert '--build-arg "CUDA_ARCHS=9.0"' in out and "TORCH_INDEX_URL=https://pypi.org/simple" in out
+    assert "-t ghcr.io/posttrain/posttrain:0.1.0-cu130 ." in out
 
 
 def test_every_image_the_compiled_pipelines_and_manifests_name_is_one_make_builds():
