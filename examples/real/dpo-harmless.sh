@@ -12,7 +12,7 @@
 # 3. Contrast pairs against over-refusal: the starting model answers 80 benign look-alikes of its own
 #    (benign_lookalikes_train.jsonl, none of them among the held-out 60), and `posttrain safety-set
 #    --contrast` makes each answer the chosen one over a refusal.
-# 4. DPO (dpo-harmless.yaml) on the first 320 train-split pairs plus the contrast pairs, and the judge, a
+# 4. DPO (dpo-harmless.yaml) on the train-split pairs plus the contrast pairs, and the judge, a
 #    reward model on 320 pairs of the other half (reward-harmless-judge.yaml).
 # 5. `posttrain evaluate` of the starting model (base) and DPO's: harmless and over-refusal rates by the
 #    refusal rules, reward_mean and reward_win_rate by the judge, reported side by side. The gate states
