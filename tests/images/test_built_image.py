@@ -52,9 +52,12 @@ def docker_env(tmp_path):
         service.wait(timeout=30)
 
 
-def run_in_image(*args: str, mounts: tuple[tuple[str, str], ...] = ()) -> subprocess.CompletedProcess:
+def run_in_image(
+    *args: str, mounts: tuple[tuple[str, str], ...] = (), options: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     volumes = [arg for host, inside in mounts for arg in ("-v", f"{host}:{inside}:ro")]
-    command = [ENGINE, "run", "--rm", "--read-only", "--tmpfs", "/tmp", "--network", "none", *volumes, IMAGE, *args]
+    command = [ENGINE, "run", "--rm", "--read-only", "--tmpfs", "/tmp", "--network", "none", *options, *volumes]
+    command += [IMAGE, *args]
     return subprocess.run(command, capture_output=True, text=True, env=engine_env(), timeout=600)
 
 
@@ -83,19 +86,40 @@ def test_a_stage_runs_in_the_image_as_its_user(tmp_path):
     assert written, "prepare wrote nothing"
 
 
-def test_a_hostile_program_is_contained_by_the_sandbox_in_the_image(tmp_path):
+def test_the_cpu_image_holds_no_cuda_packages():
+    out = run_in_image("python3", "-m", "pip", "list", "--format=freeze")
+    assert out.returncode == 0, out.stderr
+    names = [line.split("==")[0].lower() for line in out.stdout.splitlines()]
+    cuda = [n for n in names if n.startswith(("nvidia-", "cuda-")) or n == "triton"]  # triton: CUDA torch's compiler
+    assert "torch" in names and not cuda, cuda
+    assert "torch==2.13.0+cpu" in out.stdout.splitlines()
+
+
+#: A seccomp profile that refuses namespaces, as a pod's RuntimeDefault profile does without CAP_SYS_ADMIN.
+NO_NAMESPACES = {
+    "defaultAction": "SCMP_ACT_ALLOW",
+    "syscalls": [{"names": ["unshare", "setns"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}],
+}
+
+
+@pytest.mark.parametrize("namespaces", ["allowed", "refused"])
+def test_a_hostile_program_is_contained_by_the_sandbox_in_the_image(tmp_path, namespaces):
     """HumanEval's sandbox where the evaluation runs: no secret read, no socket, no write outside its
-    scratch space, no signal to the evaluator, whichever isolation the container lets it use."""
+    scratch space, no signal to the evaluator, whichever isolation the container lets it use: namespaces
+    where the container allows them, else the fallback (a seccomp profile refusing unshare)."""
     canary = f"canary-{uuid.uuid4().hex}"
     secret = tmp_path / "token"
     secret.write_text(canary)
     secret.chmod(0o644)  # readable by the evaluator (uid 1000), as a mounted token is
     probe = os.path.join(ROOT, "tests", "images", "container_probe.py")
+    profile = tmp_path / "seccomp.json"
+    profile.write_text(json.dumps(NO_NAMESPACES))
     out = run_in_image(
         "python3",
         "/probe/container_probe.py",
         "/var/run/secrets/posttrain/token",
         mounts=((probe, "/probe/container_probe.py"), (str(secret), "/var/run/secrets/posttrain/token")),
+        options=("--security-opt", f"seccomp={profile}") if namespaces == "refused" else (),
     )
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout.strip().splitlines()[-1])
@@ -108,6 +132,8 @@ def test_a_hostile_program_is_contained_by_the_sandbox_in_the_image(tmp_path):
     assert report["signals"] == 0 and report["written"] == []
     # which mechanism held is reported (namespaces where the container allows them, else the fallback)
     assert set(report["isolation"]) >= {"network", "filesystem", "user", "chroot"}
+    if namespaces == "refused":
+        assert not report["isolation"]["network"] and not report["isolation"]["filesystem"]
     print("isolation in the image:", report["isolation"])
 
 
