@@ -82,14 +82,15 @@ def read_donotanswer(path: str) -> dict[str, list[str]]:
     return areas
 
 
-def read_benign(path: str, limit: int = 0) -> list:
-    """Benign prompts from any dataset source: the ``prompt`` of rows whose ``kind`` is benign when the
-    rows have a kind, else the first of ``prompt``, ``question``, ``text`` each row has."""
+def read_prompts(path: str, kind: str, limit: int = 0) -> list:
+    """Prompts of ``kind`` (benign or harmful) from any dataset source: the ``prompt`` of rows of that
+    ``kind`` when the rows have a kind, else the first of ``prompt``, ``question``, ``text`` each row has
+    (a conversation stays one: a prepared preference dataset's prompts are)."""
     from trainer_lib.data.sources import iter_source
 
     prompts = []
-    for location, row in iter_source(path, key="--benign"):
-        if "kind" in row and row["kind"] != "benign":
+    for location, row in iter_source(path, key=f"--{kind}"):
+        if "kind" in row and row["kind"] != kind:
             continue
         prompt = next((row[c] for c in BENIGN_COLUMNS if row.get(c)), None)
         if prompt is None:
@@ -98,8 +99,17 @@ def read_benign(path: str, limit: int = 0) -> list:
         if limit and len(prompts) >= limit:
             break
     if not prompts:
-        raise UserError(f"--benign: {path}: no benign prompts")
+        raise UserError(f"--{kind}: {path}: no {kind} prompts")
     return prompts
+
+
+def prompt_sources(paths: list[str], kind: str, limit: int) -> dict[str, list]:
+    """``{"KIND/NAME": prompts}`` of each dataset (:func:`read_prompts`), named by its file or folder."""
+    sources: dict[str, list] = {}
+    for number, path in enumerate(paths):
+        name = f"{kind}/" + os.path.basename(path.rstrip("/")).split(".")[0]
+        sources[name if name not in sources else f"{name}-{number}"] = read_prompts(path, kind, limit)
+    return sources
 
 
 def taking_turns(sources: dict[str, list]) -> list[tuple[str, object]]:
@@ -117,20 +127,26 @@ def safety_rows(harmful: dict[str, list], benign: dict[str, list]) -> list[dict]
 
 def contrast_pairs(rows) -> list[dict]:
     """Conversational preference pairs from an evaluation's per-prompt rows (``(location, row)``, as
-    ``iter_source`` yields them): each benign prompt the model answered (``refused`` false, a non-empty
-    ``response``), that answer chosen over a refusal."""
+    ``iter_source`` yields them), each prompt the model answered (``refused`` false, a non-empty
+    ``response``): of a benign prompt, that answer chosen over a refusal; of a harmful one, a refusal
+    chosen over that answer. A refusal is then neither good nor bad by itself, only for what was asked."""
     pairs = []
     for location, row in rows:
-        for key, kind in (("prompt", str), ("kind", str), ("response", str), ("refused", bool)):
+        for key, kind in (("prompt", (str, list)), ("kind", str), ("response", str), ("refused", bool)):
             if not isinstance(row.get(key), kind):
-                raise DataError(location, key, f"a {kind.__name__} (evaluate's per_problem rows)", row.get(key))
-        if row["kind"] != "benign" or row["refused"] or not row["response"].strip():
+                expected = "a string or a conversation" if key == "prompt" else f"a {kind.__name__}"
+                raise DataError(location, key, f"{expected} (evaluate's per_problem rows)", row.get(key))
+        if row["kind"] not in ("benign", "harmful") or row["refused"] or not row["response"].strip():
             continue
+        prompt = row["prompt"]
+        answer = [{"role": "assistant", "content": row["response"]}]
+        refusal = [{"role": "assistant", "content": REFUSALS[len(pairs) % len(REFUSALS)]}]
+        chosen, rejected = (answer, refusal) if row["kind"] == "benign" else (refusal, answer)
         pairs.append(
             {
-                "prompt": [{"role": "user", "content": row["prompt"]}],
-                "chosen": [{"role": "assistant", "content": row["response"]}],
-                "rejected": [{"role": "assistant", "content": REFUSALS[len(pairs) % len(REFUSALS)]}],
+                "prompt": [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt,
+                "chosen": chosen,
+                "rejected": rejected,
             }
         )
     return pairs
@@ -147,10 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--benign", action="append", default=[], help="a dataset of benign prompts; repeat for several")
     parser.add_argument("--benign-limit", type=int, default=100, help="prompts taken from each --benign [100; 0: all]")
     parser.add_argument(
+        "--harmful", action="append", default=[], help="a dataset of harmful prompts (e.g. red-team prompts); repeat"
+    )
+    parser.add_argument(
+        "--harmful-limit", type=int, default=100, help="prompts taken from each --harmful [100; 0: all]"
+    )
+    parser.add_argument(
         "--contrast",
         metavar="ANSWERS",
-        help="instead: preference pairs from an evaluation's per-prompt answers (per_problem/LABEL_safety.jsonl), "
-        "each benign prompt's answer chosen over a refusal",
+        help="instead: preference pairs from an evaluation's per-prompt answers (per_problem/LABEL_safety.jsonl): "
+        "a benign prompt's answer chosen over a refusal, a refusal over a harmful prompt's answer",
     )
     parser.add_argument("--out", required=True, help="the JSONL to write (local or URL)")
     return parser
@@ -159,25 +181,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.contrast:
-        if args.harmbench or args.donotanswer or args.benign:
+        if args.harmbench or args.donotanswer or args.benign or args.harmful:
             raise UserError("posttrain safety-set: --contrast writes pairs from answers; leave out the prompt sources")
         from trainer_lib.data.sources import iter_source
 
         pairs = contrast_pairs(iter_source(args.contrast, key="--contrast"))
         if not pairs:
-            raise UserError(f"{args.contrast}: no benign prompt answered without a refusal: no pair to write")
+            raise UserError(f"{args.contrast}: no prompt answered without a refusal: no pair to write")
         storage.write_text(args.out, "".join(json.dumps(p, ensure_ascii=False) + "\n" for p in pairs))
         print(json.dumps({"out": args.out, "pairs": len(pairs)}, indent=2))
         return 0
-    if not (args.harmbench or args.donotanswer or args.benign):
-        raise UserError("posttrain safety-set: give --harmbench, --donotanswer or --benign (or several)")
+    if not (args.harmbench or args.donotanswer or args.benign or args.harmful):
+        raise UserError("posttrain safety-set: give --harmbench, --donotanswer, --harmful or --benign (or several)")
     harmful = {"harmbench": read_harmbench(args.harmbench)} if args.harmbench else {}
     if args.donotanswer:
         harmful |= {f"donotanswer/{area}": rows for area, rows in read_donotanswer(args.donotanswer).items()}
-    benign = {}
-    for number, path in enumerate(args.benign):
-        name = "benign/" + os.path.basename(path.rstrip("/")).split(".")[0]
-        benign[name if name not in benign else f"{name}-{number}"] = read_benign(path, args.benign_limit)
+    harmful |= prompt_sources(args.harmful, "harmful", args.harmful_limit)
+    benign = prompt_sources(args.benign, "benign", args.benign_limit)
     rows = safety_rows(harmful, benign)
     storage.write_text(args.out, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
     counts = {source: len(items) for source, items in (harmful | benign).items()}
