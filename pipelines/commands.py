@@ -263,16 +263,16 @@ def _run_dir(root: str, name: str, started: float) -> str | None:
 
 
 def _task_outputs(run_dir: str | None) -> dict:
-    """``{task: {output: path}}`` for every task that ran (skipped branches leave no directory)."""
+    """``{task: {output: path}}`` for every task that ran (skipped branches leave no directory); the
+    executor's own files (its output message, a container run's record) are not outputs."""
     if not run_dir:
         return {}
     tasks = {}
     for task in sorted(os.listdir(run_dir)):
         folder = os.path.join(run_dir, task)
         if os.path.isdir(folder):
-            tasks[task] = {
-                o: os.path.join(folder, o) for o in sorted(os.listdir(folder)) if o != "executor_output.json"
-            }
+            kept = [o for o in sorted(os.listdir(folder)) if o not in ("executor_output.json", "container.json")]
+            tasks[task] = {o: os.path.join(folder, o) for o in kept}
     return tasks
 
 

@@ -214,7 +214,8 @@ def test_images_are_the_two_builds_of_the_package_version():
     name = re.search(r"^IMAGE_NAME\s*\?=\s*(\S+)", makefile, re.M).group(1)
     tag = re.search(r"^IMAGE_TAG\s*\?=\s*(\S+)", makefile, re.M).group(1)
     assert (IMAGE, CUDA_IMAGE) == (f"{name}:{tag}", f"{name}:{tag}-cu128")
-    assert ",$(IMAGE_NAME):$(IMAGE_TAG)-cu128)" in makefile  # what make image-cuda tags (image_build's TAG)
+    # what make image-cuda tags (image_build's TAG), cu128 unless CUDA_TAG says otherwise
+    assert ",$(IMAGE_NAME):$(IMAGE_TAG)-$(CUDA_TAG)," in makefile and "\nCUDA_TAG ?= cu128\n" in makefile
     gpu_components = {c for c, kind in settings.STAGE_KIND.items() if settings.RESOURCES[kind].gpus}
     assert (
         gpu_components
