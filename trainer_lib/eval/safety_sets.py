@@ -138,7 +138,7 @@ def contrast_pairs(rows) -> list[dict]:
                 raise DataError(location, key, f"{expected} (evaluate's per_problem rows)", row.get(key))
         if row["kind"] not in ("benign", "harmful") or row["refused"] or not row["response"].strip():
             continue
-        prompt = row["prompt"]
+        prompt = row.get("messages") or row["prompt"]  # a conversation's every turn, as the model was asked
         answer = [{"role": "assistant", "content": row["response"]}]
         refusal = [{"role": "assistant", "content": REFUSALS[len(pairs) % len(REFUSALS)]}]
         chosen, rejected = (answer, refusal) if row["kind"] == "benign" else (refusal, answer)
