@@ -265,13 +265,15 @@ def _run_dir(root: str, name: str, started: float) -> str | None:
 def _task_outputs(run_dir: str | None) -> dict:
     """``{task: {output: path}}`` for every task that ran (skipped branches leave no directory); the
     executor's own files (its output message, a container run's record) are not outputs."""
+    from pipelines.containers import RECORD
+
     if not run_dir:
         return {}
     tasks = {}
     for task in sorted(os.listdir(run_dir)):
         folder = os.path.join(run_dir, task)
         if os.path.isdir(folder):
-            kept = [o for o in sorted(os.listdir(folder)) if o not in ("executor_output.json", "container.json")]
+            kept = [o for o in sorted(os.listdir(folder)) if o not in ("executor_output.json", RECORD)]
             tasks[task] = {o: os.path.join(folder, o) for o in kept}
     return tasks
 

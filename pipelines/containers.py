@@ -73,10 +73,10 @@ def record_container(container, image: str, command: list[str]) -> str | None:
     import io
     import tarfile
 
-    executor_input = json.loads(command[command.index("--executor_input") + 1])
-    folder = os.path.dirname(executor_input["outputs"]["outputFile"])
     import docker
 
+    executor_input = json.loads(command[command.index("--executor_input") + 1])
+    folder = os.path.dirname(executor_input["outputs"]["outputFile"])
     try:
         stream, _ = container.get_archive(BUILD_INFO)
     except docker.errors.NotFound:
