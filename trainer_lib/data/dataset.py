@@ -533,10 +533,9 @@ def training_data(
     dd = load_saved(storage.localize(data_cfg.path), data_cfg.path)
     if not isinstance(dd, datasets.DatasetDict) or "train" not in dd:
         raise UserError(f"data.path: {data_cfg.path}: expected a DatasetDict with a 'train' split")
-    split, held_out = getattr(data_cfg, "split", "") or "train", getattr(data_cfg, "eval_split", "") or "eval"
-    Source(data_cfg.path, data_cfg.path, "saved", splits=list(dd)).check_splits(
-        getattr(data_cfg, "split", ""), getattr(data_cfg, "eval_split", "")
-    )
+    given = getattr(data_cfg, "split", ""), getattr(data_cfg, "eval_split", "")
+    Source(data_cfg.path, data_cfg.path, "saved", splits=list(dd)).check_splits(*given)
+    split, held_out = given[0] or "train", given[1] or "eval"
     max_rows = getattr(data_cfg, "max_rows", 0)
     picked = {"train": dd[split], "eval": dd[held_out] if held_out in dd else dd[split].select([])}
     if max_rows:

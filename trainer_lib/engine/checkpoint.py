@@ -72,10 +72,11 @@ def run_identity(cfg) -> dict[str, str]:
     """``{key: digest of its value}`` of every setting of ``cfg`` but :data:`RESUMABLE_CHANGES`: what a
     checkpoint's run was. Digests, not values: a marker never holds a location's credentials."""
     from trainer_lib.config.loader import flat_dict
+    from trainer_lib.data.cache import digest
 
     sections = tuple(key for key in RESUMABLE_CHANGES if key.endswith("."))
     return {
-        key: hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        key: digest(value)[:16]
         for key, value in flat_dict(cfg).items()
         if key not in RESUMABLE_CHANGES and not key.startswith(sections)
     }
