@@ -183,7 +183,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--json", help="write the records here")
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args)
+        from trainer_lib.engine.process_group import exit_worker, leave_process_group
+
+        worker(args)
+        leave_process_group()
+        exit_worker(0)  # C++ destructors of the CPU comm op can abort a finished rank (SIGABRT)
 
     root = args.keep or tempfile.mkdtemp(prefix="load_memory_")
     model_dir = os.path.join(root, "model")

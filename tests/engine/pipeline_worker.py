@@ -216,4 +216,8 @@ def main(root: str) -> None:
 
 
 if __name__ == "__main__":
+    from trainer_lib.engine.process_group import exit_worker, leave_process_group
+
     main(sys.argv[1])
+    leave_process_group()
+    exit_worker(0)
