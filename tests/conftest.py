@@ -148,3 +148,9 @@ def clean_env() -> dict:
     from trainer_lib.engine.process_group import own_group_env
 
     return {**own_group_env(), "POSTTRAIN_NO_PROGRESS": "1"}
+
+
+def repeatable(record: dict) -> dict:
+    """A metrics.jsonl record without what differs from one run to the next on the same data: wall times,
+    throughput and memory."""
+    return {k: v for k, v in record.items() if not ("time" in k or k.endswith("_per_s") or k == "memory_gb")}

@@ -67,6 +67,7 @@ CORE_RANKS = (
     ("rl", "export"),  # rollouts and experience; ONNX and quantization
     ("eval",),  # scoring models: generation, sandboxed tasks, the gate, the report
     ("serving", "release", "demo"),  # Triton; lineage, cards, retraining, notices; the embedded default
+    ("dashboard",),  # the web UI over what stages wrote: reads runs, never runs or imports a stage
 )
 CORE = tuple(folder for rank in CORE_RANKS for folder in rank)
 RUNNERS = ("runner", "cli")  # build a stage's config and run it: here, in N processes or on N nodes

@@ -90,6 +90,10 @@ COMMANDS: dict[str, Command] = {
         "Convert a GGUF file into a Hugging Face model folder.",
         _lazy("trainer_lib.models.gguf_convert"),
     ),
+    "dashboard": (
+        "Watch and compare runs in a browser: curves, samples, evaluations (docs/dashboard.md).",
+        _lazy("trainer_lib.dashboard.dashboard_cli"),
+    ),
     "tune": (
         "Search a training stage's keys with Optuna, each trial a stage process (docs/tuning.md).",
         _lazy("trainer_lib.runner.tune.tune_cli"),

@@ -31,7 +31,7 @@ import time
 import pytest
 import torch
 
-from tests.conftest import CHAT_ROWS, REPO, clean_env
+from tests.conftest import CHAT_ROWS, REPO, clean_env, repeatable
 from tests.stages.training.rl_helpers import LENGTH_REWARD, one_thread, write_prompts, write_reward_adapter
 from trainer_lib.cli import main
 from trainer_lib.engine.checkpoint import MARKER, tag_for
@@ -299,7 +299,7 @@ def _weights(out) -> dict:
 def _records(out) -> list[dict]:
     """metrics.jsonl without wall-clock values."""
     records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"), encoding="utf-8")]
-    return [{k: v for k, v in r.items() if not ("time" in k or k.endswith("_per_s"))} for r in records]
+    return [repeatable(r) for r in records]
 
 
 def _final_state(ckpt_dir: str, stage: str) -> dict:

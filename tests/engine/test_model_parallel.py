@@ -23,7 +23,7 @@ import psutil
 import pytest
 import torch
 
-from tests.conftest import REPO
+from tests.conftest import REPO, repeatable
 from tests.paused_cli import worker_env
 from trainer_lib.cli import main
 from trainer_lib.config.sections import ParallelConfig
@@ -65,7 +65,7 @@ def _weights(out) -> dict:
 
 def _metrics(out) -> list[dict]:
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"), encoding="utf-8")]
-    return [{k: v for k, v in r.items() if not ("time" in k or k.endswith("_per_s"))} for r in rows]
+    return [repeatable(r) for r in rows]
 
 
 def _series(out, key: str, split: str = "train") -> list[float]:

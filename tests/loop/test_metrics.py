@@ -35,8 +35,9 @@ def test_means_and_counts_of_tensors_and_floats(strategy):
     assert record["loss"] == (1 + 2 + 3 + 4 + 5) / 5
     assert record["reward"] == (0.5 + 1.5 + 2.5) / 3
     assert "kl" not in record  # declared, never seen: no mean
-    assert list(record)[-2:] == ["samples_per_s", "tokens_per_s"]
+    assert list(record)[-3:] == ["samples_per_s", "tokens_per_s", "tokens"]
     assert record["tokens_per_s"] == pytest.approx(10 * record["samples_per_s"])
+    assert record["tokens"] == 60  # the window's tokens (the dashboard's running sum: tokens seen)
     assert window.sums == {"kl": type(window.sums["kl"])()}  # the next window is open and empty
 
 
@@ -117,6 +118,7 @@ def _cadence(strategy) -> Cadence:
     cadence.stage, cadence.strategy, cadence.engine = "sft", strategy, object()
     cadence.ckpt = SimpleNamespace(latest_step=lambda: 3, ckpt_root="/ckpt")
     cadence.window = MetricsWindow()
+    cadence.heartbeat = SimpleNamespace(end=lambda state: None)
     return cadence
 
 
@@ -166,6 +168,7 @@ def test_one_read_per_step_check_and_one_per_record_whatever_the_number_of_metri
         "lr_scale",
         "samples_per_s",
         "tokens_per_s",
+        "tokens",
     }
 
 
@@ -187,3 +190,4 @@ def test_a_tensor_group_counts_its_rows_once(strategy):
     assert data["loss"] == tensor["loss"] == 3.0
     assert tensor["samples_per_s"] == pytest.approx(data["samples_per_s"] / 2, rel=1e-3)
     assert tensor["tokens_per_s"] == pytest.approx(4.0, rel=1e-3)  # 40 tokens in 10 s, counted once
+    assert (data["tokens"], tensor["tokens"]) == (80, 40)

@@ -15,9 +15,9 @@ is one small object, and each stage keeps its algorithm and loop body in its own
 Schedules come from the shared training keys (``logging_steps``, ``eval_steps``, ``save_steps``,
 ``save_total_limit``, ``checkpoint_dir``, ``resume``; trackers from ``report_to``). A log record
 holds the window's means, the same throughput keys in every stage (``samples_per_s``,
-``tokens_per_s``), ``lr`` and ``grad_norm`` of the main engine, ``epoch`` when the stage passes
-one, and ``log_extra()``. At the end, ``loss_plot`` draws the loss curves into output_dir
-(:mod:`trainer_lib.loop.loss_plot`) and ``hub.push`` uploads the output root to a hub repo
+``tokens_per_s``, ``tokens``), ``lr`` and ``grad_norm`` of the main engine, ``memory_gb`` (:func:`memory_gb`),
+``epoch`` when the stage passes one, and ``log_extra()``. At the end, ``loss_plot`` draws the loss
+curves into output_dir (:mod:`trainer_lib.loop.loss_plot`) and ``hub.push`` uploads the output root to a hub repo
 (:mod:`trainer_lib.storage.hub`), both on rank 0.
 
 While ``steps()`` runs, SIGTERM stops the run at the end of the step in progress, every rank at the
@@ -39,7 +39,10 @@ from trainer_lib.config import flat_dict
 from trainer_lib.engine.checkpoint import CheckpointManager
 from trainer_lib.engine.preemption import PREEMPTED_EXIT, Preempted, Preemption
 from trainer_lib.errors import NonFiniteLossError
+from trainer_lib.loop.heartbeat import Heartbeat
 from trainer_lib.loop.metrics import MetricSum, MetricsWindow
+from trainer_lib.loop.samples import SampleLog
+from trainer_lib.loop.stage_record import redacted
 from trainer_lib.loop.tracking import MLFLOW_RUN_FILE, Tracker
 from trainer_lib.models.load import count_parameters
 
@@ -74,6 +77,9 @@ class Cadence:
         self.window = MetricsWindow(window_keys)
         self.start = 0
         self.tracker: Tracker | None = None
+        self.heartbeat = Heartbeat(
+            self.ckpt.local_dir, stage, total_steps, enabled=strategy.is_rank_0, config=redacted(flat_dict(cfg))
+        )
         section = getattr(cfg, "preemption", None)
         self.preemption = Preemption(section.grace_s if section is not None else 0.0)
         self.last_save_s: float | None = None  # how long this run's last checkpoint took to write
@@ -107,6 +113,8 @@ class Cadence:
             params=flat_dict(self.cfg),
         )
         self.write_ds_config()
+        self.samples = SampleLog(self.ckpt.local_dir, self.start, enabled=self.strategy.is_rank_0)
+        self.heartbeat.start(self.start)
         if state is None and self.evaluate is not None:
             self.tracker.log(0, self.evaluate(), split="eval")
         self.engine.train()  # (models load in eval mode; gradient checkpointing runs only in train mode)
@@ -136,12 +144,27 @@ class Cadence:
                 json.dump(config, fh, indent=2, sort_keys=True)
 
     def steps(self) -> Iterator[int]:
-        """The steps left to run, with SIGTERM handled while they run (given back when they end)."""
+        """The steps left to run, with SIGTERM handled while they run (given back when they end). A loop left
+        early (an error in the stage's body) marks the heartbeat ``failed``, unless preemption marked it."""
         self.preemption.install()
         try:
             yield from range(self.start, self.total)
+        except GeneratorExit:
+            self.heartbeat.end("failed")
+            raise
         finally:
             self.preemption.uninstall()
+
+    def logs_at(self, step: int) -> bool:
+        """Whether optimizer step ``step`` (0-based) ends with a log record."""
+        done = step + 1
+        return done % self.cfg.logging_steps == 0 or done == self.total
+
+    def log_samples(self, step: int, rows: Callable[[], list[dict]]) -> None:
+        """At a logging step, ``rows()`` to ``samples.jsonl`` (:mod:`trainer_lib.loop.samples`); call before
+        :meth:`after_step`. ``rows`` is called only then, on rank 0."""
+        if self.logs_at(step):
+            self.samples.write(step + 1, rows)
 
     def after_step(self, step: int, epoch: int | None = None) -> None:
         """After optimizer step ``step`` (0-based): log, evaluate and checkpoint on their schedules;
@@ -149,9 +172,11 @@ class Cadence:
         cfg, done = self.cfg, step + 1
         self.check_finite(done)
         self.tracker.advance()
-        if done % cfg.logging_steps == 0 or done == self.total:
+        self.heartbeat.step(done)
+        if self.logs_at(step):
             record = self.window.reduce(self.strategy)
             record.update(lr=self.engine.get_lr()[0], grad_norm=self.strategy.grad_norm(self.engine))
+            record["memory_gb"] = memory_gb(self.strategy.device)
             if epoch is not None:
                 record["epoch"] = epoch
             record.update(self.log_extra())
@@ -174,6 +199,7 @@ class Cadence:
             if self.preemption.agreed(self.strategy, fits):
                 self.save_checkpoint(done)
         self.tracker.close()
+        self.heartbeat.end("preempted")
         latest = self.ckpt.latest_step()
         kept = f"step {latest} in {self.ckpt.ckpt_root}" if latest is not None else "none: the retry starts over"
         raise Preempted(
@@ -201,6 +227,7 @@ class Cadence:
         if bad_norm:
             bad["grad_norm"] = norm
         found = ", ".join(f"{k}={v}" for k, v in bad.items()) or "on another rank"
+        self.heartbeat.end("failed")
         latest = self.ckpt.latest_step()
         kept = (
             f"the last complete checkpoint is step {latest} in {self.ckpt.ckpt_root}"
@@ -251,6 +278,7 @@ class Cadence:
             # a vision-language model's processor files beside the tokenizer's: it loads back with AutoProcessor
             files.update(processor_files(load_processor(self.cfg.model, tokenizer)))
         self.ckpt.finish(self.engine, tokenizer, summary, extra_files=files)
+        self.heartbeat.end("finished")
         if self.cfg.hub.push and self.strategy.is_rank_0:
             self.push_to_hub()
         return summary
@@ -274,3 +302,15 @@ class Cadence:
             ignore_patterns=ignored,
         )
         self.strategy.print(f"{self.stage}: hub.push: uploaded output_dir to {hub.model_id} ({url})")
+
+
+def memory_gb(device) -> float:
+    """This process's memory in GiB, for the log: the accelerator's peak allocation on CUDA, else the
+    resident set (rank 0's; the other ranks' are alike in a data-parallel run)."""
+    if getattr(device, "type", str(device)) == "cuda":
+        import torch
+
+        return round(torch.cuda.max_memory_allocated(device) / 2**30, 3)
+    import psutil
+
+    return round(psutil.Process().memory_info().rss / 2**30, 3)

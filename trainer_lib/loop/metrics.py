@@ -47,7 +47,9 @@ class MetricSum:
 
 
 class MetricsWindow:
-    """Values summed between two log events, with the same throughput keys in every stage.
+    """Values summed between two log events, with the same throughput keys in every stage (``samples_per_s``,
+    ``tokens_per_s``, and ``tokens``: the tokens of the window, all ranks, whose running sum is the
+    tokens seen).
 
     ``add(key, values)`` takes a float (one value) or a tensor of per-example values;
     ``count(samples, tokens)`` records the work done. :meth:`reduce` returns the mean of every
@@ -111,7 +113,7 @@ class MetricsWindow:
         parallel = getattr(strategy, "parallel", None)
         shared = parallel.tensor * parallel.pipeline if parallel is not None else 1
         samples, tokens = sums["#samples"] / shared, sums["#tokens"] / shared
-        return {**means, "samples_per_s": samples / elapsed, "tokens_per_s": tokens / elapsed}
+        return {**means, "samples_per_s": samples / elapsed, "tokens_per_s": tokens / elapsed, "tokens": tokens}
 
 
 def sums_and_counts(values: dict) -> dict:

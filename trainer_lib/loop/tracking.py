@@ -66,7 +66,7 @@ class Tracker:
         if not enabled:
             return
         os.makedirs(log_dir, exist_ok=True)
-        _truncate_after(os.path.join(log_dir, "metrics.jsonl"), initial_step)
+        truncate_after(os.path.join(log_dir, "metrics.jsonl"), initial_step)
         self._file = open(os.path.join(log_dir, "metrics.jsonl"), "a", encoding="utf-8")
         run_name = f"{desc}-{os.path.basename(os.path.normpath(log_dir))}"
         if "tensorboard" in report_to:
@@ -207,8 +207,9 @@ class _WandB:
         self.run.finish()
 
 
-def _truncate_after(path: str, step: int) -> None:
-    """A resumed run replays the steps after its checkpoint: drop their earlier records."""
+def truncate_after(path: str, step: int) -> None:
+    """A resumed run replays the steps after its checkpoint: drop the records of ``path`` (a JSON-lines file
+    of ``{"step": ...}`` records) after ``step``."""
     if not os.path.exists(path):
         return
     kept = [r for r in read_metrics(path) if step > 0 and r.get("step", 0) <= step]

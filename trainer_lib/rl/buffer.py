@@ -325,6 +325,10 @@ def concat_rollouts(parts: list):
         [c for p in parts for c in p.completions],
         [f for p in parts for f in p.finished],
         **concat_images(parts),
+        prompts=[q for p in parts for q in p.prompts] if all(p.prompts is not None for p in parts) else None,
+        reward_table=torch.cat([p.reward_table for p in parts])
+        if all(p.reward_table is not None for p in parts)
+        else None,
     )
 
 

@@ -191,6 +191,7 @@ def score_rollout(rewards, strategy, rollout, prompts: list, columns: dict, n: i
     metrics hold the raw weighted reward and each source's mean, reduced over ranks."""
     start = time.perf_counter()
     table = reward_table(rewards, rollout, prompts, columns, n)
+    rollout.prompts, rollout.reward_table = [p for p in prompts for _ in range(n)], table
     raw = rewards.weighted(table)
     lengths = rollout.response_lengths().float()
     sums = strategy.all_reduce(
@@ -217,6 +218,56 @@ def score_rollout(rewards, strategy, rollout, prompts: list, columns: dict, n: i
         "reward_time": time.perf_counter() - start,
     }
     return rewards.combine(table), metrics
+
+
+def rollout_samples(rollout, rewards, advantages, n: int, mask=None) -> list[dict]:
+    """``samples.jsonl`` rows (:mod:`trainer_lib.loop.samples`) of a scored step's first completions, whole
+    groups of ``n`` first: prompt, completion, raw weighted reward, each source's score and the advantage, per row
+    ``(N, 1)`` or the mean over the completion's tokens of ``(N, T)`` (``mask``: the response mask)."""
+    from trainer_lib.loop.samples import ROWS_PER_LOG
+
+    count = min(len(rollout), ROWS_PER_LOG)
+    labels = [label for _, _, label in rewards.sources]
+    table = rollout.reward_table
+    weighted = rewards.weighted(table).tolist() if table is not None else [None] * len(rollout)
+    advantages = advantages.detach().float().cpu()
+    if advantages.shape[1] == 1:
+        per_row = advantages[:, 0]
+    else:
+        mask = rollout.response_mask if mask is None else mask
+        mask = mask.float().cpu()[:, : advantages.shape[1]]
+        per_row = (advantages * mask).sum(1) / mask.sum(1).clamp(min=1)
+    lengths = rollout.response_lengths().tolist()
+    rows = []
+    for i in range(count):
+        scores = table[i].tolist() if table is not None else []
+        rows.append(
+            {
+                "kind": "rollout",
+                "group": i // n,
+                "prompt": prompt_text(rollout.prompts[i]) if rollout.prompts else "",
+                "completion": rollout.completions[i],
+                "reward": weighted[i],
+                "rewards": {label: value for label, value in zip(labels, scores) if value == value},  # (NaN: none)
+                "advantage": float(per_row[i]),
+                "length": int(lengths[i]),
+                "finished": bool(rollout.finished[i]),
+            }
+        )
+    return rows
+
+
+def prompt_text(prompt) -> str:
+    """A prompt as text: a string as it is, a conversation as ``role: content`` lines."""
+    if isinstance(prompt, str):
+        return prompt
+    lines = []
+    for message in prompt or []:
+        content = message.get("content", "") if isinstance(message, dict) else message
+        if isinstance(content, list):  # multimodal parts: their text
+            content = " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+        lines.append(f"{message.get('role', '?')}: {content}" if isinstance(message, dict) else str(content))
+    return "\n".join(lines)
 
 
 def sample_and_score(engine, strategy, tokenizer, schedule, step: int, cfg, rewards, logits_processor=None):

@@ -48,6 +48,9 @@ class Rollout:
     pixel_values: torch.Tensor | None = None  # a vision-language policy's images, all rows' in row order
     image_counts: list[int] | None = None  # images per row
     logprobs: torch.Tensor | None = None  # (N, R) the sampler's log-probs of the response tokens, if recorded
+    # set when the step's rollout is scored (not carried by select): what samples.jsonl shows
+    prompts: list | None = None  # each row's prompt as the reward functions saw it
+    reward_table: torch.Tensor | None = None  # (N, S) each reward source's raw score, NaN where it had none
 
     def __len__(self) -> int:
         return self.response_ids.shape[0]

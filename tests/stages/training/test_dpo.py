@@ -299,3 +299,20 @@ def test_sequence_logps_of_a_packed_row_equal_the_padded_rows():
     )
     assert counts_pack.tolist() == counts_pad.tolist() == [2, 3, 4, 1]
     assert torch.allclose(summed_pack, summed_pad, atol=1e-6)
+
+
+def test_dpo_logs_its_pairs_with_their_implicit_rewards(setup, tmp_path):
+    """samples.jsonl holds the step's last micro-batch of pairs: texts from the data, beta * log-ratio rewards."""
+    out = tmp_path / "dpo"
+    _dpo(setup, out, "max_steps=2")
+    rows = [json.loads(line) for line in open(out / "samples.jsonl")]
+    assert [r["step"] for r in rows] == [1] * 4 + [2] * 4 and {r["kind"] for r in rows} == {"pair"}
+    chosen = {r["chosen"][0]["content"] for r in synthetic_pairs(16, seed=0)}
+    for row in rows:
+        assert row["chosen"].strip() in chosen and row["chosen"].endswith("kind") and row["rejected"].endswith("rude")
+        assert row["prompt"].strip().startswith("Tell me about") or "Tell me about" in row["prompt"]
+        assert row["margin"] == pytest.approx(row["chosen_reward"] - row["rejected_reward"], abs=1e-5)
+    # the last step's pairs: their mean margin is the logged one when the step is one micro-batch
+    last = _records(out)[-1]
+    step_two = [r["margin"] for r in rows if r["step"] == 2]
+    assert sum(step_two) / len(step_two) == pytest.approx(last["rewards/margins"], rel=1e-3, abs=1e-5)

@@ -285,3 +285,35 @@ def test_tis_cap_is_validated(tiny_model_dir, prompts):
         load_config(GRPOConfig, None, [*base, "rollout.tis_cap=0.5"])
     with pytest.raises(ConfigError, match="rollout.tis_cap: truncated importance sampling is GRPO's"):
         load_config(PPOConfig, None, [*base, "rollout.tis_cap=2"])
+
+
+def test_grpo_logs_its_samples_and_ends_its_heartbeat(tiny_model_dir, prompts, tmp_path):
+    """samples.jsonl at each logging step: whole groups with the prompt, the completion, each source's reward
+    and the group-normalized advantage; heartbeat.json says finished."""
+    from trainer_lib.loop.heartbeat import run_state
+    from trainer_lib.loop.samples import ROWS_PER_LOG
+
+    out = tmp_path / "grpo"
+    _grpo(tiny_model_dir, prompts, out, "max_steps=3", "logging_steps=2", "save_steps=0", "prompts_per_step=2")
+    rows = [json.loads(line) for line in open(out / "samples.jsonl")]
+    assert sorted({r["step"] for r in rows}) == [2, 3]  # logging steps, and the last
+    questions = {json.loads(line)["prompt"][0]["content"] for line in open(prompts)}
+    for step in (2, 3):
+        mine = [r for r in rows if r["step"] == step]
+        assert len(mine) == min(8, ROWS_PER_LOG) and {r["kind"] for r in mine} == {"rollout"}
+        for group in (0, 1):
+            members = [r for r in mine if r["group"] == group]
+            assert len(members) == 4 and len({r["prompt"] for r in members}) == 1
+            assert members[0]["prompt"].removeprefix("user: ") in questions
+            rewards = [r["reward"] for r in members]
+            # GRPO's advantage: (r - mean) / (std + eps) over the group (the sampled std, as losses.grpo_advantages)
+            mean = sum(rewards) / 4
+            std = (sum((x - mean) ** 2 for x in rewards) / 3) ** 0.5
+            for row in members:
+                assert row["rewards"] == {"reward": pytest.approx(row["reward"])}
+                assert row["advantage"] == pytest.approx((row["reward"] - mean) / (std + 1e-4), abs=1e-3)
+                assert isinstance(row["completion"], str) and row["length"] > 0
+    heartbeat = json.loads((out / "heartbeat.json").read_text())
+    assert heartbeat["state"] == "finished" and heartbeat["step"] == 3 and heartbeat["stage"] == "grpo"
+    assert heartbeat["config"]["rollout.n"] == 4
+    assert run_state(heartbeat, finished=False) == "finished"

@@ -8,6 +8,7 @@ import shutil
 import pytest
 import torch
 
+from tests.conftest import repeatable
 from tests.stages.training.rl_helpers import (
     mean_sampled_reward,
     one_thread,
@@ -40,7 +41,7 @@ def _train_records(out) -> list[dict]:
 
 
 def _without_clock(record: dict) -> dict:
-    return {k: v for k, v in record.items() if not ("time" in k or k.endswith("_per_s"))}
+    return repeatable(record)
 
 
 def test_a2c_raises_a_custom_reward(tiny_model_dir, prompts, tmp_path):

@@ -280,6 +280,31 @@ def batch_metrics(kind: str, policy, reference, beta: float, batch: dict) -> dic
     }
 
 
+def pair_samples(last: tuple[list[int], dict], examples: list[dict], tokenizer) -> list[dict]:
+    """``samples.jsonl`` rows (:mod:`trainer_lib.loop.samples`) of the pairs of a step's last micro-batch: the
+    texts and the policy's implicit rewards of chosen and rejected (:func:`batch_metrics`)."""
+    ids, values = last
+    chosen, rejected = values.get("rewards/chosen"), values.get("rewards/rejected")
+    if chosen is None or rejected is None:
+        return []
+    chosen, rejected = chosen.detach().float().cpu().tolist(), rejected.detach().float().cpu().tolist()
+    rows = []
+    for i, index in enumerate(ids[: len(chosen)]):
+        example = examples[index]
+        rows.append(
+            {
+                "kind": "pair",
+                "prompt": tokenizer.decode(example["prompt_ids"], skip_special_tokens=True),
+                "chosen": tokenizer.decode(example["chosen_ids"], skip_special_tokens=True),
+                "rejected": tokenizer.decode(example["rejected_ids"], skip_special_tokens=True),
+                "chosen_reward": chosen[i],
+                "rejected_reward": rejected[i],
+                "margin": chosen[i] - rejected[i],
+            }
+        )
+    return rows
+
+
 # --------------------------------------------------------------------------- data
 
 
@@ -476,6 +501,8 @@ def run(cfg: DPOConfig) -> dict:
     # ---- the loop
     for step in cadence.steps():
         steps.train(order.micro_batches(step), reference, cadence.window)
+        if train.kind == "paired":
+            cadence.log_samples(step, lambda: pair_samples(steps.last, train.examples, tokenizer))
         cadence.after_step(step, epoch=order.epoch(step))
 
     # ---- final evaluation and Hugging Face export (LoRA merged)

@@ -21,6 +21,7 @@ class MicroBatchSteps:
 
     def __init__(self, engine, strategy, objective: Callable, metrics: Callable):
         self.engine, self.strategy, self.objective, self.metrics = engine, strategy, objective, metrics
+        self.last: tuple[list[int], dict] = ([], {})  # the step's last micro-batch: example ids, per-pair metrics
 
     def logps(self, batch: dict):
         """The policy's :class:`~trainer_lib.models.reference.SequenceLogps` of a collated batch."""
@@ -37,8 +38,10 @@ class MicroBatchSteps:
             losses = self.objective(policy, ref, batch)
             self.strategy.backward(losses.mean(), self.engine)
             self.strategy.optimizer_step(self.engine)
-            window.add_all({"loss": losses, **self.metrics(policy, ref, batch)})
+            values = {"loss": losses, **self.metrics(policy, ref, batch)}
+            window.add_all(values)
             window.count(samples=len(ids), tokens=count_tokens(batch))
+            self.last = (list(ids), values)
 
 
 class PipelineSteps(MicroBatchSteps):
@@ -98,5 +101,7 @@ class PipelineSteps(MicroBatchSteps):
         train_step(self.engine, [batch for _, batch in taken], [self.labels(b, r) for (_, b), r in zip(taken, refs)])
         for values in from_last_stage(self.engine, kept):
             window.add_all(values)
+        if taken:
+            self.last = (list(taken[-1][0]), values)
         for ids, batch in taken:
             window.count(samples=len(ids), tokens=count_tokens(batch))

@@ -294,6 +294,7 @@ def run(cfg: GRPOConfig) -> dict:
                 }
             )
             cadence.window.count(samples=len(rollout), tokens=rl.rollout_tokens(rollout))
+            cadence.log_samples(step, functools.partial(rl.rollout_samples, rollout, rewards, advantages, n))
             cadence.after_step(step)
 
         # ---- final evaluation and Hugging Face export

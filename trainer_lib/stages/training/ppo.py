@@ -194,6 +194,12 @@ class Experience:
             "value_mean": float(masked_mean(self.old_values, self.mask)),
         }
 
+    def sample_rows(self, rollout, rewards, n: int) -> list[dict]:
+        """``samples.jsonl`` rows of the step, each with its GAE advantage averaged over its tokens."""
+        from trainer_lib.rl.experience import rollout_samples
+
+        return rollout_samples(rollout, rewards, self.advantages, n, self.mask)
+
 
 @dataclass
 class Objective:
@@ -304,10 +310,9 @@ def run(cfg: PPOConfig) -> dict:
     from trainer_lib.losses import KLController
     from trainer_lib.rl import experience as rl
     from trainer_lib.rl.actor_critic import build_models
-
-    # ---- prompts, schedule; actor, critic, reference and rewards in the configured layout
     from trainer_lib.rl.buffer import reward_deviation
 
+    # ---- prompts, schedule; actor, critic, reference and rewards in the configured layout
     strategy, tokenizer, eval_rows, schedule = rl.start(cfg, priority_signal=reward_deviation)
     steps, n = schedule.steps, cfg.rollout.n
     updates = steps * cfg.updates_per_step()
@@ -378,6 +383,7 @@ def run(cfg: PPOConfig) -> dict:
             )
             kl_ctl.update(sequence_kl, cfg.prompts_per_step * n)
             cadence.window.count(samples=len(rollout), tokens=rl.rollout_tokens(rollout))
+            cadence.log_samples(step, functools.partial(experience.sample_rows, rollout, rewards, n))
             cadence.after_step(step)
 
         # ---- final evaluation and Hugging Face export (the policy)

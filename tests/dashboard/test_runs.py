@@ -1,0 +1,60 @@
+"""Reading runs for the dashboard: what a damaged folder still shows, and what it names."""
+
+import json
+import shutil
+
+from trainer_lib.dashboard.runs import config_differences, detail, find_runs, samples, summarize
+
+
+def test_every_stage_output_is_found_with_its_state(dashboard_runs):
+    rows = {run_id: summarize(run) for run_id, run in find_runs([str(dashboard_runs)]).items()}
+    assert set(rows) == {"0/pipeline-a/grpo", "0/pipeline-a/grpo-lr", "0/pipeline-a/evaluate", "0/pipeline-b/broken"}
+    grpo = rows["0/pipeline-a/grpo"]
+    assert (grpo["stage"], grpo["status"], grpo["step"], grpo["total_steps"], grpo["pipeline"]) == (
+        "grpo",
+        "finished",
+        4,
+        4,
+        "pipeline-a",
+    )
+    logged = [json.loads(line) for line in open(dashboard_runs / "pipeline-a" / "grpo" / "metrics.jsonl")]
+    assert grpo["key_metric"] == {"name": "reward", "split": "train", "value": logged[-1]["reward"]}
+    assert rows["0/pipeline-a/evaluate"]["stage"] == "evaluate" and rows["0/pipeline-a/evaluate"]["gate"] == {
+        "passed": False
+    }
+    assert rows["0/pipeline-b/broken"]["status"] == "stale"  # its heartbeat stopped 500 s ago
+
+
+def test_a_damaged_run_shows_what_is_readable_and_names_the_rest(dashboard_runs, tmp_path):
+    broken = shutil.copytree(dashboard_runs / "pipeline-b" / "broken", tmp_path / "broken")
+    (broken / "samples.jsonl").write_text('{"step": 1, "kind": "rollout", "reward": 0.5}\n{"step": 2, "ki')
+    (broken / "lineage.json").write_text('{"stages": [{"stage": "sf')  # half-written
+    run = find_runs([str(tmp_path)])["0/broken"]
+    page = detail(run)
+    assert [r["step"] for r in page["metrics"]] == [1, 2, 3]  # the truncated 4th line is left out...
+    assert any("metrics.jsonl: line 4" in p for p in page["problems"])  # ...and named
+    assert any(p.startswith("lineage.json: not valid JSON") for p in page["problems"])
+    assert page["checkpoints"] == ["checkpoints/step-00000002: no COMPLETE marker (half-written; a resume skips it)"]
+    assert page["summary"] is None and page["config"] == {"lr": 1e-4} and page["stage"] == "sft"
+    shown = samples(run)
+    assert [r["step"] for r in shown["rows"]] == [1] and "samples.jsonl: line 2" in shown["problems"][0]
+    (broken / "heartbeat.json").unlink()
+    assert summarize(find_runs([str(tmp_path)])["0/broken"])["status"] == "unknown"
+
+
+def test_samples_filter_by_reward_and_step(dashboard_runs):
+    run = find_runs([str(dashboard_runs)])["0/pipeline-a/grpo"]
+    everything = samples(run)
+    assert everything["steps"] == [4, 3, 2, 1] and everything["total"] == 4 * 8
+    rewards = sorted(r["reward"] for r in everything["rows"])
+    middle = rewards[len(rewards) // 2]
+    high = samples(run, min_reward=middle)
+    assert high["rows"] and all(r["reward"] >= middle for r in high["rows"])
+    assert high["total"] == sum(1 for r in rewards if r >= middle)
+    assert {r["step"] for r in samples(run, step=3)["rows"]} == {3}
+
+
+def test_config_differences_list_only_what_differs():
+    diffs = config_differences({"a": {"lr": 0.1, "seed": 1, "x": [1]}, "b": {"lr": 0.2, "seed": 1, "x": [1]}})
+    assert diffs == [{"key": "lr", "values": {"a": 0.1, "b": 0.2}}]
+    assert config_differences({"a": {"only": 1}, "b": {}}) == [{"key": "only", "values": {"a": 1, "b": None}}]

@@ -1,0 +1,63 @@
+"""``posttrain dashboard``: watch and compare runs in a browser (docs/dashboard.md).
+
+    posttrain dashboard [--runs DIR|URL ...] [--http-port P] [--host ADDR] [--token-file FILE]
+
+Read-only. It binds 127.0.0.1 unless ``--host`` says otherwise; any other address needs an access
+token, from ``$POSTTRAIN_DASHBOARD_TOKEN`` or ``--token-file`` (never the command line, which other
+users of the machine can read).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from trainer_lib.errors import UserError
+
+TOKEN_ENV = "POSTTRAIN_DASHBOARD_TOKEN"
+
+
+def read_token(token_file: str | None) -> str | None:
+    if token_file:
+        try:
+            with open(token_file, encoding="utf-8") as fh:
+                token = fh.read().strip()
+        except OSError as exc:
+            raise UserError(f"--token-file {token_file}: cannot be read ({exc.strerror})") from exc
+        if not token:
+            raise UserError(f"--token-file {token_file}: the file is empty")
+        return token
+    return os.environ.get(TOKEN_ENV) or None
+
+
+def main(argv: list[str]) -> int:
+    from trainer_lib.dashboard.web import Dashboard, serve
+
+    parser = argparse.ArgumentParser(prog="posttrain dashboard", description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--runs",
+        action="append",
+        default=[],
+        help="a runs folder, pipeline root, stage output or storage URL (s3://...); repeatable [default: runs]",
+    )
+    parser.add_argument("--http-port", type=int, default=8265, help="HTTP port (0: a free one) [default: 8265]")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind; beyond loopback a token is required")
+    parser.add_argument("--token-file", help=f"file holding the access token [default: ${TOKEN_ENV}]")
+    args = parser.parse_args(argv)
+    roots = args.runs or ["runs"]
+    token = read_token(args.token_file)
+    server = serve(Dashboard(roots, token=token), args.host, args.http_port)
+    host, port = server.server_address[:2]
+    print(f"dashboard: http://{host}:{port}/ ({', '.join(roots)}); Ctrl-C stops it", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

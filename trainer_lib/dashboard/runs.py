@@ -1,0 +1,345 @@
+"""What the dashboard knows of a run: the files the stages already write, read back without trusting them.
+
+A *run* is one stage's output folder: a folder holding any of :data:`MARKERS` (``metrics.jsonl`` and
+``heartbeat.json`` of a training stage, ``summary.json`` of a finished model, ``metrics.json`` of an
+evaluation, ``lineage.json``). A root given to the dashboard (a ``runs/`` folder, a pipeline root, one
+stage's output, an ``s3://`` prefix) is searched for them; checkpoints and hidden folders are skipped.
+Local folders are walked; URLs are listed and read through :mod:`trainer_lib.storage` (its redaction
+applies to every location shown).
+
+Nothing here raises on a damaged run: a truncated ``metrics.jsonl`` line, a missing file or a
+half-written checkpoint gives what could be read plus a ``problems`` list naming what could not.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import re
+import time
+from dataclasses import dataclass, field
+
+from trainer_lib import storage
+from trainer_lib.loop.heartbeat import HEARTBEAT_FILE, run_state
+from trainer_lib.loop.samples import SAMPLES_FILE
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+LINEAGE_FILE = "lineage.json"
+EVAL_FILE = "metrics.json"
+RELEASE_FILE = "release.json"
+MARKERS = (METRICS_FILE, HEARTBEAT_FILE, SUMMARY_FILE, EVAL_FILE, LINEAGE_FILE, RELEASE_FILE)
+#: folders never searched for runs: checkpoints, caches, TensorBoard and tracker stores
+SKIPPED = re.compile(r"^(\..*|checkpoints|step-\d+|__pycache__|wandb|mlruns|per_problem|tb|logs)$")
+MAX_DEPTH = 8
+#: the metric shown in the run list, by stage (the first one logged is taken)
+KEY_METRICS = {
+    "sft": ("eval_loss", "loss"),
+    "reward": ("accuracy", "loss"),
+    "prm": ("accuracy", "loss"),
+    "dpo": ("rewards/accuracy", "loss"),
+    "grpo": ("reward",),
+    "rloo": ("reward",),
+    "ppo": ("reward",),
+}
+
+
+@dataclass
+class Run:
+    """One stage output: ``location`` (path or URL), ``files`` it holds (names relative to it)."""
+
+    id: str
+    root: str
+    location: str
+    files: set[str] = field(default_factory=set)
+
+    def path(self, name: str) -> str:
+        return (
+            storage.join(self.location, name) if storage.is_remote(self.location) else os.path.join(self.location, name)
+        )
+
+    def has(self, name: str) -> bool:
+        return name in self.files
+
+
+def find_runs(roots: list[str]) -> dict[str, Run]:
+    """``{id: Run}`` of every stage output under ``roots``; an id is ``<root number>/<path under the root>``."""
+    found: dict[str, Run] = {}
+    for number, root in enumerate(roots):
+        for location, files in _remote_folders(root) if storage.is_remote(root) else _local_folders(root):
+            rel = _relative(root, location)
+            run_id = f"{number}/{rel}" if rel else str(number)
+            found[run_id] = Run(run_id, root, location, files)
+    return found
+
+
+def _local_folders(root: str):
+    root = os.path.expanduser(root)
+    if not os.path.isdir(root):
+        return
+    base_depth = root.rstrip(os.sep).count(os.sep)
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if not SKIPPED.match(d))
+        if folder.count(os.sep) - base_depth >= MAX_DEPTH:
+            dirs[:] = []
+        names = set(files)
+        if names & set(MARKERS):
+            yield folder, names | _subfolder_files(folder)
+
+
+def _subfolder_files(folder: str) -> set[str]:
+    """An evaluation's per-problem rows and a stage's plots: the files one level down that the views read."""
+    extra = set()
+    per_problem = os.path.join(folder, "per_problem")
+    if os.path.isdir(per_problem):
+        extra |= {f"per_problem/{name}" for name in os.listdir(per_problem)}
+    return extra
+
+
+def _remote_folders(root: str):
+    try:
+        files = storage.list_files(root)
+    except (OSError, storage.StorageError, ValueError):
+        return
+    folders: dict[str, set[str]] = {}
+    for rel in files:
+        parts = rel.split("/")
+        if any(SKIPPED.match(part) and part != "per_problem" for part in parts[:-1]) or len(parts) > MAX_DEPTH + 1:
+            continue
+        if parts[-2:-1] == ["per_problem"]:
+            folders.setdefault("/".join(parts[:-2]), set()).add("/".join(parts[-2:]))
+        else:
+            folders.setdefault("/".join(parts[:-1]), set()).add(parts[-1])
+    for rel, names in sorted(folders.items()):
+        if names & set(MARKERS):
+            yield (storage.join(root, rel) if rel else root.rstrip("/")), names
+
+
+def _relative(root: str, location: str) -> str:
+    if storage.is_remote(root):
+        rel = location[len(root.rstrip("/")) :].strip("/")
+    else:
+        rel = os.path.relpath(location, os.path.expanduser(root))
+    return "" if rel in (".", "") else rel.replace(os.sep, "/")
+
+
+# --------------------------------------------------------------------------- reading, tolerantly
+
+
+def read_text(run: Run, name: str, problems: list[str]) -> str | None:
+    if not run.has(name):
+        return None
+    try:
+        return storage.read_text(run.path(name))
+    except (OSError, storage.StorageError, ValueError, UnicodeDecodeError) as exc:
+        problems.append(f"{name}: cannot be read ({storage.redact(str(exc)).splitlines()[0][:200]})")
+        return None
+
+
+def read_json(run: Run, name: str, problems: list[str]) -> dict | None:
+    text = read_text(run, name, problems)
+    if text is None:
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        problems.append(f"{name}: not valid JSON ({exc.msg} at line {exc.lineno}); it may be half-written")
+        return None
+    if not isinstance(value, dict):
+        problems.append(f"{name}: expected a JSON object, found {type(value).__name__}")
+        return None
+    return value
+
+
+def read_jsonl(run: Run, name: str, problems: list[str]) -> list[dict]:
+    """The records of a JSON-lines file; each line that is not a JSON object is skipped and named."""
+    text = read_text(run, name, problems)
+    records, bad = [], []
+    for number, line in enumerate((text or "").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            bad.append(number)
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+        else:
+            bad.append(number)
+    if bad:
+        shown = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        problems.append(f"{name}: line {shown} is not a JSON record (truncated by a stopped writer?); skipped")
+    return records
+
+
+# --------------------------------------------------------------------------- what the views show
+
+
+def summarize(run: Run, now: float | None = None) -> dict:
+    """One row of the run list."""
+    problems: list[str] = []
+    heartbeat = read_json(run, HEARTBEAT_FILE, problems)
+    summary = read_json(run, SUMMARY_FILE, problems)
+    evaluation = read_json(run, EVAL_FILE, problems) if run.has(EVAL_FILE) else None
+    lineage = read_json(run, LINEAGE_FILE, problems)
+    records = read_jsonl(run, METRICS_FILE, problems)
+    stage = _stage(heartbeat, summary, lineage, evaluation)
+    config = _config(heartbeat, lineage)
+    train = [r for r in records if r.get("split") == "train"]
+    status = run_state(heartbeat, finished=summary is not None or evaluation is not None, now=now)
+    if evaluation is not None and summary is None and heartbeat is None:
+        status = "finished"
+    gate = (evaluation or {}).get("gate") if isinstance((evaluation or {}).get("gate"), dict) else None
+    row = {
+        "id": run.id,
+        "root": storage.redact(run.root),
+        "location": storage.redact(run.location),
+        "pipeline": run.id.split("/")[1] if run.id.count("/") >= 2 else "",
+        "stage": stage,
+        "model": storage.redact(str(config.get("model.path", ""))) if config else "",
+        "status": status,
+        "started": (heartbeat or {}).get("started") or _created(lineage),
+        "updated": (heartbeat or {}).get("updated"),
+        "step": (heartbeat or {}).get("step", train[-1].get("step") if train else None),
+        "total_steps": (heartbeat or {}).get("total_steps", (summary or {}).get("steps")),
+        "key_metric": _key_metric(stage, records),
+        "gate": None if gate is None else {"passed": gate.get("passed")},
+        "has": sorted(name for name in (METRICS_FILE, SAMPLES_FILE, EVAL_FILE, LINEAGE_FILE) if run.has(name)),
+        "problems": problems,
+    }
+    return row
+
+
+def _stage(heartbeat, summary, lineage, evaluation) -> str:
+    if isinstance(summary, dict) and summary.get("stage") == "release":
+        return "release"
+    for source in (heartbeat, summary):
+        if isinstance(source, dict) and isinstance(source.get("stage"), str):
+            return source["stage"]
+    stages = (lineage or {}).get("stages")
+    if isinstance(stages, list) and stages and isinstance(stages[-1], dict):
+        return str(stages[-1].get("stage", ""))
+    return "evaluate" if evaluation is not None else ""
+
+
+def _config(heartbeat, lineage) -> dict:
+    if isinstance(heartbeat, dict) and isinstance(heartbeat.get("config"), dict) and heartbeat["config"]:
+        return heartbeat["config"]
+    stages = (lineage or {}).get("stages")
+    if isinstance(stages, list) and stages and isinstance(stages[-1], dict):
+        config = stages[-1].get("config")
+        return config if isinstance(config, dict) else {}
+    return {}
+
+
+def _created(lineage) -> float | None:
+    stages = (lineage or {}).get("stages")
+    if isinstance(stages, list) and stages and isinstance(stages[-1], dict):
+        try:
+            return time.mktime(time.strptime(stages[-1].get("created", ""), "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _key_metric(stage: str, records: list[dict]) -> dict | None:
+    for name in KEY_METRICS.get(stage, ("loss",)):
+        for split in ("eval", "train"):
+            values = [r[name] for r in records if r.get("split") == split and isinstance(r.get(name), (int, float))]
+            if values:
+                return {"name": name, "split": split, "value": values[-1]}
+    return None
+
+
+def detail(run: Run, now: float | None = None) -> dict:
+    """One run's page: its list row, metric records, config, summary, lineage and the problems met."""
+    problems: list[str] = []
+    row = summarize(run, now)
+    heartbeat = read_json(run, HEARTBEAT_FILE, [])
+    lineage = read_json(run, LINEAGE_FILE, [])
+    return {
+        **row,
+        "problems": row["problems"] + problems,
+        "metrics": read_jsonl(run, METRICS_FILE, []),
+        "config": _config(heartbeat, lineage),
+        "summary": read_json(run, SUMMARY_FILE, []),
+        "lineage": lineage,
+        "evaluation": evaluation(run) if run.has(EVAL_FILE) else None,
+        "release": read_json(run, RELEASE_FILE, problems),
+        "checkpoints": _checkpoint_note(run),
+    }
+
+
+def metrics_after(run: Run, after: int) -> dict:
+    """Records past the first ``after`` ones (a live page asks for what is new), and the run's status."""
+    problems: list[str] = []
+    records = read_jsonl(run, METRICS_FILE, problems)
+    row = summarize(run)
+    return {"records": records[after:], "count": len(records), "status": row["status"], "step": row["step"]}
+
+
+def samples(run: Run, *, min_reward=None, max_reward=None, step=None, limit: int = 200) -> dict:
+    """Logged samples, newest step first, optionally those with a reward (a DPO pair: its margin) in a range."""
+    problems: list[str] = []
+    rows = [r for r in read_jsonl(run, SAMPLES_FILE, problems) if r.get("kind") in ("rollout", "pair")]
+
+    def score(row):
+        value = row.get("reward") if row.get("kind") == "rollout" else row.get("margin")
+        return value if isinstance(value, (int, float)) else None
+
+    if step is not None:
+        rows = [r for r in rows if r.get("step") == step]
+    if min_reward is not None:
+        rows = [r for r in rows if score(r) is not None and score(r) >= min_reward]
+    if max_reward is not None:
+        rows = [r for r in rows if score(r) is not None and score(r) <= max_reward]
+    steps = sorted({r.get("step") for r in rows if isinstance(r.get("step"), int)}, reverse=True)
+    rows.sort(key=lambda r: -(r.get("step") if isinstance(r.get("step"), int) else 0))
+    return {"rows": rows[:limit], "total": len(rows), "steps": steps, "problems": problems}
+
+
+def evaluation(run: Run) -> dict:
+    """An evaluation's metrics table, gate and per-problem rows (the generated text included)."""
+    problems: list[str] = []
+    metrics = read_json(run, EVAL_FILE, problems) or {}
+    per_problem = {}
+    for name in sorted(f for f in run.files if f.startswith("per_problem/") and f.endswith(".jsonl")):
+        per_problem[posixpath.basename(name)[: -len(".jsonl")]] = read_jsonl(run, name, problems)[:500]
+    return {
+        "models": metrics.get("models", {}),
+        "candidate": metrics.get("candidate"),
+        "baseline": metrics.get("baseline"),
+        "gate": metrics.get("gate"),
+        "paths": metrics.get("paths", {}),
+        "per_problem": per_problem,
+        "plots": sorted(f for f in run.files if f.endswith(".png")),
+        "report": run.has("report.html"),
+        "problems": problems,
+    }
+
+
+def _checkpoint_note(run: Run) -> list[str]:
+    """Checkpoints of a local run without their COMPLETE marker (half-written, skipped on resume)."""
+    if storage.is_remote(run.location):
+        return []
+    folder = os.path.join(run.location, "checkpoints")
+    if not os.path.isdir(folder):
+        return []
+    notes = []
+    for name in sorted(os.listdir(folder)):
+        if name.startswith("step-") and not os.path.exists(os.path.join(folder, name, "COMPLETE")):
+            notes.append(f"checkpoints/{name}: no COMPLETE marker (half-written; a resume skips it)")
+    return notes
+
+
+def config_differences(configs: dict[str, dict]) -> list[dict]:
+    """``[{"key", "values": {run id: value}}]`` for every key whose value differs between the runs."""
+    keys = sorted({key for config in configs.values() for key in config})
+    out = []
+    for key in keys:
+        values = {run_id: config.get(key) for run_id, config in configs.items()}
+        if len({json.dumps(v, sort_keys=True, default=str) for v in values.values()}) > 1:
+            out.append({"key": key, "values": values})
+    return out
