@@ -58,3 +58,33 @@ def test_config_differences_list_only_what_differs():
     diffs = config_differences({"a": {"lr": 0.1, "seed": 1, "x": [1]}, "b": {"lr": 0.2, "seed": 1, "x": [1]}})
     assert diffs == [{"key": "lr", "values": {"a": 0.1, "b": 0.2}}]
     assert config_differences({"a": {"only": 1}, "b": {}}) == [{"key": "only", "values": {"a": 1, "b": None}}]
+
+
+def test_a_growing_file_is_read_from_where_it_grew_and_a_replaced_one_anew(tmp_path):
+    import os
+
+    from trainer_lib.dashboard.runs import LineCache
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "spl')  # a writer mid-line
+    cache = LineCache()
+    assert cache.read(str(path)) == ([{"step": 1}, {"step": 2}], [3])
+    with open(path, "a") as fh:
+        fh.write('it": "train"}\n{"step": 4}\n')
+    assert cache.read(str(path)) == ([{"step": 1}, {"step": 2}, {"step": 3, "split": "train"}, {"step": 4}], [])
+    replaced = tmp_path / "new.jsonl"  # what a resumed run's truncation does: a new file put in place
+    replaced.write_text('{"step": 1}\n{"step": 2, "again": true}\n[1]\n')
+    os.replace(replaced, path)
+    assert cache.read(str(path)) == ([{"step": 1}, {"step": 2, "again": True}], [3])
+
+
+def test_a_long_run_is_thinned_evenly_keeping_eval_records_and_the_last_step():
+    from trainer_lib.dashboard.runs import thinned
+
+    records = [{"step": s, "split": "train"} for s in range(1, 10_001)]
+    records += [{"step": s, "split": "eval"} for s in (5000, 10000)]
+    shown, stride = thinned(records, limit=1000)
+    train = [r["step"] for r in shown if r["split"] == "train"]
+    assert stride == 10 and train[:3] == [1, 11, 21] and train[-1] == 10_000 and len(train) == 1001
+    assert [r["step"] for r in shown if r["split"] == "eval"] == [5000, 10000]
+    assert thinned(records[:500], limit=1000) == (records[:500], 1)

@@ -14,9 +14,11 @@ half-written checkpoint gives what could be read plus a ``problems`` list naming
 from __future__ import annotations
 
 import json
+import math
 import os
 import posixpath
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -152,11 +154,10 @@ def read_json(run: Run, name: str, problems: list[str]) -> dict | None:
     return value
 
 
-def read_jsonl(run: Run, name: str, problems: list[str]) -> list[dict]:
-    """The records of a JSON-lines file; each line that is not a JSON object is skipped and named."""
-    text = read_text(run, name, problems)
+def parse_lines(text: str, first_line: int = 1) -> tuple[list[dict], list[int]]:
+    """``(records, numbers of the lines that are not a JSON object)`` of JSON-lines text."""
     records, bad = [], []
-    for number, line in enumerate((text or "").splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=first_line):
         if not line.strip():
             continue
         try:
@@ -168,6 +169,64 @@ def read_jsonl(run: Run, name: str, problems: list[str]) -> list[dict]:
             records.append(record)
         else:
             bad.append(number)
+    return records, bad
+
+
+@dataclass
+class _Parsed:
+    inode: int
+    offset: int  # bytes parsed: up to the end of the last complete line
+    lines: int  # complete lines parsed
+    records: list[dict]
+    bad: list[int]
+
+
+class LineCache:
+    """Parsed JSON-lines files on this machine, read again only from where they grew: a live page polls a
+    growing ``metrics.jsonl`` every 2 s, and a 100k-step run's file is tens of MiB. A file replaced (a
+    resumed run rewrites it without the replayed steps) or shorter than what was parsed is read anew; a
+    last line without its newline is parsed on every call and never kept (a writer may be mid-line)."""
+
+    def __init__(self):
+        self._files: dict[str, _Parsed] = {}
+        self._lock = threading.Lock()
+
+    def read(self, path: str) -> tuple[list[dict], list[int]]:
+        with self._lock, open(path, "rb") as fh:
+            stat = os.fstat(fh.fileno())
+            entry = self._files.get(path)
+            if entry is None or entry.inode != stat.st_ino or stat.st_size < entry.offset:
+                entry = self._files[path] = _Parsed(stat.st_ino, 0, 0, [], [])
+            fh.seek(entry.offset)
+            data = fh.read()
+            complete = data[: data.rfind(b"\n") + 1]
+            records, bad = parse_lines(complete.decode("utf-8", errors="replace"), entry.lines + 1)
+            entry.records += records
+            entry.bad += bad
+            entry.offset += len(complete)
+            entry.lines += complete.count(b"\n")
+            tail_records, tail_bad = parse_lines(
+                data[len(complete) :].decode("utf-8", errors="replace"), entry.lines + 1
+            )
+            return entry.records + tail_records, entry.bad + tail_bad
+
+
+LINES = LineCache()
+
+
+def read_jsonl(run: Run, name: str, problems: list[str]) -> list[dict]:
+    """The records of a JSON-lines file; each line that is not a JSON object is skipped and named."""
+    if not run.has(name):
+        return []
+    if storage.is_remote(run.location):
+        text = read_text(run, name, problems)
+        records, bad = parse_lines(text or "")
+    else:
+        try:
+            records, bad = LINES.read(run.path(name))
+        except OSError as exc:
+            problems.append(f"{name}: cannot be read ({exc.strerror})")
+            return []
     if bad:
         shown = ", ".join(map(str, bad[:5])) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
         problems.append(f"{name}: line {shown} is not a JSON record (truncated by a stopped writer?); skipped")
@@ -253,6 +312,20 @@ def _key_metric(stage: str, records: list[dict]) -> dict | None:
     return None
 
 
+#: train records a page draws at most (a longer run is thinned evenly; its eval records are all kept)
+MAX_POINTS = 5000
+
+
+def thinned(records: list[dict], limit: int = MAX_POINTS) -> tuple[list[dict], int]:
+    """``(records, stride)``: every ``stride``-th train record (and the last), all other records."""
+    train = [i for i, record in enumerate(records) if record.get("split") == "train"]
+    if len(train) <= limit:
+        return records, 1
+    stride = math.ceil(len(train) / limit)
+    keep = set(train[::stride]) | {train[-1]}
+    return [r for i, r in enumerate(records) if r.get("split") != "train" or i in keep], stride
+
+
 def detail(run: Run, now: float | None = None) -> dict:
     """One run's page: its list row, metric records, config, summary, lineage and the problems met."""
     problems: list[str] = []
@@ -262,7 +335,7 @@ def detail(run: Run, now: float | None = None) -> dict:
     return {
         **row,
         "problems": row["problems"] + problems,
-        "metrics": read_jsonl(run, METRICS_FILE, []),
+        **_metrics_view(read_jsonl(run, METRICS_FILE, [])),
         "config": _config(heartbeat, lineage),
         "summary": read_json(run, SUMMARY_FILE, []),
         "lineage": lineage,
@@ -270,6 +343,11 @@ def detail(run: Run, now: float | None = None) -> dict:
         "release": read_json(run, RELEASE_FILE, problems),
         "checkpoints": _checkpoint_note(run),
     }
+
+
+def _metrics_view(records: list[dict]) -> dict:
+    shown, stride = thinned(records)
+    return {"metrics": shown, "metrics_count": len(records), "metrics_stride": stride}
 
 
 def metrics_after(run: Run, after: int) -> dict:

@@ -200,6 +200,7 @@ async function runList(view, compareMode) {
 async function runPage(view, id) {
   const run = await api(`/api/run?id=${encodeURIComponent(id)}`);
   let records = run.metrics;
+  let seen = run.metrics_count;  // records on disk (the page may draw fewer: a long run is thinned)
   const opts = { smoothing: 0, log: false, axis: "step" };
   const charts = el("div", { class: "charts", id: "charts" });
   const redraw = () => drawCharts(charts, [{ label: "", records }], opts);
@@ -211,6 +212,8 @@ async function runPage(view, id) {
     problemsBox(run.problems.concat(run.checkpoints || [])),
     records.length ? el("h2", {}, "Curves") : null,
     records.length ? chartControls(opts, redraw, true) : null,
+    run.metrics_stride > 1 ? el("p", { id: "thinned" }, `${run.metrics_count.toLocaleString()} records: every ` +
+      `${run.metrics_stride}th train record is drawn (and every eval record); new ones are all drawn`) : null,
     charts,
     el("section", { id: "samples" }),
     el("section", { id: "evaluation" }),
@@ -222,7 +225,9 @@ async function runPage(view, id) {
   if (run.evaluation) evaluationSection(view.querySelector("#evaluation"), run);
   if (run.status === "running" || run.status === "stale" || run.status === "unknown") {
     timer = setInterval(async () => {
-      const fresh = await api(`/api/metrics?id=${encodeURIComponent(id)}&after=${records.length}`);
+      const fresh = await api(`/api/metrics?id=${encodeURIComponent(id)}&after=${seen}`);
+      if (fresh.count < seen) { route(); return; }  // rewritten (a resumed run drops the replayed steps)
+      seen = fresh.count;
       if (fresh.records.length) { records = records.concat(fresh.records); redraw(); }
       badge.replaceChildren(statusBadge(fresh.status));
       stepText.textContent = fresh.step === null ? "" : `step ${fresh.step}/${fmt(run.total_steps)}`;
