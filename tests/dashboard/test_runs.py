@@ -88,3 +88,30 @@ def test_a_long_run_is_thinned_evenly_keeping_eval_records_and_the_last_step():
     assert stride == 10 and train[:3] == [1, 11, 21] and train[-1] == 10_000 and len(train) == 1001
     assert [r["step"] for r in shown if r["split"] == "eval"] == [5000, 10000]
     assert thinned(records[:500], limit=1000) == (records[:500], 1)
+
+
+def test_a_pipeline_roots_tasks_show_with_their_outputs(tmp_path, dashboard_runs):
+    """kfp.local (and a pipeline root in the object store) leaves each task's executor_output.json: a task
+    folder is an entry of its own, unless a stage output lies in it (train/output_model shows that task)."""
+    root = tmp_path / "posttrain-all-2026"
+    (root / "prepare").mkdir(parents=True)
+    output = {
+        "artifacts": {
+            "metrics": {
+                "artifacts": [
+                    {"name": "metrics", "uri": str(root / "prepare/metrics"), "metadata": {"rows_read": 2200}}
+                ]
+            },
+            "prepared": {"artifacts": [{"name": "prepared", "uri": str(root / "prepare/prepared"), "metadata": {}}]},
+        }
+    }
+    (root / "prepare" / "executor_output.json").write_text(json.dumps(output))
+    shutil.copytree(dashboard_runs / "pipeline-a" / "grpo", root / "train" / "output_model")
+    (root / "train" / "executor_output.json").write_text(json.dumps({"parameterValues": {"Output": ""}}))
+    runs = find_runs([str(tmp_path)])
+    assert set(runs) == {"0/posttrain-all-2026/prepare", "0/posttrain-all-2026/train/output_model"}
+    prepare = detail(runs["0/posttrain-all-2026/prepare"])
+    assert (prepare["stage"], prepare["status"], prepare["pipeline"]) == ("prepare", "finished", "posttrain-all-2026")
+    assert prepare["key_metric"] == {"name": "rows_read", "split": "task", "value": 2200}
+    assert [o["name"] for o in prepare["task_outputs"]] == ["metrics", "prepared"]
+    assert summarize(runs["0/posttrain-all-2026/train/output_model"])["stage"] == "grpo"

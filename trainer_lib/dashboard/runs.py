@@ -2,8 +2,9 @@
 
 A *run* is one stage's output folder: a folder holding any of :data:`MARKERS` (``metrics.jsonl`` and
 ``heartbeat.json`` of a training stage, ``summary.json`` of a finished model, ``metrics.json`` of an
-evaluation, ``lineage.json``). A root given to the dashboard (a ``runs/`` folder, a pipeline root, one
-stage's output, an ``s3://`` prefix) is searched for them; checkpoints and hidden folders are skipped.
+evaluation, ``lineage.json``, a release's ``release.json``, a KFP task's ``executor_output.json``). A
+root given to the dashboard (a ``runs/`` folder, a pipeline root, one stage's output, an ``s3://``
+prefix) is searched for them; checkpoints and hidden folders are skipped.
 Local folders are walked; URLs are listed and read through :mod:`trainer_lib.storage` (its redaction
 applies to every location shown).
 
@@ -31,7 +32,9 @@ SUMMARY_FILE = "summary.json"
 LINEAGE_FILE = "lineage.json"
 EVAL_FILE = "metrics.json"
 RELEASE_FILE = "release.json"
-MARKERS = (METRICS_FILE, HEARTBEAT_FILE, SUMMARY_FILE, EVAL_FILE, LINEAGE_FILE, RELEASE_FILE)
+#: what a KFP task leaves in its folder once it ran (kfp.local, and the object store's pipeline root)
+TASK_FILE = "executor_output.json"
+MARKERS = (METRICS_FILE, HEARTBEAT_FILE, SUMMARY_FILE, EVAL_FILE, LINEAGE_FILE, RELEASE_FILE, TASK_FILE)
 #: folders never searched for runs: checkpoints, caches, TensorBoard and tracker stores
 SKIPPED = re.compile(r"^(\..*|checkpoints|step-\d+|__pycache__|wandb|mlruns|per_problem|tb|logs)$")
 MAX_DEPTH = 8
@@ -73,7 +76,13 @@ def find_runs(roots: list[str]) -> dict[str, Run]:
             rel = _relative(root, location)
             run_id = f"{number}/{rel}" if rel else str(number)
             found[run_id] = Run(run_id, root, location, files)
-    return found
+    # a KFP task's folder is its own entry (prepare, export, deploy...) unless a stage output lies in it
+    # (train/output_model): that one already shows the task
+    return {
+        run_id: run
+        for run_id, run in found.items()
+        if set(MARKERS) & run.files != {TASK_FILE} or not any(other.startswith(run_id + "/") for other in found)
+    }
 
 
 def _local_folders(root: str):
@@ -244,12 +253,12 @@ def summarize(run: Run, now: float | None = None) -> dict:
     evaluation = read_json(run, EVAL_FILE, problems) if run.has(EVAL_FILE) else None
     lineage = read_json(run, LINEAGE_FILE, problems)
     records = read_jsonl(run, METRICS_FILE, problems)
-    stage = _stage(heartbeat, summary, lineage, evaluation)
+    stage = _stage(heartbeat, summary, lineage, evaluation) or posixpath.basename(run.id)
     config = _config(heartbeat, lineage)
     train = [r for r in records if r.get("split") == "train"]
     status = run_state(heartbeat, finished=summary is not None or evaluation is not None, now=now)
-    if evaluation is not None and summary is None and heartbeat is None:
-        status = "finished"
+    if heartbeat is None and (evaluation is not None or run.has(TASK_FILE)):
+        status = "finished"  # (an evaluation's metrics.json and a task's executor output come last)
     gate = (evaluation or {}).get("gate") if isinstance((evaluation or {}).get("gate"), dict) else None
     row = {
         "id": run.id,
@@ -263,7 +272,7 @@ def summarize(run: Run, now: float | None = None) -> dict:
         "updated": (heartbeat or {}).get("updated"),
         "step": (heartbeat or {}).get("step", train[-1].get("step") if train else None),
         "total_steps": (heartbeat or {}).get("total_steps", (summary or {}).get("steps")),
-        "key_metric": _key_metric(stage, records),
+        "key_metric": _key_metric(stage, records) or _task_metric(read_json(run, TASK_FILE, problems)),
         "gate": None if gate is None else {"passed": gate.get("passed")},
         "has": sorted(name for name in (METRICS_FILE, SAMPLES_FILE, EVAL_FILE, LINEAGE_FILE) if run.has(name)),
         "problems": problems,
@@ -300,6 +309,35 @@ def _created(lineage) -> float | None:
             return time.mktime(time.strptime(stages[-1].get("created", ""), "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
         except (TypeError, ValueError):
             return None
+    return None
+
+
+def task_outputs(executor_output: dict | None) -> list[dict]:
+    """A KFP task's outputs from its ``executor_output.json``: ``{"name", "uri", "metadata"}`` per artifact
+    and ``{"name", "value"}`` per output parameter."""
+    outputs: list[dict] = []
+    for name, value in ((executor_output or {}).get("artifacts") or {}).items():
+        for artifact in (value or {}).get("artifacts") or []:
+            if isinstance(artifact, dict):
+                outputs.append(
+                    {
+                        "name": name,
+                        "uri": storage.redact(str(artifact.get("uri", ""))),
+                        "metadata": artifact.get("metadata") or {},
+                    }
+                )
+    for name, value in ((executor_output or {}).get("parameterValues") or {}).items():
+        outputs.append({"name": name, "value": value})
+    return outputs
+
+
+def _task_metric(executor_output: dict | None) -> dict | None:
+    """The first number a task's ``metrics`` artifact holds (prepare: rows read)."""
+    for output in task_outputs(executor_output):
+        if output["name"] == "metrics":
+            for key, value in output["metadata"].items():
+                if isinstance(value, (int, float)) and not isinstance(value, bool):
+                    return {"name": key, "split": "task", "value": value}
     return None
 
 
@@ -341,6 +379,7 @@ def detail(run: Run, now: float | None = None) -> dict:
         "lineage": lineage,
         "evaluation": evaluation(run) if run.has(EVAL_FILE) else None,
         "release": read_json(run, RELEASE_FILE, problems),
+        "task_outputs": task_outputs(read_json(run, TASK_FILE, [])),
         "checkpoints": _checkpoint_note(run),
     }
 

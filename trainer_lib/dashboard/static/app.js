@@ -218,6 +218,7 @@ async function runPage(view, id) {
     el("section", { id: "samples" }),
     el("section", { id: "evaluation" }),
     releaseSection(run.release),
+    taskSection(run.task_outputs),
     configSection(run),
     lineageSection(run.release && run.release.lineage ? run.release.lineage : run.lineage));
   redraw();
@@ -334,6 +335,15 @@ function releaseSection(release) {
   ];
   return el("section", { id: "release" }, el("h2", {}, "Release"),
     table(["", ""], rows.filter(([, v]) => v).map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v)))));
+}
+
+function taskSection(outputs) {
+  // a KFP task's outputs (executor_output.json): artifacts with their metadata, output parameters
+  if (!outputs || !outputs.length) return null;
+  return el("section", { id: "task-outputs" }, el("h2", {}, "Task outputs"),
+    table(["output", "where", "metadata or value"], outputs.map((o) => el("tr", { "data-output": o.name },
+      el("td", {}, o.name), el("td", {}, o.uri || ""),
+      el("td", {}, "value" in o ? fmt(o.value) : Object.entries(o.metadata || {}).map(([k, v]) => `${k}: ${fmt(v)}`).join(", "))))));
 }
 
 function configSection(run) {
