@@ -1,6 +1,6 @@
 """``posttrain dashboard``: watch and compare runs in a browser (docs/dashboard.md).
 
-    posttrain dashboard [--runs DIR|URL ...] [--http-port P] [--host ADDR] [--token-file FILE]
+    posttrain dashboard [--runs DIR|URL ...] [--kfp-host URL] [--http-port P] [--host ADDR] [--token-file FILE]
 
 Read-only. It binds 127.0.0.1 unless ``--host`` says otherwise; any other address needs an access
 token, from ``$POSTTRAIN_DASHBOARD_TOKEN`` or ``--token-file`` (never the command line, which other
@@ -41,15 +41,32 @@ def main(argv: list[str]) -> int:
         default=[],
         help="a runs folder, pipeline root, stage output or storage URL (s3://...); repeatable [default: runs]",
     )
+    parser.add_argument("--kfp-host", help="also show the runs of this Kubeflow Pipelines API (bearer: $KFP_TOKEN)")
+    parser.add_argument("--kfp-namespace", help="the KFP namespace (multi-user installs)")
+    parser.add_argument(
+        "--kfp-pipeline-root",
+        default=None,
+        help="where runs that set no pipeline root keep their outputs [default: KFP's minio://mlpipeline/v2/artifacts]",
+    )
     parser.add_argument("--http-port", type=int, default=8265, help="HTTP port (0: a free one) [default: 8265]")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind; beyond loopback a token is required")
     parser.add_argument("--token-file", help=f"file holding the access token [default: ${TOKEN_ENV}]")
     args = parser.parse_args(argv)
-    roots = args.runs or ["runs"]
+    from trainer_lib.dashboard.kfp_runs import DEFAULT_PIPELINE_ROOT
+
+    roots = args.runs or ([] if args.kfp_host else ["runs"])
     token = read_token(args.token_file)
-    server = serve(Dashboard(roots, token=token), args.host, args.http_port)
+    kfp = None
+    if args.kfp_host:
+        kfp = {
+            "host": args.kfp_host,
+            "namespace": args.kfp_namespace,
+            "pipeline_root": args.kfp_pipeline_root or DEFAULT_PIPELINE_ROOT,
+        }
+    server = serve(Dashboard(roots, token=token, kfp=kfp), args.host, args.http_port)
     host, port = server.server_address[:2]
-    print(f"dashboard: http://{host}:{port}/ ({', '.join(roots)}); Ctrl-C stops it", flush=True)
+    shown = [*roots, *([f"KFP at {args.kfp_host}"] if args.kfp_host else [])]
+    print(f"dashboard: http://{host}:{port}/ ({', '.join(shown)}); Ctrl-C stops it", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

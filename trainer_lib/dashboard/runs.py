@@ -50,6 +50,17 @@ KEY_METRICS = {
 }
 
 
+@dataclass(frozen=True)
+class Root:
+    """A place searched for runs: ``key`` starts the ids of the runs found there; a KFP run's root also
+    names its pipeline run (``pipeline``, ``pipeline_state``)."""
+
+    key: str
+    location: str
+    pipeline: str = ""
+    pipeline_state: str = ""
+
+
 @dataclass
 class Run:
     """One stage output: ``location`` (path or URL), ``files`` it holds (names relative to it)."""
@@ -58,6 +69,8 @@ class Run:
     root: str
     location: str
     files: set[str] = field(default_factory=set)
+    pipeline: str = ""  # the pipeline run it belongs to, when its root says (KFP); else the id's first folder
+    pipeline_state: str = ""
 
     def path(self, name: str) -> str:
         return (
@@ -68,14 +81,17 @@ class Run:
         return name in self.files
 
 
-def find_runs(roots: list[str]) -> dict[str, Run]:
-    """``{id: Run}`` of every stage output under ``roots``; an id is ``<root number>/<path under the root>``."""
+def find_runs(roots: list) -> dict[str, Run]:
+    """``{id: Run}`` of every stage output under ``roots`` (paths or URLs, or :class:`Root`); an id is
+    ``<root number or key>/<path under the root>``."""
     found: dict[str, Run] = {}
-    for number, root in enumerate(roots):
+    for number, given in enumerate(roots):
+        top = given if isinstance(given, Root) else Root(str(number), given)
+        root = top.location
         for location, files in _remote_folders(root) if storage.is_remote(root) else _local_folders(root):
             rel = _relative(root, location)
-            run_id = f"{number}/{rel}" if rel else str(number)
-            found[run_id] = Run(run_id, root, location, files)
+            run_id = f"{top.key}/{rel}" if rel else top.key
+            found[run_id] = Run(run_id, root, location, files, top.pipeline, top.pipeline_state)
     # a KFP task's folder is its own entry (prepare, export, deploy...) unless a stage output lies in it
     # (train/output_model): that one already shows the task
     return {
@@ -264,7 +280,8 @@ def summarize(run: Run, now: float | None = None) -> dict:
         "id": run.id,
         "root": storage.redact(run.root),
         "location": storage.redact(run.location),
-        "pipeline": run.id.split("/")[1] if run.id.count("/") >= 2 else "",
+        "pipeline": run.pipeline or (run.id.split("/")[1] if run.id.count("/") >= 2 else ""),
+        "pipeline_state": run.pipeline_state,
         "stage": stage,
         "model": storage.redact(str(config.get("model.path", ""))) if config else "",
         "status": status,

@@ -69,19 +69,42 @@ def plotly_js() -> bytes:
 class Dashboard:
     """What the handler serves: the roots' runs, rescanned at most every ``rescan_s`` seconds."""
 
-    def __init__(self, roots: list[str], token: str | None = None, rescan_s: float = 2.0):
-        self.roots, self.token, self.rescan_s = list(roots), token, rescan_s
+    def __init__(self, roots: list[str], token: str | None = None, rescan_s: float = 2.0, kfp: dict | None = None):
+        """``kfp``: ``{"host", "namespace", "pipeline_root"}`` to add a Kubeflow Pipelines instance's runs."""
+        self.roots, self.token, self.rescan_s, self.kfp = list(roots), token, rescan_s, kfp
         self._runs: dict[str, runs_mod.Run] = {}
         self._scanned = 0.0
         self._lock = threading.Lock()
         self._plotly: bytes | None = None
+        self._kfp_roots: list[runs_mod.Root] = []
+        self._kfp_listed = -1e9
+        self.kfp_error = ""
+
+    def kfp_roots(self) -> list[runs_mod.Root]:
+        """The KFP instance's runs as roots, listed again at most every 10 s; the last list stands (with
+        the error shown) while the API cannot be reached."""
+        import time
+
+        if not self.kfp or time.monotonic() - self._kfp_listed < 10.0:
+            return self._kfp_roots
+        from trainer_lib.dashboard.kfp_runs import list_kfp_runs
+
+        try:
+            found = list_kfp_runs(self.kfp["host"], self.kfp.get("namespace"), self.kfp["pipeline_root"])
+            self._kfp_roots = [runs_mod.Root(f"kfp-{r.run_id}", r.location, r.name, r.state) for r in found]
+            self.kfp_error = ""
+        except Exception as exc:  # (kfp's client raises its own and urllib3's errors)
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            self.kfp_error = runs_mod.storage.redact(f"{type(exc).__name__}: {first}"[:300])
+        self._kfp_listed = time.monotonic()
+        return self._kfp_roots
 
     def runs(self, fresh: bool = False) -> dict[str, runs_mod.Run]:
         import time
 
         with self._lock:
             if fresh or time.monotonic() - self._scanned > self.rescan_s:
-                self._runs = runs_mod.find_runs(self.roots)
+                self._runs = runs_mod.find_runs([*self.roots, *self.kfp_roots()])
                 self._scanned = time.monotonic()
             return self._runs
 
@@ -101,7 +124,10 @@ class Dashboard:
         one = {key: values[-1] for key, values in query.items()}
         if route == "/api/runs":
             rows = [runs_mod.summarize(run) for run in self.runs(fresh=True).values()]
-            return {"roots": [runs_mod.storage.redact(r) for r in self.roots], "runs": rows}
+            roots = [runs_mod.storage.redact(r) for r in self.roots]
+            if self.kfp:
+                roots.append(f"Kubeflow Pipelines at {runs_mod.storage.redact(self.kfp['host'])}")
+            return {"roots": roots, "runs": rows, "kfp_error": self.kfp_error}
         if route == "/api/run":
             return runs_mod.detail(self.run(one.get("id", "")))
         if route == "/api/metrics":

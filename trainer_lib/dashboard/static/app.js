@@ -167,7 +167,10 @@ async function runList(view, compareMode) {
   const data = await api("/api/runs");
   const pipelines = [...new Set(data.runs.map((r) => r.pipeline))].sort();
   const filter = el("select", { id: "pipeline-filter" }, el("option", { value: "" }, "all pipeline runs"),
-    pipelines.filter((p) => p).map((p) => el("option", { value: p }, p)));
+    pipelines.filter((p) => p).map((p) => {
+      const state = (data.runs.find((r) => r.pipeline === p) || {}).pipeline_state;
+      return el("option", { value: p }, state ? `${p} (${state})` : p);
+    }));
   const chosen = new Set();
   const compare = el("button", { id: "compare-button", disabled: true }, "Compare selected");
   compare.onclick = () => { location.hash = `#/compare/${[...chosen].map(encodeURIComponent).join(",")}`; };
@@ -192,6 +195,7 @@ async function runList(view, compareMode) {
   fill(view, 
     el("h1", {}, compareMode ? "Choose two or more runs to compare" : "Runs"),
     el("p", {}, `Roots: ${data.roots.join(", ")}`),
+    data.kfp_error ? el("p", { class: "fail", id: "kfp-error" }, `Kubeflow Pipelines: ${data.kfp_error}`) : null,
     el("div", { class: "controls" }, filter, compare),
     el("table", { id: "runs" }, el("thead", {}, el("tr", {}, ["", "run", "stage", "status", "model", "started",
       "step", "key metric", "gate", "notes"].map((h) => el("th", {}, h)))), body));
