@@ -59,3 +59,18 @@ def lookup_dotted(tree: dict, dotted: str) -> tuple[bool, Any]:
             return False, None
         node = node[part]
     return True, node
+
+
+def read_secret(key: str, path: str, env: str) -> str:
+    """A secret from the file at ``path`` when one is given (it must exist and hold something), else from the
+    environment variable ``env`` (empty when unset); ``key`` names the setting in errors, never the value."""
+    if path:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                value = fh.read().strip()
+        except OSError as exc:
+            raise ConfigError(f"{key}: cannot read {path} ({type(exc).__name__})") from None
+        if not value:
+            raise ConfigError(f"{key}: {path} is empty")
+        return value
+    return os.environ.get(env, "").strip() if env else ""

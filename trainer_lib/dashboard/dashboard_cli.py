@@ -10,25 +10,15 @@ users of the machine can read).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-
-from trainer_lib.errors import UserError
 
 TOKEN_ENV = "POSTTRAIN_DASHBOARD_TOKEN"
 
 
 def read_token(token_file: str | None) -> str | None:
-    if token_file:
-        try:
-            with open(token_file, encoding="utf-8") as fh:
-                token = fh.read().strip()
-        except OSError as exc:
-            raise UserError(f"--token-file {token_file}: cannot be read ({exc.strerror})") from exc
-        if not token:
-            raise UserError(f"--token-file {token_file}: the file is empty")
-        return token
-    return os.environ.get(TOKEN_ENV) or None
+    from trainer_lib.values import read_secret
+
+    return read_secret("--token-file", token_file or "", TOKEN_ENV) or None
 
 
 def main(argv: list[str]) -> int:

@@ -20,7 +20,6 @@ import concurrent.futures
 import http.client
 import json
 import logging
-import os
 import time
 import urllib.error
 import urllib.parse
@@ -48,16 +47,9 @@ def public(url: str) -> str:
 def read_api_key(api_key_env: str = API_KEY_ENV, api_key_file: str = "") -> str:
     """The key from ``api_key_file`` when given (it must exist), else from ``api_key_env`` (empty when
     unset: an endpoint without authentication). Errors name the file or variable, never a value."""
-    if api_key_file:
-        try:
-            with open(api_key_file, encoding="utf-8") as fh:
-                key = fh.read().strip()
-        except OSError as exc:
-            raise UserError(f"judge.api_key_file: cannot read {api_key_file} ({type(exc).__name__})") from None
-        if not key:
-            raise UserError(f"judge.api_key_file: {api_key_file} is empty")
-        return key
-    return os.environ.get(api_key_env, "").strip() if api_key_env else ""
+    from trainer_lib.values import read_secret
+
+    return read_secret("judge.api_key_file", api_key_file, api_key_env)
 
 
 class ChatEndpoint:
