@@ -115,3 +115,10 @@ def test_a_pipeline_roots_tasks_show_with_their_outputs(tmp_path, dashboard_runs
     assert prepare["key_metric"] == {"name": "rows_read", "split": "task", "value": 2200}
     assert [o["name"] for o in prepare["task_outputs"]] == ["metrics", "prepared"]
     assert summarize(runs["0/posttrain-all-2026/train/output_model"])["stage"] == "grpo"
+
+
+def test_a_root_that_cannot_be_listed_is_named_and_the_others_still_show(dashboard_runs, tmp_path):
+    problems = []
+    runs = find_runs([str(tmp_path / "nowhere"), str(dashboard_runs)], problems)
+    assert len(runs) == 4 and all(run_id.startswith("1/") for run_id in runs)
+    assert problems == [f"{tmp_path / 'nowhere'}: cannot be listed (no folder {tmp_path / 'nowhere'})"]

@@ -81,14 +81,20 @@ class Run:
         return name in self.files
 
 
-def find_runs(roots: list) -> dict[str, Run]:
+def find_runs(roots: list, problems: list[str] | None = None) -> dict[str, Run]:
     """``{id: Run}`` of every stage output under ``roots`` (paths or URLs, or :class:`Root`); an id is
-    ``<root number or key>/<path under the root>``."""
+    ``<root number or key>/<path under the root>``. A root that cannot be read is named in ``problems``."""
     found: dict[str, Run] = {}
     for number, given in enumerate(roots):
         top = given if isinstance(given, Root) else Root(str(number), given)
         root = top.location
-        for location, files in _remote_folders(root) if storage.is_remote(root) else _local_folders(root):
+        try:
+            folders = list(_remote_folders(root) if storage.is_remote(root) else _local_folders(root))
+        except (OSError, storage.StorageError, ValueError) as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            (problems if problems is not None else []).append(storage.redact(f"{root}: cannot be listed ({first})"))
+            continue
+        for location, files in folders:
             rel = _relative(root, location)
             run_id = f"{top.key}/{rel}" if rel else top.key
             found[run_id] = Run(run_id, root, location, files, top.pipeline, top.pipeline_state)
@@ -104,7 +110,7 @@ def find_runs(roots: list) -> dict[str, Run]:
 def _local_folders(root: str):
     root = os.path.expanduser(root)
     if not os.path.isdir(root):
-        return
+        raise FileNotFoundError(f"no folder {root}")
     base_depth = root.rstrip(os.sep).count(os.sep)
     for folder, dirs, files in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not SKIPPED.match(d))
@@ -125,10 +131,7 @@ def _subfolder_files(folder: str) -> set[str]:
 
 
 def _remote_folders(root: str):
-    try:
-        files = storage.list_files(root)
-    except (OSError, storage.StorageError, ValueError):
-        return
+    files = storage.list_files(root)
     folders: dict[str, set[str]] = {}
     for rel in files:
         parts = rel.split("/")

@@ -79,6 +79,8 @@ class Dashboard:
         self._kfp_roots: list[runs_mod.Root] = []
         self._kfp_listed = -1e9
         self.kfp_error = ""
+        self.root_problems: list[str] = []
+        self.root_problems: list[str] = []
 
     def kfp_roots(self) -> list[runs_mod.Root]:
         """The KFP instance's runs as roots, listed again at most every 10 s; the last list stands (with
@@ -104,7 +106,8 @@ class Dashboard:
 
         with self._lock:
             if fresh or time.monotonic() - self._scanned > self.rescan_s:
-                self._runs = runs_mod.find_runs([*self.roots, *self.kfp_roots()])
+                self.root_problems = []
+                self._runs = runs_mod.find_runs([*self.roots, *self.kfp_roots()], self.root_problems)
                 self._scanned = time.monotonic()
             return self._runs
 
@@ -127,7 +130,7 @@ class Dashboard:
             roots = [runs_mod.storage.redact(r) for r in self.roots]
             if self.kfp:
                 roots.append(f"Kubeflow Pipelines at {runs_mod.storage.redact(self.kfp['host'])}")
-            return {"roots": roots, "runs": rows, "kfp_error": self.kfp_error}
+            return {"roots": roots, "runs": rows, "kfp_error": self.kfp_error, "root_problems": self.root_problems}
         if route == "/api/run":
             return runs_mod.detail(self.run(one.get("id", "")))
         if route == "/api/metrics":

@@ -196,6 +196,7 @@ async function runList(view, compareMode) {
     el("h1", {}, compareMode ? "Choose two or more runs to compare" : "Runs"),
     el("p", {}, `Roots: ${data.roots.join(", ")}`),
     data.kfp_error ? el("p", { class: "fail", id: "kfp-error" }, `Kubeflow Pipelines: ${data.kfp_error}`) : null,
+    problemsBox(data.root_problems),
     el("div", { class: "controls" }, filter, compare),
     el("table", { id: "runs" }, el("thead", {}, el("tr", {}, ["", "run", "stage", "status", "model", "started",
       "step", "key metric", "gate", "notes"].map((h) => el("th", {}, h)))), body));
