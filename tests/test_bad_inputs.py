@@ -369,8 +369,11 @@ def test_bad_input(case: Case, tmp_path, request):
         args += ["report_to=none", "save_steps=1", "logging_steps=1"]
     assert_one_error_line(run_cli(case.stage, args), case.expect)
     written = sorted(str(p.relative_to(out)) for p in out.rglob("*")) if out.exists() else []
-    if case.logs:  # the logs of the failed run (metrics, the DeepSpeed config it got); never a checkpoint or model
-        written = [p for p in written if p not in ("metrics.jsonl", "ds_config.json", "checkpoints")]
+    if case.logs:  # the logs of the failed run (metrics, the DeepSpeed config it got, its heartbeat saying it
+        # failed); never a checkpoint or model
+        if "heartbeat.json" in written:
+            assert json.loads((out / "heartbeat.json").read_text())["state"] == "failed"
+        written = [p for p in written if p not in ("metrics.jsonl", "ds_config.json", "heartbeat.json", "checkpoints")]
     assert not written, written
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".out")]  # no temp dirs left
 

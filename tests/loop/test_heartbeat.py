@@ -103,3 +103,15 @@ def test_a_sigkilled_stage_shows_as_stale(tiny_model_dir, tmp_path):
     assert json.loads(path.read_text()) == killed and killed["state"] == "running"
     row = summarize(find_runs([str(tmp_path)])["0/grpo"])
     assert row["status"] == "stale" and row["stage"] == "grpo" and row["step"] >= 2
+
+
+def test_an_error_inside_failing_ends_the_heartbeat_failed(tmp_path):
+    beat = Heartbeat(str(tmp_path), "dpo", total_steps=3)
+    beat.start(0)
+    with pytest.raises(ValueError), beat.failing():
+        raise ValueError("the step-0 evaluation's reward function is broken")
+    assert json.loads((tmp_path / "heartbeat.json").read_text())["state"] == "failed"
+    with beat.failing():
+        pass  # (nothing raised: nothing changes)
+    beat.end("finished")
+    assert json.loads((tmp_path / "heartbeat.json").read_text())["state"] == "failed"

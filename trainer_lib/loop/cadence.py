@@ -116,7 +116,8 @@ class Cadence:
         self.samples = SampleLog(self.ckpt.local_dir, self.start, enabled=self.strategy.is_rank_0)
         self.heartbeat.start(self.start)
         if state is None and self.evaluate is not None:
-            self.tracker.log(0, self.evaluate(), split="eval")
+            with self.heartbeat.failing():
+                self.tracker.log(0, self.evaluate(), split="eval")
         self.engine.train()  # (models load in eval mode; gradient checkpointing runs only in train mode)
         self.window = MetricsWindow(self.window.keys)  # throughput counts from here
         kept = self.ckpt.rank_state(self.start) if state else None
@@ -249,20 +250,23 @@ class Cadence:
     def finish(self, summary: dict) -> dict:
         """Final evaluation (``summary["eval"]``), the last checkpoint, tracker closed, and with
         ``loss_plot`` the loss curves drawn from metrics.jsonl."""
-        summary = {**summary, "steps": self.total, "output_dir": self.cfg.output_dir}
-        if self.evaluate is not None:
-            summary["eval"] = self.evaluate()
-            if self.start < self.total:  # (resumed from the last checkpoint: that logged it already)
-                self.tracker.log(self.total, summary["eval"], split="eval")
-        if self.cfg.save_steps and self.start < self.total:
-            self.save_checkpoint(self.total)
-        self.tracker.close()
-        if self.cfg.loss_plot and self.strategy.is_rank_0:
-            from trainer_lib.loop.loss_plot import write_loss_plots
+        with self.heartbeat.failing():  # (an error here leaves no finished model: the run failed)
+            summary = {**summary, "steps": self.total, "output_dir": self.cfg.output_dir}
+            if self.evaluate is not None:
+                summary["eval"] = self.evaluate()
+                if self.start < self.total:  # (resumed from the last checkpoint: that logged it already)
+                    self.tracker.log(self.total, summary["eval"], split="eval")
+            if self.cfg.save_steps and self.start < self.total:
+                self.save_checkpoint(self.total)
+            self.tracker.close()
+            if self.cfg.loss_plot and self.strategy.is_rank_0:
+                from trainer_lib.loop.loss_plot import write_loss_plots
 
-            drawn = write_loss_plots(self.ckpt.local_dir)
-            self.strategy.print(f"{self.stage}: loss_plot: {', '.join(drawn) or 'no loss was logged, nothing drawn'}")
-        return summary
+                drawn = write_loss_plots(self.ckpt.local_dir)
+                self.strategy.print(
+                    f"{self.stage}: loss_plot: {', '.join(drawn) or 'no loss was logged, nothing drawn'}"
+                )
+            return summary
 
     def save_model(self, tokenizer, summary: dict, extra_files: dict[str, str] | None = None) -> dict:
         """The Hugging Face model (LoRA merged, or the adapter alone with ``lora.merge=false``) and
@@ -277,7 +281,8 @@ class Cadence:
             files[LINEAGE_FILE] = json.dumps(record, indent=2)
             # a vision-language model's processor files beside the tokenizer's: it loads back with AutoProcessor
             files.update(processor_files(load_processor(self.cfg.model, tokenizer)))
-        self.ckpt.finish(self.engine, tokenizer, summary, extra_files=files)
+        with self.heartbeat.failing():
+            self.ckpt.finish(self.engine, tokenizer, summary, extra_files=files)
         self.heartbeat.end("finished")
         if self.cfg.hub.push and self.strategy.is_rank_0:
             self.push_to_hub()

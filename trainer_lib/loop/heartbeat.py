@@ -18,6 +18,7 @@ stopped on an error: a non-finite loss, a bad batch, a lost peer).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -80,6 +81,15 @@ class Heartbeat:
             self._thread.join(timeout=self.interval_s + 5)
         self.record["state"] = state
         self.write()
+
+    @contextlib.contextmanager
+    def failing(self):
+        """An error raised inside ends the heartbeat ``failed`` (unless it ended already), then goes on."""
+        try:
+            yield
+        except BaseException:
+            self.end("failed")
+            raise
 
     def _beat(self) -> None:
         while not self._stop.wait(self.interval_s):
