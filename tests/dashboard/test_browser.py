@@ -145,6 +145,7 @@ def test_a_failed_gate_names_its_rule_and_runs_compare(page, dashboard_runs, das
     assert chart_values(page, "loss") == [2.0, 1.0, 2.0 / 3]  # what could be read is still drawn
 
 
+@pytest.mark.extended  # (a GRPO process trained while the page watches: ~25 s; make test-all)
 def test_a_running_stage_updates_without_a_reload_and_goes_stale_when_killed(page, tiny_model_dir, dashboard, tmp_path):
     root = tmp_path / "runs"
     out = root / "live"
@@ -171,6 +172,7 @@ def test_a_running_stage_updates_without_a_reload_and_goes_stale_when_killed(pag
     wait_until(page, "document.querySelector('#run-status').innerText.trim() === 'stale'")
 
 
+@pytest.mark.extended  # (tests/dashboard/test_web.py reads an S3 prefix in make test)
 def test_an_s3_prefix_loads_in_the_browser(page, dashboard_runs, dashboard, s3_bucket, s3_server):
     from trainer_lib import storage
 
