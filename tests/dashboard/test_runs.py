@@ -122,3 +122,28 @@ def test_a_root_that_cannot_be_listed_is_named_and_the_others_still_show(dashboa
     runs = find_runs([str(tmp_path / "nowhere"), str(dashboard_runs)], problems)
     assert len(runs) == 4 and all(run_id.startswith("1/") for run_id in runs)
     assert problems == [f"{tmp_path / 'nowhere'}: cannot be listed (no folder {tmp_path / 'nowhere'})"]
+
+
+def test_a_release_shows_what_made_it(dashboard_runs, tmp_path, tiny_model_dir):
+    """The real release stage on the tiny GRPO run: the dashboard reads its release.json (base model, data,
+    the stages behind it, the gate) beside the model's lineage."""
+    from trainer_lib.cli import main
+
+    evaluation = tmp_path / "metrics.json"
+    passed = {"passed": True, "candidate": "grpo", "rules": [{"rule": "task_pass_rate>=0", "passed": True}]}
+    evaluation.write_text(
+        json.dumps({"candidate": "grpo", "models": {"grpo": {"task_pass_rate": 0.5}}, "gate": passed})
+    )
+    prompts = dashboard_runs.parent / "prompts.jsonl"
+    args = [
+        "release",
+        f"model_path={dashboard_runs / 'pipeline-a' / 'grpo'}",
+        f"release_uri={tmp_path / 'runs' / 'v1'}",
+    ]
+    args += [f"evaluation={evaluation}", f"lineage.sources=base_model={tiny_model_dir},prompt_dataset={prompts}"]
+    assert main(args) == 0
+    page = detail(find_runs([str(tmp_path / "runs")])["0/v1"])
+    assert (page["stage"], page["status"]) == ("release", "finished")
+    lineage = page["release"]["lineage"]
+    assert lineage["base_model"]["location"] == tiny_model_dir and "prompt_dataset" in lineage["data"]
+    assert [s["stage"] for s in lineage["stages"]] == ["grpo"] and page["release"]["gate"]["passed"] is True

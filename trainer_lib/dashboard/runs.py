@@ -272,7 +272,9 @@ def summarize(run: Run, now: float | None = None) -> dict:
     evaluation = read_json(run, EVAL_FILE, problems) if run.has(EVAL_FILE) else None
     lineage = read_json(run, LINEAGE_FILE, problems)
     records = read_jsonl(run, METRICS_FILE, problems)
-    stage = _stage(heartbeat, summary, lineage, evaluation) or posixpath.basename(run.id)
+    # a release holds a copy of its model's files, and its own release.json
+    stage = "release" if run.has(RELEASE_FILE) else _stage(heartbeat, summary, lineage, evaluation)
+    stage = stage or posixpath.basename(run.id)
     config = _config(heartbeat, lineage)
     train = [r for r in records if r.get("split") == "train"]
     status = run_state(heartbeat, finished=summary is not None or evaluation is not None, now=now)
@@ -301,8 +303,6 @@ def summarize(run: Run, now: float | None = None) -> dict:
 
 
 def _stage(heartbeat, summary, lineage, evaluation) -> str:
-    if isinstance(summary, dict) and summary.get("stage") == "release":
-        return "release"
     for source in (heartbeat, summary):
         if isinstance(source, dict) and isinstance(source.get("stage"), str):
             return source["stage"]
