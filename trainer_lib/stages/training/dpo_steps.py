@@ -41,7 +41,7 @@ class MicroBatchSteps:
             values = {"loss": losses, **self.metrics(policy, ref, batch)}
             window.add_all(values)
             window.count(samples=len(ids), tokens=count_tokens(batch))
-            self.last = (list(ids), values)
+            self.last = (list(ids), {key: value.detach() for key, value in values.items()})
 
 
 class PipelineSteps(MicroBatchSteps):
