@@ -147,3 +147,10 @@ def test_a_release_shows_what_made_it(dashboard_runs, tmp_path, tiny_model_dir):
     lineage = page["release"]["lineage"]
     assert lineage["base_model"]["location"] == tiny_model_dir and "prompt_dataset" in lineage["data"]
     assert [s["stage"] for s in lineage["stages"]] == ["grpo"] and page["release"]["gate"]["passed"] is True
+
+
+def test_a_half_written_release_json_is_named(dashboard_runs, tmp_path):
+    release = shutil.copytree(dashboard_runs / "pipeline-a" / "grpo", tmp_path / "v2")
+    (release / "release.json").write_text('{"source": "s3://b/m", "lin')
+    page = detail(find_runs([str(tmp_path)])["0/v2"])
+    assert page["release"] is None and any(p.startswith("release.json: not valid JSON") for p in page["problems"])

@@ -390,6 +390,7 @@ def detail(run: Run, now: float | None = None) -> dict:
     row = summarize(run, now)
     heartbeat = read_json(run, HEARTBEAT_FILE, [])
     lineage = read_json(run, LINEAGE_FILE, [])
+    release = read_json(run, RELEASE_FILE, problems)  # (before the problems are listed: its own are among them)
     return {
         **row,
         "problems": row["problems"] + problems,
@@ -398,7 +399,7 @@ def detail(run: Run, now: float | None = None) -> dict:
         "summary": read_json(run, SUMMARY_FILE, []),
         "lineage": lineage,
         "evaluation": evaluation(run) if run.has(EVAL_FILE) else None,
-        "release": read_json(run, RELEASE_FILE, problems),
+        "release": release,
         "task_outputs": task_outputs(read_json(run, TASK_FILE, [])),
         "checkpoints": _checkpoint_note(run),
     }
