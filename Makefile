@@ -233,8 +233,12 @@ test-fast: setup
 #   term (rpo_alpha) at SFT's learning rate: at 1e-4, or without the NLL term, the tiny model never learned
 #   to start a refusal; 500 code pairs beside the safety pairs keep the task pass rate.
 # KL beta 0.2: with 0.04, GRPO from DPO drifted to over-refusal 0.18 (seed 0, an earlier design).
+# deploy_variant=auto: INT8 where it holds its parity (top-1 agreement >= 0.95 over the export's 80 parity
+#   positions), else FP32. The tiny model's logits lie close together, and the kernels of onnxruntime's int8
+#   products differ between CPUs: seed 0's GRPO model held on a Xeon and agreed 0.938 (75 of 80) on an EPYC.
 DEMO_PARAMS ?= sft_max_steps=900 sft_lr=1e-3 dpo_max_steps=400 dpo_lr=1e-3 reward_max_steps=150 \
 	rl_max_steps=100 rl_lr=1e-4 rollout_n=16 max_new_tokens=48 batch_size=8 max_length=256 humaneval_limit=5 \
+	deploy_variant=auto \
 	'rl_overrides=["prompts_per_step=8","rollout.temperature=0.6","batch_size=32","mini_batch_size=64","lr_scheduler=constant","beta=0.2","reward.weights=[1.0,0.0]"]' \
 	'evaluate_overrides=["tasks.limit=150","safety.limit=100"]' \
 	'dpo_overrides=["rpo_alpha=1.0"]' \

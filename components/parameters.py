@@ -117,7 +117,8 @@ PARAMETERS = {
         str,
         "int8",
         "Which export Triton serves and the gate judges: int8, fp16, fp32 or int4 (int4 needs int4=true in "
-        "export_overrides); auto: the smallest the export wrote. A variant that failed its parity is left out "
+        "export_overrides); auto: the smallest the export wrote that a CPU serves (fp16 only by name). A variant "
+        "that failed its parity is left out "
         "of the export, and asking for it stops the run naming it.",
     ),
     "model_repository": Parameter(

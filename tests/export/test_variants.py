@@ -1,4 +1,5 @@
-"""Which variant is served: the one asked for if the export wrote it, else an error naming why; auto the smallest."""
+"""Which variant is served: the one asked for if the export wrote it, else an error naming why; auto the
+smallest a CPU serves."""
 
 import pytest
 
@@ -18,8 +19,25 @@ def test_a_written_variant_is_itself():
 
 def test_auto_is_the_smallest_written():
     assert pick(SUMMARY, "auto", "variant") == "int8"
+    with_int4 = {
+        **SUMMARY,
+        "models": {**SUMMARY["models"], "int4": "onnx/int4/model.onnx"},
+        "file_bytes": {**SUMMARY["file_bytes"], "int4": 90_000_000},
+    }
+    assert pick(with_int4, "auto", "variant") == "int4"
+
+
+def test_auto_without_int8_falls_back_to_fp32_not_fp16():
+    """FP16 is smaller than FP32, but a CPU cannot serve it: a laptop whose INT8 failed its parity gets FP32."""
     without_int8 = {**SUMMARY, "models": {k: v for k, v in SUMMARY["models"].items() if k != "int8"}}
-    assert pick(without_int8, "auto", "variant") == "fp16"
+    assert pick(without_int8, "auto", "variant") == "fp32"
+    assert pick(without_int8, "fp16", "variant") == "fp16"  # by name it is still served
+
+
+def test_auto_with_only_fp16_says_so():
+    only_fp16 = {**SUMMARY, "models": {"fp16": "onnx/fp16/model.onnx"}}
+    with pytest.raises(UserError, match="variant: auto picks a variant a CPU serves, and the export wrote only fp16"):
+        pick(only_fp16, "auto", "variant")
 
 
 def test_a_variant_left_out_names_its_figure():

@@ -8,8 +8,11 @@ resolve what they were asked for here, once, before any work:
 * a variant the export wrote: itself;
 * a variant the export left out: a UserError naming it and why (the run stops, it does not serve a
   model that failed its parity);
-* ``auto``: the smallest variant written (by its files' size), so a model whose INT8 did not hold is
-  served in the next smallest form that did.
+* ``auto``: the smallest variant written (by its files' size) among those a CPU serves (int4, int8,
+  fp32), so a model whose INT8 did not hold is served in the next smallest form that did, on the same
+  kind of machine. FP16 is for GPUs (onnxruntime's CPU provider lacks half kernels for most of the
+  graph, and Triton places it on a GPU): it is served only when asked for by name. FP32 is always
+  written (the export fails without its parity), so ``auto`` always finds one.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ AUTO = "auto"
 #: the variants an export can write, and what deploy and evaluate may be asked for
 VARIANTS = ("int8", "fp32", "fp16", "int4")
 CHOICES = (*VARIANTS, AUTO)
+#: the variant ``auto`` never picks: it needs a GPU
+GPU_ONLY = "fp16"
 
 
 def read_summary(export_dir: str, key: str) -> dict:
@@ -48,7 +53,10 @@ def pick(summary: dict, asked: str, key: str) -> str:
     models, failed = summary["models"], summary.get("failed") or {}
     if asked == AUTO:
         sizes = summary.get("file_bytes") or {}
-        return min(models, key=lambda name: (sizes.get(name, float("inf")), VARIANTS.index(name)))
+        served_on_cpu = [name for name in models if name != GPU_ONLY]
+        if not served_on_cpu:
+            raise UserError(f"{key}: {AUTO} picks a variant a CPU serves, and the export wrote only {GPU_ONLY}")
+        return min(served_on_cpu, key=lambda name: (sizes.get(name, float("inf")), VARIANTS.index(name)))
     if asked in failed:
         raise UserError(
             f"{key}: the export left {asked} out because it failed its parity ({failed[asked]}); "

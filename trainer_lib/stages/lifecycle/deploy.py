@@ -82,7 +82,7 @@ class DeployConfig:
     variant: str = opt(
         "int8",
         "Which ONNX export to serve (fp16 is for GPUs; int4 needs int4=true at export); auto: the smallest the "
-        "export wrote (it leaves out the variants that failed their parity).",
+        "export wrote that a CPU serves (it leaves out the variants that failed their parity, and fp16).",
         CHOICES,
     )
     max_batch_size: int = opt(8, "Requests the dynamic batcher may decode together.")

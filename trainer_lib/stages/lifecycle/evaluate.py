@@ -143,7 +143,8 @@ class ServedConfig:
     )
     variant: str = opt(
         "int8",
-        "The variant that is served; auto: the smallest the export wrote (it leaves out those failing parity).",
+        "The variant that is served; auto: the smallest the export wrote that a CPU serves (not fp16; it leaves "
+        "out those failing parity).",
         CHOICES,
     )
     label: str = opt("", "Its label in metrics.json; default <candidate>_<variant>.")

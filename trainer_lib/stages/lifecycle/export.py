@@ -20,7 +20,8 @@ The stage fails (exit code 2) when the FP32 graph's logits differ from PyTorch's
 with PyTorch is under its minimum (``parity.int8_min_top1_agreement``, ``fp16_...``, ``int4_...``) is
 measured, reported in ``parity.json`` and left out: ``export.json`` lists the variants written
 (``models``) and those that did not hold (``failed``, with the figure), and a deploy of a variant left
-out stops naming it (``variant=auto`` takes the smallest that held: :func:`trainer_lib.export.variants.pick`).
+out stops naming it (``variant=auto`` takes the smallest that held and a CPU serves:
+:func:`trainer_lib.export.variants.pick`).
 Everything is built in a temporary directory and published only after the checks, so a failed export
 leaves ``output_dir`` as it was; a consumer waiting for ``export.json`` never sees a half-written export.
 
