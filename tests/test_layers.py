@@ -63,7 +63,7 @@ CORE_RANKS = (
     ("config",),  # typed settings, checked against data's formats and templates
     ("models",),  # loading, LoRA, heads, saving: from a config section
     ("engine", "sandbox"),  # DeepSpeed and processes; isolated code execution
-    ("loop", "rewards"),  # the cadence of a training loop; reward sources
+    ("loop", "rewards", "agents"),  # the cadence of a training loop; reward sources; multi-turn episodes with tools
     ("rl", "export"),  # rollouts and experience; ONNX and quantization
     ("eval",),  # scoring models: generation, sandboxed tasks, the gate, the report
     ("serving", "release", "demo"),  # Triton; lineage, cards, retraining, notices; the embedded default
