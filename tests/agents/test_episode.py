@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from tests.agents.helpers import accuracy_checker
 from trainer_lib.agents import (
     EpisodeBatch,
     Observation,
@@ -33,6 +34,10 @@ class ScriptedPolicy:
         return {"role": "assistant", "content": self.replies[len(self.seen) - 1]}
 
 
+def calculator_env() -> ToolEnvironment:
+    return ToolEnvironment([calculator_tool()], checker=accuracy_checker)
+
+
 ROW = {"prompt": "A box holds 12 rows of 7 eggs, and 16 more lie beside it. How many eggs?", "answer": "100"}
 
 
@@ -42,7 +47,7 @@ def test_a_scripted_episode_with_the_calculator_end_to_end():
         call("calculator", expression="84 + 16") + call("calculator", expression="84 / 0"),
         "There are 100 eggs.",
     )
-    result = run_episode(ToolEnvironment([calculator_tool()]), ROW, policy, max_turns=5, gamma=0.9)
+    result = run_episode(calculator_env(), ROW, policy, max_turns=5, gamma=0.9)
 
     assert [(m["role"], m.get("name"), m["content"]) for m in result.messages] == [
         ("user", None, ROW["prompt"]),
@@ -68,7 +73,7 @@ def test_a_scripted_episode_with_the_calculator_end_to_end():
 
 def test_a_wrong_final_answer_scores_zero_and_bad_calls_are_counted():
     policy = ScriptedPolicy(call("calculator", expr="1"), "<tool_call>{bad</tool_call>", "It is 99.")
-    result = run_episode(ToolEnvironment([calculator_tool()]), ROW, policy, max_turns=5)
+    result = run_episode(calculator_env(), ROW, policy, max_turns=5)
     assert result.rewards == [0.0, 0.0, 0.0]
     assert result.done_reason == "done"
     assert (result.tool_calls.valid, result.tool_calls.malformed) == (0, 2)
@@ -86,7 +91,7 @@ def test_returns_by_hand():
 
 def test_max_turns_ends_an_episode_that_never_answers():
     always_calling = ScriptedPolicy(*[call("calculator", expression="1+1")] * 10)
-    result = run_episode(ToolEnvironment([calculator_tool()]), ROW, always_calling, max_turns=3)
+    result = run_episode(calculator_env(), ROW, always_calling, max_turns=3)
     assert result.done_reason == "max_turns"
     assert result.turns == 3 and result.rewards == [0.0, 0.0, 0.0]
     assert result.messages[-1] == {"role": "tool", "name": "calculator", "content": "2"}
@@ -97,7 +102,11 @@ def test_a_reply_that_overruns_the_length_budget_ends_the_episode_unstepped():
     long_call = call("calculator", expression="1+" * 100 + "1")
     policy = ScriptedPolicy(long_call)
     result = run_episode(
-        ToolEnvironment([calculator_tool()]), ROW, policy, max_turns=5, max_total_tokens=prompt_chars + 50
+        calculator_env(),
+        ROW,
+        policy,
+        max_turns=5,
+        max_total_tokens=prompt_chars + 50,
     )
     assert result.done_reason == "max_total_tokens"
     assert result.messages[-1]["role"] == "assistant"  # kept, but the tool never ran
@@ -108,7 +117,13 @@ def test_the_budget_counts_what_the_environment_adds_too():
     one_call = call("calculator", expression="2**1000")  # a 302-digit answer
     budget = len(ROW["prompt"]) + len(one_call) + 100
     policy = ScriptedPolicy(one_call, "never asked")
-    result = run_episode(ToolEnvironment([calculator_tool()]), ROW, policy, max_turns=5, max_total_tokens=budget)
+    result = run_episode(
+        calculator_env(),
+        ROW,
+        policy,
+        max_turns=5,
+        max_total_tokens=budget,
+    )
     assert result.done_reason == "max_total_tokens"
     assert result.turns == 1 and len(policy.seen) == 1
     assert result.messages[-1]["content"] == str(2**1000)
@@ -120,12 +135,23 @@ def test_the_budget_counts_tokens_with_the_callable_given():
 
     policy = ScriptedPolicy("one two three four five six", "The answer is 100")
     result = run_episode(
-        ToolEnvironment([calculator_tool()]), ROW, policy, max_turns=5, max_total_tokens=20, count_tokens=words
+        calculator_env(),
+        ROW,
+        policy,
+        max_turns=5,
+        max_total_tokens=20,
+        count_tokens=words,
     )
     assert len(ROW["prompt"].split()) == 17
     assert result.done_reason == "max_total_tokens" and result.turns == 1
     # A prompt that is already over the budget leaves no turn at all.
-    empty = run_episode(ToolEnvironment([calculator_tool()]), ROW, policy, max_total_tokens=10, count_tokens=words)
+    empty = run_episode(
+        calculator_env(),
+        ROW,
+        policy,
+        max_total_tokens=10,
+        count_tokens=words,
+    )
     assert empty.done_reason == "max_total_tokens" and empty.turns == 0 and empty.episode_return == 0.0
 
 

@@ -45,7 +45,7 @@ from trainer_lib.agents.tool_calls import (
     schema_name,
     tool_message,
 )
-from trainer_lib.agents.tool_env import ERROR_KINDS, CallOutcome, ToolEnvironment, last_number, last_number_match
+from trainer_lib.agents.tool_env import ERROR_KINDS, CallOutcome, ToolEnvironment
 from trainer_lib.agents.tools import (
     Bm25Index,
     Refused,
@@ -86,8 +86,6 @@ __all__ = [
     "calculator",
     "calculator_tool",
     "evaluate_arithmetic",
-    "last_number",
-    "last_number_match",
     "load_environment",
     "message_length",
     "parse_tool_calls",

@@ -5,7 +5,8 @@ output, and every way a call can fail becomes a tool message the model reads on 
 exception out of ``step``: a malformed call, a tool that raises, one that outlives ``timeout``, one whose
 output is cut at ``max_output_chars``. Each is counted in ``info["tool_errors"]``, so a run can log how
 often its policy writes broken calls. A message without a call is the final answer: the episode ends and
-``checker(answer, row)`` gives the reward.
+``checker(answer, row)`` gives the reward. The checker is the caller's (the RL stage builds it from a reward
+function, e.g. ``accuracy_reward``), so the answer is judged as the single-turn stages judge it.
 
 A hung call is abandoned, not stopped: Python cannot kill a thread, so its thread runs on in the
 background (its pool is dropped without waiting, and the next step gets a fresh one), and the interpreter
@@ -18,10 +19,8 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import math
-import re
 import time
 from collections.abc import Callable, Sequence
-from fractions import Fraction
 
 from trainer_lib.agents.env import Observation, StepResult
 from trainer_lib.agents.tool_calls import MalformedCall, ToolCall, parse_tool_calls, tool_message
@@ -30,8 +29,6 @@ from trainer_lib.errors import DataError
 
 #: The failures of a step's calls, the keys of ``info["tool_errors"]``.
 ERROR_KINDS = ("malformed", "raised", "timeout", "truncated")
-#: An integer or decimal, with thousands commas (``1,080``): the default checker's answer.
-NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
 POLL_SECONDS = 0.05  # how often the step looks at the clock while calls run
 
 
@@ -43,23 +40,6 @@ class CallOutcome:
     text: str
     failure: str | None = None
     truncated: bool = False
-
-
-def last_number(text: str, window: int = 2000) -> Fraction | None:
-    """The last number in the final ``window`` characters of ``text``, exactly (``2.50`` == ``2.5``), or None."""
-    numbers = NUMBER.findall(text[-window:])
-    return Fraction(numbers[-1].replace(",", "")) if numbers else None
-
-
-def last_number_match(answer: str, row: dict) -> float:
-    """1.0 when the last number of ``answer`` equals the last number of the row's ``answer`` (or
-    ``solution``, e.g. GSM8K's ``... #### 1,080``), else 0.0; commas and whitespace do not matter."""
-    gold = row.get("answer", row.get("solution"))
-    if gold is None:
-        raise DataError("tool environment row", "answer", "the answer to check against (answer or solution)")
-    expected = last_number(str(gold))
-    got = last_number(answer)
-    return float(expected is not None and got == expected)
 
 
 class ToolEnvironment:
@@ -76,7 +56,7 @@ class ToolEnvironment:
     def __init__(
         self,
         tools: Sequence[Tool],
-        checker: Callable[[str, dict], float] = last_number_match,
+        checker: Callable[[str, dict], float],
         system_prompt: str | None = None,
         timeout: float = 10.0,
         max_output_chars: int = 4000,
@@ -182,7 +162,7 @@ class ToolEnvironment:
             text = self.tools[call.name](**call.arguments)
         except BaseException as exc:  # in a worker thread, even SystemExit is only what the tool did wrong
             first = (str(exc).strip().splitlines() or [""])[0]
-            text, _ = self._capped(f"error: {call.name} raised {type(exc).__name__}: {first}")
+            text, _ = self._capped(f"error: {call.name} raised {': '.join(filter(None, (type(exc).__name__, first)))}")
             return CallOutcome(text, "raised")
         text, truncated = self._capped(text)
         return CallOutcome(text, None, truncated)
