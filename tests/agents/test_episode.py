@@ -194,3 +194,26 @@ def test_a_batch_checks_its_replies():
         batch.advance([{"content": "only one"}])
     with pytest.raises(ValueError, match="one environment per episode"):
         EpisodeBatch([CountdownEnv()], [{"steps": 1}, {"steps": 1}])
+
+
+@pytest.mark.parametrize("step_workers", [1, 2])
+def test_an_engine_that_counts_the_budget_itself_ends_episodes_with_it(step_workers):
+    """A rollout engine counting the trajectory's tokens says which replies ran into its budget (kept, not
+    stepped) and ends an episode left without room between turns."""
+    rows = [{"steps": 3}, {"steps": 3}, {"steps": 3}]
+    batch = EpisodeBatch([CountdownEnv() for _ in rows], rows, max_turns=5, step_workers=step_workers)
+    batch.pending()
+    batch.advance([{"content": "a"}, {"content": "b"}, {"content": "cut sho"}], overran=[False, False, True])
+    batch.episodes[1].end("max_total_tokens")
+    assert [t.index for t in batch.pending()] == [0]
+    with pytest.raises(ValueError, match="2 overran flags for 1 replies"):
+        batch.advance([{"content": "c"}], overran=[False, True])
+    batch.episodes[0].end("max_turns")
+    results = batch.results()
+    assert [r.done_reason for r in results] == ["max_turns", "max_total_tokens", "max_total_tokens"]
+    assert [r.rewards for r in results] == [[1.0], [1.0], [0.0]]
+    assert results[2].messages[-1] == {"role": "assistant", "content": "cut sho"} and results[2].infos == [{}]
+    with pytest.raises(RuntimeError, match="has ended"):
+        batch.episodes[0].end("done")
+    with pytest.raises(ValueError, match="reason must be one of"):
+        EpisodeBatch([CountdownEnv()], [{"steps": 1}]).episodes[0].end("tired")

@@ -15,7 +15,10 @@ An episode ends for one of three reasons, recorded as ``done_reason``: the envir
 reached ``max_total_tokens`` (``"max_total_tokens"``), counted by ``count_tokens`` over every message's
 content, the prompt included: characters by default, tokens with a tokenizer's count. A reply that
 overruns the budget is kept in the transcript (the engine generated it) but is not sent to the
-environment: cut short, it may hold half a tool call.
+environment: cut short, it may hold half a tool call. An engine that counts the budget itself, in the
+tokens of the trajectory it built (``trainer_lib.rl.multi_turn``), passes no ``max_total_tokens`` and says
+so instead: ``advance(replies, overran=...)`` for replies that ran into it, ``Episode.end("max_total_tokens")``
+for an episode with no room left for another reply.
 """
 
 from __future__ import annotations
@@ -161,12 +164,16 @@ class Episode:
         self.messages.append(message)
         self.length += message_length(message, self.count_tokens)
 
-    def advance(self, reply: dict) -> None:
-        """Take the policy's next assistant message, let the environment answer it, and check the limits."""
+    def advance(self, reply: dict, overran: bool = False) -> None:
+        """Take the policy's next assistant message, let the environment answer it, and check the limits.
+
+        ``overran``: the engine measured the budget itself (a rollout engine counts the trajectory's tokens,
+        not the messages' text) and the reply ran into it: it is kept but not stepped, as any reply over
+        ``max_total_tokens`` is."""
         if self.finished:
             raise RuntimeError(f"the episode has ended ({self.done_reason})")
         self._add({"role": "assistant", **reply})
-        if self.max_total_tokens is not None and self.length > self.max_total_tokens:
+        if overran or (self.max_total_tokens is not None and self.length > self.max_total_tokens):
             self.rewards.append(0.0)  # the reply overran the budget: it is never stepped
             self.infos.append({})
             self.done_reason = "max_total_tokens"
@@ -182,6 +189,15 @@ class Episode:
             self.done_reason = "max_total_tokens"
         elif len(self.rewards) >= self.max_turns:
             self.done_reason = "max_turns"
+
+    def end(self, reason: str) -> None:
+        """End a running episode between turns for one of :data:`DONE_REASONS` (an engine that measures the
+        length budget itself ends an episode with no room left for another reply)."""
+        if reason not in DONE_REASONS:
+            raise ValueError(f"reason must be one of {DONE_REASONS}, got {reason!r}")
+        if self.finished:
+            raise RuntimeError(f"the episode has ended ({self.done_reason})")
+        self.done_reason = reason
 
     def result(self, gamma: float = 1.0) -> EpisodeResult:
         if not self.finished:
@@ -244,18 +260,22 @@ class EpisodeBatch:
         self.asked = [i for i, _ in waiting]
         return [PendingTurn(i, list(e.messages), e.tools, e.remaining) for i, e in waiting]
 
-    def advance(self, replies: Sequence[dict]) -> None:
-        """One assistant message for each turn of the last ``pending()``, in its order."""
+    def advance(self, replies: Sequence[dict], overran: Sequence[bool] | None = None) -> None:
+        """One assistant message for each turn of the last ``pending()``, in its order; ``overran`` marks the
+        replies that ran into an engine's own length budget (:meth:`Episode.advance`)."""
         if len(replies) != len(self.asked):
             raise ValueError(f"{len(replies)} replies for {len(self.asked)} pending episodes")
-        pairs = list(zip([self.episodes[i] for i in self.asked], replies))
+        overran = list(overran) if overran is not None else [False] * len(replies)
+        if len(overran) != len(replies):
+            raise ValueError(f"{len(overran)} overran flags for {len(replies)} replies")
+        triples = list(zip([self.episodes[i] for i in self.asked], replies, overran))
         self.asked = []
-        if self.step_workers == 1 or len(pairs) < 2:
-            for episode, reply in pairs:
-                episode.advance(reply)
+        if self.step_workers == 1 or len(triples) < 2:
+            for episode, reply, over in triples:
+                episode.advance(reply, over)
             return
-        with concurrent.futures.ThreadPoolExecutor(min(self.step_workers, len(pairs))) as pool:
-            list(pool.map(lambda pair: pair[0].advance(pair[1]), pairs))
+        with concurrent.futures.ThreadPoolExecutor(min(self.step_workers, len(triples))) as pool:
+            list(pool.map(lambda triple: triple[0].advance(triple[1], triple[2]), triples))
 
     def results(self, gamma: float = 1.0) -> list[EpisodeResult]:
         """Every episode's result, in the order of ``rows``, once all have finished."""

@@ -329,6 +329,13 @@ def concat_rollouts(parts: list):
         reward_table=torch.cat([p.reward_table for p in parts])
         if all(p.reward_table is not None for p in parts)
         else None,
+        logprobs=torch.cat([right(p.logprobs, response_width) for p in parts])
+        if all(p.logprobs is not None for p in parts)
+        else None,
+        action_mask=torch.cat([right(p.action_mask, response_width) for p in parts])
+        if all(p.action_mask is not None for p in parts)
+        else None,
+        episodes=[e for p in parts for e in p.episodes] if all(p.episodes is not None for p in parts) else None,
     )
 
 

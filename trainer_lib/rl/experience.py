@@ -182,8 +182,16 @@ def reward_table(rewards, rollout, prompts: list, columns: dict, n: int):
     from trainer_lib.rewards.functions import as_completions
 
     repeated = [p for p in prompts for _ in range(n)]
-    ids = [row[: int(length)] for row, length in zip(rollout.response_ids.tolist(), rollout.response_lengths())]
-    return rewards.table(repeated, as_completions(repeated, rollout.completions), columns, ids)
+    return rewards.table(repeated, as_completions(repeated, rollout.completions), columns, completion_ids(rollout))
+
+
+def completion_ids(rollout) -> list[list[int]]:
+    """The token ids of each row's completion: the whole response, or a multi-turn episode's last turn (the
+    final answer that ``completions`` holds)."""
+    rows = rollout.response_ids.tolist()
+    if rollout.episodes is not None:
+        return [row[slice(*t.turns[-1])] if t.turns else [] for row, t in zip(rows, rollout.episodes)]
+    return [row[: int(length)] for row, length in zip(rows, rollout.response_lengths())]
 
 
 def score_rollout(rewards, strategy, rollout, prompts: list, columns: dict, n: int):
@@ -193,7 +201,7 @@ def score_rollout(rewards, strategy, rollout, prompts: list, columns: dict, n: i
     table = reward_table(rewards, rollout, prompts, columns, n)
     rollout.prompts, rollout.reward_table = [p for p in prompts for _ in range(n)], table
     raw = rewards.weighted(table)
-    lengths = rollout.response_lengths().float()
+    lengths = rollout.loss_mask.sum(1).float()  # the model's tokens (a multi-turn episode's, all turns)
     sums = strategy.all_reduce(
         {
             "count": float(len(raw)),
@@ -202,6 +210,7 @@ def score_rollout(rewards, strategy, rollout, prompts: list, columns: dict, n: i
             "length": float(lengths.sum()),
             "finished": float(sum(rollout.finished)),
             **rewards.source_sums(table),
+            **episode_sums_of(rollout),
         },
         op="sum",
     )
@@ -217,13 +226,27 @@ def score_rollout(rewards, strategy, rollout, prompts: list, columns: dict, n: i
         "generate_tokens_per_s": strategy.all_reduce(rollout.stats["tokens_per_s"], op="sum"),
         "reward_time": time.perf_counter() - start,
     }
+    if rollout.episodes is not None:
+        from trainer_lib.rl.multi_turn import episode_metrics
+
+        metrics.update(episode_metrics(sums))
     return rewards.combine(table), metrics
+
+
+def episode_sums_of(rollout) -> dict:
+    """A multi-turn rollout's episode statistics as sums (turns, tool calls, done reasons); empty otherwise."""
+    if rollout.episodes is None:
+        return {}
+    from trainer_lib.rl.multi_turn import episode_sums
+
+    return episode_sums(rollout.episodes, rollout.action_mask, rollout.response_mask)
 
 
 def rollout_samples(rollout, rewards, advantages, n: int, mask=None) -> list[dict]:
     """``samples.jsonl`` rows (:mod:`trainer_lib.loop.samples`) of a scored step's first completions, whole
     groups of ``n`` first: prompt, completion, raw weighted reward, each source's score and the advantage, per row
-    ``(N, 1)`` or the mean over the completion's tokens of ``(N, T)`` (``mask``: the response mask)."""
+    ``(N, 1)`` or the mean over the completion's tokens of ``(N, T)`` (``mask``: the loss mask). A multi-turn
+    row also shows its episode: the transcript after the prompt, its turns, step rewards and done reason."""
     from trainer_lib.loop.samples import ROWS_PER_LOG
 
     count = min(len(rollout), ROWS_PER_LOG)
@@ -234,10 +257,10 @@ def rollout_samples(rollout, rewards, advantages, n: int, mask=None) -> list[dic
     if advantages.shape[1] == 1:
         per_row = advantages[:, 0]
     else:
-        mask = rollout.response_mask if mask is None else mask
+        mask = rollout.loss_mask if mask is None else mask
         mask = mask.float().cpu()[:, : advantages.shape[1]]
         per_row = (advantages * mask).sum(1) / mask.sum(1).clamp(min=1)
-    lengths = rollout.response_lengths().tolist()
+    lengths = rollout.loss_mask.sum(1).tolist()
     rows = []
     for i in range(count):
         scores = table[i].tolist() if table is not None else []
@@ -252,9 +275,28 @@ def rollout_samples(rollout, rewards, advantages, n: int, mask=None) -> list[dic
                 "advantage": float(per_row[i]),
                 "length": int(lengths[i]),
                 "finished": bool(rollout.finished[i]),
+                **episode_sample(rollout, i),
             }
         )
     return rows
+
+
+def episode_sample(rollout, row: int) -> dict:
+    """``{"episode": ...}`` for a multi-turn row of ``samples.jsonl``; empty for a single completion."""
+    if rollout.episodes is None:
+        return {}
+    episode = rollout.episodes[row].episode
+    first = next((i for i, m in enumerate(episode.messages) if m.get("role") == "assistant"), len(episode.messages))
+    return {
+        "episode": {
+            "transcript": prompt_text(episode.messages[first:]),
+            "turns": episode.turns,
+            "rewards": episode.rewards,
+            "done_reason": episode.done_reason,
+            "tool_calls": episode.tool_calls.valid,
+            "tool_errors": episode.tool_calls.errors,
+        }
+    }
 
 
 def prompt_text(prompt) -> str:
@@ -311,7 +353,7 @@ def evaluate(engine, strategy, tokenizer, rows: list[dict], rewards, rollout_cfg
         return {
             "total": float(rewards.weighted(table).sum()),
             "count": float(len(table)),
-            "length": float(rollout.response_lengths().float().sum()),
+            "length": float(rollout.loss_mask.sum()),
             **rewards.source_sums(table),
         }
 

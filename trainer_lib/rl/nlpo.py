@@ -177,7 +177,7 @@ class MaskedActions:
         width = part.response_ids.shape[1]
         nucleus = top_p_set(self.masking.logits(part.model_inputs(device), width), self.masking.top_p)
         targets = part.response_ids.to(device).unsqueeze(-1)
-        mask = part.response_mask.to(device).float()
+        mask = part.loss_mask.to(device).float()
         outside = (~nucleus.gather(-1, targets)).squeeze(-1).float()
         tokens = mask.sum().clamp(min=1)
         metrics = {

@@ -19,6 +19,9 @@ Layout of a :class:`Rollout` of ``N`` sequences (``n`` consecutive ones per prom
     prompt_ids     (N, P)  left-padded         prompt_mask    (N, P)  1 on prompt tokens
     response_ids   (N, R)  right-padded        response_mask  (N, R)  1 up to and including
                                                                       the eos / stop token
+                                               action_mask    (N, R)  multi-turn only: 1 on the
+                                                                      model's tokens, 0 on the
+                                                                      environment's (loss_mask)
 A vision-language policy's rollout also holds ``pixel_values``: the images of all its rows, in row order
 (``image_counts`` per row), passed to ``generate`` and to every forward over the rollout.
 
@@ -48,6 +51,9 @@ class Rollout:
     pixel_values: torch.Tensor | None = None  # a vision-language policy's images, all rows' in row order
     image_counts: list[int] | None = None  # images per row
     logprobs: torch.Tensor | None = None  # (N, R) the sampler's log-probs of the response tokens, if recorded
+    # a multi-turn rollout (trainer_lib.rl.multi_turn): 1 on the tokens the model sampled, 0 on the environment's
+    action_mask: torch.Tensor | None = None  # (N, R)
+    episodes: list | None = None  # one multi_turn.Trajectory per row: per-step rewards, done reason, turn spans
     # set when the step's rollout is scored (not carried by select): what samples.jsonl shows
     prompts: list | None = None  # each row's prompt as the reward functions saw it
     reward_table: torch.Tensor | None = None  # (N, S) each reward source's raw score, NaN where it had none
@@ -70,6 +76,8 @@ class Rollout:
             [self.finished[i] for i in rows.tolist()],
             **self.images_of(rows.tolist()),
             logprobs=None if self.logprobs is None else self.logprobs[rows, :width],
+            action_mask=None if self.action_mask is None else self.action_mask[rows, :width],
+            episodes=None if self.episodes is None else [self.episodes[i] for i in rows.tolist()],
         )
 
     def images_of(self, rows: list[int]) -> dict:
@@ -98,8 +106,14 @@ class Rollout:
     def response_lengths(self) -> torch.Tensor:
         return self.response_mask.sum(1)
 
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """``(N, R)`` the tokens that carry loss, KL and advantage: the model's own (``action_mask``) in a
+        multi-turn rollout, every response token otherwise. ``response_mask`` stays what attention sees."""
+        return self.response_mask if self.action_mask is None else self.action_mask
 
-def _eos_ids(model, tokenizer) -> list[int]:
+
+def eos_token_ids(model, tokenizer) -> list[int]:
     """The tokenizer's eos plus any end-of-turn ids the checkpoint's generation config lists."""
     ids = [tokenizer.eos_token_id]
     extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -253,7 +267,8 @@ def shared_prompt_cache(model, ids: torch.Tensor, mask: torch.Tensor, n: int):
     return cache
 
 
-def _pad(rows: list[list[int]], value: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def pad_rows(rows: list[list[int]], value: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, mask)`` of token rows padded with ``value`` to the longest, on the left or the right."""
     width = max((len(r) for r in rows), default=0)
     ids = torch.full((len(rows), width), value, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
@@ -298,7 +313,7 @@ def generate(
     it was sampled from (:class:`SampledLogprobs`; :func:`trainer_lib.losses.truncated_importance_weights`).
     """
     device = next(model.parameters()).device
-    eos_ids = _eos_ids(model, tokenizer)
+    eos_ids = eos_token_ids(model, tokenizer)
     config = _generation_config(eos_ids, tokenizer.pad_token_id, max_new_tokens, temperature, top_p, top_k)
     image_token = getattr(model.config, "image_token_id", None)
     if image_token is not None:  # a vision-language policy never writes an image token (it has no pixels for it)
@@ -319,7 +334,7 @@ def generate(
         torch.manual_seed(seed)
         for chunk_start in range(0, len(expanded), step):
             chunk = expanded[chunk_start : chunk_start + step]
-            ids, mask = _pad(chunk, pad, left=True)
+            ids, mask = pad_rows(chunk, pad, left=True)
             shared = {}
             if share and ids.shape[1] > 1:
                 shared["cache"] = shared_prompt_cache(model, ids[::n].to(device), mask[::n].to(device), n)
@@ -346,8 +361,8 @@ def generate(
                 finished.append(done)
     elapsed = time.perf_counter() - start
     model.train(was_training)
-    prompt_tensor, prompt_mask = _pad(expanded, pad, left=True)
-    response_tensor, response_mask = _pad(responses, pad, left=False)
+    prompt_tensor, prompt_mask = pad_rows(expanded, pad, left=True)
+    response_tensor, response_mask = pad_rows(responses, pad, left=False)
     tokens = int(response_mask.sum())
     stats = {"generate_time": elapsed, "generated_tokens": tokens, "tokens_per_s": tokens / max(elapsed, 1e-9)}
     images = _images(pixels)

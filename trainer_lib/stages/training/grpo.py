@@ -260,13 +260,13 @@ def run(cfg: GRPOConfig) -> dict:
             with torch.no_grad():
                 old_logprobs = None if reuse_logprobs else models.actor_logprobs(rollout, temperature, cfg.batch_size)
                 ref_logprobs = models.reference_logprobs(rollout, temperature, cfg.batch_size)
-            advantages = advantage_of(scores, rollout.response_mask, old_logprobs, ref_logprobs)
+            advantages = advantage_of(scores, rollout.loss_mask, old_logprobs, ref_logprobs)
             # 3. clipped policy-gradient updates over shuffled mini-batches
             train_start, optimizer_time = time.perf_counter(), 0.0
             for micro in schedule.update_micro_batches(step):
                 part = rollout.select(micro)
                 width = part.response_ids.shape[1]
-                mask = part.response_mask.to(strategy.device).float()
+                mask = part.loss_mask.to(strategy.device).float()  # the model's tokens (not the environment's)
                 logprobs, entropy = token_logprobs(engine, part, temperature, with_entropy=True)
                 old = logprobs.detach() if old_logprobs is None else old_logprobs[micro, :width].to(logprobs.device)
                 adv = advantages[micro, :width].to(logprobs.device)
