@@ -33,6 +33,7 @@ BUILDS = {
     "training-resources": IMAGE,
     "export-resources": IMAGE,
     "train": CUDA_IMAGE,  # sft, reward, dpo, ppo, grpo; one process per GPU
+    "tune": CUDA_IMAGE,  # a search before a training task: its trials, one process each, on the pod's GPUs
     "evaluate": CUDA_IMAGE,  # generates with every model it compares
     "release": IMAGE,
     "export": CUDA_IMAGE,  # exports FP16 on its GPU; FP32, INT8/INT4 and their parity on CPU
@@ -132,6 +133,14 @@ def store_prefix(artifact) -> str | None:
     if store and "." in store.rsplit("/", 1)[-1]:
         store = store.rsplit("/", 1)[0]
     return store
+
+
+def stage_params(stage: str, data, params: dict) -> dict:
+    """A training task's ``params`` with, under ``dpo``, the precomputed reference log-probs cached next to a
+    dataset that lives in the object store (below the user's own keys: they may put the cache elsewhere), so
+    a retry, a resumed run, a search's trials or another DPO run on the same data and reference find them."""
+    store = store_prefix(data) if stage == "dpo" else None
+    return {"reference_logps_path": store + "/reference_logps", **params} if store else params
 
 
 def remote_location(artifact) -> str:

@@ -135,10 +135,22 @@ PARAMETERS = {
     "sft_overrides": Parameter(
         list, [], "'key=value' strings for 'posttrain sft', e.g. lora.r=8; they override everything else."
     ),
+    "sft_search": Parameter(
+        str,
+        "",
+        "A 'posttrain tune' search file (YAML or JSON text) to run before SFT, in its own task: SFT then trains "
+        "with the best trial's values and seed. Its overrides are for the trials only. Empty: no search.",
+    ),
     "prepare_overrides": Parameter(
         list, [], "'key=value' strings for every 'posttrain prepare' task, e.g. max_rows=1000 or data.bad_rows=drop."
     ),
     "dpo_overrides": Parameter(list, [], "'key=value' strings for 'posttrain dpo', e.g. lora.r=8."),
+    "dpo_search": Parameter(
+        str,
+        "",
+        "A 'posttrain tune' search file (YAML or JSON text) to run before DPO, in its own task: DPO then trains "
+        "with the best trial's values and seed. Its overrides are for the trials only. Empty: no search.",
+    ),
     "reward_overrides": Parameter(list, [], "'key=value' strings for 'posttrain reward'."),
     "rl_overrides": Parameter(list, [], "'key=value' strings for 'posttrain ppo' or 'posttrain grpo'."),
     "evaluate_overrides": Parameter(list, [], "'key=value' strings for 'posttrain evaluate'."),
@@ -165,6 +177,10 @@ PARAMETERS = {
         "given.",
     ),
 }
+
+#: The parameters that hold a search file (docs/tuning.md): ``posttrain pipeline`` passes each on as one line
+#: of JSON, since kfp.local and Argo put a condition's text values into the expression they evaluate.
+SEARCH_FILES = ("sft_search", "dpo_search")
 
 
 def pipeline_signature(names, defaults: dict | None = None) -> inspect.Signature:

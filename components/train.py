@@ -26,6 +26,9 @@ can be pointed at this artifact's URI); empty with ``report_to`` without tensorb
 ``reward_model`` is the RL stages' reward source (and PPO's critic start); under ``dpo``, precomputed
 reference log-probs are cached next to a dataset that lives in the object store, so a retry, a
 resumed run or another DPO run on the same data and reference finds them there.
+``tuned`` is the best config of a search run before this task (components/tune.py): this task's own
+config (the same inputs) with the best trial's values and seed, so it replaces config_yaml, the typed
+parameters, ``params`` and overrides; the artifacts' paths still go over it.
 Returns ``parameters``: the saved model's parameter count (0 when it cannot be read here, as for a
 multi-node step's model), from which the export step is sized (components.resources).
 """
@@ -47,6 +50,7 @@ def train(
     metrics: Output[Metrics],
     tensorboard: Output[Artifact],
     reward_model: Input[Model] = None,
+    tuned: Input[Artifact] = None,
     reward_functions: list = [],
     reward_weights: list = [],
     max_steps: int = 100,
@@ -63,10 +67,11 @@ def train(
     accelerator: str = "",
 ) -> NamedTuple("Outputs", parameters=int):
     """Run training stage ``stage``. Precedence, lowest first: config_yaml, the typed parameters and
-    ``params``, overrides, the artifacts. ``gpus`` processes on each of ``nodes`` nodes (see the module)."""
+    ``params``, overrides, the artifacts; with ``tuned``, that file and the artifacts. ``gpus`` processes on
+    each of ``nodes`` nodes (see the module)."""
     from collections import namedtuple
 
-    from components.common import image_for, log_summary, remote_location, source_of, store_prefix, training_node
+    from components.common import image_for, log_summary, remote_location, source_of, stage_params, training_node
     from trainer_lib.runner.dispatch import Where, dispatch, exit_when_preempted
     from trainer_lib.runner.outcome import trained_model
     from trainer_lib.runner.stage_api import stage_config, training_layers
@@ -74,16 +79,18 @@ def train(
 
     if stage not in TRAINING_STAGES:
         raise ValueError(f"stage: expected a training stage ({', '.join(TRAINING_STAGES)}), got {stage!r}")
-    store = store_prefix(data) if stage == "dpo" else None
-    if store:  # below the user's overrides: they may put the cache elsewhere
-        params = {"reference_logps_path": store + "/reference_logps", **params}
+    params = stage_params(stage, data, params)
     locate = remote_location if nodes > 1 else source_of
     paths = {"model.path": locate(model), "data.path": locate(data), "output_dir": output_model.path}
     if reward_model is not None:
         paths["reward.model_path"] = locate(reward_model)
     typed = dict(max_steps=max_steps, lr=lr, batch_size=batch_size, max_length=max_length, seed=seed, params=params)
     given = dict(reward_functions=reward_functions, reward_weights=reward_weights, overrides=overrides)
-    cfg = stage_config(stage, training_layers({**typed, **given}, paths), config_yaml)
+    layers = training_layers({**typed, **given}, paths)
+    if tuned is not None:  # a search's best config, built from these same inputs: only the paths go over it
+        with open(tuned.path, encoding="utf-8") as fh:
+            layers, config_yaml = [paths], fh.read()
+    cfg = stage_config(stage, layers, config_yaml)
     where = Where(gpus, nodes, checkpoint_root, image=image_for("train"), node=training_node(gpus, accelerator))
     with exit_when_preempted():  # SIGTERM: checkpoint written; status 75, and the task's retry resumes from it
         summary = dispatch(stage, cfg, where)

@@ -121,7 +121,18 @@ def _layers(component: str, v: dict) -> list[tuple[str, list, str]]:
                 "",
             ),
         ]
-    return []  # release: nothing but paths and the gate
+    return []  # release: nothing but paths and the gate; tune: its search (_check_search)
+
+
+def _check_search(v: dict) -> None:
+    """A ``tune`` task's search file, checked as the task checks it before its first trial (the keys it
+    searches, their ranges and the objective, on the base config of the training task it comes before)."""
+    from trainer_lib.runner.stage_api import training_layers
+    from trainer_lib.runner.tune.pipeline_search import pipeline_search
+
+    paths = {"model.path": "/validate/model", "data.path": "/validate/data"}
+    layers = training_layers({"reward_functions": [], "reward_weights": [], **v}, paths)
+    pipeline_search(v["stage"], v["search"], layers, v["config_yaml"], "/validate/tune")
 
 
 def spec_defaults(spec: dict) -> dict:
@@ -167,6 +178,12 @@ def check_spec(spec: dict, params: dict) -> int:
                     stage_config(stage, layers, config_yaml or "")
                 except ConfigError as exc:
                     raise ValidationError(f"task '{title}' (posttrain {stage}): {exc}") from None
+                checked += 1
+            if component == "tune":
+                try:
+                    _check_search(inputs)
+                except ConfigError as exc:
+                    raise ValidationError(f"task '{title}' (posttrain tune, {inputs['stage']}): {exc}") from None
                 checked += 1
 
     walk(spec["root"]["dag"])

@@ -90,6 +90,8 @@ def _typed(name: str, kind: str, raw: str, previous):
 def parse_params(pipeline, items: list[str]) -> dict:
     """``["sft_max_steps=3", "sft_overrides=lora.r=8"]`` -> typed arguments of ``pipeline``. A renamed
     parameter's old name (``lr`` of posttrain-sft) still works, with a warning; giving both names is an error."""
+    from components.parameters import SEARCH_FILES
+
     inputs = pipeline.component_spec.inputs or {}
     params: dict = {}
     given = [item.split("=", 1)[0].strip() for item in items]
@@ -101,7 +103,22 @@ def parse_params(pipeline, items: list[str]) -> dict:
         if name not in inputs:
             raise UsageError(f"unknown parameter '{name}' of {pipeline.name}; expected one of: {', '.join(inputs)}")
         params[name] = _typed(name, inputs[name].type, raw, params.get(name))
-    return params
+    return {name: one_line_search(name, value) if name in SEARCH_FILES else value for name, value in params.items()}
+
+
+def one_line_search(name: str, text: str) -> str:
+    """A search file's YAML or JSON text as one line of JSON without a single quote: kfp.local and Argo put a
+    ``dsl.If`` condition's text values, quoted, into the expression they evaluate, where a line break or a
+    quote would end it (and kfp.local would skip both branches). Empty stays empty: no search."""
+    if not text.strip():
+        return ""
+    from trainer_lib.runner.tune.pipeline_search import read_search_text
+
+    try:
+        values = read_search_text(text)
+    except ConfigError as exc:
+        raise UsageError(f"{name}: {str(exc).removeprefix('search: ')}") from None
+    return json.dumps(values, sort_keys=True, default=str).replace("'", "\\u0027")
 
 
 def new_name(pipeline: str, name: str, given: list[str]) -> str:

@@ -1,11 +1,11 @@
 """The top-level pipelines, and the registry the CLI compiles, runs and submits.
 
-    posttrain-sft    bootstrap -> prepare -> SFT -> export -> deploy
-    posttrain-dpo    bootstrap -> prepare -> SFT -> prepare -> DPO -> export -> evaluate -> release, deploy
+    posttrain-sft    bootstrap -> prepare -> [tune ->] SFT -> export -> deploy
+    posttrain-dpo    bootstrap -> prepare -> SFT -> prepare -> [tune ->] DPO -> export -> evaluate -> release, deploy
     posttrain-rlhf   bootstrap -> prepare -> SFT -> prepare -> reward model -> PPO | GRPO -> export -> evaluate
                      -> release, deploy
-    posttrain-all    bootstrap -> prepare -> SFT -> prepare -> DPO -> GRPO (from DPO; prepare -> reward
-                     model beside it) -> export -> evaluate (all) -> release, deploy
+    posttrain-all    bootstrap -> prepare -> SFT -> prepare -> [tune ->] DPO -> GRPO (from DPO; prepare ->
+                     reward model beside it) -> export -> evaluate (all) -> release, deploy
                      (the embedded default of ``make demo``: each stage measured against SFT)
 
 The candidate is exported before the gate, and ``evaluate`` scores the variant Triton will serve
@@ -20,6 +20,12 @@ run's ``notify_webhook`` (:func:`notified`). The DAGs that release take ``skip_i
 changes`` task after ``fingerprint sources`` compares the run's inputs with the latest release's, and
 everything after it runs in a ``dsl.If`` branch taken only when something changed (:func:`only_if_changed`);
 each release leaves the inputs it compares with (``record inputs``).
+
+A search file in ``dpo_search`` (``posttrain-dpo``, ``-all``) or ``sft_search`` (``posttrain-sft``) adds a ``tune``
+task before that stage: it runs the search's trials in its own pod and hands the stage its best config
+(:func:`searched`, components/tune.py). It is a parameter of the DAGs rather than a pipeline of its own, so
+that a scheduled run re-tunes with the rest of its inputs, and a run without it takes the branch it always
+took. What follows the tuned stage is built in both branches (a search and none), since KFP cannot join them.
 
 Every DAG starts with ``bootstrap``: with ``base_model`` and ``dataset`` left empty it runs
 the embedded demo (bundled data, a tiny model trained from scratch); otherwise it passes the
@@ -51,6 +57,7 @@ from components.parameters import pipeline_docstring, pipeline_signature
 from components.prepare import prepare
 from components.release import release
 from components.train import train
+from components.tune import tune
 from pipelines.settings import configure, export_sizing_task, sizing_task
 
 #: The parameters every pipeline takes (components/parameters.py declares each one): the sources and settings
@@ -90,7 +97,7 @@ RELEASING = (
     "skip_if_unchanged",
 )
 #: ... of DPO, and of a reward model and RL.
-DPO = ("dpo_loss", "dpo_max_steps", "dpo_lr", "dpo_overrides")
+DPO = ("dpo_loss", "dpo_max_steps", "dpo_lr", "dpo_overrides", "dpo_search")
 RL = (
     "prompt_dataset",
     "reward_functions",
@@ -308,8 +315,9 @@ def fine_tune(run: Run, **settings) -> dsl.PipelineTask:
     )
 
 
-def preference_tune(run: Run, sft, params: dict) -> dsl.PipelineTask:
-    """DPO (``params``: its loss and beta) of the SFT model on the bootstrap's preference pairs."""
+def preference_tune(run: Run, sft, params: dict, search=None) -> dsl.PipelineTask:
+    """DPO (``params``: its loss and beta) of the SFT model on the bootstrap's preference pairs; with ``search``
+    (the run's ``dpo_search``), after a search that hands it its best config."""
     return prepare_and_train(
         "dpo",
         "DPO",
@@ -322,6 +330,7 @@ def preference_tune(run: Run, sft, params: dict) -> dsl.PipelineTask:
         params=params,
         overrides=run.dpo_overrides,
         prepare_overrides=run.prepare_overrides,
+        search=search,
     )
 
 
@@ -367,10 +376,13 @@ def prepare_and_train(
     *,
     prepare_overrides=[],
     eval_fraction: float = 0.05,
+    search=None,
     **settings,
 ):
     """Validate, normalize and split ``data`` for ``stage`` (``prepare``), then train ``model`` on it
-    where ``cluster`` says; ``settings`` are the train component's own (max_steps, lr, overrides...)."""
+    where ``cluster`` says; ``settings`` are the train component's own (max_steps, lr, overrides...).
+    With ``search`` (a search file), a ``tune`` task first searches the stage's keys on the same model, data
+    and settings, and the training task trains with the best config it found (components/tune.py)."""
     prepared = configure(
         prepare(
             data=data,
@@ -382,6 +394,13 @@ def prepare_and_train(
         ),
         f"prepare {title} data",
     )
+    tuned = {}
+    if search is not None:  # sized as a training step: its trials train on the pod's accelerators
+        searching = tune(
+            stage=stage, search=search, model=model, data=prepared.outputs["prepared"], **training._asdict(), **settings
+        )
+        searching = configure(searching, f"tune {title}", accelerator=cluster.accelerator_type, sizing=cluster.sizing)
+        tuned = {"tuned": searching.outputs["best_config"]}
     return configure(
         train(
             stage=stage,
@@ -392,12 +411,25 @@ def prepare_and_train(
             nodes=cluster.nodes,
             accelerator=cluster.accelerator_type,
             **training._asdict(),
+            **tuned,
             **settings,
         ),
         title,
         accelerator=cluster.accelerator_type,
         sizing=cluster.sizing,
     )
+
+
+def searched(search, title: str, build) -> None:
+    """``build(search)`` in a branch taken when the run gives ``search`` (a search file: a ``tune`` task runs
+    before the stage and hands it its best config), ``build()`` in one taken when it does not, so a run
+    without a search runs the DAG it always did. Everything after the tuned stage is built in both branches:
+    what either branch trained cannot be joined again after them (``dsl.OneOf`` over artifacts is in neither
+    kfp.local nor the Argo translation), as ``posttrain-rlhf`` builds a branch per algorithm."""
+    with dsl.If(search != "", name=f"{title} search"):
+        build(search)
+    with dsl.Else(name=f"no {title} search"):
+        build()
 
 
 def train_policy(algorithm: str, model, prompts, training: Training, cluster: Cluster, **settings):
@@ -514,15 +546,15 @@ def evaluate_and_release(
 @declared(
     "Supervised fine-tuning: bootstrap -> prepare -> sft -> export -> deploy. Empty base_model and dataset "
     "run the demo.",
-    takes=(*COMMON, "eval_fraction", "sft_config_yaml"),
+    takes=(*COMMON, "eval_fraction", "sft_config_yaml", "sft_search"),
 )
 def posttrain_sft(run: Run):
-    tuned = fine_tune(
-        run,
-        eval_fraction=run.eval_fraction,
-        config_yaml=run.sft_config_yaml,
-    )
-    deploy_export(export_candidate(tuned, "SFT", run.serving, run.cluster), True, "SFT", run.serving)
+    def sft_then_deploy(search=None):
+        """SFT (after a search when ``search`` is given), exported and deployed."""
+        tuned = fine_tune(run, eval_fraction=run.eval_fraction, config_yaml=run.sft_config_yaml, search=search)
+        deploy_export(export_candidate(tuned, "SFT", run.serving, run.cluster), True, "SFT", run.serving)
+
+    searched(run.sft_search, "SFT", sft_then_deploy)
     # (no pipeline outputs: KFP takes them only from outside the ExitHandler that every task runs in; the
     # model and metrics are the SFT task's, and `posttrain pipeline run` links them from runs/latest)
 
@@ -534,8 +566,13 @@ def posttrain_sft(run: Run):
 )
 def posttrain_dpo(run: Run):
     sft = fine_tune(run).outputs["output_model"]
-    dpo = preference_tune(run, sft, {"loss": run.dpo_loss, "beta": run.dpo_beta})
-    evaluate_and_release(run, dpo, sft, "dpo")
+
+    def dpo_then_release(search=None):
+        """DPO (after a search when ``search`` is given), evaluated against SFT, released if it passed."""
+        dpo = preference_tune(run, sft, {"loss": run.dpo_loss, "beta": run.dpo_beta}, search)
+        evaluate_and_release(run, dpo, sft, "dpo")
+
+    searched(run.dpo_search, "DPO", dpo_then_release)
 
 
 @dsl.pipeline(name="posttrain-rlhf")
@@ -568,12 +605,17 @@ def posttrain_rlhf(run: Run):
 )
 def posttrain_all(run: Run):
     sft = fine_tune(run).outputs["output_model"]
-    dpo = preference_tune(run, sft, {"loss": run.dpo_loss}).outputs["output_model"]
     scorer = reward_model(run, sft)
-    # RL continues from the DPO model (SFT -> DPO -> RL with a verifiable reward, as Tulu 3 orders them):
-    # the policy keeps the refusals preference training taught, and RL adds what only running the code can
-    policy = reinforce(run, "grpo", dpo, reward_model=scorer)
-    evaluate_and_release(run, policy, sft, "grpo", extra=dpo, extra_label="dpo", reward_model=scorer)
+
+    def dpo_then_rl(search=None):
+        """DPO (after a search when ``search`` is given), GRPO from it, one evaluation, the gated release."""
+        dpo = preference_tune(run, sft, {"loss": run.dpo_loss}, search).outputs["output_model"]
+        # RL continues from the DPO model (SFT -> DPO -> RL with a verifiable reward, as Tulu 3 orders them):
+        # the policy keeps the refusals preference training taught, and RL adds what only running the code can
+        policy = reinforce(run, "grpo", dpo, reward_model=scorer)
+        evaluate_and_release(run, policy, sft, "grpo", extra=dpo, extra_label="dpo", reward_model=scorer)
+
+    searched(run.dpo_search, "DPO", dpo_then_rl)
 
 
 def carry_spec(pipeline):

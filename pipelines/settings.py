@@ -7,7 +7,7 @@ compile into the IR and are ignored by ``kfp.local``.
 
 Images: which build (CPU or CUDA) each component runs is the ``BUILDS`` table of components/common.py,
 read when a component is decorated (KFP fixes a lightweight component's image there; components/ cannot
-import this file), re-exported here. GPU tasks (train, evaluate) run the CUDA build, the rest the CPU one.
+import this file), re-exported here. GPU tasks (train, tune, evaluate) run the CUDA build, the rest the CPU one.
 
 Resources follow the accelerators. A GPU pod gets ``PER_GPU`` host CPU, memory and /dev/shm for each
 accelerator it holds. ``PER_GPU``, ``GPU_TOLERATIONS`` and ``GPU_NODE_SELECTOR`` are set in
@@ -24,8 +24,9 @@ alike). With ``nodes_per_step`` > 1 the training pod only launches the TrainJob:
 Two settings stay fixed when compiling, because kfp-kubernetes takes no run value there: the /dev/shm
 size limit of a training pod (set for a whole node, ``GPUS_PER_NODE_MAX`` accelerators; what /dev/shm holds
 counts against the pod's memory limit, which does follow ``gpus_per_step``), and the tolerations and node
-selector of GPU pods (``GPU_TOLERATIONS``, ``GPU_NODE_SELECTOR``). ``evaluate`` is sized like a training
-pod (``gpus_per_step`` accelerators, one evaluation process on each). ``export`` holds one accelerator, and
+selector of GPU pods (``GPU_TOLERATIONS``, ``GPU_NODE_SELECTOR``). ``evaluate`` is sized like a training pod
+(``gpus_per_step`` accelerators, one evaluation process on each), and so is ``tune`` (a search's trials, one
+process each). ``export`` holds one accelerator, and
 its CPU and memory follow the model: a light ``export-resources`` task turns the training task's parameter
 count into them (``EXPORT_BYTES_PER_PARAMETER``).
 
@@ -103,6 +104,7 @@ STAGE_KIND = {
     "training-resources": "light",
     "export-resources": "light",
     "train": "train",  # sft, reward, dpo, ppo, grpo
+    "tune": "train",  # a search before a training task: its trials run in this pod, sized as a training step
     "evaluate": "train",  # generates with the models
     "release": "light",
     "export": "export",

@@ -14,8 +14,9 @@ from components.evaluate import evaluate
 from components.prepare import prepare
 from components.release import release
 from components.train import train
+from components.tune import tune
 
-COMPONENTS = [bootstrap, prepare, train, evaluate, release]
+COMPONENTS = [bootstrap, prepare, train, tune, evaluate, release]
 HEAVY = ("torch", "transformers", "deepspeed", "datasets", "peft", "onnxruntime")
 
 

@@ -74,7 +74,16 @@ def test_sft_pipeline_interface(compiled):
     # only from outside it)
     assert "outputDefinitions" not in spec["root"] and set(spec["root"]["dag"]["tasks"]) == {"exit-handler-1", "notify"}
     body = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
-    tasks = {t["taskInfo"]["name"]: t for t in body.values()}
+    # SFT and what follows it are built twice: after a search (sft_search given) and without one, the default
+    (branches,) = [
+        spec["components"][t["componentRef"]["name"]] for t in body.values() if "condition-branches" in str(t)
+    ]
+    branch = {t["taskInfo"]["name"]: t["componentRef"]["name"] for t in branches["dag"]["tasks"].values()}
+    assert set(branch) == {"SFT search", "no SFT search"}
+    plain = spec["components"][branch["no SFT search"]]["dag"]["tasks"]
+    tasks = {
+        t["taskInfo"]["name"]: t for t in [*body.values(), *plain.values()] if "condition" not in str(t["taskInfo"])
+    }
     assert set(tasks) == {
         "check config",
         "fingerprint sources",
@@ -86,9 +95,14 @@ def test_sft_pipeline_interface(compiled):
         "export SFT",
         "deploy SFT",
     }  # named steps
-    assert tasks["SFT"]["componentRef"]["name"] == "comp-train"
+    assert tasks["SFT"]["componentRef"]["name"] == "comp-train-2"
     assert tasks["SFT"]["inputs"]["parameters"]["stage"]["runtimeValue"]["constant"] == "sft"
-    assert tasks["SFT"]["dependentTasks"] == ["bootstrap", "prepare", "training-resources"]
+    assert tasks["SFT"]["dependentTasks"] == ["prepare-2"]  # (bootstrap and the sizing: the branch's inputs)
+    assert set(tasks["SFT"]["inputs"]["artifacts"]) == {"model", "data"}
+    searched = spec["components"][branch["SFT search"]]["dag"]["tasks"]
+    assert {t["taskInfo"]["name"] for t in searched.values()} == {*tasks, "tune SFT"} - set(
+        t["taskInfo"]["name"] for t in body.values()
+    )
 
 
 #: what a training task's resources read: the outputs of the run's training-resources task
@@ -109,7 +123,7 @@ def test_every_task_uses_the_shared_settings(compiled):
             assert container["image"] == image_for(component) == (CUDA_IMAGE if kind.gpus else IMAGE), label
             assert not any("pip install" in part for part in container["command"])
             resources = container["resources"]
-            if component in ("train", "evaluate"):  # follows the run's gpus_per_step and accelerator_type
+            if component in ("train", "tune", "evaluate"):  # follows the run's gpus_per_step and accelerator_type
                 assert resources["resourceCpuRequest"] == SIZED % "cpu"
                 assert resources["resourceMemoryRequest"] == resources["resourceMemoryLimit"] == SIZED % "memory"
                 assert resources["accelerator"] == {
@@ -130,7 +144,7 @@ def test_every_task_uses_the_shared_settings(compiled):
                 assert k8s[label]["tolerations"] == settings.GPU_TOLERATIONS
                 (shm,) = k8s[label]["emptyDirMounts"]
                 assert (shm["mountPath"], shm["medium"]) == ("/dev/shm", "Memory")
-            assert bool(kind.gpus) == (component in ("train", "evaluate", "export")), label
+            assert bool(kind.gpus) == (component in ("train", "tune", "evaluate", "export")), label
             assert k8s[label]["secretAsEnv"][0]["secretName"] == settings.S3_SECRET
             assert k8s[label]["configMapAsEnv"][0]["configMapName"] == settings.CONFIG_MAP
             assert settings.HF_SECRET in [secret["secretName"] for secret in k8s[label]["secretAsEnv"]]
@@ -220,7 +234,7 @@ def test_images_are_the_two_builds_of_the_package_version():
     assert (
         gpu_components
         == {c for c, image in settings.BUILDS.items() if image == CUDA_IMAGE}
-        == {"train", "evaluate", "export"}
+        == {"train", "tune", "evaluate", "export"}
     )
     assert set(settings.BUILDS) == set(settings.STAGE_KIND)
 

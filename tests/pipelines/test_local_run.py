@@ -70,6 +70,32 @@ def test_local_run_trains_and_records_the_latest_run(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
+def test_local_run_with_a_search_trains_sft_with_the_best_trials_values(tmp_path, capsys):
+    """posttrain-sft with sft_search: a tune task of two short trials before SFT (~45 s), whose best learning
+    rate the SFT task trains with, for the run's own number of steps."""
+    search = tmp_path / "search.yaml"
+    search.write_text(
+        "overrides: {max_steps: 2, eval_steps: 1}\n"  # the trials only
+        "space: {lr: {low: 1.0e-4, high: 1.0e-2, log: true}}\n"
+        "objective: {metric: eval_loss, direction: minimize}\n"
+        "n_trials: 2\npruner: {kind: none}\n"
+    )
+    root = ["--root", str(tmp_path / "local")]
+    rc = posttrain(["pipeline", "run", *root, *SMALL, "sft_max_steps=3", f"sft_search=@{search}"])
+    out = capsys.readouterr().out
+    assert rc == 0, out[-3000:]
+    tasks = json.loads((tmp_path / "latest" / "run.json").read_text())["tasks"]
+    results = json.loads(open(tasks["tune"]["results"]).read())
+    assert [t["state"] for t in results["trials"]] == ["complete", "complete"]
+    best = results["best"]
+    assert f"tune: best trial {best['trial']}: eval_loss = " in out
+    assert os.path.isfile(tasks["tune"]["best_config"]) and os.path.isfile(tasks["tune"]["report"])
+    trained = json.load(open(os.path.join(tasks["train"]["output_model"], "lineage.json")))["stages"][-1]["config"]
+    assert trained["lr"] == best["params"]["lr"] and trained["max_steps"] == 3
+
+
+@pytest.mark.slow
 def test_failed_local_run_exits_1_and_keeps_latest(tmp_path, capsys):
     (tmp_path / "latest").mkdir()
     (tmp_path / "latest" / "run.json").write_text("{}")

@@ -10,6 +10,8 @@
 * :mod:`~trainer_lib.runner.tune.tune_results`: the table of trials, the best config as a stage YAML,
   ``report.html``.
 * :mod:`~trainer_lib.runner.tune.tune_cli`: the command.
+* :mod:`~trainer_lib.runner.tune.pipeline_search`: the same search run by a pipeline's ``tune`` task,
+  on the config of the training task it comes before, which it hands the best config.
 
 It sits in the runner layer: it builds stage configs and runs stages, as the rest of ``runner/`` does.
 Optuna is imported only when a search runs (the ``tune`` extra).

@@ -248,8 +248,10 @@ def load_search(path: str, overrides: list[str] | None = None) -> Search:
     return check_search(tune)
 
 
-def check_search(tune: TuneConfig) -> Search:
-    layers = [tune.overrides] if tune.overrides else []
+def check_search(tune: TuneConfig, base: list | tuple = ()) -> Search:
+    """Check ``tune`` before any trial; ``base``: config layers under the search file's ``overrides`` (a
+    pipeline's training task's own, :mod:`~trainer_lib.runner.tune.pipeline_search`)."""
+    layers = [*base, *([tune.overrides] if tune.overrides else [])]
     base = Search(tune, layers, (), {})
     try:
         base_cfg = base.stage_config({}, os.path.join(tune.output_dir, "trials", "check"))
