@@ -154,3 +154,20 @@ def test_a_half_written_release_json_is_named(dashboard_runs, tmp_path):
     (release / "release.json").write_text('{"source": "s3://b/m", "lin')
     page = detail(find_runs([str(tmp_path)])["0/v2"])
     assert page["release"] is None and any(p.startswith("release.json: not valid JSON") for p in page["problems"])
+
+
+def test_a_running_evaluation_shows_before_its_metrics(tmp_path):
+    """evaluate's heartbeat.json (written from its start) lists it as running, with its progress."""
+    from trainer_lib.loop.heartbeat import Heartbeat
+
+    out = tmp_path / "runs" / "evaluate"
+    out.mkdir(parents=True)
+    beat = Heartbeat(str(out), "evaluate", 4)
+    beat.start(0)
+    beat.step(1)
+    beat.write()
+    try:
+        (row,) = [summarize(run) for run in find_runs([str(tmp_path / "runs")]).values()]
+        assert (row["stage"], row["status"], row["step"], row["total_steps"]) == ("evaluate", "running", 1, 4)
+    finally:
+        beat.end("finished")

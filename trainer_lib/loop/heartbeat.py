@@ -1,6 +1,7 @@
 """``heartbeat.json``: a running stage says it is alive, so a reader can tell running from stale.
 
-A stage's rank 0 writes it beside ``metrics.jsonl`` when its loop starts, then a thread rewrites it every
+A stage's rank 0 writes it beside ``metrics.jsonl`` when its loop starts (``evaluate``: in its output_dir,
+its steps each model's generation and scoring), then a thread rewrites it every
 ``interval_s`` seconds (10; ``$POSTTRAIN_HEARTBEAT_S``) while the process lives (so a long step or a long
 evaluation still counts as alive), and the stage's end writes its final state. A process killed with
 SIGKILL writes nothing more: its file keeps ``"state": "running"`` with an ``updated`` time that falls behind, which

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -115,6 +116,27 @@ def test_evaluate_writes_metrics_report_and_gate(setup, tmp_path, capsys):
     assert "<script>" not in page and "&lt;script&gt;alert(" in page
     assert "gate PASSED" in page or "gate FAILED" in page
     assert (out / "summary.md").read_text().startswith("# Evaluation: gate ")
+
+    beat = json.loads((out / "heartbeat.json").read_text())  # what the dashboard shows while it runs
+    assert (beat["state"], beat["stage"], beat["step"], beat["total_steps"]) == ("finished", "evaluate", 4, 4)
+    assert beat["config"]["reward_model_path"] == str(setup["rm"])
+
+
+def test_a_failing_evaluation_leaves_a_failed_heartbeat(setup, tmp_path, capsys):
+    """The second model's folder holds no weights: base generates, then loading tuned fails."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for name in os.listdir(setup["other"]):
+        if name.endswith(".json"):  # its config and tokenizer, not its weights
+            shutil.copy(os.path.join(setup["other"], name), broken / name)
+    out = tmp_path / "eval"
+    args = [
+        a if not a.startswith("models=") else f"models=base={setup['base']},tuned={broken}" for a in _args(setup, out)
+    ]
+    assert main(args) != 0
+    beat = json.loads((out / "heartbeat.json").read_text())
+    assert (beat["state"], beat["step"], beat["total_steps"]) == ("failed", 1, 4)
+    assert not (out / "metrics.json").exists()
 
 
 def test_evaluate_component_logs_metrics_and_returns_gate(setup, tmp_path):

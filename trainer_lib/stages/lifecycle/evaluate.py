@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -638,11 +639,12 @@ def score_answers(answers: Answers, sets: EvalSets, judge, sandbox, cfg: Evaluat
 
 
 def score_models(
-    openers: dict, sets: EvalSets, judge, cfg: EvaluateConfig, strategy, matcher=None
+    openers: dict, sets: EvalSets, judge, cfg: EvaluateConfig, strategy, matcher=None, heartbeat=None
 ) -> tuple[dict[str, ModelScore], dict]:
     """Every model in turn generates on all ranks (``openers``: :func:`engine_openers`); then rank 0 scores
     them all, sharing one sandbox, while the other ranks are done (so no rank waits in a collective while
-    rank 0 runs code). Returns the scores and the sandbox's isolation layers (both empty on other ranks)."""
+    rank 0 runs code). Returns the scores and the sandbox's isolation layers (both empty on other ranks).
+    ``heartbeat`` (rank 0's, or None) counts the steps done: each model's generation, then each one's scoring."""
     from trainer_lib.sandbox import Sandbox, SandboxConfig
 
     lead = strategy is None or strategy.is_rank_0
@@ -652,6 +654,8 @@ def score_models(
         answers[label] = generate_answers(open_engine, sets, cfg, strategy)
         if lead:
             print(f"evaluate: {label}: generated in {time.time() - started:.1f}s")
+            if heartbeat is not None:
+                heartbeat.step(len(answers))
     if not lead:
         return {}, {}
     sandbox_cfg = SandboxConfig(timeout=max(cfg.humaneval.timeout, cfg.tasks.timeout))
@@ -660,6 +664,8 @@ def score_models(
         for label, model_answers in answers.items():
             started = time.time()
             scores[label] = score_answers(model_answers, sets, judge, box, cfg, matcher)
+            if heartbeat is not None:
+                heartbeat.step(len(answers) + len(scores))
             shown = ", ".join(f"{k}={v:.3f}" for k, v in scores[label].metrics.items())
             print(f"evaluate: {label}: {shown} (scored in {time.time() - started:.1f}s)")
         return scores, box.isolation
@@ -690,6 +696,22 @@ def training_curves(cfg: EvaluateConfig, models: dict[str, str]) -> dict[str, li
 
 
 # --------------------------------------------------------------------------- the stage
+
+
+def evaluation_heartbeat(cfg: EvaluateConfig, lead: bool, steps: int):
+    """Rank 0's ``heartbeat.json`` in a local ``output_dir`` (the dashboard's running / failed / stale), its
+    steps each model's generation and scoring; a disabled one (every call a no-op) elsewhere or for a URL."""
+    from trainer_lib.config import flat_dict
+    from trainer_lib.loop.heartbeat import Heartbeat
+    from trainer_lib.loop.stage_record import redacted
+
+    local = lead and not storage.is_remote(cfg.output_dir)
+    if local:
+        os.makedirs(os.path.expanduser(cfg.output_dir), exist_ok=True)
+    config = redacted(flat_dict(cfg)) if local else None
+    heartbeat = Heartbeat(os.path.expanduser(cfg.output_dir), "evaluate", steps, enabled=local, config=config)
+    heartbeat.start(0)
+    return heartbeat
 
 
 def run(cfg: EvaluateConfig) -> dict:
@@ -737,7 +759,9 @@ def run(cfg: EvaluateConfig) -> dict:
             f"{ranks} x {device} ({cfg.placement}, {precision})"
         )
 
-    scores, isolation = score_models(openers, sets, judge, cfg, strategy, matcher)
+    heartbeat = evaluation_heartbeat(cfg, lead, 2 * len(openers))
+    with heartbeat.failing():
+        scores, isolation = score_models(openers, sets, judge, cfg, strategy, matcher, heartbeat)
     if not lead:
         return {}  # rank 0 writes the report
     if scorer is not None and scores[candidate].reward_answers:
@@ -767,7 +791,9 @@ def run(cfg: EvaluateConfig) -> dict:
         "seconds": round(time.time() - started, 1),
     }
     per_problem = {label: score.per_problem for label, score in scores.items()}
-    write_report(cfg.output_dir, result, per_problem, training_curves(cfg, models), cfg.samples_per_model)
+    with heartbeat.failing():
+        write_report(cfg.output_dir, result, per_problem, training_curves(cfg, models), cfg.samples_per_model)
+    heartbeat.end("finished")
     print(
         f"evaluate: gate {'passed' if gate['passed'] else 'FAILED'} for {candidate}"
         + (f" and the served {cfg.served.variant} model" if cfg.served.export_dir else "")
