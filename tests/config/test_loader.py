@@ -171,3 +171,21 @@ def test_a_yaml_alias_bomb_is_one_line_at_once(capsys, tmp_path):
     loop.write_text("lr_scheduler_kwargs: &kw {again: *kw}\n")
     with pytest.raises(ConfigError, match="a YAML alias refers to a value that holds it"):
         load_config(SFTConfig, str(loop), REQUIRED)
+
+
+def test_a_key_that_is_a_python_keyword_is_held_by_its_underscored_field(tmp_path):
+    """env.class is the field class_: read from YAML and overrides, written back by to_dict (the form a config
+    travels in to other processes), flattened, looked up and listed by its key."""
+    from trainer_lib.config import flat_dict, lookup, to_dict
+    from trainer_lib.stages.training.grpo import GRPOConfig
+
+    cfg_file = tmp_path / "grpo.yaml"
+    cfg_file.write_text("env:\n  class: tools\n  tools: [calculator]\n  settings:\n    timeout: 5\n")
+    cfg = load_config(GRPOConfig, str(cfg_file), REQUIRED + ["env.settings.max_output_chars=100"])
+    assert cfg.env.class_ == "tools" and cfg.env.settings == {"timeout": 5, "max_output_chars": 100}
+    assert to_dict(cfg)["env"]["class"] == "tools" and "class_" not in to_dict(cfg)["env"]
+    assert load_config(GRPOConfig, to_dict(cfg)) == cfg
+    assert flat_dict(cfg)["env.class"] == "tools" and lookup(cfg, "env.class") == "tools"
+    assert "env.class" in [key for key, _, _ in describe(GRPOConfig)]
+    with pytest.raises(ConfigError, match="env.class_: unknown key"):
+        load_config(GRPOConfig, None, REQUIRED + ["env.class_=tools"])

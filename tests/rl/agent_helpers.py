@@ -3,14 +3,17 @@ environments, and a model whose next token is forced by its position."""
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from trainer_lib.agents import Observation, StepResult
 
-#: ChatML with a tools block (a system turn listing the schemas) and the Hermes <tool_call> convention.
+#: ChatML with a tools block (a system turn naming them, short to keep the tests' sequences short) and the
+#: Hermes <tool_call> convention.
 TOOL_CHATML = (
     '{% if tools %}{{ \'<|im_start|>system\nCall a tool with <tool_call>{"name": ..., "arguments": ...}'
-    "</tool_call>. Tools:\n' }}{% for tool in tools %}{{ tool | tojson }}{{ '\n' }}{% endfor %}"
+    "</tool_call>. Tools:' }}{% for tool in tools %}{{ ' ' + tool['function']['name'] }}{% endfor %}"
     "{{ '<|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
@@ -51,3 +54,68 @@ class ForcedModel(torch.nn.Module):
         logits[torch.arange(len(forced)), -1, forced] = 1e4
         out.logits = logits
         return out
+
+
+#: Questions the taught model answers with the calculator, and their solutions.
+CALCULATOR_QUESTIONS = (("What is 2+3?", "2+3", "5"), ("What is 4*6?", "4*6", "24"))
+
+
+def calculator_conversation(question: str, expression: str, answer: str) -> list[dict]:
+    """A question, the assistant's calculator call, the tool's result and the assistant's answer."""
+    arguments = {"name": "calculator", "arguments": {"expression": expression}}
+    call = f"<tool_call>{json.dumps(arguments)}</tool_call>"
+    return [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": call},
+        {"role": "tool", "content": answer},
+        {"role": "assistant", "content": f"The answer is {answer}."},
+    ]
+
+
+def teach_calculator(base_dir: str, out_dir: str, steps: int = 150) -> str:
+    """The tiny model of ``base_dir`` fitted to :data:`CALCULATOR_QUESTIONS`' conversations (loss on the
+    assistant's turns), saved with :data:`TOOL_CHATML`: greedily it calls the calculator and then answers;
+    sampled, it sometimes writes a broken call or a wrong answer, so a group's rewards differ."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer_lib.agents import calculator_tool
+
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    tokenizer.chat_template = TOOL_CHATML
+    tools = [calculator_tool().schema]
+    rows, labels = [], []
+    for question in CALCULATOR_QUESTIONS:
+        messages = calculator_conversation(*question)
+        encoded = tokenizer(
+            tokenizer.apply_chat_template(messages, tools=tools, tokenize=False),
+            add_special_tokens=False,
+            return_offsets_mapping=True,
+        )
+        spans = [
+            (
+                len(
+                    tokenizer.apply_chat_template(messages[:i], tools=tools, tokenize=False, add_generation_prompt=True)
+                ),
+                len(tokenizer.apply_chat_template(messages[: i + 1], tools=tools, tokenize=False).rstrip("\n")),
+            )
+            for i, message in enumerate(messages)
+            if message["role"] == "assistant"
+        ]
+        rows.append(encoded["input_ids"])
+        offsets = encoded["offset_mapping"]
+        labels.append([t if any(s <= a and b <= e for s, e in spans) else -100 for t, (a, b) in zip(rows[-1], offsets)])
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
+    targets = torch.tensor([t + [-100] * (width - len(t)) for t in labels])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_pretrained(base_dir)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        for _ in range(steps):
+            model(input_ids=ids, attention_mask=mask, labels=targets).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return str(out_dir)

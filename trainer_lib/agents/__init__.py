@@ -1,7 +1,7 @@
 """Agents: multi-turn episodes in which the policy calls tools or acts in an environment.
 
 - ``env.py``: the environment interface (``reset(row) -> Observation``, ``step(assistant_message) ->
-  StepResult``), ``load_environment`` for ``env.class=module:Class`` with ``env.*`` settings, and an adapter
+  StepResult``), ``load_environment`` for ``env.class=module:Class`` with ``env.settings``, and an adapter
   for Gymnasium-style text environments.
 - ``tools.py``: ``Tool`` (a name, a JSON schema, a function); schemas from typed, docstringed functions;
   the built-in ``calculator``, ``python`` (in the sandbox) and ``search`` (BM25) tools.

@@ -7,7 +7,7 @@ at a time (it may keep state between ``reset`` and the last ``step``); a batch o
 per episode, so heavy state (a search index, a sandbox) belongs in objects they share.
 
 ``load_environment("package.module:Class", settings)`` builds one from the ``env.class`` key and the
-``env.*`` settings of a config. :class:`GymTextEnvironment` adapts a Gymnasium-style text environment
+``env.settings`` of a config. :class:`GymTextEnvironment` adapts a Gymnasium-style text environment
 (``reset(seed=, options=) -> (obs, info)``, ``step(action) -> (obs, reward, terminated, truncated, info)``)
 without depending on gymnasium: observations become user turns and the assistant's text is the action.
 """
@@ -63,8 +63,11 @@ class Environment(Protocol):
     def step(self, assistant_message: dict) -> StepResult: ...
 
 
-def load_environment(spec: str, settings: dict | None = None, key: str = ENV_CLASS_KEY) -> Environment:
-    """Import ``module:Class`` and build it with ``settings`` as keyword arguments (a config's ``env.*``).
+def load_environment(
+    spec: str, settings: dict | None = None, key: str = ENV_CLASS_KEY, settings_key: str | None = None
+) -> Environment:
+    """Import ``module:Class`` and build it with ``settings`` as keyword arguments (a config's ``env.settings``,
+    named ``settings_key`` in errors; by default the keys beside ``key``, ``env.*``).
 
     Any class or factory function that returns an object with ``reset`` and ``step`` will do. Modules next
     to where the command runs are importable, as with ``python -m``. A bad spec, a missing module or class,
@@ -85,7 +88,7 @@ def load_environment(spec: str, settings: dict | None = None, key: str = ENV_CLA
     if factory is None or not callable(factory):
         what = "has no attribute" if factory is None else "has a non-callable"
         raise ConfigError(f"{key}: module '{module_name}' {what} '{attr}'")
-    _check_settings(factory, settings, spec, key)
+    _check_settings(factory, settings, spec, key, settings_key or key.rpartition(".")[0] or "env")
     try:
         env = factory(**settings)
     except (TypeError, ValueError) as exc:
@@ -95,8 +98,8 @@ def load_environment(spec: str, settings: dict | None = None, key: str = ENV_CLA
     return env
 
 
-def _check_settings(factory, settings: dict, spec: str, key: str) -> None:
-    """Name the first setting the constructor does not take, and the ones it does."""
+def _check_settings(factory, settings: dict, spec: str, key: str, prefix: str) -> None:
+    """Name the first setting the constructor does not take (as ``prefix.name``), and the ones it does."""
     try:
         signature = inspect.signature(factory)
     except (TypeError, ValueError):  # a builtin without a signature: let the call decide
@@ -104,7 +107,6 @@ def _check_settings(factory, settings: dict, spec: str, key: str) -> None:
     try:
         signature.bind(**settings)
     except TypeError as exc:
-        prefix = key.rpartition(".")[0] or "env"
         params = signature.parameters
         takes = [name for name, p in params.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
         unknown = [name for name in settings if name not in params]
@@ -127,7 +129,8 @@ class GymTextEnvironment:
     """A Gymnasium-style text environment as a chat environment.
 
     ``env`` is the object itself, or ``"module:Class"`` built with ``env_kwargs`` (so
-    ``env.class=trainer_lib.agents.env:GymTextEnvironment env.env=mygames:Guess`` loads one from a config).
+    ``env.class=trainer_lib.agents.env:GymTextEnvironment env.settings.env=mygames:Guess`` loads one from a
+    config).
     ``reset(row)`` calls ``env.reset(seed=row[seed_key], options=row[options_key])`` (None when the row has
     no such column) and gives the observation as the first user turn, after ``instructions`` as a system
     turn when given. ``step`` passes the assistant's content as the action; the observation that comes back

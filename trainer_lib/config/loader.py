@@ -8,8 +8,10 @@ into exit code 2.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
+import keyword
 import os
 import types
 import typing
@@ -138,8 +140,15 @@ def _type_name(tp: Any) -> str:
 
 
 def _fields(cls: type) -> dict[str, tuple[dataclasses.Field, Any]]:
+    """``{key: (field, type)}``; a key that is a Python keyword (``env.class``) is held by the field named
+    with a trailing underscore (``class_``), as PEP 8 advises."""
     hints = typing.get_type_hints(cls)
-    return {f.name: (f, hints[f.name]) for f in dataclasses.fields(cls)}
+    return {key_of(f.name): (f, hints[f.name]) for f in dataclasses.fields(cls)}
+
+
+def key_of(name: str) -> str:
+    """The config key of a dataclass field: its name, without the underscore a keyword's field carries."""
+    return name[:-1] if name.endswith("_") and keyword.iskeyword(name[:-1]) else name
 
 
 def _build(cls: type, values: dict, prefix: str = "") -> Any:
@@ -155,12 +164,12 @@ def _build(cls: type, values: dict, prefix: str = "") -> Any:
         if dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
                 raise ConfigError(f"{key}: expected a mapping of {tp.__name__} keys, got {value!r}")
-            kwargs[name] = _build(tp, value, f"{key}.")
+            kwargs[f.name] = _build(tp, value, f"{key}.")
         else:
-            kwargs[name] = _coerce(value, tp, key)
+            kwargs[f.name] = _coerce(value, tp, key)
             choices = f.metadata.get("choices")
-            if choices and kwargs[name] not in choices:
-                raise ConfigError(f"{key}: expected one of {list(choices)}, got {kwargs[name]!r}")
+            if choices and kwargs[f.name] not in choices:
+                raise ConfigError(f"{key}: expected one of {list(choices)}, got {kwargs[f.name]!r}")
     return cls(**kwargs)
 
 
@@ -327,7 +336,19 @@ def _settle_steps(values: dict, decides: str | None) -> list[str]:
 
 
 def to_dict(cfg: Any) -> dict:
-    return dataclasses.asdict(cfg)
+    """A config as nested mappings of its keys (``env.class``, not the field ``class_``)."""
+    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
+        return {key_of(f.name): to_dict(getattr(cfg, f.name)) for f in dataclasses.fields(cfg)}
+    return _plain(cfg)
+
+
+def _plain(value: Any) -> Any:
+    """A value's copy as ``dataclasses.asdict`` makes it: lists, tuples and mappings copied deeply."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_dict(v) for v in value)
+    if isinstance(value, dict):
+        return {k: to_dict(v) for k, v in value.items()}
+    return copy.deepcopy(value)
 
 
 def flat_dict(cfg: Any) -> dict[str, Any]:

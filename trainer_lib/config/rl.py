@@ -42,8 +42,8 @@ class RewardSourcesConfig:
     functions: list[str] = opt([], "Reward functions: built-in names or module:function (docs/configuration.md).")
     weights: list[float] = opt(
         [],
-        "Weights of the functions, then reward model, then classifier, then CLIP reward, then LLM judge, then "
-        "PRM (empty: all 1.0).",
+        "Weights of the environment's reward (with env.class), then the functions, then reward model, then "
+        "classifier, then CLIP reward, then LLM judge, then PRM (empty: all 1.0).",
     )
     model_path: str | None = opt(None, "Reward model (from `posttrain reward`), normalized with its stored mean/std.")
     classifier_path: str | None = opt(None, "Sequence classifier (HF id, dir or URL) scoring completions as a reward.")
@@ -70,6 +70,70 @@ class RewardSourcesConfig:
     prm_aggregation: str = opt(
         "min", "prm_path: one reward from the step scores: the weakest step, the last, or their mean.", PRM_AGGREGATIONS
     )
+
+
+#: ``env.class`` values built in (besides ``module:Class``), ``env.tools`` names and ``env.reward`` values; the
+#: classes and tools themselves are in trainer_lib.agents (not imported: config stays free of what it builds).
+BUILTIN_ENVIRONMENTS = ("tools",)
+BUILTIN_TOOLS = ("calculator", "python", "search")
+EPISODE_REWARDS = ("final", "sum")
+
+
+@dataclass
+class EnvConfig:
+    class_: str | None = opt(
+        None,
+        "Multi-turn episodes (GRPO): the environment the policy acts in, tools (a question answered with "
+        "env.tools, its final answer scored by env.checker) or package.module:Class built with env.settings "
+        "(docs/training.md#agents-and-tools). Unset: one completion per prompt.",
+    )
+    settings: dict = opt(
+        {},
+        "Keyword arguments of the environment class; for tools: system_prompt, timeout, max_output_chars, "
+        "max_concurrency, max_calls_per_step.",
+    )
+    tools: list[str] = opt([], f"env.class=tools: the built-in tools offered ({', '.join(BUILTIN_TOOLS)}).")
+    corpus: str | None = opt(None, "The search tool's documents: a .jsonl file of text fields, or one per line.")
+    checker: str = opt(
+        "accuracy_reward",
+        "env.class=tools: the reward function (built-in or module:function) that scores the final answer.",
+    )
+    max_turns: int = opt(4, "Most assistant turns per episode.")
+    max_total_tokens: int = opt(
+        1024, "Most tokens per episode: the prompt, the model's turns and the environment's messages."
+    )
+    reward: str = opt(
+        "final",
+        "The episode's reward from its step rewards: the last step's (final), or their sum discounted by "
+        "env.gamma per turn (sum).",
+        EPISODE_REWARDS,
+    )
+    gamma: float = opt(1.0, "env.reward=sum: the discount per turn, G_0 = sum_t gamma^t r_t.")
+
+    def check(self, rollout: RolloutConfig) -> None:
+        """The env keys among themselves and with ``rollout``; nothing is loaded here."""
+        if self.class_ is None:
+            return
+        if self.class_ not in BUILTIN_ENVIRONMENTS and ":" not in self.class_:
+            raise ConfigError(
+                f"env.class: expected {' or '.join(BUILTIN_ENVIRONMENTS)} or package.module:Class, got {self.class_!r}"
+            )
+        unknown = [name for name in self.tools if name not in BUILTIN_TOOLS]
+        if unknown:
+            raise ConfigError(f"env.tools: expected some of {', '.join(BUILTIN_TOOLS)}, got {unknown[0]!r}")
+        if self.class_ == "tools" and not self.tools:
+            raise ConfigError(f"env.tools: env.class=tools needs at least one tool ({', '.join(BUILTIN_TOOLS)})")
+        if self.class_ != "tools" and self.tools:
+            raise ConfigError("env.tools: the built-in tools are for env.class=tools (a class builds its own)")
+        if "search" in self.tools and not self.corpus:
+            raise ConfigError("env.corpus: the search tool needs its documents (a .jsonl or text file)")
+        if self.max_turns < 1 or self.max_total_tokens < 2 or not 0 <= self.gamma <= 1:
+            raise ConfigError(
+                "env: expected max_turns >= 1, max_total_tokens >= 2 and 0 <= gamma <= 1, got "
+                f"{self.max_turns}, {self.max_total_tokens}, {self.gamma}"
+            )
+        if rollout.stop:
+            raise ConfigError("rollout.stop: not supported with env.class (a turn ends at the end-of-turn token)")
 
 
 BUFFER_MODES = ("shuffle", "uniform", "priority")
@@ -109,6 +173,7 @@ class RLConfig(TrainingConfig):
     buffer: PromptBufferConfig = opt(PromptBufferConfig, "How each step's prompts are chosen from the pool.")
     rollout: RolloutConfig = opt(RolloutConfig, "Sampling of completions.")
     reward: RewardSourcesConfig = opt(RewardSourcesConfig, "Reward sources and post-processing.")
+    env: EnvConfig = opt(EnvConfig, "Multi-turn episodes with tools or an environment (GRPO).")
     prompts_per_step: int = opt(8, "Prompts per step, all ranks together (each gets rollout.n completions).")
     ppo_epochs: int = opt(1, "Passes over each step's completions (TRL's num_iterations).")
     mini_batch_size: int = opt(0, "Completions per optimizer step, all ranks together (0: all of a step).")
@@ -128,12 +193,13 @@ class RLConfig(TrainingConfig):
             raise ConfigError(f"reward.clip: expected >= 0, got {self.reward.clip}")
         reward = self.reward
         sources = (reward.model_path, reward.classifier_path, reward.clip_path, reward.judge.enabled, reward.prm_path)
-        if not (reward.functions or any(sources)):
+        if not (reward.functions or any(sources) or self.env.class_):
             raise ConfigError(
                 "reward.functions: required (or reward.model_path, reward.classifier_path, reward.clip_path, "
-                "reward.judge.url / reward.judge.path or reward.prm_path), e.g. reward.functions=code_execution "
-                "or my_rewards:reward"
+                "reward.judge.url / reward.judge.path, reward.prm_path or env.class), e.g. "
+                "reward.functions=code_execution or my_rewards:reward"
             )
+        self.env.check(self.rollout)
         reward.judge.check("reward.judge")
         if self.prompts_per_step < 1 or self.ppo_epochs < 1 or self.mini_batch_size < 0:
             raise ConfigError("prompts_per_step, ppo_epochs: expected >= 1; mini_batch_size: expected >= 0")

@@ -9,6 +9,7 @@ option. ``validate()`` raises a :class:`~trainer_lib.errors.ConfigError` naming 
 from __future__ import annotations
 
 import dataclasses
+import keyword
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -470,9 +471,9 @@ def check_scheduler(name: str) -> None:
 
 
 def lookup(cfg: Any, dotted: str) -> Any:
-    """``lookup(cfg, "engine.zero_stage")``: the value of a dotted key."""
+    """``lookup(cfg, "engine.zero_stage")``: the value of a dotted key (``env.class``: the field ``class_``)."""
     for part in dotted.split("."):
-        cfg = getattr(cfg, part)
+        cfg = getattr(cfg, f"{part}_" if keyword.iskeyword(part) else part)
     return cfg
 
 

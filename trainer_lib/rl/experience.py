@@ -86,16 +86,28 @@ def prompt_inputs(rows: list[dict], tokenizer, n: int) -> tuple[list, list[list[
     return prompts, [encode_prompt(tokenizer, row["prompt"], row.get("tools")) for row in rows], columns
 
 
+def build_episodes(cfg):
+    """A multi-turn run's :class:`trainer_lib.rl.environments.Episodes` (``env.class`` set), else None: one
+    completion per prompt. The environment is built once here, so a bad class or setting fails early."""
+    if not cfg.env.class_:
+        return None
+    from trainer_lib.rl.environments import Episodes
+
+    return Episodes(cfg.env, {"code_timeout": cfg.reward.code_timeout, "sandbox_workers": cfg.reward.sandbox_workers})
+
+
 # --------------------------------------------------------------------------- rewards
 
 
 def build_rewards(cfg, strategy, tokenizer, reward_model=None):
-    """The configured reward sources, combined (functions in order, then the reward model, then the
-    classifier, then the CLIP reward, then the LLM judge ``llm_judge``, then the PRM ``prm``).
+    """The configured reward sources, combined (the environment's ``env`` with ``env.class``, the functions in
+    order, then the reward model, then the classifier, then the CLIP reward, then the LLM judge ``llm_judge``,
+    then the PRM ``prm``).
     ``reward_model``: reward.model_path's model already in memory (multi_adapter: its adapter on the
     shared base), else it is loaded here."""
     from trainer_lib.rewards.combine import RewardCombiner
     from trainer_lib.rewards.functions import resolve
+    from trainer_lib.rl.environments import environment_sources
 
     settings = {
         "code_timeout": cfg.reward.code_timeout,
@@ -103,7 +115,7 @@ def build_rewards(cfg, strategy, tokenizer, reward_model=None):
         "max_tokens": cfg.rollout.max_new_tokens,
         "length_free_tokens": cfg.reward.length_free_tokens,
     }
-    sources = [resolve(spec, **settings) for spec in cfg.reward.functions]
+    sources = [*environment_sources(cfg.env), *(resolve(spec, **settings) for spec in cfg.reward.functions)]
     if cfg.reward.model_path:
         from trainer_lib.rewards.model import load_reward_scorer
 
@@ -312,12 +324,15 @@ def prompt_text(prompt) -> str:
     return "\n".join(lines)
 
 
-def sample_and_score(engine, strategy, tokenizer, schedule, step: int, cfg, rewards, logits_processor=None):
+def sample_and_score(
+    engine, strategy, tokenizer, schedule, step: int, cfg, rewards, logits_processor=None, episodes=None
+):
     """Step ``step``'s experience: ``(rollout, rewards for training (N,), metrics)`` for the prompts the
     ``schedule`` gives this rank, sampled with the step's seed; reward functions may read the step.
     A live prompt pool first takes in feedback files, may sample several rounds (dynamic sampling) and
     learns each prompt's priority from its scores (:mod:`trainer_lib.rl.buffer`). ``logits_processor``
-    restricts what may be sampled (NLPO's action mask, :mod:`trainer_lib.rl.nlpo`)."""
+    restricts what may be sampled (NLPO's action mask, :mod:`trainer_lib.rl.nlpo`). ``episodes``: a
+    multi-turn run's (:mod:`trainer_lib.rl.environments`), whose episodes replace single completions."""
     schedule.before_step(step)
     rewards.trainer_state = schedule.trainer_state(step)
 
@@ -325,7 +340,15 @@ def sample_and_score(engine, strategy, tokenizer, schedule, step: int, cfg, rewa
 
     def sample_and_score_rows(rows: list[dict], seed: int):
         rollout, prompts, columns = sample(
-            engine, strategy, tokenizer, rows, cfg.rollout, seed, logits_processor, processor=processor
+            engine,
+            strategy,
+            tokenizer,
+            rows,
+            cfg.rollout,
+            seed,
+            logits_processor,
+            processor=processor,
+            episodes=episodes,
         )
         scores, metrics = score_rollout(rewards, strategy, rollout, prompts, columns, cfg.rollout.n)
         return rollout, scores, metrics
@@ -333,22 +356,28 @@ def sample_and_score(engine, strategy, tokenizer, schedule, step: int, cfg, rewa
     return schedule.collect(step, sample_and_score_rows)
 
 
-def held_out_evaluation(engine, strategy, tokenizer, rows: list[dict], rewards, cfg):
-    """The stage's ``evaluate()`` for its Cadence: greedy held-out reward; None without eval prompts."""
+def held_out_evaluation(engine, strategy, tokenizer, rows: list[dict], rewards, cfg, episodes=None):
+    """The stage's ``evaluate()`` for its Cadence: greedy held-out reward (of greedy episodes, with
+    ``episodes``); None without eval prompts."""
     if not rows:
         return None
     processor = policy_processor(cfg.model, tokenizer)
-    return lambda: evaluate(engine, strategy, tokenizer, rows, rewards, cfg.rollout, cfg.seed, processor)
+    return lambda: evaluate(engine, strategy, tokenizer, rows, rewards, cfg.rollout, cfg.seed, processor, episodes)
 
 
-def evaluate(engine, strategy, tokenizer, rows: list[dict], rewards, rollout_cfg, seed: int, processor=None) -> dict:
+def evaluate(
+    engine, strategy, tokenizer, rows: list[dict], rewards, rollout_cfg, seed: int, processor=None, episodes=None
+) -> dict:
     """Mean raw (weighted, not normalized) reward of greedy completions of held-out prompts (``processor``: a
-    vision-language policy's, whose prompts carry their images)."""
+    vision-language policy's, whose prompts carry their images; ``episodes``: a multi-turn run's, played
+    greedily)."""
     greedy = dataclasses.replace(rollout_cfg, n=1, temperature=0.0)
     chunks = [rows[i : i + greedy.batch_size] for i in range(0, len(rows), greedy.batch_size)]
 
     def sums(chunk: list[dict]) -> dict:
-        rollout, prompts, columns = sample(engine, strategy, tokenizer, chunk, greedy, seed, processor=processor)
+        rollout, prompts, columns = sample(
+            engine, strategy, tokenizer, chunk, greedy, seed, processor=processor, episodes=episodes
+        )
         table = reward_table(rewards, rollout, prompts, columns, 1)
         return {
             "total": float(rewards.weighted(table).sum()),
@@ -407,12 +436,26 @@ def per_micro_batch(fn, rollout, micro: int):
 
 
 def sample(
-    engine, strategy, tokenizer, rows: list[dict], rollout_cfg, seed: int, logits_processor=None, *, processor=None
+    engine,
+    strategy,
+    tokenizer,
+    rows: list[dict],
+    rollout_cfg,
+    seed: int,
+    logits_processor=None,
+    *,
+    processor=None,
+    episodes=None,
 ):
     """Generate ``rollout.n`` completions per row with the engine's current weights; with a vision-language
-    policy's ``processor``, each prompt's image tokens expanded and its pixels passed to generation."""
+    policy's ``processor``, each prompt's image tokens expanded and its pixels passed to generation; with
+    ``episodes``, ``rollout.n`` multi-turn episodes per row instead (:func:`sample_episodes`)."""
     from trainer_lib.rl.rollout import generate
 
+    if episodes is not None:
+        return sample_episodes(
+            episodes, engine, strategy, tokenizer, rows, rollout_cfg, seed, logits_processor, processor
+        )
     prompts, prompt_ids, columns = prompt_inputs(rows, tokenizer, rollout_cfg.n)
     pixel_values = None
     if processor is not None:
@@ -438,6 +481,25 @@ def sample(
         record_logprobs=rollout_cfg.tis_cap > 0 and rollout_cfg.temperature > 0,
     )
     return rollout, prompts, columns
+
+
+def sample_episodes(episodes, engine, strategy, tokenizer, rows, rollout_cfg, seed: int, logits_processor, processor):
+    """``rollout.n`` episodes per row (:class:`trainer_lib.rl.environments.Episodes`), each one's reward in
+    the ``env_reward`` column beside the rows' own columns."""
+    from trainer_lib.rl.environments import ENV_REWARD_COLUMN
+
+    if processor is not None or logits_processor is not None:
+        raise UserError("env.class: multi-turn episodes take neither images nor NLPO's action mask yet")
+    if strategy.partitions_parameters and strategy.world_size > 1:
+        raise UserError(
+            "env.class: multi-turn episodes are not supported under engine.zero_stage=3 on several ranks yet "
+            "(every rank would have to step its forwards together); use ZeRO 0-2"
+        )
+    record = rollout_cfg.tis_cap > 0 and rollout_cfg.temperature > 0
+    rollout, env_rewards = episodes.rollout(strategy.unwrap(engine), tokenizer, rows, rollout_cfg, seed, record)
+    columns = {key: [row[key] for row in rows for _ in range(rollout_cfg.n)] for key in rows[0] if key != "prompt"}
+    columns[ENV_REWARD_COLUMN] = env_rewards
+    return rollout, [row["prompt"] for row in rows], columns
 
 
 def rollout_tokens(rollout) -> int:

@@ -24,6 +24,12 @@ with ``rho = pi / pi_old`` and the k3 estimate of KL(pi || pi_ref) as a loss ter
 ``clip_high`` set the clip range on each side (DAPO's clip-higher); ``overlong_buffer`` adds DAPO's
 soft penalty for completions that run into the last tokens of the budget. The defaults are GRPO.
 
+With ``env.class`` (:class:`trainer_lib.config.rl.EnvConfig`) a completion is a multi-turn episode with tools
+or an environment (:mod:`trainer_lib.rl.multi_turn`): the group is the ``rollout.n`` episodes of a prompt, the
+reward the episode's (``env.reward``: final or discounted sum) plus the reward functions on its final answer,
+and advantages, loss, KL and entropy count only the model's tokens (``Rollout.loss_mask``), never the
+environment's.
+
 The models are built as in PPO, without a critic (:mod:`trainer_lib.rl.actor_critic`): by default
 the policy is its own engine and the reference a frozen copy of ``model.path`` (under LoRA: the
 policy with its adapters disabled). With ``multi_adapter=true`` (and LoRA) policy, reference and a
@@ -97,6 +103,8 @@ class GRPOConfig(RLConfig):
             raise ConfigError(f"rollout.tis_cap: expected 0 (off) or a cap >= 1, got {self.rollout.tis_cap}")
         if self.objective == "gspo" and self.advantage == "reinforce_pp":
             raise ConfigError("objective=gspo: needs one advantage per completion, not advantage=reinforce_pp")
+        if self.env.class_ and self.overlong_buffer:
+            raise ConfigError("overlong_buffer: measures one completion against rollout.max_new_tokens, not an episode")
 
     def clip_range(self) -> tuple[float, float]:
         """(eps_low, eps_high) of the ratio's clip."""
@@ -230,8 +238,9 @@ def run(cfg: GRPOConfig) -> dict:
     from trainer_lib.rl.actor_critic import build_models
     from trainer_lib.rl.rollout import token_logprobs
 
-    # ---- prompts, schedule; policy, reference and rewards in the configured layout (no critic)
+    # ---- prompts, schedule, the environment (multi-turn); policy, reference and rewards (no critic)
     strategy, tokenizer, eval_rows, schedule = rl.start(cfg)
+    episodes = rl.build_episodes(cfg)  # None: one completion per prompt
     steps, n, temperature = schedule.steps, cfg.rollout.n, cfg.rollout.temperature
     models = build_models(cfg, strategy, tokenizer, steps * cfg.updates_per_step(), use_reference=cfg.beta > 0)
     engine, rewards = models.actor_engine, models.rewards
@@ -240,7 +249,7 @@ def run(cfg: GRPOConfig) -> dict:
     # one update and no advantage that needs them up front: pi_old is the policy itself
     reuse_logprobs = cfg.updates_per_step() == 1 and not advantage_of.needs_old_logprobs
 
-    evaluation = rl.held_out_evaluation(engine, strategy, tokenizer, eval_rows, rewards, cfg)
+    evaluation = rl.held_out_evaluation(engine, strategy, tokenizer, eval_rows, rewards, cfg, episodes)
     cadence = Cadence(
         cfg, strategy, "grpo", steps, engine, evaluate=evaluation, stateful={"rewards": rewards, **schedule.stateful()}
     )
@@ -253,7 +262,9 @@ def run(cfg: GRPOConfig) -> dict:
         # ---- the loop
         for step in cadence.steps():
             # 1. rollout: sample, score (and shape the rewards)
-            rollout, scores, metrics = rl.sample_and_score(engine, strategy, tokenizer, schedule, step, cfg, rewards)
+            rollout, scores, metrics = rl.sample_and_score(
+                engine, strategy, tokenizer, schedule, step, cfg, rewards, episodes=episodes
+            )
             scores = shape_rewards(rollout, scores, metrics)
             # 2. log-probs before the update: pi_old (if it differs from pi) and the reference; advantages
             logprob_start = time.perf_counter()
@@ -301,6 +312,8 @@ def run(cfg: GRPOConfig) -> dict:
         summary = cadence.finish({"stage": "grpo", "advantage": cfg.advantage, "train_prompts": len(schedule.prompts)})
     finally:
         rewards.close()
+        if episodes is not None:
+            episodes.close()
     if "eval" in summary:
         summary["eval_reward"] = summary["eval"]["reward"]
     models.keep_policy_only()

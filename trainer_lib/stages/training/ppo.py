@@ -118,6 +118,8 @@ class PPOConfig(RLConfig):
         self.validate_objective()
         if self.rollout.tis_cap:
             raise ConfigError("rollout.tis_cap: truncated importance sampling is GRPO's (posttrain grpo) for now")
+        if self.env.class_:
+            raise ConfigError("env.class: multi-turn episodes are GRPO's (posttrain grpo) for now; PPO's are not built")
         if self.multi_adapter and self.engine.gradient_checkpointing:
             raise ConfigError(
                 "engine.gradient_checkpointing: not supported with multi_adapter=true in PPO (the one "

@@ -1,0 +1,192 @@
+"""GRPO on multi-turn episodes: a tiny model taught to call the calculator trains in a ToolEnvironment whose
+answers accuracy_reward checks; the loss sees only the model's tokens; the episodes' statistics are logged;
+resume is exact; the env keys are checked."""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from tests.rl.agent_helpers import CALCULATOR_QUESTIONS, teach_calculator
+from tests.stages.training.rl_helpers import one_thread, weights
+from trainer_lib.config import load_config
+from trainer_lib.errors import ConfigError
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():  # module-wide: the taught model's fit runs under it too
+    with one_thread():
+        yield
+
+
+@pytest.fixture(scope="module")
+def calculator_model(tiny_model_dir, tmp_path_factory):
+    return teach_calculator(tiny_model_dir, tmp_path_factory.mktemp("models") / "calculator")
+
+
+@pytest.fixture(scope="module")
+def questions(tmp_path_factory):
+    path = tmp_path_factory.mktemp("rl") / "questions.jsonl"
+    with open(path, "w", encoding="utf-8") as fh:
+        for question, _, answer in CALCULATOR_QUESTIONS:
+            fh.write(json.dumps({"prompt": [{"role": "user", "content": question}], "solution": answer}) + "\n")
+    return str(path)
+
+
+def agent_grpo(model, data, out, *extra: str) -> None:
+    """``posttrain grpo`` in the calculator's ToolEnvironment: 2 questions x 4 episodes per step of at most 3
+    turns of 96 tokens; the final answer scored by the environment's checker (accuracy_reward) and, beside it,
+    by the reward function accuracy_reward."""
+    from trainer_lib.cli import main
+
+    args = [
+        "grpo",
+        f"model.path={model}",
+        f"data.path={data}",
+        f"output_dir={out}",
+        "env.class=tools",
+        "env.tools=calculator",
+        "env.max_turns=3",
+        "env.max_total_tokens=400",
+        "reward.functions=accuracy_reward",
+        "rollout.n=4",
+        "prompts_per_step=2",
+        "rollout.max_new_tokens=96",
+        "batch_size=4",
+        "logging_steps=1",
+        "data.eval_fraction=0",
+        "lr=1e-3",
+        "seed=3",
+        *extra,
+    ]
+    assert main(args) == 0
+
+
+def test_grpo_trains_on_calculator_episodes_with_loss_on_the_model_tokens_only(
+    calculator_model, questions, tmp_path, monkeypatch
+):
+    import trainer_lib.losses
+    import trainer_lib.rl.rollout
+
+    trained = []  # (the micro-batch, the mask its loss was averaged over)
+    forward, sequence_mean = trainer_lib.rl.rollout.token_logprobs, trainer_lib.losses.sequence_mean
+
+    def recording_forward(model, part, *args, **kwargs):
+        if torch.is_grad_enabled():
+            trained.append([part])
+        return forward(model, part, *args, **kwargs)
+
+    def recording_mean(values, mask):
+        trained[-1].append(mask.detach().cpu())
+        return sequence_mean(values, mask)
+
+    monkeypatch.setattr(trainer_lib.rl.rollout, "token_logprobs", recording_forward)
+    monkeypatch.setattr(trainer_lib.losses, "sequence_mean", recording_mean)
+    out = tmp_path / "grpo"
+    agent_grpo(calculator_model, questions, out, "max_steps=2", "save_steps=0", f"data.eval_path={questions}")
+
+    assert len(trained) == 4  # 2 steps x 8 episodes / batch_size 4
+    environment_tokens = 0
+    for part, mask in trained:
+        assert torch.equal(mask, part.action_mask.float())  # the loss sees the model's tokens only
+        environment_tokens += int((part.response_mask.bool() & ~part.action_mask.bool()).sum())
+        for row, trajectory in enumerate(part.episodes):
+            on = [i for i, flag in enumerate(part.action_mask[row].tolist()) if flag]
+            assert on == [i for start, stop in trajectory.turns for i in range(start, stop)]
+    assert environment_tokens > 0  # the episodes had tool results in them
+
+    train = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    for key in (
+        "episode/turns",
+        "episode/tool_calls",
+        "episode/valid_tool_call_rate",
+        "episode/tool_errors",
+        "episode/env_tokens",
+        "episode/done_done",
+        "episode/done_max_turns",
+        "episode/done_max_total_tokens",
+        "rewards/env",
+        "rewards/accuracy_reward",
+        "kl",
+        "loss",
+    ):
+        assert key in train[-1], key
+    assert all(r["episode/turns"] > 1 and r["episode/tool_calls"] > 0 for r in train)
+    assert all(
+        abs(sum(r[f"episode/done_{reason}"] for reason in ("done", "max_turns", "max_total_tokens")) - 1) < 1e-9
+        for r in train
+    )
+    samples = [json.loads(line) for line in open(out / "samples.jsonl")]
+    assert {s["step"] for s in samples} == {1, 2}
+    for sample in samples:
+        # the environment's checker and the reward function judge the same final answer
+        assert sample["rewards"]["env"] == sample["rewards"]["accuracy_reward"]
+        assert sample["episode"]["done_reason"] in ("done", "max_turns", "max_total_tokens")
+        assert sample["completion"] in sample["episode"]["transcript"]
+    assert any("tool: " in s["episode"]["transcript"] for s in samples)
+    assert len({s["reward"] for s in samples}) > 1  # the groups' rewards differ: advantages are not all 0
+    # the held-out evaluation plays greedy episodes and scores them the same way
+    evaluation = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["split"] == "eval"][-1]
+    assert 0 <= evaluation["rewards/env"] <= 1 and evaluation["rewards/env"] == evaluation["rewards/accuracy_reward"]
+
+
+def test_resume_of_an_episode_run_is_exact(calculator_model, questions, tmp_path, capsys):
+    """The episodes are seeded per step and the calculator is deterministic: losing the last checkpoint and
+    rerunning gives the same weights."""
+    out = tmp_path / "run"
+    args = ("max_steps=3", "save_steps=2", "save_total_limit=0")
+    agent_grpo(calculator_model, questions, out, *args)
+    reference = weights(out)
+    shutil.rmtree(out / "checkpoints" / "step-00000003")
+    os.remove(out / "model.safetensors")
+    capsys.readouterr()
+    agent_grpo(calculator_model, questions, out, *args)
+    assert "resuming at step 2" in capsys.readouterr().out
+    resumed = weights(out)
+    assert all(torch.equal(reference[k], resumed[k]) for k in reference)
+
+
+def test_env_keys_are_checked(calculator_model, questions):
+    from trainer_lib.stages.training.grpo import GRPOConfig
+    from trainer_lib.stages.training.ppo import PPOConfig
+
+    base = [f"model.path={calculator_model}", f"data.path={questions}", "output_dir=/tmp/x"]
+    cfg = load_config(GRPOConfig, None, [*base, "env.class=tools", "env.tools=calculator"])  # no reward.functions
+    assert (cfg.env.class_, cfg.env.reward, cfg.env.max_turns) == ("tools", "final", 4)
+    for keys, message in [
+        (["env.class=tools"], "env.tools: env.class=tools needs at least one tool"),
+        (["env.class=tools", "env.tools=abacus"], "env.tools: expected some of calculator, python, search"),
+        (["env.class=tools", "env.tools=search"], "env.corpus: the search tool needs its documents"),
+        (["env.class=mymodule"], "env.class: expected tools or package.module:Class"),
+        (["env.class=m:C", "env.tools=calculator"], "env.tools: the built-in tools are for env.class=tools"),
+        (["env.class=tools", "env.tools=calculator", "env.gamma=2"], "env: expected max_turns >= 1"),
+        (["env.class=tools", "env.tools=calculator", "env.reward=mean"], "env.reward: expected one of"),
+        (["env.class=tools", "env.tools=calculator", "rollout.stop=x"], "rollout.stop: not supported with env"),
+        (["env.class=tools", "env.tools=calculator", "overlong_buffer=4"], "overlong_buffer: measures one"),
+        ([], "reward.functions: required .* or env.class"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            load_config(GRPOConfig, None, [*base, *keys])
+    with pytest.raises(ConfigError, match="env.class: multi-turn episodes are GRPO's"):
+        load_config(PPOConfig, None, [*base, "env.class=tools", "env.tools=calculator"])
+
+
+def test_a_bad_environment_fails_before_any_model_loads(questions, tmp_path):
+    """env.class is built once when the stage starts: a module that is not there, or a setting the class
+    does not take, is a one-line error naming the key."""
+    from trainer_lib.rl.experience import build_episodes
+    from trainer_lib.stages.training.grpo import GRPOConfig
+
+    base = [f"model.path={tmp_path / 'no_model'}", f"data.path={questions}", f"output_dir={tmp_path / 'out'}"]
+    cfg = load_config(GRPOConfig, None, [*base, "env.class=no_such_module:Env"])
+    with pytest.raises(ConfigError, match="env.class: cannot import module 'no_such_module'"):
+        build_episodes(cfg)
+    cfg = load_config(GRPOConfig, None, [*base, "env.class=tools", "env.tools=calculator", "env.settings.timeout_s=3"])
+    with pytest.raises(ConfigError, match="env.settings.timeout_s is not a setting of .*ToolEnvironment"):
+        build_episodes(cfg)
+    cfg = load_config(GRPOConfig, None, [*base, "env.class=tools", "env.tools=calculator", "env.checker=my:fn"])
+    with pytest.raises(Exception, match="my:fn: cannot import module 'my'"):
+        build_episodes(cfg)
