@@ -337,6 +337,13 @@ class EvalSets:
     image_match: list[dict]  # prompts with images (trainer_lib/eval/image_text_match.py); empty when off
     math: list[dict]  # {"id", "prompt", "reference"} (trainer_lib/eval/math_problems.py); empty when off
 
+    def counts(self, samples_per_problem: int) -> str:
+        """What is asked, in words: the start of an evaluation's first line."""
+        return (
+            f"{len(self.problems)} HumanEval problems (n={samples_per_problem}), {len(self.tasks)} code tasks, "
+            f"{len(self.safety)} safety prompts, {len(self.math)} math problems, {len(self.image_match)} image prompts"
+        )
+
     @classmethod
     def load(cls, cfg: EvaluateConfig) -> EvalSets:
         from trainer_lib.eval import humaneval
@@ -698,6 +705,15 @@ def training_curves(cfg: EvaluateConfig, models: dict[str, str]) -> dict[str, li
 # --------------------------------------------------------------------------- the stage
 
 
+def image_matcher(cfg: EvaluateConfig, device: str):
+    """The CLIP scorer of the image-text match set."""
+    from trainer_lib.rewards.clip import ClipScorer
+
+    return ClipScorer(
+        cfg.image_match.scorer_path, cfg.batch_size, device, cfg.trust_remote_code, "image_match.scorer_path"
+    )
+
+
 def evaluation_heartbeat(cfg: EvaluateConfig, lead: bool, steps: int):
     """Rank 0's ``heartbeat.json`` in a local ``output_dir`` (the dashboard's running / failed / stale), its
     steps each model's generation and scoring; a disabled one (every call a no-op) elsewhere or for a URL."""
@@ -742,20 +758,11 @@ def run(cfg: EvaluateConfig) -> dict:
     sets = EvalSets.load(cfg)
     scorer = load_scorer(cfg.reward_model_path, cfg, device) if lead and cfg.reward_model_path else None
     judge = build_judge(cfg, device, scorer) if lead else None
-    matcher = None
-    if lead and sets.image_match:
-        from trainer_lib.rewards.clip import ClipScorer
-
-        matcher = ClipScorer(
-            cfg.image_match.scorer_path, cfg.batch_size, device, cfg.trust_remote_code, "image_match.scorer_path"
-        )
+    matcher = image_matcher(cfg, device) if lead and sets.image_match else None
     openers = engine_openers(models, cfg, kind, precision, device, strategy)
     if lead:
         print(
-            f"evaluate: {len(openers)} models on {len(sets.problems)} HumanEval problems (n={cfg.humaneval.n}), "
-            f"{len(sets.tasks)} code tasks, {len(sets.safety)} safety prompts, {len(sets.math)} math problems, "
-            f"{len(sets.image_match)} image prompts; "
-            f"judge {judge.name}; {kind} on "
+            f"evaluate: {len(openers)} models on {sets.counts(cfg.humaneval.n)}; judge {judge.name}; {kind} on "
             f"{ranks} x {device} ({cfg.placement}, {precision})"
         )
 
