@@ -184,3 +184,37 @@ def test_an_s3_prefix_loads_in_the_browser(page, dashboard_runs, dashboard, s3_b
     logged = [json.loads(line) for line in open(dashboard_runs / "pipeline-a" / "grpo" / "metrics.jsonl")]
     assert chart_values(page, "reward") == [r["reward"] for r in logged if r["split"] == "train"]
     assert page.locator("#sample-list .sample").count() == 32
+
+
+def test_an_agent_runs_samples_show_each_episodes_transcript(page, dashboard, tiny_model_dir, tmp_path):
+    """GRPO in the calculator's ToolEnvironment (one step): each sample shows its whole episode, the tool's
+    result between the model's turns, with its turns, end and tool calls."""
+    from tests.rl.agent_helpers import CALCULATOR_QUESTIONS, teach_calculator
+    from tests.stages.training.rl_helpers import one_thread
+    from tests.stages.training.test_grpo_episodes import agent_grpo
+
+    questions = tmp_path / "questions.jsonl"
+    questions.write_text(
+        "".join(
+            json.dumps({"prompt": [{"role": "user", "content": q}], "solution": a}) + "\n"
+            for q, _, a in CALCULATOR_QUESTIONS
+        )
+    )
+    with one_thread():
+        model = teach_calculator(tiny_model_dir, tmp_path / "calculator")
+        agent_grpo(model, str(questions), tmp_path / "runs" / "agent", "max_steps=1", "save_steps=0")
+    logged = [json.loads(line) for line in open(tmp_path / "runs" / "agent" / "samples.jsonl")]
+    server = dashboard("--runs", str(tmp_path / "runs"))
+    open_view(page, server.url + "#/run/" + "0%2Fagent")
+    transcripts = page.locator("#sample-list pre.transcript")
+    assert transcripts.count() == len(logged) == 8
+    for row, text, meta in zip(logged, transcripts.all_inner_texts(), page.locator(".episode .meta").all_inner_texts()):
+        assert text.strip() == row["episode"]["transcript"].strip()
+        episode = row["episode"]
+        assert meta.startswith(f"{episode['turns']} turns · ended: {episode['done_reason']}")
+        assert meta.endswith(
+            f"{episode['tool_calls']} tool calls, {episode['malformed_tool_calls']} malformed, "
+            f"{episode['tool_errors']} failed"
+        )
+    assert any("tool:" in text for text in transcripts.all_inner_texts())  # a calculator result between turns
+    shot(page, "agent-samples")

@@ -306,6 +306,7 @@ def episode_sample(rollout, row: int) -> dict:
             "rewards": episode.rewards,
             "done_reason": episode.done_reason,
             "tool_calls": episode.tool_calls.valid,
+            "malformed_tool_calls": episode.tool_calls.malformed,
             "tool_errors": episode.tool_calls.errors,
         }
     }

@@ -279,7 +279,17 @@ function sampleCard(row) {
       (sources ? ` (${sources})` : "") + ` · advantage ${fmt(row.advantage)} · ${row.length} tokens` +
       (row.finished ? "" : " · cut at max_new_tokens")),
     el("pre", { class: "text prompt" }, row.prompt),
-    el("pre", { class: "text completion" }, row.completion));
+    row.episode ? episodeBox(row.episode) : el("pre", { class: "text completion" }, row.completion));
+}
+
+// A multi-turn episode (GRPO with env.class): the whole transcript after the prompt, with its turns, step
+// rewards, why it ended and its tool calls.
+function episodeBox(ep) {
+  const rewards = (ep.rewards || []).map(fmt).join(", ");
+  return el("div", { class: "episode" },
+    el("div", { class: "meta" }, `${ep.turns} turns · ended: ${ep.done_reason} · step rewards ${rewards} · ` +
+      `${ep.tool_calls} tool calls, ${ep.malformed_tool_calls ?? 0} malformed, ${ep.tool_errors} failed`),
+    el("pre", { class: "text transcript" }, ep.transcript));
 }
 
 function evaluationSection(section, run) {
