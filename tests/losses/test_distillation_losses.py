@@ -141,3 +141,29 @@ def test_the_sampled_estimate_averages_to_the_exact_reverse_kl():
     tokens = torch.multinomial(s.exp(), 40000, replacement=True, generator=generator)
     estimate = sampled_reverse_kl(s[tokens], t[tokens]).mean().item()
     assert estimate == pytest.approx(REVERSE, abs=0.01)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.5, 1.0])
+def test_chunked_jsd_equals_the_full_logits_one_in_value_and_gradient(beta):
+    """Hidden states and head weights in, a chunk of positions at a time (3 rows here), a padded teacher
+    vocabulary cut to the student's: the same values and gradients as the full-logits divergence."""
+    from trainer_lib.losses import chunked_generalized_jsd
+
+    gen = torch.Generator().manual_seed(0)
+    student_h = torch.randn(7, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    student_w = torch.randn(11, 5, generator=gen, dtype=torch.float64, requires_grad=True)
+    teacher_h = torch.randn(7, 4, generator=gen, dtype=torch.float64)  # another hidden size
+    teacher_w = torch.randn(13, 4, generator=gen, dtype=torch.float64)  # two padding rows past the vocabulary
+    chunked = chunked_generalized_jsd(student_h, student_w, teacher_h, teacher_w, beta, rows=3)
+    grads = torch.autograd.grad(chunked.sum(), (student_h, student_w))
+    full = generalized_jsd(
+        torch.log_softmax((student_h @ student_w.t()).float(), -1),
+        torch.log_softmax((teacher_h @ teacher_w[:11].t()).float(), -1),
+        beta,
+    )
+    expected = torch.autograd.grad(full.sum(), (student_h, student_w))
+    torch.testing.assert_close(chunked, full)
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want)
+    logits = chunked_generalized_jsd(student_h @ student_w.t(), None, teacher_h, teacher_w, beta, rows=2)
+    torch.testing.assert_close(logits, full)

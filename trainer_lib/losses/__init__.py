@@ -30,6 +30,7 @@ from trainer_lib.losses.advantages import (
     whiten,
 )
 from trainer_lib.losses.distillation import (
+    chunked_generalized_jsd,
     generalized_jsd,
     generalized_jsd_loss,
     reverse_kl,
@@ -82,6 +83,7 @@ __all__ = [
     "entropy_bonus",
     "explained_variance",
     "gae_advantages",
+    "chunked_generalized_jsd",
     "generalized_jsd",
     "generalized_jsd_loss",
     "grpo_advantages",

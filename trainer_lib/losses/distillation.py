@@ -126,3 +126,56 @@ def generalized_jsd_loss(
 def reverse_kl_loss(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """:func:`reverse_kl` averaged over the masked positions: ``(B, T, V)`` log-probs, ``(B, T)`` mask."""
     return masked_mean(reverse_kl(student_logprobs, teacher_logprobs), mask)
+
+
+# --------------------------------------------------------------------------- chunked over positions
+
+
+def _head_log_softmax(states: torch.Tensor, weight: torch.Tensor | None, vocab: int) -> torch.Tensor:
+    """``(rows, vocab)`` float32 log-softmax of ``states @ weight[:vocab]^T`` (weight None: states are logits)."""
+    logits = states if weight is None else torch.mm(states, weight[:vocab].t())
+    return torch.log_softmax(logits[:, :vocab].float(), dim=-1)
+
+
+def _vocab(states: torch.Tensor, weight: torch.Tensor | None) -> int:
+    return states.shape[-1] if weight is None else weight.shape[0]
+
+
+def _chunk_jsd(student_states, student_weight, teacher_logprobs, beta: float, vocab: int) -> torch.Tensor:
+    return generalized_jsd(_head_log_softmax(student_states, student_weight, vocab), teacher_logprobs, beta)
+
+
+def chunked_generalized_jsd(
+    student_states: torch.Tensor,
+    student_weight: torch.Tensor | None,
+    teacher_states: torch.Tensor,
+    teacher_weight: torch.Tensor | None,
+    beta: float,
+    rows: int | None = None,
+) -> torch.Tensor:
+    """:func:`generalized_jsd` ``(N,)`` at ``N`` positions given by each model's final hidden states ``(N, H)``
+    and LM head weight ``(V, H)`` (or, with a weight of None, its logits ``(N, V)``), ``rows`` positions at a
+    time (default: about :data:`~trainer_lib.losses.chunked_head.TILE_ELEMENTS` logits per chunk).
+
+    The divergence needs both full next-token distributions, so the tiled log-prob trick of
+    :mod:`~trainer_lib.losses.chunked_head` does not apply; instead only one chunk of positions' logits
+    exists at once: the teacher's without gradient, the student's recomputed in the backward (activation
+    checkpointing) rather than kept. The models' vocabularies are cut to the smaller one (a checkpoint may
+    pad its embedding past the tokenizer's last id). The teacher's hidden size may differ from the student's.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    from trainer_lib.losses.chunked_head import rows_per_tile
+
+    vocab = min(_vocab(student_states, student_weight), _vocab(teacher_states, teacher_weight))
+    step = rows or rows_per_tile(vocab)
+    parts = []
+    for start in range(0, student_states.shape[0], step):
+        with torch.no_grad():
+            teacher = _head_log_softmax(teacher_states[start : start + step], teacher_weight, vocab)
+        chunk = student_states[start : start + step]
+        if torch.is_grad_enabled() and chunk.requires_grad:
+            parts.append(checkpoint(_chunk_jsd, chunk, student_weight, teacher, beta, vocab, use_reentrant=False))
+        else:
+            parts.append(_chunk_jsd(chunk, student_weight, teacher, beta, vocab))
+    return torch.cat(parts) if parts else student_states.new_zeros(0, dtype=torch.float32)

@@ -138,3 +138,15 @@ def scored_logprobs(
     full = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
     spread = full.masked_scatter(keep, logprobs)
     return spread, None if entropy is None else full.masked_scatter(keep, entropy)
+
+
+def response_states(model, inputs: dict, width: int, keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(states, head weight)`` at the positions that predict the last ``width`` tokens where ``keep``
+    ``(B, width)`` is True: final hidden states ``(N, H)`` and the LM head's weight, or, where the model takes
+    full logits (:func:`head_weight` None), its logits ``(N, V)`` and None. For a loss that needs the whole
+    next-token distribution at each position (distillation), to be projected a chunk of positions at a time
+    (:func:`trainer_lib.losses.chunked_generalized_jsd`)."""
+    weight = head_weight(model)
+    if weight is None:
+        return model(**inputs, use_cache=False, logits_to_keep=width + 1).logits[:, :-1][keep], None
+    return final_hidden(model, inputs)[:, -width - 1 : -1][keep], weight
