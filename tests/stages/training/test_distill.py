@@ -147,3 +147,18 @@ def test_keys_are_validated(tiny_model_dir, teacher_dir, rows, tmp_path):
     for bad, key in (("beta=1.5", "beta"), ("lmbda=-0.1", "lmbda"), ("teacher.path=", "teacher.path")):
         with pytest.raises(ConfigError, match=key):
             load_config(distill.CONFIG, [], [*base, bad])
+
+
+def test_messages_rows_train_on_their_last_turn(tiny_model_dir, teacher_dir, chat_jsonl, tmp_path):
+    from trainer_lib.models.load import load_tokenizer
+    from trainer_lib.stages.training import distill
+
+    cfg = load_config(distill.CONFIG, [], _args(tiny_model_dir, teacher_dir, chat_jsonl, tmp_path / "run", "lmbda=0"))
+    train, _ = distill.load_rows(cfg, load_tokenizer(cfg.model))
+    assert train[0]["prompt"][-1]["role"] == "user" and train[0]["completion"][0]["role"] == "assistant"
+    out = tmp_path / "run"
+    _distill(*_args(tiny_model_dir, teacher_dir, chat_jsonl, out, "lmbda=0.5", "max_steps=1", "data.eval_fraction=0"))
+    assert _metrics(out, "train")[0]["on_policy_fraction"] == 0.5
+    samples = [json.loads(line) for line in open(out / "samples.jsonl")]
+    assert [s["on_policy"] for s in samples] == [True, True, False, False]
+    assert all(s["completion"].startswith("def ") for s in samples[2:])  # the rows' last (assistant) turns

@@ -109,25 +109,49 @@ class DistillConfig(TrainingConfig):
 CONFIG = DistillConfig
 
 
+def as_prompt_completion(row: dict) -> dict:
+    """A ``messages`` row as a prompt (every turn before the last) and its completion (the last, the
+    assistant's turn); other rows as they are."""
+    if "messages" not in row or "prompt" in row:
+        return row
+    *turns, last = row["messages"]
+    return {**{k: v for k, v in row.items() if k != "messages"}, "prompt": turns, "completion": [last]}
+
+
+def load_rows(cfg: DistillConfig, tokenizer) -> tuple[list[dict], list[dict]]:
+    """(train rows, eval rows): GRPO's prompt formats, or ``messages`` rows split before their last turn; below
+    lmbda=1 every row needs a completion."""
+    from trainer_lib.data.dataset import load_training_data
+    from trainer_lib.rl.prompts import PROMPT_FORMATS
+
+    splits, _ = load_training_data(
+        cfg.data, cfg.seed, (*PROMPT_FORMATS, "messages"), tokenizer, stage="distill (a 'prompt' or 'messages' column)"
+    )
+    train = [as_prompt_completion(dict(r)) for r in splits["train"]]
+    evals = [as_prompt_completion(dict(r)) for r in splits["eval"]] if "eval" in splits else []
+    if not train:
+        raise UserError(f"data.path: {cfg.data.path}: no prompts")
+    if cfg.lmbda < 1 and "completion" not in train[0]:
+        raise UserError(
+            f"lmbda={cfg.lmbda}: off-policy prompts train on the row's completion, but {cfg.data.path} has "
+            "none (prompt_completion or messages rows)"
+        )
+    return train, evals
+
+
 def start(cfg: DistillConfig):
-    """``(strategy, tokenizer, eval prompt rows, prompt schedule)``; the rows need a completion below lmbda=1."""
+    """``(strategy, tokenizer, eval prompt rows, prompt schedule)``."""
     from trainer_lib.engine.batch_size import resolve_batch_size
     from trainer_lib.engine.process_group import planned_world_size
     from trainer_lib.engine.strategy import DeepSpeedStrategy
     from trainer_lib.models.load import load_tokenizer
-    from trainer_lib.rl.experience import load_prompts
     from trainer_lib.rl.prompts import PromptSchedule
 
     resolve_batch_size(cfg, sequence_length=cfg.data.max_length + cfg.rollout.max_new_tokens)
     strategy = DeepSpeedStrategy(cfg.engine_for(planned_world_size()), micro_batch_size=cfg.batch_size, seed=cfg.seed)
     strategy.setup_distributed()
     tokenizer = load_tokenizer(cfg.model)
-    train_rows, eval_rows = load_prompts(cfg, tokenizer)
-    if cfg.lmbda < 1 and "completion" not in train_rows[0]:
-        raise UserError(
-            f"lmbda={cfg.lmbda}: off-policy prompts train on the row's completion, but {cfg.data.path} has "
-            "no completion column (prompt_completion or messages rows)"
-        )
+    train_rows, eval_rows = load_rows(cfg, tokenizer)
     return strategy, tokenizer, eval_rows, PromptSchedule(cfg, train_rows, strategy.world_size, strategy.rank)
 
 
