@@ -162,3 +162,31 @@ def test_messages_rows_train_on_their_last_turn(tiny_model_dir, teacher_dir, cha
     samples = [json.loads(line) for line in open(out / "samples.jsonl")]
     assert [s["on_policy"] for s in samples] == [True, True, False, False]
     assert all(s["completion"].startswith("def ") for s in samples[2:])  # the rows' last (assistant) turns
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.extended
+def test_two_ranks_with_a_zero3_partitioned_teacher(tiny_model_dir, teacher_dir, rows, tmp_path):
+    """``--nproc 2`` under ZeRO-3: the student samples with its weights fetched layer by layer, the teacher is
+    partitioned as a reference model is (its head untiled: full logits of the completion positions)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import clean_env
+
+    out = tmp_path / "run"
+    args = _args(tiny_model_dir, teacher_dir, rows, out, "max_steps=2", "batch_size=2", "data.eval_fraction=0.2")
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer_lib.cli", "distill", "--nproc", "2", *args, "engine.zero_stage=3", "lmbda=0.5"],
+        cwd=tmp_path,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["steps"] == 2 and summary["eval_distill_loss"] > 0
+    trained, initial = weights(out), weights(tiny_model_dir)
+    assert any(not torch.equal(trained[k], initial[k]) for k in initial)
