@@ -60,6 +60,7 @@ RENAMES: dict[str, tuple[str, ...]] = {
     "num_generations": ("rollout.n",),
     "max_completion_length": ("rollout.max_new_tokens",),
     "temperature": ("rollout.temperature",),
+    "teacher_model_name_or_path": ("teacher.path",),  # TRL's GKDConfig (lmbda and beta are ours too)
     # TRL's GRPOConfig / RLOOConfig / PPOConfig / KTOConfig
     "reward_weights": ("reward.weights",),
     "epsilon_high": ("clip_high",),

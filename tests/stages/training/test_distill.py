@@ -190,3 +190,38 @@ def test_two_ranks_with_a_zero3_partitioned_teacher(tiny_model_dir, teacher_dir,
     assert summary["steps"] == 2 and summary["eval_distill_loss"] > 0
     trained, initial = weights(out), weights(tiny_model_dir)
     assert any(not torch.equal(trained[k], initial[k]) for k in initial)
+
+
+def test_trls_gkd_key_names_are_taken(tiny_model_dir, teacher_dir, rows, tmp_path):
+    """A layer written for TRL's GKDConfig: teacher_model_name_or_path, max_new_tokens, lmbda, beta."""
+    from trainer_lib.stages.training import distill
+
+    layer = {
+        "model": {"path": tiny_model_dir},
+        "data": {"path": rows},
+        "output_dir": str(tmp_path),
+        "teacher_model_name_or_path": teacher_dir,
+        "max_new_tokens": 7,
+        "lmbda": 0.5,
+        "beta": 0.1,
+    }
+    cfg = load_config(distill.CONFIG, layer)
+    assert (cfg.teacher.path, cfg.rollout.max_new_tokens, cfg.lmbda, cfg.beta) == (teacher_dir, 7, 0.5, 0.1)
+
+
+def test_heads_give_hidden_states_or_full_logits(tiny_model_dir):
+    """The tiny Llama's head is tiled: hidden states and the head's weight; with chunked_lm_head=false its logits."""
+    from trainer_lib.config import ModelConfig
+    from trainer_lib.models.lm_head import response_states
+    from trainer_lib.models.load import load_causal_lm
+
+    ids = torch.tensor([[5, 6, 7, 8]])
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    keep = torch.tensor([[True, False, True]])
+    for tiled in (True, False):
+        model = load_causal_lm(ModelConfig(path=tiny_model_dir, chunked_lm_head=tiled))
+        with torch.no_grad():
+            states, weight = response_states(model, inputs, 3, keep)
+            logits = model(**inputs).logits[0, [0, 2]]
+        assert (weight is not None) == tiled and states.shape == (2, 64 if tiled else 300)
+        torch.testing.assert_close(states if weight is None else states @ weight.t(), logits, rtol=1e-4, atol=1e-5)
