@@ -6,7 +6,8 @@ Every step: take ``prompts_per_step`` prompts (a pure function of seed and step,
 ``rollout.n`` completions of each with the current student (or, for a ``1 - lmbda`` share of the prompts,
 take the row's dataset completion instead), and take one optimizer step on the per-token divergence of
 the student's next-token distribution from the teacher's at every completion token (GKD, Agarwal et al.
-2024, "On-Policy Distillation of Language Models", eq. 2 with the generalized JSD of sec. 2):
+2024, "On-Policy Distillation of Language Models", arXiv:2306.13649: sec. 3's objective and Algorithm 1, with
+the generalized JSD of sec. 2):
 
     L(theta) = mean over completion tokens t of  D_beta( pi_T(. | x, y_<t) || pi_S(. | x, y_<t) )
     D_beta   = beta KL(P || M) + (1 - beta) KL(Q || M),  M = beta P + (1 - beta) Q,  P teacher, Q student
