@@ -5,12 +5,14 @@ second, with no torch.
 The held-out figure is a known function of lr (best at lr = 10**-2.5), lowered by 0.1 per trial number
 with FAKE_STAGE_WORSE_EACH_TRIAL=1 (so a pruner has later trials to stop); trial 1 fails as a NaN loss
 does with FAKE_STAGE_FAIL_TRIAL=1. Each start appends a line to <output_dir>/starts. With
-FAKE_STAGE_CHILD=1 it starts a child process that sleeps, as a worker a stage starts would.
+FAKE_STAGE_CHILD=1 it starts a child process that sleeps, as a worker a stage starts would. With
+FAKE_STAGE_MODEL=DIR it copies that model into its output_dir, as the trial's model for an evaluate run.
 """
 
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -42,6 +44,8 @@ def main() -> int:
                 log.write(json.dumps(record) + "\n")
                 log.flush()
             time.sleep(step_s)
+    if os.environ.get("FAKE_STAGE_MODEL"):
+        shutil.copytree(os.environ["FAKE_STAGE_MODEL"], out, dirs_exist_ok=True)
     with open(os.path.join(out, "summary.json"), "w") as fh:
         json.dump({"steps": steps, "eval": {"logps/accuracy": final, "loss": 0.5}}, fh)
     return 0

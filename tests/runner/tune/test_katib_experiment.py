@@ -229,6 +229,10 @@ def test_grid_needs_a_finite_space_and_fits_katibs_grid(tmp_path):
             "space.label_smoothing.when: Katib has no conditional parameters",
         ),
         ({"katib": {"nodes": 2}, "output_dir": "runs/tune"}, "output_dir: a TrainJob trial (katib.nodes > 1)"),
+        (
+            {"evaluate": {"tasks.path": "s3://b/tasks.jsonl"}, "objective": {"metric": "task_pass_rate"}},
+            "evaluate: --target katib ranks trials by the stage's own held-out eval only",
+        ),
     ],
 )
 def test_what_katib_cannot_run_is_refused_in_one_line(tmp_path, changes, expected):

@@ -137,3 +137,13 @@ def test_trial_timeout_fails_the_trial_with_its_reason(tmp_path):
     assert trial["state"] == "failed" and trial["reason"] == "timed out after 0.5 s (trial_timeout_s)"
     assert results(tmp_path)["best"] is None
     assert yaml.safe_load(open(path))["n_trials"] == 1
+
+
+def test_the_pruner_reads_pruner_metric_the_way_pruner_direction_says(tmp_path):
+    """The trials get worse each time in logps/accuracy; read as a metric to minimize, they look better,
+    so the median pruner stops none of them (with the objective's direction it stops both, above)."""
+    pruner = {"kind": "median", "startup_trials": 1, "metric": "logps/accuracy", "direction": "minimize"}
+    path = search_file(tmp_path, parallel=1, n_trials=3, pruner=pruner)
+    done = run_tune(path, env={"FAKE_STAGE_WORSE_EACH_TRIAL": "1", "FAKE_STAGE_STEP_S": "0.1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [t["state"] for t in results(tmp_path)["trials"]] == ["complete", "complete", "complete"]

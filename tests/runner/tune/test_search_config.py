@@ -28,6 +28,23 @@ from trainer_lib.cli import main
             "objective.metric: eval_loss of dpo changes scale with beta, which is searched",
         ),
         ({"objective": {"metric": "rewards/margins"}}, "rewards/margins of dpo changes scale with beta"),
+        (
+            {"evaluate": {"tasks.path": "tasks.jsonl"}, "objective": {"metric": "math_accuracy"}},
+            "objective.metric: math_accuracy is not a metric of this evaluate run; it computes task_pass_rate",
+        ),
+        (
+            {"evaluate": {"tasks.path": "t.jsonl", "humaneval.enabled": False}, "objective": {"metric": "eval_loss"}},
+            "objective.metric: eval_loss is not a metric of this evaluate run",
+        ),
+        ({"evaluate": {"tasks.pth": "t.jsonl"}, "objective": {"metric": "task_pass_rate"}}, "evaluate: tasks.pth"),
+        (
+            {"evaluate": {"models": "x=/m", "tasks.path": "t"}, "objective": {"metric": "task_pass_rate"}},
+            "evaluate.models: set by the search",
+        ),
+        (
+            {"evaluate": {"tasks.path": "t"}, "objective": {"metric": "task_pass_rate"}, "pruner": {"metric": "loss"}},
+            "pruner.metric: loss of dpo changes scale with beta, which is searched",
+        ),
         ({"n_trials": 0}, "n_trials: expected a positive integer, got 0"),
         ({"stage": "evaluate"}, "stage: expected a training stage"),
         ({"spaces": {}}, "spaces: unknown key (did you mean 'space'?)"),
@@ -86,3 +103,12 @@ def test_help_lists_the_search_file_keys_and_posttrain_lists_tune(capsys):
     assert main(["--help"]) == 0
     assert "  tune " in capsys.readouterr().out
     assert main(["tune"]) == 2  # no search file
+
+
+def test_the_example_search_file_passes_the_checks():
+    from tests.conftest import REPO
+    from trainer_lib.runner.tune.search_config import load_search
+
+    search = load_search(f"{REPO}/examples/tune/dpo-lr-beta.yaml")
+    assert [p.key for p in search.params] == ["lr", "beta"] and search.params[0].log
+    assert (search.tune.n_trials, search.tune.parallel, search.tune.objective.metric) == (8, 2, "logps/accuracy")

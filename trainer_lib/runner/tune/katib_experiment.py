@@ -109,6 +109,13 @@ def check_katib(search: Search) -> None:
         )
     if tune.trial_seed == "per_trial":
         raise ConfigError("trial_seed: per_trial needs a trial number, which Katib trials do not have; use same")
+    if tune.evaluate:
+        raise ConfigError(
+            "evaluate: --target katib ranks trials by the stage's own held-out eval only; run this search locally "
+            "(posttrain tune), or rank by a stage metric on Katib"
+        )
+    if tune.pruner.metric and tune.pruner.metric != tune.objective.metric:
+        raise ConfigError("pruner.metric: Katib's early stopping reads the objective metric only; leave it out")
     if katib.nodes < 1 or katib.gpus_per_step < 0:
         raise ConfigError(f"katib: expected nodes >= 1, gpus_per_step >= 0; got {katib.nodes}, {katib.gpus_per_step}")
     if katib.nodes > 1 and not storage.is_shared(tune.output_dir):

@@ -7,7 +7,8 @@ Each trial draws its values (TPE by default), writes the stage's full config to
 (:class:`~trainer_lib.runner.tune.trial_process.TrialProcess`); ``parallel`` trials run at once, one
 thread of this process each. The eval records the stage logs while it trains (every ``eval_steps``) go
 to the pruner, which may stop a trial early; the value of a finished trial is the metric in its
-``summary.json``'s final ``eval``.
+``summary.json``'s final ``eval``, or, with an ``evaluate`` section, the metric of an evaluate run on its
+model, a process of its own (:mod:`~trainer_lib.runner.tune.trial_evaluate`).
 
 A trial that fails (a non-zero exit, a non-finite loss or value, a sampled combination the stage
 refuses, a timeout) is recorded failed, with its reason in ``user_attrs["failure"]``, and the search goes
@@ -38,8 +39,9 @@ import warnings
 
 from trainer_lib.errors import ConfigError, UserError
 from trainer_lib.runner.stage_api import config_text
-from trainer_lib.runner.tune.search_config import Search
-from trainer_lib.runner.tune.trial_process import TrialProcess, kill_group, kill_leftover
+from trainer_lib.runner.tune.search_config import Search, metric_key
+from trainer_lib.runner.tune.trial_evaluate import evaluate_command, evaluated_value, write_evaluate_config
+from trainer_lib.runner.tune.trial_process import Outcome, TrialProcess, kill_group, kill_leftover
 from trainer_lib.runner.tune.trial_reaper import TrialReaper
 from trainer_lib.storage.file_lock import holder, try_lock
 
@@ -60,6 +62,9 @@ def search_identity(search: Search) -> dict:
         "space": {p.key: [p.kind, p.low, p.high, p.log, p.step, list(p.choices)] for p in search.params},
         "metric": tune.objective.metric,
         "direction": tune.objective.direction,
+        # only when set, so that a study from before these keys is the same search
+        **({"evaluate": tune.evaluate} if tune.evaluate else {}),
+        **({"pruner_metric": tune.pruner.metric} if tune.pruner.metric else {}),
     }
 
 
@@ -217,28 +222,47 @@ class TrialRunner:
         for key, value in {"output_dir": trial_dir, "config": config_path, "seed": seed}.items():
             trial.set_user_attr(key, value)
         process = TrialProcess([*self.command, "--config", config_path], trial_dir, marker=config_path)
+        last = None if getattr(cfg, "num_epochs", 0) else cfg.max_steps
+        outcome = self.watch(trial, process, lambda step, record: self.report(trial, step, record, last))
+        if tune.evaluate and outcome.stopped_at is None and outcome.returncode == 0:
+            return self.evaluated(trial, trial_dir, config_path)
+        return self.value(trial, trial_dir, outcome)
+
+    def watch(self, trial, process: TrialProcess, on_eval) -> Outcome:
+        """Follow one of the trial's processes to its end, killable by a stopping search meanwhile."""
         self.reaper.add(process.pgid)
         with self.lock:
             self.live[trial.number] = process
         try:
-            last = None if getattr(cfg, "num_epochs", 0) else cfg.max_steps
-            outcome = process.follow(
-                lambda step, record: self.report(trial, step, record, last), timeout_s=tune.trial_timeout_s
-            )
+            return process.follow(on_eval, timeout_s=self.search.tune.trial_timeout_s)
         finally:
             with self.lock:
                 self.live.pop(trial.number, None)
             self.reaper.remove(process.pgid)
-        return self.value(trial, trial_dir, outcome)
+
+    def evaluated(self, trial, trial_dir: str, marker: str) -> float:
+        """The value of a trial whose stage finished: ``objective.metric`` of an evaluate run on its model,
+        a process of its own carrying the trial's mark (``marker``), as the stage's process did."""
+        metric = self.search.tune.objective.metric
+        config_path = write_evaluate_config(self.search.tune, trial_dir)
+        process = TrialProcess(evaluate_command(config_path), os.path.dirname(config_path), marker=marker)
+        outcome = self.watch(trial, process, lambda step, record: False)
+        if outcome.timed_out or outcome.returncode != 0:
+            self.fail(trial, f"evaluate: {outcome.reason}")
+        value = evaluated_value(trial_dir, metric)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            self.fail(trial, f"evaluate: {metric} is {value}")
+        return float(value)
 
     def report(self, trial, step: int, record: dict, last: int | None) -> bool:
         """Hand one eval record to the pruner; True: prune. Step 0 evaluates the starting model, the
         same in every trial, and tells the pruner nothing; the ``last`` step's eval is the trial's
         result, which is kept rather than pruned."""
-        value = record.get(self.search.tune.metric_key())
+        tune = self.search.tune
+        value = record.get(metric_key(tune.pruner_metric())) if tune.pruner_metric() else None
         if step == 0 or not isinstance(value, (int, float)) or not math.isfinite(value):
             return False
-        trial.report(float(value), step)
+        trial.report(tune.pruner_sign() * float(value), step)
         return step != last and trial.should_prune()
 
     def value(self, trial, trial_dir: str, outcome) -> float:

@@ -34,6 +34,7 @@ from typing import Any, Literal, Union
 from trainer_lib.config import describe, has_key, load_config, lookup, opt, read_yaml
 from trainer_lib.errors import ConfigError
 from trainer_lib.runner.stage_api import stage_config
+from trainer_lib.runner.tune.trial_evaluate import check_evaluate
 from trainer_lib.stages import STAGES, stage_module
 
 KINDS = ("float", "int", "categorical")
@@ -86,7 +87,9 @@ HELD_OUT_KEYS = (
 @dataclass
 class ObjectiveConfig:
     metric: str = opt(
-        "", "A metric of the stage's held-out eval (summary.json's eval), e.g. logps/accuracy, eval_loss, reward."
+        "",
+        "A metric of the stage's held-out eval (summary.json's eval), e.g. logps/accuracy, eval_loss, reward; "
+        "with an evaluate section, a metric of that evaluate run, e.g. task_pass_rate.",
     )
     direction: str = opt("maximize", "Whether a higher or a lower value is better.", DIRECTIONS)
 
@@ -112,6 +115,12 @@ class PrunerConfig:
     )
     startup_trials: int = opt(2, "median: trials that finish before any is pruned.")
     warmup_steps: int = opt(0, "median: training steps before a trial can be pruned.")
+    metric: str = opt(
+        "",
+        "The stage's held-out eval metric the pruner reads while a trial trains; default objective.metric, "
+        "and with an evaluate section none (nothing is pruned) unless set.",
+    )
+    direction: str = opt("", "Whether a higher or a lower pruner.metric is better; default objective.direction.")
 
 
 @dataclass
@@ -133,6 +142,11 @@ class TuneConfig:
     overrides: dict = opt({}, "Stage keys laid over those files (nested, or dotted as on the command line).")
     space: dict = opt({}, "Stage key -> {low, high, log, step} or {choices}, with an optional type and when.")
     objective: ObjectiveConfig = opt(ObjectiveConfig, "The held-out metric trials are ranked by.")
+    evaluate: dict = opt(
+        {},
+        "posttrain evaluate keys (nested or dotted): after each trial's stage, evaluate its model and rank by "
+        "objective.metric of that run (e.g. task_pass_rate); empty: the stage's own held-out eval.",
+    )
     n_trials: int = opt(8, "Trials in the search; a resumed search runs those left.")
     parallel: int = opt(1, "Trials run at once, each a process of its own.")
     time_budget_s: float = opt(0.0, "No trial starts after this many seconds of this run (0: no limit).")
@@ -163,6 +177,8 @@ class TuneConfig:
             raise ConfigError("objective.metric: required, e.g. logps/accuracy or eval_loss (see docs/tuning.md)")
         if not self.space:
             raise ConfigError("space: required, at least one stage key to search")
+        if self.pruner.direction not in ("", *DIRECTIONS):
+            raise ConfigError(f"pruner.direction: expected maximize or minimize, got {self.pruner.direction!r}")
         for key in ("n_trials", "parallel", "heartbeat_s"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"{key}: expected a positive integer, got {getattr(self, key)}")
@@ -176,6 +192,15 @@ class TuneConfig:
 
     def metric_key(self) -> str:
         return metric_key(self.objective.metric)
+
+    def pruner_metric(self) -> str:
+        """The stage's held-out metric the pruner reads ("": none, so nothing is pruned)."""
+        return self.pruner.metric or ("" if self.evaluate else self.objective.metric)
+
+    def pruner_sign(self) -> float:
+        """-1 when pruner.metric improves the other way than the objective (the pruner reads it negated)."""
+        direction = self.pruner.direction or self.objective.direction
+        return 1.0 if direction == self.objective.direction else -1.0
 
 
 def metric_key(metric: str) -> str:
@@ -272,6 +297,8 @@ def check_search(tune: TuneConfig, base: list | tuple = ()) -> Search:
     search = Search(tune, layers, tuple(ordered), fixed)
     for param in ordered:
         check_probes(search, param, base_cfg)
+    if tune.evaluate:
+        check_evaluate(tune)
     check_objective(tune, base_cfg, [p.key for p in ordered])
     if tune.sampler.kind == "grid":
         check_grid(tune, ordered)
@@ -442,25 +469,21 @@ def check_probes(search: Search, param: Param, base_cfg) -> None:
 
 
 def check_objective(tune: TuneConfig, base_cfg, searched: list[str]) -> None:
-    """Refuse an objective that trials cannot be ranked by, saying why."""
-    metric = tune.metric_key()
+    """Refuse a stage metric (the objective, or the pruner's) that trials cannot be ranked by, saying why.
+    An objective from an evaluate run without a pruner metric reads nothing of the stage's eval."""
+    metrics = {"pruner.metric": tune.pruner.metric} if tune.pruner.metric else {}
+    if not tune.evaluate:
+        metrics["objective.metric"] = tune.objective.metric
+    if not metrics:
+        return
     for key in searched:
         if any(key == held or (held.endswith("_") and key.startswith(held)) for held in HELD_OUT_KEYS):
             raise ConfigError(
-                f"space.{key}: it changes the held-out rows that objective.metric is measured on, so no two "
-                f"trials would be ranked on the same data; fix it in the base config"
+                f"space.{key}: it changes the held-out rows that {' and '.join(metrics)} is measured on, so no "
+                f"two trials would be ranked on the same data; fix it in the base config"
             )
-        table = SCALED_BY.get(tune.stage, {})
-        scaled = table.get(metric) or next(
-            (v for k, v in table.items() if k.endswith("/") and metric.startswith(k)), ()
-        )
-        if any(key == s or (s.endswith(".") and key.startswith(s)) for s in scaled):
-            other = RANKABLE.get(tune.stage)
-            raise ConfigError(
-                f"objective.metric: {tune.objective.metric} of {tune.stage} changes scale with {key}, which is "
-                f"searched: trials with different {key} cannot be ranked by it"
-                + (f"; rank them by {other}" if other else "")
-            )
+        for name, metric in metrics.items():
+            check_scale(tune, name, metric, key)
     data = getattr(base_cfg, "data", None)
     shuffled = getattr(data, "eval_by", None) == "shuffle" and not (
         getattr(data, "eval_path", None) or getattr(data, "eval_dataset", None)
@@ -469,4 +492,17 @@ def check_objective(tune: TuneConfig, base_cfg, searched: list[str]) -> None:
         raise ConfigError(
             "trial_seed: per_trial draws other held-out rows for each trial (data.eval_by=shuffle splits them "
             "off data.path by the seed); set data.eval_path, or data.eval_by=hash, or trial_seed: same"
+        )
+
+
+def check_scale(tune: TuneConfig, name: str, metric: str, key: str) -> None:
+    """Refuse ranking by ``metric`` (the search file's key ``name``) when searched ``key`` changes its scale."""
+    table = SCALED_BY.get(tune.stage, {})
+    held = metric_key(metric)
+    scaled = table.get(held) or next((v for k, v in table.items() if k.endswith("/") and held.startswith(k)), ())
+    if any(key == s or (s.endswith(".") and key.startswith(s)) for s in scaled):
+        other = RANKABLE.get(tune.stage)
+        raise ConfigError(
+            f"{name}: {metric} of {tune.stage} changes scale with {key}, which is searched: trials with "
+            f"different {key} cannot be ranked by it" + (f"; rank them by {other}" if other else "")
         )
