@@ -148,6 +148,10 @@ def test_sample_sections_put_every_models_output_side_by_side():
         answer = "4" if matched else "5"
         row = {"question": "2 + 2?", "reference": "4", "completion": f"= {answer}", "extracted": answer}
         per_problem[label]["math"] = [{**row, "correct": matched}]
+        transcript = "user: 2+3?\n" + "assistant: <tool_call>{}</tool_call>\ntool: 5\n" * 30 + "assistant: 5"
+        row = {"prompt": "user: 2+3?", "transcript": transcript, "success": matched, "reward": float(matched)}
+        row |= {"turns": 31, "tool_calls": 30, "malformed_tool_calls": 0, "done_reason": "done"}
+        per_problem[label]["agent"] = [row]
     sections = sample_sections(per_problem, count=1)
     assert [s["title"] for s in sections] == [
         "Held-out code tasks",
@@ -156,8 +160,14 @@ def test_sample_sections_put_every_models_output_side_by_side():
         "HumanEval (first sample)",
         "Math problems",
         "Image prompts",
+        "Agent episodes (whole transcripts)",
     ]
-    tasks, harmful, benign, humaneval, math, images = sections
+    tasks, harmful, benign, humaneval, math, images, agent = sections
+    assert agent["whole"] and agent["rows"][0]["outputs"]["dpo"] == transcript  # never cut, however long
+    assert agent["rows"][0]["tags"]["dpo"] == (
+        "success: reward 1.00, 31 turns, 30 tool calls (0 malformed), ended by done",
+        True,
+    )
     assert math["rows"] == [
         {
             "prompt": "2 + 2?",

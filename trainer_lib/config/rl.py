@@ -83,9 +83,9 @@ EPISODE_REWARDS = ("final", "sum")
 class EnvConfig:
     class_: str | None = opt(
         None,
-        "Multi-turn episodes (GRPO): the environment the policy acts in, tools (a question answered with "
-        "env.tools, its final answer scored by env.checker) or package.module:Class built with env.settings "
-        "(docs/training.md#agents-and-tools). Unset: one completion per prompt.",
+        "Multi-turn episodes (GRPO; evaluate's env.path): the environment the policy acts in, tools (a question "
+        "answered with env.tools, its final answer scored by env.checker) or package.module:Class built with "
+        "env.settings (docs/training.md#agents-and-tools). Unset: one completion per prompt.",
     )
     settings: dict = opt(
         {},
@@ -110,8 +110,8 @@ class EnvConfig:
     )
     gamma: float = opt(1.0, "env.reward=sum: the discount per turn, G_0 = sum_t gamma^t r_t.")
 
-    def check(self, rollout: RolloutConfig) -> None:
-        """The env keys among themselves and with ``rollout``; nothing is loaded here."""
+    def check(self, rollout: RolloutConfig | None = None) -> None:
+        """The env keys among themselves and with ``rollout`` (an RL stage's); nothing is loaded here."""
         if self.class_ is None:
             return
         if self.class_ not in BUILTIN_ENVIRONMENTS and ":" not in self.class_:
@@ -132,7 +132,7 @@ class EnvConfig:
                 "env: expected max_turns >= 1, max_total_tokens >= 2 and 0 <= gamma <= 1, got "
                 f"{self.max_turns}, {self.max_total_tokens}, {self.gamma}"
             )
-        if rollout.stop:
+        if rollout is not None and rollout.stop:
             raise ConfigError("rollout.stop: not supported with env.class (a turn ends at the end-of-turn token)")
 
 

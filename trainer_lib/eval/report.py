@@ -31,9 +31,18 @@ METRIC_ORDER = (
     "reward_mean",
     "image_text_match_accuracy",
     "clip_score_mean",
+    "agent_success_rate",
+    "agent_valid_tool_call_rate",
+    "agent_reward_mean",
+    "agent_mean_turns",
 )
 LOWER_IS_BETTER = ("over_refusal_rate", "style_violations_mean")
-NOT_RATES = ("reward_mean", "style_violations_mean")  # never in the bar chart of rates, even when in [0, 1]
+NOT_RATES = (
+    "reward_mean",
+    "style_violations_mean",
+    "agent_reward_mean",
+    "agent_mean_turns",
+)  # never in the bar chart of rates, even when in [0, 1]
 #: Training-curve panels, most telling first; bookkeeping keys are never plotted.
 CURVE_ORDER = (
     "loss",
@@ -291,16 +300,18 @@ def sample_sections(per_problem: dict[str, dict[str, list[dict]]], count: int) -
     """The first ``count`` prompts of each eval set with every model's output and verdict tag.
 
     ``per_problem`` maps each model's label to its per-problem rows by eval set (``humaneval``,
-    ``tasks``, ``safety``, ``math``, ``image_match``); every model answered the same prompts in the same order."""
+    ``tasks``, ``safety``, ``math``, ``image_match``, ``agent``); every model answered the same prompts in the
+    same order. An agent episode is shown whole: its transcript, every turn and tool result."""
     labels = list(per_problem)
     if not labels or count <= 0:
         return []
     first = per_problem[labels[0]]
 
-    def section(title, key, keep, text, tag, prompt="prompt"):
+    def section(title, key, keep, text, tag, prompt="prompt", whole=False):
         rows = [i for i, r in enumerate(first.get(key, [])) if keep(r)][:count]
         return {
             "title": title,
+            "whole": whole,
             "rows": [
                 {
                     "prompt": first[key][i][prompt],
@@ -355,6 +366,18 @@ def sample_sections(per_problem: dict[str, dict[str, list[dict]]], count: int) -
             lambda r: r["completion"],
             lambda r: (f"match, CLIP {r['clip_score']:.2f}" if r["matched"] else "no match", r["matched"]),
         ),
+        section(
+            "Agent episodes (whole transcripts)",
+            "agent",
+            lambda r: True,
+            lambda r: r["transcript"],
+            lambda r: (
+                f"{'success' if r['success'] else 'no success'}: reward {r['reward']:.2f}, {r['turns']} turns, "
+                f"{r['tool_calls']} tool calls ({r['malformed_tool_calls']} malformed), ended by {r['done_reason']}",
+                r["success"],
+            ),
+            whole=True,
+        ),
     ]
 
 
@@ -368,7 +391,7 @@ def samples_table(section: dict, labels: list[str]) -> str:
         for label in labels:
             text, tag = row["outputs"].get(label, ""), row.get("tags", {}).get(label)
             badge = f'<span class="tag {"ok" if tag[1] else "bad"}">{_e(tag[0])}</span><br>' if tag else ""
-            cells.append(f"<td>{badge}<pre>{_e(shown(text))}</pre></td>")
+            cells.append(f"<td>{badge}<pre>{_e(text if section.get('whole') else shown(text))}</pre></td>")
         rows.append(f"<tr><td><pre>{_e(shown(row['prompt']))}</pre></td>{''.join(cells)}</tr>")
     cols = f'<col style="width:{width}%">' + "".join("<col>" for _ in labels)
     return (
@@ -446,6 +469,15 @@ def setup_list(result: dict) -> str:
         items.append(
             f"<b>Image-text match</b>: {data['image_match']['count']} held-out prompts with images, greedy; a "
             "completion matches when the held-out scorer ranks its own image above the distractors."
+        )
+    if "agent" in data:
+        a = data["agent"]
+        items.append(
+            f"<b>Agent episodes</b>: {a['count']} held-out rows from {_e(a['path'])} in the {_e(a['class'])} "
+            f"environment{' with ' + _e(', '.join(a['tools'])) if a['tools'] else ''}, one greedy episode each of at "
+            f"most {a['max_turns']} turns and {a['max_total_tokens']} tokens; an episode succeeds when the "
+            f"environment ends it with a final reward of at least {a['success_reward']}; the reward is "
+            f"{_e(a['reward'])} (env.reward)."
         )
     if result.get("reward_model"):
         items.append(

@@ -13,9 +13,11 @@
    the exported variant through the server's own ONNX loop), every rank loads it, generates its share
    of every eval set (HumanEval, held-out code tasks, safety prompts, math problems; greedy, or
    ``humaneval.n`` samples; :func:`trainer_lib.eval.generation.generate_sharded`), a plain prompt as a
-   user turn or raw text by its set's ``chat`` setting (:mod:`trainer_lib.eval.user_turn`), and frees
-   it; then rank 0 scores all the merged generations (code in the sandbox and, for the code tasks, its
-   PEP 8 style; safety answers with the judge; math answers with ``accuracy_reward``'s checker);
+   user turn or raw text by its set's ``chat`` setting (:mod:`trainer_lib.eval.user_turn`), plays one
+   greedy episode per ``env.path`` row in the ``env`` environment (:mod:`trainer_lib.eval.agent_episodes`),
+   and frees it; then rank 0 scores all the merged generations (code in the sandbox and, for the code
+   tasks, its PEP 8 style; safety answers with the judge; math answers with ``accuracy_reward``'s checker;
+   the episodes' success, turns, tool calls and rewards);
 3. :func:`add_reward_metrics`: the reward model's mean reward and win rate against the baseline;
 4. the gate (:func:`trainer_lib.eval.gate.evaluate_gate`, and :func:`~trainer_lib.eval.gate.add_served`);
 5. :func:`trainer_lib.eval.report_files.write_report` (rank 0; the other ranks return): the files in
@@ -24,7 +26,8 @@
     metrics.json    {"models": {label: {metric: value}}, "candidate", "baseline", "gate", "judge", ...}
     report.html     self-contained: metrics table and chart, gate, training curves, samples
     summary.md      the verdict and the metrics table in Markdown
-    per_problem/    <label>_humaneval.jsonl, <label>_tasks.jsonl, <label>_safety.jsonl, <label>_math.jsonl
+    per_problem/    <label>_humaneval.jsonl, <label>_tasks.jsonl, <label>_safety.jsonl, <label>_math.jsonl,
+                    <label>_agent.jsonl (env.path: each episode's whole transcript, turns, reward, done reason)
 
 ``--nproc N`` gives each rank whole batches of prompts and gives the one-process numbers exactly;
 ``placement=zero3`` partitions each model across the ranks instead of holding a copy per rank, for a
@@ -43,6 +46,7 @@ from dataclasses import dataclass
 from trainer_lib import storage
 from trainer_lib.config import EngineConfig, ModelConfig, StorageConfig, check_non_negative, check_positive, opt
 from trainer_lib.config.judge import LLMJudgeConfig
+from trainer_lib.config.rl import EnvConfig
 from trainer_lib.errors import ConfigError, UserError
 from trainer_lib.eval.generation import ENGINES
 from trainer_lib.eval.harmless import JUDGES
@@ -115,6 +119,22 @@ class ImageMatchConfig:
 
 
 @dataclass
+class AgentEvalConfig(EnvConfig):
+    """The RL stages' ``env`` keys (the environment, its tools, checker and limits) plus the held-out rows."""
+
+    path: str | None = opt(
+        None,
+        "Held-out episode rows (JSONL or any dataset source, local or URL), one greedy episode each in env.class "
+        "(docs/stages.md); empty: no agent set.",
+    )
+    limit: int = opt(0, "Only the first N rows (0: all).")
+    max_new_tokens: int = opt(256, "Most tokens the model generates per turn.")
+    success_reward: float = opt(
+        1.0, "An episode succeeds when the environment ends it (done) with a final step reward >= this."
+    )
+
+
+@dataclass
 class JudgeConfig:
     kind: str = opt("refusal_rules", "Who decides whether an answer to a harmful prompt is harmless.", JUDGES)
     path: str | None = opt(None, "classifier: the model (HF id, dir or URL); reward_model: default reward_model_path.")
@@ -166,6 +186,7 @@ class EvaluateConfig:
     safety: SafetyConfig = opt(SafetyConfig, "Harmlessness prompts.")
     math: MathConfig = opt(MathConfig, "Math problems with a checkable final answer (math_accuracy).")
     image_match: ImageMatchConfig = opt(ImageMatchConfig, "Image-text match of completions to their prompts' images.")
+    env: AgentEvalConfig = opt(AgentEvalConfig, "Held-out agent episodes with tools or an environment (env.path).")
     judge: JudgeConfig = opt(JudgeConfig, "Harmlessness judge.")
     gate: GateConfig = opt(GateConfig, "Deployment gate.")
     served: ServedConfig = opt(ServedConfig, "The exported model a server runs, scored and gated too.")
@@ -239,11 +260,13 @@ class EvaluateConfig:
         metrics = computed_metrics(self)
         if not metrics:
             raise ConfigError(
-                "humaneval.enabled, tasks.path, safety.path, math.path, image_match.path, data_dir: nothing to "
-                "evaluate; enable HumanEval or give code tasks, safety prompts, math problems or image prompts"
+                "humaneval.enabled, tasks.path, safety.path, math.path, image_match.path, env.path, data_dir: nothing "
+                "to evaluate; enable HumanEval or give code tasks, safety prompts, math problems, image prompts or "
+                "episode rows"
             )
         parse_rules(self.gate.rules, metrics, has_baseline=bool(self.baseline))
         check_served(self, labels, metrics)
+        check_agent(self)
         if self.engine == "vllm" and self.placement == "zero3":
             raise ConfigError(
                 "engine: vllm holds whole models (tensor parallel); use engine=torch with placement=zero3"
@@ -269,6 +292,31 @@ def check_served(cfg: EvaluateConfig, labels: list[str], metrics: list[str]) -> 
             f"the models' {labels}"
         )
     parse_rules(served.rules, metrics, bool(cfg.baseline), key="served.rules", references=("baseline", "candidate"))
+
+
+def check_agent(cfg: EvaluateConfig) -> None:
+    """The env section: env.class and env.path go together; episodes run on the PyTorch engine, a whole model
+    per rank, so vLLM, the served ONNX model and ZeRO-3 are refused with them."""
+    env = cfg.env
+    if not env.path:
+        if env.class_:
+            raise ConfigError("env.path: required with env.class (the held-out rows the episodes start from)")
+        return
+    if not env.class_:
+        raise ConfigError("env.class: required with env.path (tools with env.tools, or package.module:Class)")
+    env.check()
+    check_non_negative(cfg, "env.limit")
+    check_positive(cfg, "env.max_new_tokens")
+    for key, value, refused in (
+        ("engine", cfg.engine, cfg.engine == "vllm"),
+        ("served.export_dir", cfg.served.export_dir, bool(cfg.served.export_dir)),
+        ("placement", cfg.placement, cfg.placement == "zero3"),
+    ):
+        if refused:
+            raise ConfigError(
+                f"{key}: {value} is not supported with env.path (episodes run on the PyTorch engine, a whole model "
+                "per rank: engine=torch or auto, placement=replica, no served.export_dir)"
+            )
 
 
 def served_label(cfg: EvaluateConfig, labels: list[str]) -> str:
@@ -306,6 +354,10 @@ def computed_metrics(cfg: EvaluateConfig) -> list[str]:
         names += ["style_compliance_rate", "style_violations_mean"]
     if cfg.image_match.path:  # trainer_lib/eval/image_text_match.py
         names += ["image_text_match_accuracy", "clip_score_mean"]
+    if cfg.env.path:  # trainer_lib/eval/agent_episodes.py
+        from trainer_lib.eval.agent_episodes import metric_names
+
+        names += metric_names()
     return names
 
 
@@ -336,13 +388,21 @@ class EvalSets:
     safety_path: str | None
     image_match: list[dict]  # prompts with images (trainer_lib/eval/image_text_match.py); empty when off
     math: list[dict]  # {"id", "prompt", "reference"} (trainer_lib/eval/math_problems.py); empty when off
+    agent: list[dict] = dataclasses.field(default_factory=list)  # env.path's rows; empty when off
+    environment: object = None  # the env section's trainer_lib.rl.environments.Episodes with env.path
 
     def counts(self, samples_per_problem: int) -> str:
         """What is asked, in words: the start of an evaluation's first line."""
         return (
             f"{len(self.problems)} HumanEval problems (n={samples_per_problem}), {len(self.tasks)} code tasks, "
-            f"{len(self.safety)} safety prompts, {len(self.math)} math problems, {len(self.image_match)} image prompts"
+            f"{len(self.safety)} safety prompts, {len(self.math)} math problems, {len(self.image_match)} image "
+            f"prompts, {len(self.agent)} agent episodes"
         )
+
+    def close(self) -> None:
+        """Release what the environment's tools and checker hold (a sandbox)."""
+        if self.environment is not None:
+            self.environment.close()
 
     @classmethod
     def load(cls, cfg: EvaluateConfig) -> EvalSets:
@@ -368,7 +428,14 @@ class EvalSets:
             from trainer_lib.eval.math_problems import load_math_problems
 
             math = load_math_problems(cfg.math.path, cfg.math.limit)
-        return cls(problems, tasks, safety, tasks_path, safety_path, images, math)
+        agent, environment = [], None
+        if cfg.env.path:  # the environment is built now, so a bad class or setting fails before any model loads
+            from trainer_lib.eval.agent_episodes import load_rows
+            from trainer_lib.rl.environments import Episodes
+
+            agent = load_rows(cfg.env.path, cfg.env.limit)
+            environment = Episodes(cfg.env, {"code_timeout": cfg.tasks.timeout, "sandbox_workers": cfg.sandbox_workers})
+        return cls(problems, tasks, safety, tasks_path, safety_path, images, math, agent, environment)
 
     def chat_sets(self, cfg: EvaluateConfig) -> dict[str, list]:
         """The prompts of the sets with a ``chat`` setting, by set name (a math question in math.template)."""
@@ -412,6 +479,20 @@ class EvalSets:
             data["math"] = {"path": m.path, "count": len(self.math), "template": m.template, "chat": m.chat}
         if self.image_match:
             data["image_match"] = {"count": len(self.image_match)}
+        if self.agent:
+            env = cfg.env
+            data["agent"] = {
+                "path": env.path,
+                "count": len(self.agent),
+                "class": env.class_,
+                "tools": list(env.tools),
+                "checker": env.checker if env.class_ == "tools" else None,
+                "max_turns": env.max_turns,
+                "max_new_tokens": env.max_new_tokens,
+                "max_total_tokens": env.max_total_tokens,
+                "reward": env.reward,
+                "success_reward": env.success_reward,
+            }
         return data
 
 
@@ -478,6 +559,21 @@ class Answers:
     math: list[str]
     image_match: list[str]
     user_turns: list[str]  # the sets whose plain prompts this model was asked in a user turn
+    agent: list[dict] = dataclasses.field(default_factory=list)  # one episode's row per env.path row
+
+
+def agent_episodes(engine, sets: EvalSets, cfg: EvaluateConfig, strategy) -> list[dict]:
+    """One greedy episode per held-out row of ``env.path`` (:mod:`trainer_lib.eval.agent_episodes`)."""
+    from trainer_lib.eval.agent_episodes import EpisodeSettings, play_episodes
+
+    if not sets.agent:
+        return []
+    env = cfg.env
+    settings = EpisodeSettings(
+        env.max_turns, env.max_new_tokens, env.max_total_tokens, env.reward, env.gamma, env.success_reward
+    )
+    make_env = sets.environment.make_env
+    return play_episodes(engine, sets.agent, make_env, settings, cfg.batch_size, cfg.seed, strategy)
 
 
 def generate_answers(open_engine, sets: EvalSets, cfg: EvaluateConfig, strategy) -> Answers:
@@ -501,7 +597,8 @@ def generate_answers(open_engine, sets: EvalSets, cfg: EvaluateConfig, strategy)
         image_match = generate_texts(
             engine, [r["prompt"] for r in sets.image_match], cfg, strategy, cfg.image_match.max_new_tokens
         )
-        return Answers(humaneval, texts["tasks"], texts["safety"], texts["math"], image_match, turns)
+        agent = agent_episodes(engine, sets, cfg, strategy)
+        return Answers(humaneval, texts["tasks"], texts["safety"], texts["math"], image_match, turns, agent)
     finally:
         engine.close()
 
@@ -642,6 +739,11 @@ def score_answers(answers: Answers, sets: EvalSets, judge, sandbox, cfg: Evaluat
         )
         metrics.update({k: match_metrics[k] for k in ("image_text_match_accuracy", "clip_score_mean")})
         per_problem["image_match"] = [{"prompt": r["prompt"], **row} for r, row in zip(sets.image_match, rows)]
+    if answers.agent:
+        from trainer_lib.eval.agent_episodes import agent_metrics
+
+        metrics.update(agent_metrics(answers.agent))
+        per_problem["agent"] = answers.agent
     return ModelScore(metrics, per_problem, answers.tasks + answers.safety, answers.user_turns)
 
 
@@ -656,13 +758,16 @@ def score_models(
 
     lead = strategy is None or strategy.is_rank_0
     answers = {}
-    for label, open_engine in openers.items():
-        started = time.time()
-        answers[label] = generate_answers(open_engine, sets, cfg, strategy)
-        if lead:
-            print(f"evaluate: {label}: generated in {time.time() - started:.1f}s")
-            if heartbeat is not None:
-                heartbeat.step(len(answers))
+    try:
+        for label, open_engine in openers.items():
+            started = time.time()
+            answers[label] = generate_answers(open_engine, sets, cfg, strategy)
+            if lead:
+                print(f"evaluate: {label}: generated in {time.time() - started:.1f}s")
+                if heartbeat is not None:
+                    heartbeat.step(len(answers))
+    finally:
+        sets.close()  # the episodes' environment (its sandbox) is done once every model has played
     if not lead:
         return {}, {}
     sandbox_cfg = SandboxConfig(timeout=max(cfg.humaneval.timeout, cfg.tasks.timeout))
@@ -730,6 +835,11 @@ def evaluation_heartbeat(cfg: EvaluateConfig, lead: bool, steps: int):
     return heartbeat
 
 
+def requested_engine(cfg: EvaluateConfig) -> str:
+    """``engine``, but ``auto`` is torch with ``env.path``: episodes are played on the PyTorch engine."""
+    return "torch" if cfg.env.path and cfg.engine == "auto" else cfg.engine
+
+
 def run(cfg: EvaluateConfig) -> dict:
     import torch
 
@@ -745,7 +855,7 @@ def run(cfg: EvaluateConfig) -> dict:
     names = computed_metrics(cfg)
     rules = parse_rules(cfg.gate.rules, names, has_baseline=bool(baseline))
     served_rules = parse_rules(cfg.served.rules, names, bool(baseline), "served.rules", ("baseline", "candidate"))
-    kind = choose_engine(cfg.engine, planned_world_size(), cfg.placement)
+    kind = choose_engine(requested_engine(cfg), planned_world_size(), cfg.placement)
     if cfg.served.export_dir:  # a missing export or variant fails now, not after the other models
         variant = resolve(cfg.served.export_dir, cfg.served.variant, "served.variant", "served.export_dir")
         cfg = dataclasses.replace(cfg, served=dataclasses.replace(cfg.served, variant=variant))
