@@ -5,14 +5,11 @@ finishes without an orphan process."""
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import yaml
 
-from tests.conftest import REPO
-from tests.runner.tune.tune_helpers import run_tune, search_file
+from tests.runner.tune.tune_helpers import run_tune, search_file, start_tune
 
 
 def results(tmp_path) -> dict:
@@ -85,14 +82,7 @@ def wait_for(condition, timeout: float, what: str):
 def test_a_search_killed_by_sigkill_leaves_no_process_and_a_rerun_finishes_it(tmp_path):
     path = search_file(tmp_path, n_trials=4, parallel=2)
     env = {**os.environ, "POSTTRAIN_NO_PROGRESS": "1", "FAKE_STAGE_STEP_S": "0.3", "FAKE_STAGE_CHILD": "1"}
-    search = subprocess.Popen(
-        [sys.executable, "-m", "trainer_lib.cli", "tune", "--config", path],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    search = start_tune(path, env)
     trials = tmp_path / "search" / "trials"
     try:
         # one trial finished, a later one mid-way (it has started, with eval records, and no summary)

@@ -6,14 +6,11 @@ SIGKILL mid-evaluate, on fake_stage.py and a real evaluate, which a rerun finish
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 
-from tests.conftest import REPO
 from tests.runner.tune.test_optuna_study import marked_processes, wait_for
-from tests.runner.tune.tune_helpers import run_tune, search_file
+from tests.runner.tune.tune_helpers import run_tune, search_file, start_tune
 
 
 @pytest.mark.extended
@@ -68,14 +65,7 @@ def test_a_search_killed_mid_evaluate_retries_the_trial(tmp_path, tiny_model_dir
         parallel=1,
     )
     env = {**os.environ, "POSTTRAIN_NO_PROGRESS": "1", "OMP_NUM_THREADS": "1", "FAKE_STAGE_MODEL": tiny_model_dir}
-    search = subprocess.Popen(
-        [sys.executable, "-m", "trainer_lib.cli", "tune", "--config", path],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+    search = start_tune(path, env)
     evaluating = tmp_path / "search" / "trials" / "0000" / "evaluate" / "trial.log"
     try:
         wait_for(evaluating.exists, 120, "trial 0's evaluate")

@@ -49,3 +49,15 @@ def run_tune(path: str, *overrides: str, env: dict | None = None, timeout: float
         text=True,
         timeout=timeout,
     )
+
+
+def start_tune(path: str, env: dict) -> subprocess.Popen:
+    """``posttrain tune --config path`` in a session of its own (its process group is what a kill hits), quiet."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "trainer_lib.cli", "tune", "--config", path],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
