@@ -32,6 +32,7 @@ import pytest
 import torch
 
 from tests.conftest import CHAT_ROWS, REPO, clean_env, repeatable
+from tests.rl.agent_helpers import CALCULATOR_QUESTIONS, teach_calculator
 from tests.stages.training.rl_helpers import LENGTH_REWARD, one_thread, write_prompts, write_reward_adapter
 from trainer_lib.cli import main
 from trainer_lib.engine.checkpoint import MARKER, tag_for
@@ -188,6 +189,26 @@ CASES = {
         [TERM_MID_STEP],
         overrides=("logging_steps=4",),
     ),
+    "grpo_agent": Case(  # multi-turn episodes with the calculator (deterministic tools): SIGKILL between checkpoints
+        "grpo",
+        [
+            "model.path={calculator_model}",
+            "data.path={questions}",
+            "env.class=tools",
+            "env.tools=calculator",
+            "env.max_turns=3",
+            "env.max_total_tokens=400",
+            "reward.functions=accuracy_reward",
+            "rollout.n=4",
+            "prompts_per_step=2",
+            "rollout.max_new_tokens=96",
+            "batch_size=4",
+            "data.eval_fraction=0",
+            "lr=1e-3",
+            "seed=3",
+        ],
+        [BETWEEN],
+    ),
     "grpo_rloo_s3": Case(
         "grpo",
         [
@@ -225,6 +246,22 @@ def inputs(tiny_model_dir, chat_jsonl, tmp_path_factory) -> dict:
         "feedback": os.path.dirname(write_prompts(root / "feedback" / "new.jsonl", count=30)),
         "reward_adapter": write_reward_adapter(tiny_model_dir, root / "reward_adapter"),
     }
+
+
+@pytest.fixture(scope="module")
+def agent_inputs(tiny_model_dir, tmp_path_factory) -> dict:
+    """The multi-turn case's: a tiny model taught to call the calculator, and its questions."""
+    root = tmp_path_factory.mktemp("kill-agent")
+    questions = root / "questions.jsonl"
+    questions.write_text(
+        "".join(
+            json.dumps({"prompt": [{"role": "user", "content": q}], "solution": a}) + "\n"
+            for q, _, a in CALCULATOR_QUESTIONS
+        )
+    )
+    with one_thread():
+        model = teach_calculator(tiny_model_dir, root / "calculator")
+    return {"calculator_model": model, "questions": str(questions)}
 
 
 def _env(cache: str) -> dict:
@@ -337,8 +374,9 @@ def _assert_same(a, b, path="") -> None:
 # reward, DPO and plain GRPO share the cadence and checkpoint code SFT, PPO and GRPO-on-S3 exercise:
 # they run in `make test-all` only (the CI budget). The cases with state of their own (beta-DPO's running
 # margin, NLPO's masking policy, the prompt pool and its feedback files, multi-adapter GRPO with its SIGTERM)
-# run in `make test` (11-12 s each); multi-adapter PPO (its value adapter and head) in `make test-all`.
-EXTENDED = ("reward", "dpo", "grpo", "ppo_multi_adapter")
+# run in `make test` (11-12 s each); multi-adapter PPO (its value adapter and head) and GRPO on multi-turn
+# episodes (its rollouts go through the same cadence; the calculator is deterministic) in `make test-all`.
+EXTENDED = ("reward", "dpo", "grpo", "ppo_multi_adapter", "grpo_agent")
 
 
 @pytest.mark.slow
@@ -347,6 +385,8 @@ def test_killed_stage_resumes_bit_exact(name, inputs, tmp_path, request):
     from trainer_lib import storage
 
     case = CASES[name]
+    if any("{calculator_model}" in a for a in case.args):
+        inputs = {**inputs, **request.getfixturevalue("agent_inputs")}
     argv = [case.stage, *(a.format(**inputs) for a in case.args), *COMMON, *case.overrides]
     reference = str(tmp_path / "reference")
     with one_thread():
@@ -376,6 +416,9 @@ def test_killed_stage_resumes_bit_exact(name, inputs, tmp_path, request):
 
     _assert_same(_weights(reference), _weights(out))
     assert _records(out) == _records(reference)
+    if "env.class=tools" in argv:  # the episodes called the tool and were rewarded: a multi-turn run that learns
+        logged = _records(reference)
+        assert any(r.get("episode/tool_calls", 0) > 0 for r in logged) and any(r.get("reward", 0) > 0 for r in logged)
     assert _summary(out) == _summary(reference)
     final = ckpt_root
     if case.s3:
