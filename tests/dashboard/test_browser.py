@@ -189,20 +189,14 @@ def test_an_s3_prefix_loads_in_the_browser(page, dashboard_runs, dashboard, s3_b
 def test_an_agent_runs_samples_show_each_episodes_transcript(page, dashboard, tiny_model_dir, tmp_path):
     """GRPO in the calculator's ToolEnvironment (one step): each sample shows its whole episode, the tool's
     result between the model's turns, with its turns, end and tool calls."""
-    from tests.rl.agent_helpers import CALCULATOR_QUESTIONS, teach_calculator
+    from tests.rl.agent_helpers import teach_calculator, write_calculator_questions
     from tests.stages.training.rl_helpers import one_thread
     from tests.stages.training.test_grpo_episodes import agent_grpo
 
-    questions = tmp_path / "questions.jsonl"
-    questions.write_text(
-        "".join(
-            json.dumps({"prompt": [{"role": "user", "content": q}], "solution": a}) + "\n"
-            for q, _, a in CALCULATOR_QUESTIONS
-        )
-    )
+    questions = write_calculator_questions(tmp_path / "questions.jsonl")
     with one_thread():
         model = teach_calculator(tiny_model_dir, tmp_path / "calculator")
-        agent_grpo(model, str(questions), tmp_path / "runs" / "agent", "max_steps=1", "save_steps=0")
+        agent_grpo(model, questions, tmp_path / "runs" / "agent", "max_steps=1", "save_steps=0")
     logged = [json.loads(line) for line in open(tmp_path / "runs" / "agent" / "samples.jsonl")]
     server = dashboard("--runs", str(tmp_path / "runs"))
     open_view(page, server.url + "#/run/" + "0%2Fagent")

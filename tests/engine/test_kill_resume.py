@@ -32,7 +32,7 @@ import pytest
 import torch
 
 from tests.conftest import CHAT_ROWS, REPO, clean_env, repeatable
-from tests.rl.agent_helpers import CALCULATOR_QUESTIONS, teach_calculator
+from tests.rl.agent_helpers import AGENT_GRPO, teach_calculator, write_calculator_questions
 from tests.stages.training.rl_helpers import LENGTH_REWARD, one_thread, write_prompts, write_reward_adapter
 from trainer_lib.cli import main
 from trainer_lib.engine.checkpoint import MARKER, tag_for
@@ -194,18 +194,7 @@ CASES = {
         [
             "model.path={calculator_model}",
             "data.path={questions}",
-            "env.class=tools",
-            "env.tools=calculator",
-            "env.max_turns=3",
-            "env.max_total_tokens=400",
-            "reward.functions=accuracy_reward",
-            "rollout.n=4",
-            "prompts_per_step=2",
-            "rollout.max_new_tokens=96",
-            "batch_size=4",
-            "data.eval_fraction=0",
-            "lr=1e-3",
-            "seed=3",
+            *AGENT_GRPO,
         ],
         [BETWEEN],
     ),
@@ -252,16 +241,10 @@ def inputs(tiny_model_dir, chat_jsonl, tmp_path_factory) -> dict:
 def agent_inputs(tiny_model_dir, tmp_path_factory) -> dict:
     """The multi-turn case's: a tiny model taught to call the calculator, and its questions."""
     root = tmp_path_factory.mktemp("kill-agent")
-    questions = root / "questions.jsonl"
-    questions.write_text(
-        "".join(
-            json.dumps({"prompt": [{"role": "user", "content": q}], "solution": a}) + "\n"
-            for q, _, a in CALCULATOR_QUESTIONS
-        )
-    )
+    questions = write_calculator_questions(root / "questions.jsonl")
     with one_thread():
         model = teach_calculator(tiny_model_dir, root / "calculator")
-    return {"calculator_model": model, "questions": str(questions)}
+    return {"calculator_model": model, "questions": questions}
 
 
 def _env(cache: str) -> dict:

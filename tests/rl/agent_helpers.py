@@ -119,3 +119,30 @@ def teach_calculator(base_dir: str, out_dir: str, steps: int = 150) -> str:
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     return str(out_dir)
+
+
+#: ``posttrain grpo`` in the calculator's ToolEnvironment: 2 questions x 4 episodes per step of at most 3 turns
+#: of 96 tokens; the final answer scored by the environment's checker (accuracy_reward) and, beside it, by the
+#: reward function accuracy_reward.
+AGENT_GRPO = (
+    "env.class=tools",
+    "env.tools=calculator",
+    "env.max_turns=3",
+    "env.max_total_tokens=400",
+    "reward.functions=accuracy_reward",
+    "rollout.n=4",
+    "prompts_per_step=2",
+    "rollout.max_new_tokens=96",
+    "batch_size=4",
+    "data.eval_fraction=0",
+    "lr=1e-3",
+    "seed=3",
+)
+
+
+def write_calculator_questions(path) -> str:
+    """:data:`CALCULATOR_QUESTIONS` as GRPO prompt rows with their ``solution``; the path."""
+    with open(path, "w", encoding="utf-8") as fh:
+        for question, _, answer in CALCULATOR_QUESTIONS:
+            fh.write(json.dumps({"prompt": [{"role": "user", "content": question}], "solution": answer}) + "\n")
+    return str(path)

@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from tests.rl.agent_helpers import CALCULATOR_QUESTIONS, teach_calculator
+from tests.rl.agent_helpers import AGENT_GRPO, teach_calculator, write_calculator_questions
 from tests.stages.training.rl_helpers import one_thread, weights
 from trainer_lib.config import load_config
 from trainer_lib.errors import ConfigError
@@ -28,17 +28,11 @@ def calculator_model(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def questions(tmp_path_factory):
-    path = tmp_path_factory.mktemp("rl") / "questions.jsonl"
-    with open(path, "w", encoding="utf-8") as fh:
-        for question, _, answer in CALCULATOR_QUESTIONS:
-            fh.write(json.dumps({"prompt": [{"role": "user", "content": question}], "solution": answer}) + "\n")
-    return str(path)
+    return write_calculator_questions(tmp_path_factory.mktemp("rl") / "questions.jsonl")
 
 
 def agent_grpo(model, data, out, *extra: str) -> None:
-    """``posttrain grpo`` in the calculator's ToolEnvironment: 2 questions x 4 episodes per step of at most 3
-    turns of 96 tokens; the final answer scored by the environment's checker (accuracy_reward) and, beside it,
-    by the reward function accuracy_reward."""
+    """``posttrain grpo`` with :data:`AGENT_GRPO`'s settings, logging every step."""
     from trainer_lib.cli import main
 
     args = [
@@ -46,19 +40,8 @@ def agent_grpo(model, data, out, *extra: str) -> None:
         f"model.path={model}",
         f"data.path={data}",
         f"output_dir={out}",
-        "env.class=tools",
-        "env.tools=calculator",
-        "env.max_turns=3",
-        "env.max_total_tokens=400",
-        "reward.functions=accuracy_reward",
-        "rollout.n=4",
-        "prompts_per_step=2",
-        "rollout.max_new_tokens=96",
-        "batch_size=4",
+        *AGENT_GRPO,
         "logging_steps=1",
-        "data.eval_fraction=0",
-        "lr=1e-3",
-        "seed=3",
         *extra,
     ]
     assert main(args) == 0
