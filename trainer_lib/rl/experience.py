@@ -18,13 +18,14 @@ from trainer_lib.rl.prompts import PROMPT_FORMATS
 # --------------------------------------------------------------------------- setup and prompts
 
 
-def start(cfg, priority_signal=None):
+def start(cfg, priority_signal=None, sequences_per_row: int = 1):
     """What an RL stage starts with: ``(strategy, tokenizer, eval prompt rows, prompt schedule)``.
 
     The strategy is built from the final engine config (accumulation derived from the mini-batch
     size and the world size), then the process group is joined; the schedule holds the train rows:
     a fixed shuffle, or (``buffer.mode`` uniform or priority) a live pool whose priorities are the
     stage's ``priority_signal`` (default :func:`trainer_lib.rl.buffer.group_reward_std`).
+    ``sequences_per_row``: sequences a micro-batch row holds, for ``batch_size=auto`` (online DPO's pair: 2).
     """
     from trainer_lib.engine.batch_size import resolve_batch_size
     from trainer_lib.engine.process_group import planned_world_size
@@ -34,7 +35,9 @@ def start(cfg, priority_signal=None):
     from trainer_lib.rl.prompts import PromptSchedule
 
     check_specs(cfg.reward.functions)
-    resolve_batch_size(cfg, sequence_length=cfg.data.max_length + cfg.rollout.max_new_tokens)
+    resolve_batch_size(
+        cfg, sequences_per_row=sequences_per_row, sequence_length=cfg.data.max_length + cfg.rollout.max_new_tokens
+    )
     strategy = DeepSpeedStrategy(cfg.engine_for(planned_world_size()), micro_batch_size=cfg.batch_size, seed=cfg.seed)
     strategy.setup_distributed()
     tokenizer = load_tokenizer(cfg.model)

@@ -1,6 +1,7 @@
 """The stages: one module each, exposing ``CONFIG`` (its typed config) and ``run(cfg) -> dict``.
 
-* ``stages/training/``: the training recipes (sft, reward, dpo, ppo, grpo, distill), each a readable loop.
+* ``stages/training/``: the training recipes (sft, reward, dpo, ppo, grpo, online-dpo, distill), each a readable
+  loop.
 * ``stages/lifecycle/``: what surrounds training (prepare, evaluate, release, export, deploy).
 * The demo's two stages live with the demo kit (``trainer_lib/demo/``).
 
@@ -37,6 +38,7 @@ STAGES: dict[str, Stage] = {
     "dpo": _training("dpo", "Direct preference optimization (DPO, IPO, SimPO, KTO, ...)."),
     "ppo": _training("ppo", "PPO with a critic, GAE and KL control."),
     "grpo": _training("grpo", "Critic-free RL: GRPO, Dr. GRPO, RLOO."),
+    "online-dpo": _training("online_dpo", "Online DPO: the policy's own samples, paired by a judge each step."),
     "distill": _training("distill", "On-policy distillation from a teacher (GKD: reverse KL, JSD)."),
     "rloo": _training("rloo", "RLOO as TRL runs it: posttrain grpo with advantage=rloo."),
     "kto": _training("kto", "KTO as TRL runs it: posttrain dpo with loss=kto."),
