@@ -292,11 +292,27 @@ class ParallelConfig:
     pipeline: int = opt(
         1, "Pipeline-parallel size P (SFT, DPO): the decoder layers cut into P stages (DeepSpeed's pipeline engine)."
     )
+    sequence: int = opt(
+        1,
+        "Sequence-parallel size S (SFT, DPO): each packed row split over S ranks, attention exchanging heads for "
+        "sequence chunks all-to-all (DeepSpeed's Ulysses, ALST).",
+    )
+
+    @property
+    def replica_ranks(self) -> int:
+        """The ranks of one model replica: they read the same rows (T x P x S)."""
+        return self.tensor * self.pipeline * self.sequence
 
     def validate(self) -> None:
         """The checks that need no world size or model: sizes, and what cannot be combined with what
         (the rest: :func:`trainer_lib.engine.parallel.check_layout`)."""
-        check_positive(self, "tensor", "pipeline")
+        check_positive(self, "tensor", "pipeline", "sequence")
+        if self.sequence > 1 and self.tensor * self.pipeline > 1:
+            raise ConfigError(
+                f"parallel.sequence={self.sequence} with parallel.tensor={self.tensor} parallel.pipeline="
+                f"{self.pipeline}: DeepSpeed's Ulysses runs with data parallelism and ZeRO only; "
+                f"use parallel.sequence with ZeRO-3 for a model that does not fit one rank"
+            )
 
     def check_with(self, engine: EngineConfig, lora: LoraConfig) -> None:
         """What DeepSpeed cannot combine with these sizes: its pipeline engine shards optimizer state
@@ -411,13 +427,18 @@ class TrainingConfig:
         self.hub.validate()
         self.parallel.validate()
         self.parallel.check_with(self.engine, self.lora)
-        for key in ("tensor", "pipeline"):
+        for key in ("tensor", "pipeline", "sequence"):
             if getattr(self.parallel, key) > 1 and key not in self.MODEL_PARALLEL:
                 runs = " and ".join(self.MODEL_PARALLEL) or "data"
                 raise ConfigError(
                     f"parallel.{key}={getattr(self.parallel, key)}: this stage runs {runs} parallelism only "
                     f"(docs/parallelism.md)"
                 )
+        if self.parallel.sequence > 1 and not self.data.packing:
+            raise ConfigError(
+                f"parallel.sequence={self.parallel.sequence} with data.packing=false: the ranks split one packed "
+                f"row; set data.packing=true"
+            )
         chat_templates.check(self.model.chat_template)
         # (a DeepSpeed file may set the stage: then DeepSpeed checks the offload against it)
         if self.engine.offload_optimizer and self.engine.zero_stage == 0 and not self.engine.deepspeed_config:

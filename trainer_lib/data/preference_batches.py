@@ -273,15 +273,18 @@ def sequence_logps(logits, input_ids, completion_mask, segment_ids=None):
     return summed_logps(token_logps(logits, input_ids.to(logits.device)) * mask, mask, segment_ids)
 
 
-def summed_logps(per_token, mask, segment_ids=None):
+def summed_logps(per_token, mask, segment_ids=None, rows: int | None = None):
     """``(summed log-probs, token counts)`` of :func:`sequence_logps` from per-token log-probs ``(N, T-1)``
-    (0 outside ``mask``, the completion mask aligned to the predicted token)."""
+    (0 outside ``mask``, the completion mask aligned to the predicted token). A packed row's ``segment_ids``
+    number the sequences of the tokens the positions predict, ``(1, T)`` (the first unread), or, given the
+    number of sequences ``rows``, ``(1, T-1)`` aligned with ``per_token`` (a sequence-parallel chunk)."""
     import torch
 
     if segment_ids is None:
         return per_token.sum(-1), mask.sum(-1)
-    rows = int(segment_ids[0, -1]) + 1
-    segments = segment_ids[0, 1:].to(per_token.device)
+    if rows is None:
+        rows, segment_ids = int(segment_ids[0, -1]) + 1, segment_ids[:, 1:]
+    segments = segment_ids[0].to(per_token.device)
     summed = per_token.new_zeros(rows).index_add(0, segments, per_token[0])
     counts = torch.zeros(rows, dtype=torch.long, device=per_token.device).index_add(0, segments, mask[0].long())
     return summed, counts

@@ -276,19 +276,21 @@ class CheckpointManager:
 
     def _layout(self) -> dict:
         parallel = self.strategy.parallel
-        return {"tensor": parallel.tensor, "pipeline": parallel.pipeline}
+        return {"tensor": parallel.tensor, "pipeline": parallel.pipeline, "sequence": parallel.sequence}
 
     def _other_layout(self, saved: dict | None) -> str | None:
-        """Why a checkpoint of another tensor/pipeline layout cannot load here (its files hold other
-        shards and stages), or None; markers from before the layout was recorded are T=1, P=1."""
-        saved = {"tensor": 1, "pipeline": 1, **(saved or {})}
-        if saved == self._layout():
+        """Why a checkpoint of another tensor/pipeline/sequence layout cannot load here (its files hold other
+        shards and stages, its data order another split), or None; markers from before a size was recorded
+        have it 1."""
+        saved, here = {"tensor": 1, "pipeline": 1, "sequence": 1, **(saved or {})}, self._layout()
+        if saved == here:
             return None
-        return (
-            f"saved with parallel.tensor={saved['tensor']} parallel.pipeline={saved['pipeline']}, this run has "
-            f"parallel.tensor={self._layout()['tensor']} parallel.pipeline={self._layout()['pipeline']}; resume "
-            f"with the layout it was saved with"
-        )
+        keys = [k for k in here if k != "sequence" or 1 < max(saved[k], here[k])]
+
+        def named(layout: dict) -> str:
+            return " ".join(f"parallel.{k}={layout[k]}" for k in keys)
+
+        return f"saved with {named(saved)}, this run has {named(here)}; resume with the layout it was saved with"
 
     def _changed_settings(self, saved: dict | None) -> list[str]:
         """The settings whose values differ from the run that wrote a checkpoint (markers from before the

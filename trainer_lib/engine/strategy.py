@@ -195,7 +195,7 @@ class DeepSpeedStrategy:
 
         modes = [model.training for model in models]
         totals = dict(zeros)
-        shards, tensor = self.data_world_size, self.parallel.tensor * self.parallel.pipeline
+        shards, tensor = self.data_world_size, self.parallel.replica_ranks
         mine = items[self.data_rank :: shards]
         # a ZeRO-3 forward gathers weights and a pipeline's ends in a barrier: every rank calls fn alike
         equal = self.partitions_parameters or self.parallel.pipeline > 1
@@ -273,6 +273,8 @@ class DeepSpeedStrategy:
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
             **({"tensor_parallel": self._tensor_parallel()} if self.autotp else {}),
+            # read where DeepSpeed sizes the batch without the sequence groups at hand (ZeRO-3's partitioned load)
+            **({"sequence_parallel_size": self.parallel.sequence} if self.parallel.sequence > 1 else {}),
             # tensor groups inside pipeline stages send whole activations: DeepSpeed's split sends cache the
             # first micro-batch's shape, and packed micro-batches differ in length
             **(
@@ -370,8 +372,29 @@ class DeepSpeedStrategy:
         config, dropped = self._effective_config(train=True)
         self._log_config(model, config, dropped)
         with self._naming_user_file():
-            engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config)
+            groups = self._sequence_groups(model)
+            engine, *_ = deepspeed.initialize(
+                model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, mpu=groups
+            )
         return engine
+
+    def _sequence_groups(self, model):
+        """Under ``parallel.sequence > 1``: ``model``'s attention wrapped in Ulysses' exchange and DeepSpeed's
+        sequence groups (its ``mpu``), so that it averages gradients over the data-parallel ranks only
+        (:mod:`trainer_lib.engine.sequence`); else None."""
+        if self.parallel.sequence <= 1:
+            return None
+        from trainer_lib.engine.sequence import register
+
+        return register(model, self.parallel.sequence)
+
+    def sequence_shards(self):
+        """This rank's :class:`~trainer_lib.engine.sequence.SequenceShards` (``parallel.sequence > 1``), or None."""
+        if self.parallel.sequence <= 1:
+            return None
+        from trainer_lib.engine.sequence import SequenceShards
+
+        return SequenceShards(self.parallel.sequence)
 
     def pipelined(self, model):
         """``model`` as DeepSpeed's pipeline engine wants it under ``parallel.pipeline > 1`` (a ``PipelineModule``
@@ -459,10 +482,11 @@ class DeepSpeedStrategy:
         model.eval()
         for param in model.parameters():
             param.requires_grad_(False)
+        groups = self._sequence_groups(model)
         if self.zero_stage == 3 or self.autotp:  # partitioned, or sharded by AutoTP
             self._check_model(model)
             with self._naming_user_file():
-                engine, *_ = deepspeed.initialize(model=model, config=self.ds_config(train=False))
+                engine, *_ = deepspeed.initialize(model=model, config=self.ds_config(train=False), mpu=groups)
             return engine
         if self.cfg.precision == "bf16":
             import torch

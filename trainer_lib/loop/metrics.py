@@ -109,9 +109,9 @@ class MetricsWindow:
         sums = strategy.all_reduce(flat, op="sum")
         means = means_of(sums, [k for k in sums if not k.startswith("#") and not k.endswith("#n")])
         self._reset()
-        # the ranks of a tensor group or a pipeline count the same rows: once per data-parallel replica
+        # the ranks of a tensor group, a pipeline or a sequence group count the same rows: once per replica
         parallel = getattr(strategy, "parallel", None)
-        shared = parallel.tensor * parallel.pipeline if parallel is not None else 1
+        shared = parallel.replica_ranks if parallel is not None else 1
         samples, tokens = sums["#samples"] / shared, sums["#tokens"] / shared
         return {**means, "samples_per_s": samples / elapsed, "tokens_per_s": tokens / elapsed, "tokens": tokens}
 

@@ -120,6 +120,37 @@ def causal_lm_loss(model, batch: dict) -> torch.Tensor:
     return chunked_nll(hidden, weight, targets[keep], scale)
 
 
+def shifted_lm_loss(model, inputs: dict, shifted: torch.Tensor, scale: float) -> torch.Tensor:
+    """``scale`` x the summed next-token cross-entropy of ``inputs``' positions against labels already
+    shifted (``shifted[:, i]`` is the token position ``i`` predicts; -100 unscored): a sequence-parallel
+    rank's share of its row's loss (:mod:`trainer_lib.engine.sequence`)."""
+    import torch.nn.functional as F
+
+    from trainer_lib.losses.chunked_head import chunked_nll
+
+    keep = shifted != -100
+    weight = head_weight(model)
+    if weight is None:
+        logits = model(**inputs, use_cache=False).logits[keep]
+        return F.cross_entropy(logits.float(), shifted[keep], reduction="sum") * scale
+    hidden = final_hidden(model, inputs)[keep]
+    return chunked_nll(hidden, weight, shifted[keep], torch.full((hidden.shape[0],), scale, device=hidden.device))
+
+
+def position_logprobs(model, inputs: dict, targets: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``log p(targets[:, i])`` predicted at position ``i`` of ``inputs`` where ``keep``, 0 elsewhere, ``(B, T)``
+    float32: targets already shifted (a sequence-parallel rank's chunk, :mod:`trainer_lib.engine.sequence`)."""
+    from trainer_lib.losses.chunked_head import chunked_logprobs
+
+    weight = head_weight(model)
+    if weight is None:
+        logits = model(**inputs, use_cache=False).logits[keep].float()
+        picked = logits.gather(-1, targets[keep].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    else:
+        picked, _ = chunked_logprobs(final_hidden(model, inputs)[keep], weight, targets[keep])
+    return torch.zeros(targets.shape, dtype=torch.float32, device=picked.device).masked_scatter(keep, picked.float())
+
+
 def scored_logprobs(
     model, inputs: dict, targets: torch.Tensor, mask: torch.Tensor, temperature: float = 1.0, with_entropy=False
 ) -> tuple[torch.Tensor, torch.Tensor | None] | None:

@@ -39,10 +39,21 @@ class SequenceLogps:
         return torch.stack([self.chosen, self.rejected, self.chosen_tokens.float(), self.rejected_tokens.float()], -1)
 
 
-def forward_logps(model, batch: dict, device) -> SequenceLogps:
-    """ONE forward pass over all ``2B`` rows of a batch -> per-sequence log-probs of each half."""
+def forward_logps(model, batch: dict, device, shards=None) -> SequenceLogps:
+    """ONE forward pass over all ``2B`` rows of a batch -> per-sequence log-probs of each half; with ``shards``
+    (:class:`~trainer_lib.engine.sequence.SequenceShards`, ``parallel.sequence > 1``) the packed row split
+    over the sequence group, each rank's sums added across it."""
     from trainer_lib.data.preference_batches import model_inputs, sequence_logps, split_halves, summed_logps
-    from trainer_lib.models.lm_head import scored_logprobs
+    from trainer_lib.models.lm_head import position_logprobs, scored_logprobs
+
+    if shards is not None:
+        whole = {key: value.to(device) for key, value in batch.items() if hasattr(value, "to")}
+        inputs, shifted = shards.split(whole, {"input_ids": 0, "completion_mask": False, "segment_ids": 0})
+        mask = shifted["completion_mask"]
+        per_token = position_logprobs(model, inputs, shifted["input_ids"], mask)
+        summed, counts = summed_logps(per_token, mask, shifted["segment_ids"], rows=len(batch["cu_seq_lens"]) - 1)
+        summed, counts = shards.sum_with_grad(summed), shards.sum(counts)
+        return SequenceLogps(*split_halves(summed), *split_halves(counts))
 
     inputs, ids, segments = model_inputs(batch, device), batch["input_ids"], batch.get("segment_ids")
     mask = batch["completion_mask"][:, 1:].to(device)
@@ -58,27 +69,27 @@ def forward_logps(model, batch: dict, device) -> SequenceLogps:
 class FrozenModelReference:
     """A separate frozen model, evaluated on the same batch."""
 
-    def __init__(self, model, device):
-        self.model, self.device = model, device
+    def __init__(self, model, device, shards=None):
+        self.model, self.device, self.shards = model, device, shards
 
     def __call__(self, split: str, ids: list[int], batch: dict) -> SequenceLogps:
         import torch
 
         with torch.no_grad():
-            return forward_logps(self.model, batch, self.device)
+            return forward_logps(self.model, batch, self.device, self.shards)
 
 
 class AdapterReference:
     """The LoRA policy with adapters disabled: exactly the base weights, no second copy in memory."""
 
-    def __init__(self, engine, strategy):
-        self.engine, self.strategy = engine, strategy
+    def __init__(self, engine, strategy, shards=None):
+        self.engine, self.strategy, self.shards = engine, strategy, shards
 
     def __call__(self, split: str, ids: list[int], batch: dict) -> SequenceLogps:
         import torch
 
         with torch.no_grad(), self.strategy.unwrap(self.engine).disable_adapter():
-            return forward_logps(self.engine, batch, self.strategy.device)
+            return forward_logps(self.engine, batch, self.strategy.device, self.shards)
 
 
 class StartingPolicyReference:
@@ -86,8 +97,8 @@ class StartingPolicyReference:
     policy was loaded from, with no second copy loaded. Only for computing a precomputed table before training
     starts (or resumes): afterwards the policy is no longer its starting model."""
 
-    def __init__(self, engine, strategy):
-        self.engine, self.strategy = engine, strategy
+    def __init__(self, engine, strategy, shards=None):
+        self.engine, self.strategy, self.shards = engine, strategy, shards
 
     def __call__(self, split: str, ids: list[int], batch: dict) -> SequenceLogps:
         import torch
@@ -97,7 +108,7 @@ class StartingPolicyReference:
         module.eval()  # as a frozen reference runs: no dropout
         try:
             with torch.no_grad():
-                return forward_logps(self.engine, batch, self.strategy.device)
+                return forward_logps(self.engine, batch, self.strategy.device, self.shards)
         finally:
             module.train(was_training)
 

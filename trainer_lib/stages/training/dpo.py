@@ -53,7 +53,7 @@ class DPOConfig(TrainingConfig):
     reference_model_path: str | None = opt(None, "Reference model; default model.path.")
     reference_logps_path: str | None = opt(None, "Precomputed log-probs' cache; default <output_dir>/reference_logps.")
 
-    MODEL_PARALLEL = ("tensor", "pipeline")
+    MODEL_PARALLEL = ("tensor", "pipeline", "sequence")
 
     def reference_mode(self, whole_epoch: bool = False) -> str:
         """``whole_epoch``: the run trains on every train row at least once. Then ``auto`` precomputes a
@@ -423,7 +423,7 @@ def build_reference(cfg: DPOConfig, strategy, steps, sets: dict, mode: str) -> t
         key = "reference_model_path" if cfg.reference_model_path else "model.path"
         path = cfg.reference_model_path or cfg.model.path
         model = load_causal_lm(cfg.model, cfg.engine.precision, path, strategy.placement(train=False), key)
-        return FrozenModelReference(strategy.prepare_frozen(model), strategy.device)
+        return FrozenModelReference(strategy.prepare_frozen(model), strategy.device, strategy.sequence_shards())
 
     def live():  # what a precomputed table is computed with, once, before the policy's first step (or resume)
         if strategy.is_pipeline(steps.engine):  # the policy before its first step (DPOConfig.check_pipeline)
@@ -432,12 +432,12 @@ def build_reference(cfg: DPOConfig, strategy, steps, sets: dict, mode: str) -> t
             return frozen_model()
         # the reference is the starting model: the policy itself (its base weights under LoRA), not a second copy
         starting = AdapterReference if cfg.lora.r > 0 else StartingPolicyReference
-        return starting(steps.engine, strategy)
+        return starting(steps.engine, strategy, strategy.sequence_shards())
 
     if mode == "model":
         return frozen_model(), None
     if mode == "adapter":
-        return AdapterReference(steps.engine, strategy), None
+        return AdapterReference(steps.engine, strategy, strategy.sequence_shards()), None
     if mode == "precomputed":
         directory = cfg.reference_logps_path or storage.join(cfg.output_dir, "reference_logps")
         identity = [cfg.reference_model_path or cfg.model.path, cfg.engine.precision]

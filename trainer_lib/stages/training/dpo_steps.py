@@ -27,7 +27,7 @@ class MicroBatchSteps:
         """The policy's :class:`~trainer_lib.models.reference.SequenceLogps` of a collated batch."""
         from trainer_lib.models.reference import forward_logps
 
-        return forward_logps(self.engine, batch, self.strategy.device)
+        return forward_logps(self.engine, batch, self.strategy.device, self.strategy.sequence_shards())
 
     def train(self, micro_batches: Iterable, reference, window) -> None:
         from trainer_lib.data.tokenize import count_tokens

@@ -24,7 +24,7 @@ SFT_FORMATS = ("text", "prompt_completion", "messages")
 class SFTConfig(TrainingConfig):
     """SFT adds nothing to the shared training keys; packing lives in ``data.packing``."""
 
-    MODEL_PARALLEL = ("tensor", "pipeline")
+    MODEL_PARALLEL = ("tensor", "pipeline", "sequence")
 
 
 CONFIG = SFTConfig
@@ -103,6 +103,37 @@ class MicroBatchSteps:
         return (float(causal_lm_loss(self.engine, batch)) * n, float(n)) if n else (0.0, 0.0)
 
 
+class SequenceParallelSteps(MicroBatchSteps):
+    """An optimizer step under ``parallel.sequence > 1``: each micro-batch's packed row split over the
+    sequence group, every rank scoring its chunk's positions, its loss its share of the row's mean
+    (:mod:`trainer_lib.engine.sequence`)."""
+
+    def __init__(self, engine, strategy):
+        super().__init__(engine, strategy)
+        self.shards = strategy.sequence_shards()
+
+    def train(self, micro_batches, window) -> None:
+        from trainer_lib.data.tokenize import count_tokens
+        from trainer_lib.models.lm_head import shifted_lm_loss
+
+        for ids, batch in micro_batches:
+            local, shifted = self.shards.split(batch, {"labels": -100})
+            count = int((batch["labels"][:, 1:] != -100).sum())
+            loss = shifted_lm_loss(self.engine, local, shifted["labels"], 1.0 / max(count, 1))
+            self.strategy.backward(loss, self.engine)
+            self.strategy.optimizer_step(self.engine)
+            window.add("loss", self.shards.sum(loss))  # the row's mean, as one process logs it
+            window.count(samples=len(ids), tokens=count_tokens(batch))
+
+    def loss_sums(self, batch: dict) -> tuple[float, float]:
+        from trainer_lib.models.lm_head import shifted_lm_loss
+
+        local, shifted = self.shards.split(batch, {"labels": -100})
+        n = int((batch["labels"][:, 1:] != -100).sum())
+        total = self.shards.sum(shifted_lm_loss(self.engine, local, shifted["labels"], 1.0))
+        return (float(total), float(n)) if n else (0.0, 0.0)
+
+
 class PipelineSteps(MicroBatchSteps):
     """An optimizer step through DeepSpeed's pipeline engine (``parallel.pipeline > 1``): the step's
     micro-batches flow through the stages in one ``train_batch`` (:mod:`trainer_lib.engine.pipeline`)."""
@@ -151,7 +182,13 @@ def run(cfg: SFTConfig) -> dict:
     # ---- model and engine
     model = apply_lora(load_causal_lm(cfg.model, cfg.engine.precision, placement=strategy.placement()), cfg.lora)
     engine = strategy.prepare(strategy.pipelined(model), total_steps=order.steps, **cfg.optimizer_args())
-    steps = (PipelineSteps if strategy.is_pipeline(engine) else MicroBatchSteps)(engine, strategy)
+    steps = (
+        PipelineSteps
+        if strategy.is_pipeline(engine)
+        else SequenceParallelSteps
+        if cfg.parallel.sequence > 1
+        else MicroBatchSteps
+    )(engine, strategy)
     evaluation = (lambda: evaluate_loss(steps, strategy, evals)) if len(evals.examples) else None
     cadence = Cadence(cfg, strategy, "sft", order.steps, engine, evaluate=evaluation)
     cadence.restore(
