@@ -379,7 +379,8 @@ def part_two_rank(ctx: Context) -> dict:
 
 def model_parallel_part(ctx: Context, name: str, key: str, extra: tuple = ()) -> dict:
     """SFT with ``parallel.<key>=2`` on 2 GPUs (ZeRO-1): Qwen2.5-0.5B's 14 heads and 2 KV heads split in two
-    (``tensor``, DeepSpeed AutoTP), or its 24 layers in two stages (``pipeline``, DeepSpeed's pipeline engine)."""
+    (``tensor``, DeepSpeed AutoTP), its 24 layers in two stages (``pipeline``, DeepSpeed's pipeline engine), or
+    each packed row in two halves (``sequence``, DeepSpeed's Ulysses; with tiled MLP and checkpointing)."""
     if ctx.device == "cpu":
         return {"status": "skipped", "note": f"not on CPU (tests/engine/test_model_parallel.py runs {key}=2 there)"}
     if ctx.gpus < 2:
@@ -762,6 +763,9 @@ def main(argv=None) -> int:
         "tensor_parallel": lambda c: model_parallel_part(c, "tensor_parallel", "tensor"),
         "pipeline_parallel": lambda c: model_parallel_part(
             c, "pipeline_parallel", "pipeline", ("engine.gradient_accumulation_steps=4",)
+        ),
+        "sequence_parallel": lambda c: model_parallel_part(
+            c, "sequence_parallel", "sequence", ("engine.tiled_mlp=true", "engine.gradient_checkpointing=true")
         ),
         "resume": part_resume,
         "auto_batch": part_auto_batch,

@@ -11,7 +11,7 @@ import pytest
 from benchmarks import gpu_check
 
 RAN = ("build", "sft", "dpo", "grpo", "resume", "auto_batch", "evaluate", "export")
-SKIPPED_ON_CPU = ("two_rank", "tensor_parallel", "pipeline_parallel", "vllm", "vs_trl")
+SKIPPED_ON_CPU = ("two_rank", "tensor_parallel", "pipeline_parallel", "sequence_parallel", "vllm", "vs_trl")
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,7 @@ def test_every_part_is_there_and_passes(report):
         "two_rank",
         "tensor_parallel",
         "pipeline_parallel",
+        "sequence_parallel",
         "resume",
         "auto_batch",
         "evaluate",

@@ -243,6 +243,14 @@ class EngineConfig:
     offload_params: bool = opt(False, "Keep parameters on CPU (ZeRO-3 only).")
     precision: str = opt("fp32", "Training precision.", ("fp32", "bf16"))
     gradient_checkpointing: bool = opt(False, "Recompute activations in backward to save memory.")
+    tiled_mlp: bool = opt(
+        False,
+        "Run each MLP over tiles of hidden_size positions, recomputed in backward (DeepSpeed's TiledMLP): "
+        "long sequences without the MLP's whole activations.",
+    )
+    offload_activations: bool = opt(
+        False, "Keep the activations saved for backward in host memory until backward (torch's save_on_cpu)."
+    )
     gradient_accumulation_steps: int = opt(1, "Micro-batches per optimizer step.")
     max_grad_norm: float = opt(1.0, "Gradient clipping norm (0 disables).")
     deepspeed_config: str = opt("", "DeepSpeed JSON file (path or URL) laid over posttrain's (docs/configuration.md).")

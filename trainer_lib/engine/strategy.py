@@ -354,6 +354,7 @@ class DeepSpeedStrategy:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             if hasattr(model, "config"):
                 model.config.use_cache = False
+        self._cut_activation_memory(model)
         optimizer = self._optimizer(model, lr, weight_decay, betas, eps, param_group)
         try:
             scheduler = get_scheduler(
@@ -377,6 +378,16 @@ class DeepSpeedStrategy:
                 model=model, optimizer=optimizer, lr_scheduler=scheduler, config=config, mpu=groups
             )
         return engine
+
+    def _cut_activation_memory(self, model) -> None:
+        """``engine.tiled_mlp`` and ``engine.offload_activations`` on a model about to train
+        (:mod:`trainer_lib.engine.activation_memory`)."""
+        from trainer_lib.engine import activation_memory
+
+        if self.cfg.tiled_mlp and not activation_memory.tile_mlps(model):
+            self.print("engine.tiled_mlp: the model has no layer with an mlp; nothing tiled")
+        if self.cfg.offload_activations:
+            activation_memory.offload_saved_activations(model)
 
     def _sequence_groups(self, model):
         """Under ``parallel.sequence > 1``: ``model``'s attention wrapped in Ulysses' exchange and DeepSpeed's
