@@ -47,6 +47,7 @@ KEY_METRICS = {
     "grpo": ("reward",),
     "rloo": ("reward",),
     "ppo": ("reward",),
+    "online-dpo": ("reward", "loss"),  # the judge's mean reward of greedy (eval) or sampled (train) completions
 }
 
 
