@@ -202,9 +202,11 @@ def test_a_layout_that_cannot_work_exits_2_in_one_line(tiny_model_dir, chat_json
 
 
 def test_rl_stages_refuse_model_parallelism(tiny_model_dir, tmp_path, capsys):
-    argv = ["grpo", f"model.path={tiny_model_dir}", f"data.path={tmp_path}/p.jsonl", f"output_dir={tmp_path}/o"]
-    assert main([*argv, "reward.functions=[length]", "parallel.tensor=2"]) == 2
+    argv = [f"model.path={tiny_model_dir}", f"data.path={tmp_path}/p.jsonl", f"output_dir={tmp_path}/o"]
+    assert main(["ppo", *argv, "reward.functions=[length]", "parallel.tensor=2"]) == 2
     assert "parallel.tensor=2: this stage runs data parallelism only" in capsys.readouterr().err
+    assert main(["grpo", *argv, "reward.functions=[length]", "parallel.tensor=2"]) == 2
+    assert "parallel.tensor=2: this stage takes parallel.sequence besides data parallelism" in capsys.readouterr().err
 
 
 def test_layout_follows_deepspeeds_rank_order():

@@ -202,3 +202,23 @@ def test_a_row_is_shifted_then_padded_then_cut_into_equal_chunks():
         assert local["cu_seq_lens_q"].tolist() == [0, 4, 7, 8] and local["max_length_q"] == 4
     # the chunks' scored positions are the one-process loss's: labels[:, 1:] at positions 0..n-2
     assert torch.cat([c[1]["labels"] for c in chunks], 1)[:, :6].tolist() == labels[:, 1:].tolist()
+
+
+@pytest.mark.distributed
+@pytest.mark.extended
+def test_grpo_split_over_two_ranks_follows_two_data_parallel_ranks(tiny_model_dir, tmp_path):
+    """GRPO under S=2: each rank samples its own prompts whole, as two data-parallel ranks do; the training
+    passes run each rank's micro-batch split over both in turn. Same rewards, losses, KL, gradient norms
+    and weights as the two data-parallel ranks (a chunk attending only to itself would change the gradient)."""
+    from tests.stages.training.rl_helpers import LENGTH_REWARD, write_prompts
+
+    prompts = write_prompts(tmp_path / "prompts.jsonl")
+    argv = [f"model.path={tiny_model_dir}", f"data.path={prompts}", f"reward.functions={LENGTH_REWARD}"]
+    argv += ["rollout.n=4", "prompts_per_step=4", "rollout.max_new_tokens=16", "batch_size=4", "lr=1e-3"]
+    argv += ["logging_steps=1", "data.eval_fraction=0", "seed=1", "max_steps=3", "save_steps=0", "report_to=[none]"]
+    env = worker_env(tmp_path)
+    _run("grpo", [*argv, f"output_dir={tmp_path / 'dp'}"], env)
+    log = _run("grpo", [*argv, "parallel.sequence=2", f"output_dir={tmp_path / 'sp'}"], env)
+    assert "sequence 2 x data 1 = 2 rank(s)" in log
+    keys = [("train", k) for k in ("loss", "reward", "kl", "grad_norm")]
+    _follows(tmp_path / "dp", tmp_path / "sp", keys, rel=1e-4)

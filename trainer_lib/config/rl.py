@@ -275,6 +275,7 @@ class RLConfig(TrainingConfig):
                 f"({world_size}), and the mini-batch ({self.mini_batch} sequences) of batch_size * "
                 f"world size ({self.batch_size * world_size})"
             )
-        return dataclasses.replace(
-            self.engine, gradient_accumulation_steps=self.mini_batch // (world_size * self.batch_size)
-        )
+        # under parallel.sequence each rank of a group trains on every member's micro-batches in turn
+        # (rl/update_passes.py): S micro-steps per micro-batch
+        accumulation = self.mini_batch // (world_size * self.batch_size) * self.parallel.sequence
+        return dataclasses.replace(self.engine, gradient_accumulation_steps=accumulation)

@@ -437,10 +437,10 @@ class TrainingConfig:
         self.parallel.check_with(self.engine, self.lora)
         for key in ("tensor", "pipeline", "sequence"):
             if getattr(self.parallel, key) > 1 and key not in self.MODEL_PARALLEL:
-                runs = " and ".join(self.MODEL_PARALLEL) or "data"
+                takes = " and ".join(f"parallel.{k}" for k in self.MODEL_PARALLEL)
+                runs = f"takes {takes} besides data parallelism" if takes else "runs data parallelism only"
                 raise ConfigError(
-                    f"parallel.{key}={getattr(self.parallel, key)}: this stage runs {runs} parallelism only "
-                    f"(docs/parallelism.md)"
+                    f"parallel.{key}={getattr(self.parallel, key)}: this stage {runs} (docs/parallelism.md)"
                 )
         if self.parallel.sequence > 1 and not self.data.packing:
             raise ConfigError(

@@ -38,6 +38,11 @@ def _groups(size: int):
 
 _WRAPPED: set[str] = set()
 
+#: the keyword a split chunk's forward carries down to every attention call (transformers hands a model's extra
+#: keywords to its attention functions, and gradient checkpointing's recomputation keeps them); a forward
+#: without it attends whole sequences on its rank, unexchanged
+EXCHANGE = "ulysses_exchange"
+
 
 def register(model, size: int):
     """Wrap ``model``'s attention function in Ulysses' exchange over sequence groups of ``size`` ranks
@@ -67,7 +72,11 @@ def register(model, size: int):
         )
         wrapper.core_attn_implementation = attention
 
+        core = wrapper.attn
+
         def exchanged(module, query, key, value, attention_mask, *args, **kwargs):
+            if not kwargs.pop(EXCHANGE, False):  # a whole sequence on this rank (an RL rollout, its log-probs)
+                return core(module, query, key, value, attention_mask, *args, **kwargs)
             # the mask, if any, was built for this rank's chunk; the sequences are read from the
             # boundaries (or the gathered position ids) at the whole row's length
             return wrapper(module, query, key, value, None, *args, **kwargs)
@@ -107,7 +116,7 @@ class SequenceShards:
             positions = torch.arange(length, device=ids.device)[None]
         padded_ids = F.pad(ids, (0, pad), value=pad_token_id)
         positions = torch.cat([positions, torch.arange(pad, device=ids.device)[None]], dim=1)
-        local = {"input_ids": padded_ids[:, piece], "position_ids": positions[:, piece].to(ids.device)}
+        local = {"input_ids": padded_ids[:, piece], "position_ids": positions[:, piece].to(ids.device), EXCHANGE: True}
         bounds = batch.get("cu_seq_lens_q", batch.get("cu_seq_lens"))
         if bounds is not None:
             bounds = bounds.cpu().long()
@@ -128,6 +137,42 @@ class SequenceShards:
         from the sum: its gradient comes back to each rank's part unchanged (each rank holds the whole
         loss, so nothing is summed on the way back; torch's differentiable all-reduce would sum S copies)."""
         return _replicated_sum().apply(value, self.group)
+
+    def gather_with_grad(self, value):
+        """The group's chunks of ``value`` ``(1, n)`` joined in rank order ``(1, S x n)``, for a loss every rank of
+        the group then computes alike; each rank's gradient is its own chunk's slice (nothing summed back)."""
+        return _replicated_gather().apply(value, self.group, self.size, self.rank)
+
+    def gather_objects(self, value) -> list:
+        """``value`` (picklable: tensors on the CPU, lists) of every rank of the group, in rank order."""
+        import torch.distributed as dist
+
+        found = [None] * self.size
+        dist.all_gather_object(found, value, group=self.group)
+        return found
+
+
+@functools.cache
+def _replicated_gather():
+    """The autograd function of :meth:`SequenceShards.gather_with_grad` (built on first use)."""
+    import torch
+
+    class ReplicatedGather(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, value, group, size, rank):
+            import torch.distributed as dist
+
+            parts = [torch.empty_like(value) for _ in range(size)]
+            dist.all_gather(parts, value.contiguous(), group=group)
+            ctx.rank, ctx.width = rank, value.shape[-1]
+            return torch.cat(parts, dim=-1)
+
+        @staticmethod
+        def backward(ctx, grad):
+            start = ctx.rank * ctx.width
+            return grad[..., start : start + ctx.width], None, None, None
+
+    return ReplicatedGather
 
 
 @functools.cache

@@ -137,18 +137,31 @@ def shifted_lm_loss(model, inputs: dict, shifted: torch.Tensor, scale: float) ->
     return chunked_nll(hidden, weight, shifted[keep], torch.full((hidden.shape[0],), scale, device=hidden.device))
 
 
-def position_logprobs(model, inputs: dict, targets: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+def position_logprobs(
+    model, inputs: dict, targets: torch.Tensor, keep: torch.Tensor, temperature: float = 1.0, with_entropy=False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log p(targets[:, i])`` predicted at position ``i`` of ``inputs`` where ``keep``, 0 elsewhere, ``(B, T)``
-    float32: targets already shifted (a sequence-parallel rank's chunk, :mod:`trainer_lib.engine.sequence`)."""
+    float32, and (``with_entropy``) each kept position's entropy without gradient: targets already shifted (a
+    sequence-parallel rank's chunk, :mod:`trainer_lib.engine.sequence`)."""
     from trainer_lib.losses.chunked_head import chunked_logprobs
 
     weight = head_weight(model)
     if weight is None:
         logits = model(**inputs, use_cache=False).logits[keep].float()
-        picked = logits.gather(-1, targets[keep].unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        if temperature > 0 and temperature != 1.0:
+            logits = logits / temperature
+        normalizer = torch.logsumexp(logits, dim=-1)
+        picked = logits.gather(-1, targets[keep].unsqueeze(-1)).squeeze(-1) - normalizer
+        entropy = None
+        if with_entropy:
+            with torch.no_grad():
+                entropy = normalizer - (torch.softmax(logits, dim=-1) * logits).sum(-1)
     else:
-        picked, _ = chunked_logprobs(final_hidden(model, inputs)[keep], weight, targets[keep])
-    return torch.zeros(targets.shape, dtype=torch.float32, device=picked.device).masked_scatter(keep, picked.float())
+        hidden = final_hidden(model, inputs)[keep]
+        picked, entropy = chunked_logprobs(hidden, weight, targets[keep], temperature, with_entropy)
+    full = torch.zeros(targets.shape, dtype=torch.float32, device=picked.device)
+    spread = full.masked_scatter(keep, picked.float())
+    return spread, None if entropy is None else full.masked_scatter(keep, entropy.float())
 
 
 def scored_logprobs(

@@ -50,7 +50,7 @@ def forward_logps(model, batch: dict, device, shards=None) -> SequenceLogps:
         whole = {key: value.to(device) for key, value in batch.items() if hasattr(value, "to")}
         inputs, shifted = shards.split(whole, {"input_ids": 0, "completion_mask": False, "segment_ids": 0})
         mask = shifted["completion_mask"]
-        per_token = position_logprobs(model, inputs, shifted["input_ids"], mask)
+        per_token, _ = position_logprobs(model, inputs, shifted["input_ids"], mask)
         summed, counts = summed_logps(per_token, mask, shifted["segment_ids"], rows=len(batch["cu_seq_lens"]) - 1)
         summed, counts = shards.sum_with_grad(summed), shards.sum(counts)
         return SequenceLogps(*split_halves(summed), *split_halves(counts))

@@ -38,7 +38,9 @@ def start(cfg, priority_signal=None, sequences_per_row: int = 1):
     resolve_batch_size(
         cfg, sequences_per_row=sequences_per_row, sequence_length=cfg.data.max_length + cfg.rollout.max_new_tokens
     )
-    strategy = DeepSpeedStrategy(cfg.engine_for(planned_world_size()), micro_batch_size=cfg.batch_size, seed=cfg.seed)
+    strategy = DeepSpeedStrategy(
+        cfg.engine_for(planned_world_size()), micro_batch_size=cfg.batch_size, seed=cfg.seed, parallel=cfg.parallel
+    )
     strategy.setup_distributed()
     tokenizer = load_tokenizer(cfg.model)
     train_rows, eval_rows = load_prompts(cfg, tokenizer)

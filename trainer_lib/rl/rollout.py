@@ -374,6 +374,42 @@ def generate(
     )
 
 
+def split_token_logprobs(
+    model, rollout: Rollout, shards, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """:func:`token_logprobs` of a rollout every rank of a sequence group holds (``shards``,
+    :class:`~trainer_lib.engine.sequence.SequenceShards`), its padded rows made one padding-free row and that
+    row split over the group: each rank scores its chunk's response positions, and the group's chunks are
+    joined again (each rank's gradient its own chunk's) and put back in the ``(N, R)`` layout."""
+    from trainer_lib.data.tokenize import boundary_kwargs
+    from trainer_lib.models.lm_head import position_logprobs
+
+    device = next(model.parameters()).device
+    inputs = rollout.model_inputs(device)
+    keep = inputs["attention_mask"].bool()
+    width, prompt_width = rollout.response_ids.shape[1], rollout.prompt_ids.shape[1]
+    is_response = torch.cat([torch.zeros_like(rollout.prompt_mask), rollout.response_mask], dim=1).to(device).bool()
+    bounds = torch.cat([torch.zeros(1, dtype=torch.long), keep.sum(1).cpu().cumsum(0)])
+    row = {
+        "input_ids": inputs["input_ids"][keep][None],
+        "position_ids": inputs["position_ids"][keep][None],
+        "is_response": is_response[keep][None],  # a position is scored when the token after it is a response's
+        **boundary_kwargs(bounds, device),
+    }
+    local, shifted = shards.split(row, {"input_ids": 0, "is_response": False})
+    logprobs, entropy = position_logprobs(
+        model, local, shifted["input_ids"], shifted["is_response"], temperature, with_entropy
+    )
+    length = row["input_ids"].shape[1]
+
+    def back_in_place(chunk):  # (1, chunk) -> the whole row -> (N, T) -> the positions before each response token
+        whole = shards.gather_with_grad(chunk)[0, :length]
+        spread = torch.zeros(keep.shape, dtype=whole.dtype, device=whole.device).masked_scatter(keep, whole)
+        return spread[:, prompt_width - 1 : prompt_width - 1 + width] * rollout.response_mask.to(device)
+
+    return back_in_place(logprobs), None if entropy is None else back_in_place(entropy.detach()).detach()
+
+
 def token_logprobs(
     model,
     rollout: Rollout,

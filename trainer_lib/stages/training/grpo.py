@@ -106,6 +106,16 @@ class GRPOConfig(RLConfig):
         if self.env.class_ and self.overlong_buffer:
             raise ConfigError("overlong_buffer: measures one completion against rollout.max_new_tokens, not an episode")
 
+        if self.parallel.sequence > 1 and (self.env.class_ or self.buffer.dynamic_sampling):
+            key = "env.class" if self.env.class_ else "buffer.dynamic_sampling"
+            raise ConfigError(
+                f"parallel.sequence={self.parallel.sequence} with {key}: a sequence group trains its ranks' "
+                f"micro-batches in turn, so every rank needs as many single-turn rows"
+            )
+
+    #: the training passes split rows over a sequence group (rollouts stay whole per rank)
+    MODEL_PARALLEL = ("sequence",)
+
     def clip_range(self) -> tuple[float, float]:
         """(eps_low, eps_high) of the ratio's clip."""
         low = self.epsilon if self.clip_low is None else self.clip_low
@@ -229,14 +239,52 @@ def rollout_correction(cfg: GRPOConfig):
     return correct
 
 
+class PolicyUpdate:
+    """One micro-batch's clipped policy-gradient loss (with the k3 KL term), backward and, at the accumulation
+    boundary, the optimizer step; its log-probs through ``passes`` (:mod:`trainer_lib.rl.update_passes`: whole
+    sequences, or a row split over a sequence group)."""
+
+    def __init__(self, cfg: GRPOConfig, engine, strategy, cadence, kl_coef: float):
+        from trainer_lib.rl.update_passes import update_passes
+
+        self.engine, self.strategy, self.cadence, self.kl_coef = engine, strategy, cadence, kl_coef
+        self.temperature, self.passes = cfg.rollout.temperature, update_passes(strategy)
+        self.loss_of, self.aggregate = policy_loss(cfg), token_aggregation(cfg)
+        self.correct = rollout_correction(cfg)
+        self.optimizer_time = 0.0
+
+    def __call__(self, part, given: dict) -> None:
+        """``part``: a rollout's micro-batch; ``given``: its rows of the old and reference log-probs (None when
+        not computed) and of the advantages."""
+        from trainer_lib.losses import kl_k3, masked_mean
+
+        window = self.cadence.window
+        mask = part.loss_mask.to(self.strategy.device).float()  # the model's tokens (not the environment's)
+        logprobs, entropy = self.passes.logprobs(self.engine, part, self.temperature, with_entropy=True)
+        old = logprobs.detach() if given["old"] is None else given["old"].to(logprobs.device)
+        per_token, clipped = self.loss_of(logprobs, old, given["advantages"].to(logprobs.device), mask)
+        per_token = self.correct(per_token, old, part.logprobs, mask, window)
+        if given["reference"] is not None:
+            kl = kl_k3(logprobs, given["reference"].to(logprobs.device))
+            if self.kl_coef:  # reinforce_pp has its KL in the reward instead
+                per_token = per_token + self.kl_coef * kl
+            window.add("kl", masked_mean(kl.detach(), mask))
+        loss = self.aggregate(per_token, mask)
+        self.strategy.backward(loss, self.engine)
+        optimizer_start = time.perf_counter()
+        self.strategy.optimizer_step(self.engine)
+        self.optimizer_time += time.perf_counter() - optimizer_start
+        window.add_all(
+            {"loss": loss, "clip_fraction": masked_mean(clipped, mask), "entropy": masked_mean(entropy, mask)}
+        )
+
+
 def run(cfg: GRPOConfig) -> dict:
     import torch
 
     from trainer_lib.loop.cadence import Cadence
-    from trainer_lib.losses import kl_k3, masked_mean
     from trainer_lib.rl import experience as rl
     from trainer_lib.rl.actor_critic import build_models
-    from trainer_lib.rl.rollout import token_logprobs
 
     # ---- prompts, schedule, the environment (multi-turn); policy, reference and rewards (no critic)
     strategy, tokenizer, eval_rows, schedule = rl.start(cfg)
@@ -244,8 +292,7 @@ def run(cfg: GRPOConfig) -> dict:
     steps, n, temperature = schedule.steps, cfg.rollout.n, cfg.rollout.temperature
     models = build_models(cfg, strategy, tokenizer, steps * cfg.updates_per_step(), use_reference=cfg.beta > 0)
     engine, rewards = models.actor_engine, models.rewards
-    advantage_of, loss_of, aggregate = advantage_estimator(cfg, strategy), policy_loss(cfg), token_aggregation(cfg)
-    shape_rewards, correct_rollout = reward_shaping(cfg, strategy), rollout_correction(cfg)
+    advantage_of, shape_rewards = advantage_estimator(cfg, strategy), reward_shaping(cfg, strategy)
     # one update and no advantage that needs them up front: pi_old is the policy itself
     reuse_logprobs = cfg.updates_per_step() == 1 and not advantage_of.needs_old_logprobs
 
@@ -253,6 +300,7 @@ def run(cfg: GRPOConfig) -> dict:
     cadence = Cadence(
         cfg, strategy, "grpo", steps, engine, evaluate=evaluation, stateful={"rewards": rewards, **schedule.stateful()}
     )
+    update = PolicyUpdate(cfg, engine, strategy, cadence, advantage_of.kl_coef)
     try:
         cadence.restore(
             f"{cfg.advantage} advantages, {len(schedule.prompts)} train / {len(eval_rows)} eval prompts, "
@@ -273,38 +321,23 @@ def run(cfg: GRPOConfig) -> dict:
                 ref_logprobs = models.reference_logprobs(rollout, temperature, cfg.batch_size)
             advantages = advantage_of(scores, rollout.loss_mask, old_logprobs, ref_logprobs)
             # 3. clipped policy-gradient updates over shuffled mini-batches
-            train_start, optimizer_time = time.perf_counter(), 0.0
+            train_start, update.optimizer_time = time.perf_counter(), 0.0
+            per_row = {"old": old_logprobs, "advantages": advantages, "reference": ref_logprobs}
             for micro in schedule.update_micro_batches(step):
-                part = rollout.select(micro)
-                width = part.response_ids.shape[1]
-                mask = part.loss_mask.to(strategy.device).float()  # the model's tokens (not the environment's)
-                logprobs, entropy = token_logprobs(engine, part, temperature, with_entropy=True)
-                old = logprobs.detach() if old_logprobs is None else old_logprobs[micro, :width].to(logprobs.device)
-                adv = advantages[micro, :width].to(logprobs.device)
-                per_token, clipped = loss_of(logprobs, old, adv, mask)
-                per_token = correct_rollout(per_token, old, part.logprobs, mask, cadence.window)
-                if ref_logprobs is not None:
-                    kl = kl_k3(logprobs, ref_logprobs[micro, :width].to(logprobs.device))
-                    if advantage_of.kl_coef:  # reinforce_pp has its KL in the reward instead
-                        per_token = per_token + advantage_of.kl_coef * kl
-                    cadence.window.add("kl", masked_mean(kl.detach(), mask))
-                loss = aggregate(per_token, mask)
-                strategy.backward(loss, engine)
-                optimizer_start = time.perf_counter()
-                strategy.optimizer_step(engine)
-                optimizer_time += time.perf_counter() - optimizer_start
-                cadence.window.add_all(
-                    {"loss": loss, "clip_fraction": masked_mean(clipped, mask), "entropy": masked_mean(entropy, mask)}
-                )
+                for part, given in update.passes.parts(rollout, micro, per_row):  # (each member's, under S)
+                    update(part, given)
             cadence.window.add_all(
                 {
                     **metrics,
                     "logprob_time": train_start - logprob_start,
                     "train_time": time.perf_counter() - train_start,
-                    "optimizer_time": optimizer_time,
+                    "optimizer_time": update.optimizer_time,
                 }
             )
-            cadence.window.count(samples=len(rollout), tokens=rl.rollout_tokens(rollout))
+            cadence.window.count(
+                samples=len(rollout) * update.passes.rows_counted,
+                tokens=rl.rollout_tokens(rollout) * update.passes.rows_counted,
+            )
             cadence.log_samples(step, functools.partial(rl.rollout_samples, rollout, rewards, advantages, n))
             cadence.after_step(step)
 
