@@ -263,12 +263,27 @@ def load_critic(cfg, pad_token_id: int, vocab: int, placement=None):
 def critic_token_values(critic, rollout):
     """Critic values ``(N, R)``: the scalar head read at the positions that predict each response
     token, i.e. V(prompt, response_<t)."""
+    scores = _head_outputs(critic, rollout.model_inputs(next(critic.parameters()).device))
+    width = rollout.response_ids.shape[1]
+    return scores[:, -(width + 1) : -1, 0].float() * rollout.response_mask.to(scores.device)
+
+
+def split_critic_values(critic, rollout, shards):
+    """:func:`critic_token_values` of a rollout every rank of a sequence group holds, its rows split over the
+    group (:class:`trainer_lib.rl.rollout.SplitRows`)."""
+    from trainer_lib.rl.rollout import SplitRows
+
+    rows = SplitRows(rollout, shards, next(critic.parameters()).device)
+    return rows.back_in_place(_head_outputs(critic, rows.inputs)[..., 0].float())
+
+
+def _head_outputs(critic, inputs: dict):
+    """The critic's ``score`` head outputs ``(B, T, 1)`` at every position of ``inputs``."""
     outputs = []
     head = next(m for name, m in critic.named_modules() if name.rsplit(".", 1)[-1] == "score")
     hook = head.register_forward_hook(lambda module, args, out: outputs.append(out))
     try:
-        critic(**rollout.model_inputs(next(critic.parameters()).device), use_cache=False)
+        critic(**inputs, use_cache=False)
     finally:
         hook.remove()
-    width = rollout.response_ids.shape[1]
-    return outputs[-1][:, -(width + 1) : -1, 0].float() * rollout.response_mask.to(outputs[-1].device)
+    return outputs[-1]

@@ -429,6 +429,12 @@ def reference_logprobs(reference, policy, rollout, temperature: float):
             return token_logprobs(policy, rollout, temperature)[0]
 
 
+def window_counts(rollout, rows_counted: int = 1) -> dict:
+    """The metrics window's ``samples`` and ``tokens`` of a step's rollout; ``rows_counted``: the ranks that
+    sampled rows of their own among those the window counts once (a sequence group's, rl/update_passes.py)."""
+    return {"samples": len(rollout) * rows_counted, "tokens": rollout_tokens(rollout) * rows_counted}
+
+
 def per_micro_batch(fn, rollout, micro: int):
     """``fn(part)`` over row chunks of ``rollout``, results padded back into one ``(N, R)`` tensor."""
     import torch

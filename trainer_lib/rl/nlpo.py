@@ -50,17 +50,18 @@ def top_p_set(logits: torch.Tensor, top_p: float) -> torch.Tensor:
 class FullVocabulary:
     """PPO's and A2C's action space: every token of the vocabulary."""
 
-    def __init__(self):
+    def __init__(self, passes=None):
+        from trainer_lib.rl.update_passes import WholeSequences
+
         self.stateful = {}
         self.logits_processor = None
+        self.passes = passes or WholeSequences()  # or a sequence group's split passes (rl/update_passes.py)
 
     def begin_step(self, step: int) -> None:
         """Nothing changes between steps."""
 
     def logprobs(self, engine, part, temperature: float, entropy_grad: bool = False):
-        from trainer_lib.rl.rollout import token_logprobs
-
-        logprobs, entropy = token_logprobs(engine, part, temperature, with_entropy=True, entropy_grad=entropy_grad)
+        logprobs, entropy = self.passes.logprobs(engine, part, temperature, True, entropy_grad)
         return logprobs, entropy, {}
 
     def rollout_logprobs(self, models, rollout, temperature: float, batch_size: int):

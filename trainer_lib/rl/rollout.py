@@ -374,40 +374,48 @@ def generate(
     )
 
 
+class SplitRows:
+    """A rollout's padded rows as one padding-free row cut into a sequence group's chunks
+    (:class:`~trainer_lib.engine.sequence.SequenceShards`): this rank's chunk of the model's inputs, which of
+    its positions predict a response token (``scored``) and that token (``targets``), and the way back from
+    per-position values of the chunk to the rollout's ``(N, R)`` layout."""
+
+    def __init__(self, rollout: Rollout, shards, device):
+        from trainer_lib.data.tokenize import boundary_kwargs
+
+        inputs = rollout.model_inputs(device)
+        self.keep, self.shards, self.rollout, self.device = inputs["attention_mask"].bool(), shards, rollout, device
+        is_response = torch.cat([torch.zeros_like(rollout.prompt_mask), rollout.response_mask], dim=1).to(device)
+        bounds = torch.cat([torch.zeros(1, dtype=torch.long), self.keep.sum(1).cpu().cumsum(0)])
+        row = {
+            "input_ids": inputs["input_ids"][self.keep][None],
+            "position_ids": inputs["position_ids"][self.keep][None],
+            "is_response": is_response.bool()[self.keep][None],  # scored: the token after is a response's
+            **boundary_kwargs(bounds, device),
+        }
+        self.length = row["input_ids"].shape[1]
+        self.inputs, shifted = shards.split(row, {"input_ids": 0, "is_response": False})
+        self.targets, self.scored = shifted["input_ids"], shifted["is_response"]
+
+    def back_in_place(self, chunk: torch.Tensor) -> torch.Tensor:
+        """``(1, chunk)`` values of this rank's positions -> the group's joined (each rank's gradient its own
+        chunk's) -> ``(N, R)`` at the positions that predict each response token, 0 past a response's end."""
+        whole = self.shards.gather_with_grad(chunk)[0, : self.length]
+        spread = torch.zeros(self.keep.shape, dtype=whole.dtype, device=whole.device).masked_scatter(self.keep, whole)
+        start, width = self.rollout.prompt_ids.shape[1] - 1, self.rollout.response_ids.shape[1]
+        return spread[:, start : start + width] * self.rollout.response_mask.to(whole.device)
+
+
 def split_token_logprobs(
     model, rollout: Rollout, shards, temperature: float = 1.0, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """:func:`token_logprobs` of a rollout every rank of a sequence group holds (``shards``,
-    :class:`~trainer_lib.engine.sequence.SequenceShards`), its padded rows made one padding-free row and that
-    row split over the group: each rank scores its chunk's response positions, and the group's chunks are
-    joined again (each rank's gradient its own chunk's) and put back in the ``(N, R)`` layout."""
-    from trainer_lib.data.tokenize import boundary_kwargs
+    """:func:`token_logprobs` of a rollout every rank of a sequence group holds, its rows split over the group
+    (:class:`SplitRows`): each rank scores its chunk's positions, the chunks joined again."""
     from trainer_lib.models.lm_head import position_logprobs
 
-    device = next(model.parameters()).device
-    inputs = rollout.model_inputs(device)
-    keep = inputs["attention_mask"].bool()
-    width, prompt_width = rollout.response_ids.shape[1], rollout.prompt_ids.shape[1]
-    is_response = torch.cat([torch.zeros_like(rollout.prompt_mask), rollout.response_mask], dim=1).to(device).bool()
-    bounds = torch.cat([torch.zeros(1, dtype=torch.long), keep.sum(1).cpu().cumsum(0)])
-    row = {
-        "input_ids": inputs["input_ids"][keep][None],
-        "position_ids": inputs["position_ids"][keep][None],
-        "is_response": is_response[keep][None],  # a position is scored when the token after it is a response's
-        **boundary_kwargs(bounds, device),
-    }
-    local, shifted = shards.split(row, {"input_ids": 0, "is_response": False})
-    logprobs, entropy = position_logprobs(
-        model, local, shifted["input_ids"], shifted["is_response"], temperature, with_entropy
-    )
-    length = row["input_ids"].shape[1]
-
-    def back_in_place(chunk):  # (1, chunk) -> the whole row -> (N, T) -> the positions before each response token
-        whole = shards.gather_with_grad(chunk)[0, :length]
-        spread = torch.zeros(keep.shape, dtype=whole.dtype, device=whole.device).masked_scatter(keep, whole)
-        return spread[:, prompt_width - 1 : prompt_width - 1 + width] * rollout.response_mask.to(device)
-
-    return back_in_place(logprobs), None if entropy is None else back_in_place(entropy.detach()).detach()
+    rows = SplitRows(rollout, shards, next(model.parameters()).device)
+    logprobs, entropy = position_logprobs(model, rows.inputs, rows.targets, rows.scored, temperature, with_entropy)
+    return rows.back_in_place(logprobs), None if entropy is None else rows.back_in_place(entropy.detach()).detach()
 
 
 def token_logprobs(

@@ -39,10 +39,14 @@ class WholeSequences:
         """``(rollout part, {key: its rows of each (N, ...) tensor of per_row, or None})`` for ``micro``."""
         yield _rows(rollout, micro, per_row)
 
-    def logprobs(self, engine, part, temperature: float, with_entropy: bool = False):
+    def logprobs(self, engine, part, temperature: float, with_entropy: bool = False, entropy_grad: bool = False):
         from trainer_lib.rl.rollout import token_logprobs
 
-        return token_logprobs(engine, part, temperature, with_entropy=with_entropy)
+        return token_logprobs(engine, part, temperature, with_entropy=with_entropy, entropy_grad=entropy_grad)
+
+    def values(self, models, part):
+        """The critic's values ``(N, R)`` of ``part`` (PPO)."""
+        return models.token_values(part)
 
 
 class SequenceGroup:
@@ -57,7 +61,14 @@ class SequenceGroup:
         given = {key: None if value is None else value.detach().cpu() for key, value in given.items()}
         yield from self.shards.gather_objects((part, given))
 
-    def logprobs(self, engine, part, temperature: float, with_entropy: bool = False):
+    def logprobs(self, engine, part, temperature: float, with_entropy: bool = False, entropy_grad: bool = False):
         from trainer_lib.rl.rollout import split_token_logprobs
 
+        if entropy_grad:  # (PPOConfig refuses entropy_coef > 0 with parallel.sequence)
+            raise ValueError("parallel.sequence: the entropy bonus's gradient is not split over a sequence group")
         return split_token_logprobs(engine, part, self.shards, temperature, with_entropy)
+
+    def values(self, models, part):
+        from trainer_lib.rl.actor_critic import split_critic_values
+
+        return split_critic_values(models.critic_engine, part, self.shards)

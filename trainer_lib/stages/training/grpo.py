@@ -334,10 +334,7 @@ def run(cfg: GRPOConfig) -> dict:
                     "optimizer_time": update.optimizer_time,
                 }
             )
-            cadence.window.count(
-                samples=len(rollout) * update.passes.rows_counted,
-                tokens=rl.rollout_tokens(rollout) * update.passes.rows_counted,
-            )
+            cadence.window.count(**rl.window_counts(rollout, update.passes.rows_counted))
             cadence.log_samples(step, functools.partial(rl.rollout_samples, rollout, rewards, advantages, n))
             cadence.after_step(step)
 

@@ -137,6 +137,18 @@ class PPOConfig(RLConfig):
             raise ConfigError(f"critic_lr: expected a positive number, got {self.critic_lr}")
         if self.entropy_coef < 0:
             raise ConfigError(f"entropy_coef: expected >= 0, got {self.entropy_coef}")
+        split = self.parallel.sequence
+        for key, on in (
+            ("objective=nlpo", self.objective == "nlpo"),
+            ("multi_adapter=true", self.multi_adapter),
+            ("entropy_coef > 0", self.entropy_coef > 0),
+            ("buffer.dynamic_sampling", self.buffer.dynamic_sampling),
+        ):
+            if split > 1 and on:
+                raise ConfigError(f"parallel.sequence={split} with {key}: not split over a sequence group yet")
+
+    #: the training passes split rows over a sequence group (rollouts stay whole per rank)
+    MODEL_PARALLEL = ("sequence",)
 
     def update_epochs(self) -> int:
         if self.ppo_epochs is not None:
@@ -186,6 +198,10 @@ class Experience:
     advantages: torch.Tensor
     returns: torch.Tensor
 
+    def update_rows(self) -> dict:
+        """The ``(N, R)`` tensors a mini-batch update reads its rows of."""
+        return {key: getattr(self, key) for key in ("old_logprobs", "advantages", "old_values", "returns")}
+
     def statistics(self, scores) -> dict:
         """The KL part of the reward, and how well the critic's values predicted the returns."""
         from trainer_lib.losses import explained_variance, masked_mean
@@ -212,9 +228,9 @@ class Objective:
     actions: object  # the action space (trainer_lib.rl.nlpo): sampling and log-probs
 
 
-def objective_for(cfg: PPOConfig, strategy, models) -> Objective:
+def objective_for(cfg: PPOConfig, strategy, models, passes) -> Objective:
     """The policy loss, value clip and action space of ``cfg.objective`` (``models`` built with a
-    masking copy for nlpo)."""
+    masking copy for nlpo; ``passes``: how the update's log-probs are taken, :mod:`trainer_lib.rl.update_passes`)."""
     from trainer_lib.losses import policy_gradient_loss, ppo_policy_loss
     from trainer_lib.rl import nlpo
 
@@ -223,7 +239,7 @@ def objective_for(cfg: PPOConfig, strategy, models) -> Objective:
         def unclipped(logprobs, old_logprobs, advantages, mask):  # no ratio: pi_old is not needed
             return policy_gradient_loss(logprobs, advantages, mask)
 
-        return Objective(unclipped, 0.0, nlpo.FullVocabulary())
+        return Objective(unclipped, 0.0, nlpo.FullVocabulary(passes))
     clipped = functools.partial(ppo_policy_loss, clip_range=cfg.clip_range)
     if cfg.objective == "nlpo":
         actor = strategy.unwrap(models.actor_engine)
@@ -231,7 +247,7 @@ def objective_for(cfg: PPOConfig, strategy, models) -> Objective:
             actor, models.masking_copy, cfg.nlpo.top_p, cfg.nlpo.mask_update_steps, cfg.rollout.temperature
         )
         return Objective(clipped, cfg.value_clip_range, nlpo.MaskedActions(masking))
-    return Objective(clipped, cfg.value_clip_range, nlpo.FullVocabulary())
+    return Objective(clipped, cfg.value_clip_range, nlpo.FullVocabulary(passes))
 
 
 def make_experience(models, rollout, scores, kl_coef: float, cfg: PPOConfig, actions) -> Experience:
@@ -262,37 +278,32 @@ def make_experience(models, rollout, scores, kl_coef: float, cfg: PPOConfig, act
 
 
 def mini_batch_update(
-    models, part, rows, experience: Experience, cfg: PPOConfig, objective: Objective, train_actor: bool
+    models, part, given: dict, cfg: PPOConfig, objective: Objective, train_actor: bool, passes
 ) -> dict:
-    """Step 5 on one mini-batch ``part`` (the rollout's ``rows``): the objective's policy loss (plus the
-    entropy bonus) and value loss, then the layout's update on ``policy_loss + vf_coef * value_loss``.
-    Returns the mini-batch's metrics."""
+    """Step 5 on one mini-batch ``part`` (``given``: its rows of the experience's old log-probs, advantages, old
+    values and returns): the objective's policy loss (plus the entropy bonus) and value loss, then the layout's
+    update on ``policy_loss + vf_coef * value_loss``. Returns the mini-batch's metrics."""
     import torch
 
     from trainer_lib.losses import entropy_bonus, masked_mean, ppo_value_loss
 
     device = models.strategy.device
-    width = part.response_ids.shape[1]
     mask = part.response_mask.to(device).float()
-
-    def cut(tensor):  # the step's (N, R) tensor, cut to these rows and this part's width
-        return tensor[rows, :width].to(device)
+    given = {key: value.to(device) for key, value in given.items()}
 
     with torch.set_grad_enabled(train_actor):  # a frozen actor needs no graph
         logprobs, entropy, action_stats = objective.actions.logprobs(
             models.actor_engine, part, cfg.rollout.temperature, entropy_grad=cfg.entropy_coef > 0
         )
-        policy_loss, policy_stats = objective.policy_loss(
-            logprobs, cut(experience.old_logprobs), cut(experience.advantages), mask
-        )
+        policy_loss, policy_stats = objective.policy_loss(logprobs, given["old_logprobs"], given["advantages"], mask)
         bonus = entropy_bonus(entropy, mask, cfg.entropy_coef)  # exactly 0, and no graph, when entropy_coef=0
     value_loss = value_stats = None
 
     def weighted_value_loss():  # the layout calls it when the critic may run: after a separate actor's step
         nonlocal value_loss, value_stats
-        values = models.token_values(part)
+        values = passes.values(models, part)
         value_loss, value_stats = ppo_value_loss(
-            values, cut(experience.old_values), cut(experience.returns), mask, objective.value_clip_range
+            values, given["old_values"], given["returns"], mask, objective.value_clip_range
         )
         return cfg.vf_coef * value_loss
 
@@ -313,17 +324,17 @@ def run(cfg: PPOConfig) -> dict:
     from trainer_lib.rl import experience as rl
     from trainer_lib.rl.actor_critic import build_models
     from trainer_lib.rl.buffer import reward_deviation
+    from trainer_lib.rl.update_passes import update_passes
 
     # ---- prompts, schedule; actor, critic, reference and rewards in the configured layout
     strategy, tokenizer, eval_rows, schedule = rl.start(cfg, priority_signal=reward_deviation)
     steps, n = schedule.steps, cfg.rollout.n
-    updates = steps * cfg.updates_per_step()
     actor_updates = (steps - min(cfg.freeze_actor_steps, steps - 1)) * cfg.updates_per_step()
     models = build_models(
         cfg,
         strategy,
         tokenizer,
-        updates,
+        steps * cfg.updates_per_step(),
         use_reference=cfg.kl.coef > 0,
         with_critic=True,
         actor_updates=actor_updates,
@@ -331,7 +342,8 @@ def run(cfg: PPOConfig) -> dict:
     )
     actor_engine, rewards = models.actor_engine, models.rewards
     kl_ctl = KLController(cfg.kl.coef, cfg.kl.target if cfg.kl.adaptive else None, cfg.kl.horizon)
-    objective = objective_for(cfg, strategy, models)
+    passes = update_passes(strategy)  # each rank its own micro-batches, or a sequence group's in turn
+    objective = objective_for(cfg, strategy, models, passes)
     actions = objective.actions
 
     cadence = Cadence(
@@ -367,9 +379,8 @@ def run(cfg: PPOConfig) -> dict:
             train_start = time.perf_counter()
             train_actor = step >= cfg.freeze_actor_steps
             for micro in schedule.update_micro_batches(step):
-                cadence.window.add_all(
-                    mini_batch_update(models, rollout.select(micro), micro, experience, cfg, objective, train_actor)
-                )
+                for part, given in passes.parts(rollout, micro, experience.update_rows()):
+                    cadence.window.add_all(mini_batch_update(models, part, given, cfg, objective, train_actor, passes))
 
             # 6. statistics and KL control
             sequence_kl = float(strategy.all_reduce(experience.kl.sum(1).mean()))
@@ -384,7 +395,7 @@ def run(cfg: PPOConfig) -> dict:
                 }
             )
             kl_ctl.update(sequence_kl, cfg.prompts_per_step * n)
-            cadence.window.count(samples=len(rollout), tokens=rl.rollout_tokens(rollout))
+            cadence.window.count(**rl.window_counts(rollout, passes.rows_counted))
             cadence.log_samples(step, functools.partial(experience.sample_rows, rollout, rewards, n))
             cadence.after_step(step)
 
