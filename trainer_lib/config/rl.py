@@ -18,7 +18,7 @@ from trainer_lib.config.judge import LLMJudgeConfig
 from trainer_lib.errors import ConfigError, UserError
 
 #: The names of trainer_lib.losses.process_reward.STEP_AGGREGATIONS (not imported: config stays free of torch).
-PRM_AGGREGATIONS = ("min", "last", "mean")
+PRM_AGGREGATIONS = ("min", "last", "mean", "steps")
 
 
 @dataclass
@@ -68,7 +68,10 @@ class RewardSourcesConfig:
         None, "A process reward model (posttrain reward objective=process) scoring each completion's steps: prm."
     )
     prm_aggregation: str = opt(
-        "min", "prm_path: one reward from the step scores: the weakest step, the last, or their mean.", PRM_AGGREGATIONS
+        "min",
+        "prm_path: one reward from the step scores: the weakest step, the last, or their mean; steps (PPO): "
+        "each step's score a reward on the token that ends the step.",
+        PRM_AGGREGATIONS,
     )
 
 
@@ -181,6 +184,8 @@ class RLConfig(TrainingConfig):
 
     #: rollouts generate with the policy in one process per rank: no tensor or pipeline groups yet
     MODEL_PARALLEL = ()
+    #: whether the stage takes rewards on tokens (reward.prm_aggregation=steps): PPO's GAE does
+    TOKEN_REWARDS = False
 
     def validate(self) -> None:
         super().validate()
@@ -201,6 +206,11 @@ class RLConfig(TrainingConfig):
             )
         self.env.check(self.rollout)
         reward.judge.check("reward.judge")
+        if reward.prm_path and reward.prm_aggregation == "steps" and not self.TOKEN_REWARDS:
+            raise ConfigError(
+                "reward.prm_aggregation=steps: rewards on each step's last token are PPO's (its GAE credits them "
+                "where they stand); this stage needs one score per completion: min, last or mean"
+            )
         if self.prompts_per_step < 1 or self.ppo_epochs < 1 or self.mini_batch_size < 0:
             raise ConfigError("prompts_per_step, ppo_epochs: expected >= 1; mini_batch_size: expected >= 0")
         if self.multi_adapter and self.lora.r <= 0:

@@ -138,13 +138,24 @@ class RewardCombiner:
         table = self.table(prompts, completions, columns, completion_ids)
         return table, self.source_means(self.reduce(self.source_sums(table)))
 
-    def weighted(self, table: torch.Tensor) -> torch.Tensor:
-        """``sum_i w_i r_i`` per completion, sources that returned None left out; ``(N,)`` float64."""
-        return torch.nansum(table * torch.tensor(self.weights, dtype=torch.float64), dim=1)
+    def weighted(self, table: torch.Tensor, completion_level: bool = False) -> torch.Tensor:
+        """``sum_i w_i r_i`` per completion, sources that returned None left out; ``(N,)`` float64.
+        ``completion_level``: without the token-level sources (:meth:`token_level`), whose scores a loop
+        places on tokens instead."""
+        weights = [
+            0.0 if completion_level and getattr(fn, "token_level", False) else weight
+            for weight, (_, fn, _) in zip(self.weights, self.sources)
+        ]
+        return torch.nansum(table * torch.tensor(weights, dtype=torch.float64), dim=1)
+
+    def token_level(self) -> list[tuple[float, object]]:
+        """``(weight, source)`` of the sources whose scores go on tokens (``source.token_level``: the PRM's
+        ``steps``), read by PPO (:func:`trainer_lib.rl.experience.step_token_rewards`)."""
+        return [(w, fn) for w, (_, fn, _) in zip(self.weights, self.sources) if getattr(fn, "token_level", False)]
 
     def combine(self, table: torch.Tensor) -> torch.Tensor:
-        """Weighted sum, normalized and clipped, ``(N,)`` float32."""
-        rewards = self.weighted(table)
+        """Weighted sum of the completion-level sources, normalized and clipped, ``(N,)`` float32."""
+        rewards = self.weighted(table, completion_level=True)
         if self.normalize != "none":
             sums = self.reduce(
                 {"count": float(rewards.numel()), "total": float(rewards.sum()), "total_sq": float((rewards**2).sum())}

@@ -5,6 +5,11 @@ after its prompt as the PRM was trained (:func:`trainer_lib.data.step_labels.enc
 each step's last token; the step scores (sigmoid of the head) become one reward by an aggregation of
 :data:`trainer_lib.losses.process_reward.STEP_AGGREGATIONS`: ``min`` (the weakest step, Math-Shepherd's
 choice), ``last`` or ``mean``. A completion without a step gets 0.
+
+``steps`` (PPO): the step scores stay token-level rewards, each on the response token that ends its step
+(:meth:`PRMScorer.step_scores`, placed by :func:`trainer_lib.rl.experience.step_token_rewards`) so that GAE
+credits the step where it is; the scalar the scorer returns then (for the logged ``rewards/prm`` and the
+held-out reward) is their mean, and it is left out of the completion's training reward.
 """
 
 from __future__ import annotations
@@ -41,10 +46,13 @@ class PRMScorer:
     ):
         from trainer_lib.losses.process_reward import STEP_AGGREGATIONS
 
-        if aggregation not in STEP_AGGREGATIONS:
-            raise UserError(f"reward.prm_aggregation: expected one of {sorted(STEP_AGGREGATIONS)}, got {aggregation!r}")
+        if aggregation not in (*STEP_AGGREGATIONS, "steps"):
+            raise UserError(
+                f"reward.prm_aggregation: expected one of {sorted(STEP_AGGREGATIONS)} or steps, got {aggregation!r}"
+            )
         self.model, self.tokenizer = model, tokenizer
-        self.aggregate = STEP_AGGREGATIONS[aggregation]
+        self.token_level = aggregation == "steps"  # (RewardCombiner leaves it out of the completion's reward)
+        self.aggregate = STEP_AGGREGATIONS["mean" if self.token_level else aggregation]
         self.separator, self.join = separator, join
         self.max_length, self.batch_size, self.device = max_length, batch_size, device
         self.__name__ = "prm"  # the reward's metric name (rewards/prm)
@@ -61,25 +69,45 @@ class PRMScorer:
             return json.load(fh)
 
     def __call__(self, prompts: list, completions: list, **columns) -> list[float]:
+        rewards: list[float] = []
+        for probabilities, step_mask in self._scored(prompts, completions):
+            rewards.extend(self.aggregate(probabilities, step_mask).tolist())
+        return rewards
+
+    def step_scores(self, prompts: list, completions: list) -> list[list[tuple[int, float]]]:
+        """Each completion's steps as ``(where the step ends in the completion's text, its score)``; the steps
+        that did not fit in ``max_length`` tokens are left out."""
+        ends = []
+        for completion in completions:
+            text, position, found = generated_text(completion), 0, []
+            for step in split_steps(text, self.separator):
+                position = text.index(step, position) + len(step)
+                found.append(position)
+            ends.append(found)
+        scores: list[list[float]] = []
+        for probabilities, step_mask in self._scored(prompts, completions):
+            scores += [row[kept.bool()].tolist() for row, kept in zip(probabilities, step_mask)]
+        return [list(zip(where, values)) for where, values in zip(ends, scores)]
+
+    def _scored(self, prompts: list, completions: list):
+        """``(step probabilities (B, T), step mask (B, T))`` a batch at a time: the sigmoid of the head at every
+        token, and 1 at each step's last token."""
         import torch
+
+        from trainer_lib.models.heads import token_rewards
 
         examples = []
         for prompt, completion in zip(prompts, completions):
             steps = split_steps(generated_text(completion), self.separator)
             ids, ends = encode_steps(self.tokenizer, prompt, steps, self.max_length, self.join)
             examples.append({"input_ids": ids or [self.tokenizer.pad_token_id], "step_ends": ends})
-        from trainer_lib.models.heads import token_rewards
-
-        rewards: list[float] = []
         for start in range(0, len(examples), self.batch_size):
             batch = collate_steps(examples[start : start + self.batch_size], self.tokenizer.pad_token_id)
             with torch.no_grad():
                 logits = token_rewards(
                     self.model, batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
                 )
-            scores = self.aggregate(torch.sigmoid(logits), batch["step_mask"].to(logits.device))
-            rewards.extend(scores.tolist())
-        return rewards
+            yield torch.sigmoid(logits), batch["step_mask"].to(logits.device)
 
 
 def load_prm_scorer(

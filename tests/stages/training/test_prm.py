@@ -170,3 +170,91 @@ def test_the_process_keys_are_checked(tiny_model_dir):
         load_config(RewardConfig, None, [*base, "step_join=;"])
     with pytest.raises(ConfigError, match="step_separator: not a regular expression"):
         load_config(RewardConfig, None, [*base, "step_separator=(("])
+
+
+def test_step_scores_land_on_the_tokens_that_end_each_step(trained_prm, tiny_model_dir):
+    """reward.prm_aggregation=steps: each step's score on the response token whose text completes the step,
+    nothing on a completion without steps; the completion's training reward leaves the PRM out, while its
+    logged score (the mean of the steps) stays."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from trainer_lib.config import ModelConfig
+    from trainer_lib.rewards.combine import RewardCombiner
+    from trainer_lib.rewards.prm_scorer import load_prm_scorer
+    from trainer_lib.rl.experience import step_token_rewards
+    from trainer_lib.rl.rollout import Rollout
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    scorer = load_prm_scorer(str(trained_prm), ModelConfig(path=tiny_model_dir), lambda m: m, "fp32", "steps")
+    row = _step_rows(1, 5)[0]
+    texts = ["\n\n".join(row["completions"]), "no steps here"[:0]]
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] or [tokenizer.pad_token_id] for text in texts]
+    width = max(map(len, ids))
+    response = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in ids])
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in ids])
+    mask[1] = 0
+    prompt = torch.tensor([[5, 6]] * 2)
+    rollout = Rollout(prompt, torch.ones_like(prompt), response, mask, texts, [True, True], {})
+    rollout.prompts = [row["prompt"]] * 2
+    combiner = RewardCombiner([("prm", scorer)], [2.0])
+
+    placed = step_token_rewards(combiner, rollout, tokenizer)
+    steps = scorer.step_scores(rollout.prompts, texts)
+    assert len(steps[0]) == len(row["completions"]) and steps[1] == []
+    ends = [int(t) for t in placed[0].nonzero()]
+    assert len(ends) == len(steps[0]) and not placed[1].any()
+    for token, (end, score) in zip(ends, steps[0]):
+        assert len(tokenizer.decode(ids[0][: token + 1])) >= end > len(tokenizer.decode(ids[0][:token]))
+        assert placed[0, token].item() == pytest.approx(2.0 * score)
+    table = combiner.table(rollout.prompts, texts, {}, ids)
+    assert combiner.combine(table).tolist() == [0.0, 0.0]  # not in the completion's reward
+    mean = sum(score for _, score in steps[0]) / len(steps[0])
+    assert table[0, 0].item() == pytest.approx(mean)
+
+
+def test_ppo_takes_a_prms_step_scores_and_resumes_bit_exact(trained_prm, tiny_model_dir, tmp_path, capsys):
+    """PPO with the PRM's step scores as token rewards: it trains with them (rewards/prm logged), and losing
+    everything after the step-2 checkpoint and rerunning ends with the same weights and metrics."""
+    import os
+    import shutil
+
+    import torch
+
+    from tests.stages.training.rl_helpers import one_thread, run_rl, weights, write_prompts
+
+    out, prompts = tmp_path / "ppo", write_prompts(tmp_path / "prompts.jsonl", count=8)
+    args = ("max_steps=4", "save_steps=2", "save_total_limit=0", "logging_steps=1")
+    args += (f"reward.prm_path={trained_prm}", "reward.prm_aggregation=steps", "rollout.max_new_tokens=24")
+
+    def records():
+        drop = ("time", "_per_s", "memory_gb")
+        rows = [json.loads(line) for line in open(out / "metrics.jsonl")]
+        return [{k: v for k, v in r.items() if not any(d in k for d in drop)} for r in rows]
+
+    with one_thread():
+        run_rl("ppo", tiny_model_dir, prompts, out, 3, *args)
+        reference, logged = weights(out), records()
+        shutil.rmtree(out / "checkpoints" / "step-00000004")
+        os.remove(out / "model.safetensors")
+        capsys.readouterr()
+        run_rl("ppo", tiny_model_dir, prompts, out, 3, *args)
+    assert "resuming at step 2" in capsys.readouterr().out
+    train = [r for r in logged if r["split"] == "train"]
+    assert len(train) == 4 and all(0 < r["rewards/prm"] < 1 for r in train)
+    # step 1: no KL yet (the policy is its reference), so all the tokens got beyond the completion's reward
+    # (0 here: the PRM is its only source) is the step scores, a sum per completion of what rewards/prm averages
+    assert train[0]["non_score_reward"] >= train[0]["rewards/prm"] - 1e-6 > 0
+    resumed = weights(out)
+    assert all(torch.equal(reference[k], resumed[k]) for k in reference)
+    assert records() == logged
+
+
+def test_only_ppo_takes_step_rewards(tiny_model_dir):
+    from trainer_lib.stages.training.grpo import GRPOConfig
+    from trainer_lib.stages.training.ppo import PPOConfig
+
+    base = ["model.path=m", "data.path=d", "output_dir=o", "reward.prm_path=p", "reward.prm_aggregation=steps"]
+    assert load_config(PPOConfig, None, base).reward.prm_aggregation == "steps"
+    with pytest.raises(ConfigError, match="reward.prm_aggregation=steps: rewards on each step's last token are PPO"):
+        load_config(GRPOConfig, None, [*base, "batch_size=4"])

@@ -149,6 +149,7 @@ class PPOConfig(RLConfig):
 
     #: the training passes split rows over a sequence group (rollouts stay whole per rank)
     MODEL_PARALLEL = ("sequence",)
+    TOKEN_REWARDS = True  # GAE carries a PRM's step scores back from each step's last token
 
     def update_epochs(self) -> int:
         if self.ppo_epochs is not None:
@@ -250,9 +251,10 @@ def objective_for(cfg: PPOConfig, strategy, models, passes) -> Objective:
     return Objective(clipped, cfg.value_clip_range, nlpo.FullVocabulary(passes))
 
 
-def make_experience(models, rollout, scores, kl_coef: float, cfg: PPOConfig, actions) -> Experience:
+def make_experience(models, rollout, scores, kl_coef: float, cfg: PPOConfig, actions, tokenizer) -> Experience:
     """Steps 2-4: log-probs (actor in its action space, reference) and values (critic) of the weights that
-    sampled the rollout, KL-shaped per-token rewards with the score on each completion's last token, GAE."""
+    sampled the rollout, KL-shaped per-token rewards with the score on each completion's last token (and a
+    PRM's step scores on each step's last token, ``reward.prm_aggregation=steps``), GAE."""
     import torch
 
     from trainer_lib.losses import gae_advantages, kl_penalty, masked_whiten
@@ -271,6 +273,9 @@ def make_experience(models, rollout, scores, kl_coef: float, cfg: PPOConfig, act
     token_rewards = -kl_coef * kl
     last = (rollout.response_lengths() - 1).clamp(min=0)
     token_rewards[torch.arange(len(rollout)), last] += scores
+    steps = rl.step_token_rewards(models.rewards, rollout, tokenizer)
+    if steps is not None:
+        token_rewards += steps[:, : token_rewards.shape[1]].to(token_rewards.device)
     advantages, returns = gae_advantages(token_rewards, old_values, mask, cfg.gamma, cfg.lam)
     if cfg.whiten_advantages:
         advantages = masked_whiten(advantages, mask) * mask
@@ -373,7 +378,7 @@ def run(cfg: PPOConfig) -> dict:
 
             # 2-4. log-probs and values of the sampling weights, KL-shaped rewards, GAE
             prep_start = time.perf_counter()
-            experience = make_experience(models, rollout, scores, kl_ctl.value, cfg, actions)
+            experience = make_experience(models, rollout, scores, kl_ctl.value, cfg, actions, tokenizer)
 
             # 5. policy and value updates over shuffled mini-batches (a2c: one, on the whole step)
             train_start = time.perf_counter()
