@@ -79,7 +79,7 @@ class RewardSourcesConfig:
 #: classes and tools themselves are in trainer_lib.agents (not imported: config stays free of what it builds).
 BUILTIN_ENVIRONMENTS = ("tools",)
 BUILTIN_TOOLS = ("calculator", "python", "search")
-EPISODE_REWARDS = ("final", "sum")
+EPISODE_REWARDS = ("final", "sum", "turns")
 
 
 @dataclass
@@ -107,8 +107,8 @@ class EnvConfig:
     )
     reward: str = opt(
         "final",
-        "The episode's reward from its step rewards: the last step's (final), or their sum discounted by "
-        "env.gamma per turn (sum).",
+        "The episode's reward from its step rewards: the last step's (final), their sum discounted by "
+        "env.gamma per turn (sum), or (PPO) each step's reward on the last token of its turn (turns).",
         EPISODE_REWARDS,
     )
     gamma: float = opt(1.0, "env.reward=sum: the discount per turn, G_0 = sum_t gamma^t r_t.")
@@ -206,6 +206,11 @@ class RLConfig(TrainingConfig):
             )
         self.env.check(self.rollout)
         reward.judge.check("reward.judge")
+        if self.env.class_ and self.env.reward == "turns" and not self.TOKEN_REWARDS:
+            raise ConfigError(
+                "env.reward=turns: rewards on each turn's last token are PPO's (its GAE credits them where they "
+                "stand); this stage needs one reward per episode: final or sum"
+            )
         if reward.prm_path and reward.prm_aggregation == "steps" and not self.TOKEN_REWARDS:
             raise ConfigError(
                 "reward.prm_aggregation=steps: rewards on each step's last token are PPO's (its GAE credits them "

@@ -65,19 +65,22 @@ def gae_advantages(
         A_t     = delta_t + gamma * lam * A_{t+1}
         R_t     = A_t + V_t                       (the critic's regression target)
 
-    Values at and after the end of a response (``mask == 0``) count as 0: the episode ends
-    with the last response token. Advantages and returns are 0 off the mask.
+    The time steps are the positions where ``mask`` is 1, the model's own tokens: a position off the mask
+    is skipped, so the next value of a token is that of the next token on the mask (in a multi-turn row,
+    the first of the model's next turn, across the environment's tokens between). After the last one the
+    value is 0: the episode ends with the model's last token. Advantages and returns are 0 off the mask.
     """
     mask = mask.to(values.dtype)
     values = values * mask
     rewards = rewards * mask
-    steps = rewards.shape[-1]
     advantages = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[..., 0])
-    for t in reversed(range(steps)):
-        next_value = values[..., t + 1] if t + 1 < steps else torch.zeros_like(running)
+    next_value = torch.zeros_like(running)
+    for t in reversed(range(rewards.shape[-1])):
+        on = mask[..., t] > 0
         delta = rewards[..., t] + gamma * next_value - values[..., t]
-        running = delta + gamma * lam * running
+        running = torch.where(on, delta + gamma * lam * running, running)
+        next_value = torch.where(on, values[..., t], next_value)
         advantages[..., t] = running
     advantages = advantages * mask
     return advantages, (advantages + values) * mask

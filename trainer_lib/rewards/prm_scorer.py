@@ -89,6 +89,19 @@ class PRMScorer:
             scores += [row[kept.bool()].tolist() for row, kept in zip(probabilities, step_mask)]
         return [list(zip(where, values)) for where, values in zip(ends, scores)]
 
+    def placed(self, rollout, tokenizer):
+        """``(N, R)``: each step's score on the response token whose decoded prefix completes the step's text
+        (``rollout``: an RL rollout with the prompts its rewards saw; ``tokenizer``: the policy's)."""
+        import torch
+
+        placed = torch.zeros(rollout.response_ids.shape, dtype=torch.float32)
+        lengths = rollout.response_lengths().tolist()
+        scored = self.step_scores(rollout.prompts, rollout.completions)
+        for row, (ids, steps) in enumerate(zip(rollout.response_ids.tolist(), scored)):
+            for end, score in steps:
+                placed[row, token_ending_at(tokenizer, ids[: max(int(lengths[row]), 1)], end)] += score
+        return placed
+
     def _scored(self, prompts: list, completions: list):
         """``(step probabilities (B, T), step mask (B, T))`` a batch at a time: the sigmoid of the head at every
         token, and 1 at each step's last token."""
@@ -108,6 +121,18 @@ class PRMScorer:
                     self.model, batch["input_ids"].to(self.device), batch["attention_mask"].to(self.device)
                 )
             yield torch.sigmoid(logits), batch["step_mask"].to(logits.device)
+
+
+def token_ending_at(tokenizer, ids: list[int], end: int) -> int:
+    """The first of ``ids`` whose decoded prefix reaches ``end`` characters (the last one if none does)."""
+    low, high = 0, len(ids) - 1
+    while low < high:
+        middle = (low + high) // 2
+        if len(tokenizer.decode(ids[: middle + 1], skip_special_tokens=True)) >= end:
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def load_prm_scorer(

@@ -30,8 +30,34 @@ def environment_reward(prompts, completions, *, env_reward, **columns) -> list[f
 
 
 def environment_sources(env_cfg) -> list[tuple[str, Callable]]:
-    """The reward source ``env`` of a multi-turn run (``env.class`` set), first among the sources; none else."""
-    return [("env", environment_reward)] if env_cfg.class_ else []
+    """The reward source ``env`` of a multi-turn run (``env.class`` set), first among the sources; none else.
+    With ``env.reward=turns`` (PPO) it is token-level: :class:`TurnRewards`."""
+    if not env_cfg.class_:
+        return []
+    return [("env", TurnRewards() if env_cfg.reward == "turns" else environment_reward)]
+
+
+class TurnRewards:
+    """``env.reward=turns`` (PPO): each turn's step reward on the last token of that model turn, so that GAE
+    credits the turn where it ended; its score per episode (logged as ``rewards/env``, and the held-out
+    reward) is the undiscounted sum, left out of the completion's training reward (a token-level source)."""
+
+    token_level = True
+    __name__ = "env"
+
+    def __call__(self, prompts, completions, *, env_reward, **columns) -> list[float]:
+        return environment_reward(prompts, completions, env_reward=env_reward)
+
+    def placed(self, rollout, tokenizer=None):
+        """``(N, R)``: the step rewards of each row's episode at its turns' last tokens."""
+        import torch
+
+        placed = torch.zeros(rollout.response_ids.shape, dtype=torch.float32)
+        for row, trajectory in enumerate(rollout.episodes or []):
+            for (start, end), reward in zip(trajectory.turns, trajectory.episode.rewards):
+                if end > start:
+                    placed[row, end - 1] += reward
+        return placed
 
 
 def answer_checker(spec: str, **builtin_settings) -> tuple[Callable[[str, dict], float], object]:

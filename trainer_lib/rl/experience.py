@@ -430,34 +430,13 @@ def reference_logprobs(reference, policy, rollout, temperature: float):
 
 
 def step_token_rewards(rewards, rollout, tokenizer):
-    """``(N, R)`` rewards on tokens from the token-level sources (the PRM with ``reward.prm_aggregation=steps``):
-    each step's score times its source's weight on the response token whose text completes the step, or
-    None without such a source. PPO adds them to its per-token rewards before GAE."""
-    import torch
-
+    """``(N, R)`` rewards on tokens from the token-level sources (the PRM with ``reward.prm_aggregation=steps``,
+    the environment with ``env.reward=turns``), each placed by its source and times its weight, or None
+    without such a source. PPO adds them to its per-token rewards before GAE."""
     sources = rewards.token_level()
     if not sources:
         return None
-    placed = torch.zeros(rollout.response_ids.shape, dtype=torch.float32)
-    for weight, source in sources:
-        for row, (ids, steps) in enumerate(
-            zip(completion_ids(rollout), source.step_scores(rollout.prompts, rollout.completions))
-        ):
-            for end, score in steps:
-                placed[row, token_ending_at(tokenizer, ids, end)] += weight * score
-    return placed
-
-
-def token_ending_at(tokenizer, ids: list[int], end: int) -> int:
-    """The first of ``ids`` whose decoded prefix reaches ``end`` characters (the last one if none does)."""
-    low, high = 0, len(ids) - 1
-    while low < high:
-        middle = (low + high) // 2
-        if len(tokenizer.decode(ids[: middle + 1], skip_special_tokens=True)) >= end:
-            high = middle
-        else:
-            low = middle + 1
-    return low
+    return sum(weight * source.placed(rollout, tokenizer) for weight, source in sources)
 
 
 def window_counts(rollout, rows_counted: int = 1) -> dict:

@@ -51,12 +51,11 @@ from collections.abc import Callable, Sequence
 import torch
 
 from trainer_lib.agents import DONE_REASONS, EpisodeBatch, EpisodeResult
+from trainer_lib.config.rl import EPISODE_REWARDS  # how an episode's step rewards become its reward (env.reward)
 from trainer_lib.data.tokenize import chat_text
 from trainer_lib.errors import UserError
 from trainer_lib.rl.rollout import Rollout, eos_token_ids, pad_rows, shared_prompt_cache
 
-#: How an episode's step rewards become the one reward GRPO's group advantage takes (``env.reward``).
-EPISODE_REWARDS = ("final", "sum")
 #: The conversation the environment's messages are rendered after: a user turn and an assistant reply.
 BASE_CONVERSATION = ({"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."})
 
@@ -77,12 +76,15 @@ class Trajectory:
         return (replies[-1].get("content") or "") if replies else ""
 
     def reward(self, how: str) -> float:
-        """The episode's one reward: the last step's reward (``final``), or the discounted return
-        G_0 = sum_t gamma^t r_t (``sum``, with the gamma its returns were made with); 0.0 without a turn."""
+        """The episode's one reward: the last step's reward (``final``), the discounted return
+        G_0 = sum_t gamma^t r_t (``sum``, with the gamma its returns were made with), or the plain sum of the step
+        rewards (``turns``, whose rewards PPO places per turn); 0.0 without a turn."""
         if how not in EPISODE_REWARDS:
             raise ValueError(f"expected one of {EPISODE_REWARDS}, got {how!r}")
         if not self.episode.rewards:
             return 0.0
+        if how == "turns":
+            return float(sum(self.episode.rewards))
         return self.episode.rewards[-1] if how == "final" else self.episode.episode_return
 
 

@@ -153,8 +153,8 @@ def test_env_keys_are_checked(calculator_model, questions):
     ]:
         with pytest.raises(ConfigError, match=message):
             load_config(GRPOConfig, None, [*base, *keys])
-    with pytest.raises(ConfigError, match="env.class: multi-turn episodes are GRPO's"):
-        load_config(PPOConfig, None, [*base, "env.class=tools", "env.tools=calculator"])
+    # PPO plays episodes too (tests/stages/training/test_ppo_episodes.py)
+    assert load_config(PPOConfig, None, [*base, "env.class=tools", "env.tools=calculator"]).env.class_ == "tools"
 
 
 def test_a_bad_environment_fails_before_any_model_loads(questions, tmp_path):

@@ -118,8 +118,8 @@ class PPOConfig(RLConfig):
         self.validate_objective()
         if self.rollout.tis_cap:
             raise ConfigError("rollout.tis_cap: truncated importance sampling is GRPO's (posttrain grpo) for now")
-        if self.env.class_:
-            raise ConfigError("env.class: multi-turn episodes are GRPO's (posttrain grpo) for now; PPO's are not built")
+        if self.env.class_ and self.objective == "nlpo":
+            raise ConfigError("env.class with objective=nlpo: NLPO's action mask is not built for multi-turn episodes")
         if self.multi_adapter and self.engine.gradient_checkpointing:
             raise ConfigError(
                 "engine.gradient_checkpointing: not supported with multi_adapter=true in PPO (the one "
@@ -143,6 +143,7 @@ class PPOConfig(RLConfig):
             ("multi_adapter=true", self.multi_adapter),
             ("entropy_coef > 0", self.entropy_coef > 0),
             ("buffer.dynamic_sampling", self.buffer.dynamic_sampling),
+            ("env.class", bool(self.env.class_)),
         ):
             if split > 1 and on:
                 raise ConfigError(f"parallel.sequence={split} with {key}: not split over a sequence group yet")
@@ -253,15 +254,16 @@ def objective_for(cfg: PPOConfig, strategy, models, passes) -> Objective:
 
 def make_experience(models, rollout, scores, kl_coef: float, cfg: PPOConfig, actions, tokenizer) -> Experience:
     """Steps 2-4: log-probs (actor in its action space, reference) and values (critic) of the weights that
-    sampled the rollout, KL-shaped per-token rewards with the score on each completion's last token (and a
-    PRM's step scores on each step's last token, ``reward.prm_aggregation=steps``), GAE."""
+    sampled the rollout, KL-shaped per-token rewards with the score on each completion's last token (and the
+    token-level sources': a PRM's step scores on each step's last token, an episode's turn rewards on each
+    turn's last token), GAE over the model's tokens (a multi-turn row's environment tokens skipped)."""
     import torch
 
     from trainer_lib.losses import gae_advantages, kl_penalty, masked_whiten
     from trainer_lib.rl import experience as rl
 
     temperature = cfg.rollout.temperature
-    mask = rollout.response_mask.float()
+    mask = rollout.loss_mask.float()  # the model's tokens (a multi-turn row's, not the environment's)
     with torch.no_grad():
         old_logprobs = actions.rollout_logprobs(models, rollout, temperature, cfg.batch_size)
         old_values = rl.per_micro_batch(models.token_values, rollout, cfg.batch_size)
@@ -271,7 +273,7 @@ def make_experience(models, rollout, scores, kl_coef: float, cfg: PPOConfig, act
         else:
             kl = kl_penalty(old_logprobs, reference_logprobs, cfg.kl.estimator) * mask
     token_rewards = -kl_coef * kl
-    last = (rollout.response_lengths() - 1).clamp(min=0)
+    last = (mask * torch.arange(mask.shape[1])).argmax(1)  # each row's last token of its own
     token_rewards[torch.arange(len(rollout)), last] += scores
     steps = rl.step_token_rewards(models.rewards, rollout, tokenizer)
     if steps is not None:
@@ -293,7 +295,7 @@ def mini_batch_update(
     from trainer_lib.losses import entropy_bonus, masked_mean, ppo_value_loss
 
     device = models.strategy.device
-    mask = part.response_mask.to(device).float()
+    mask = part.loss_mask.to(device).float()
     given = {key: value.to(device) for key, value in given.items()}
 
     with torch.set_grad_enabled(train_actor):  # a frozen actor needs no graph
@@ -333,6 +335,7 @@ def run(cfg: PPOConfig) -> dict:
 
     # ---- prompts, schedule; actor, critic, reference and rewards in the configured layout
     strategy, tokenizer, eval_rows, schedule = rl.start(cfg, priority_signal=reward_deviation)
+    episodes = rl.build_episodes(cfg)  # None: one completion per prompt
     steps, n = schedule.steps, cfg.rollout.n
     actor_updates = (steps - min(cfg.freeze_actor_steps, steps - 1)) * cfg.updates_per_step()
     models = build_models(
@@ -357,7 +360,7 @@ def run(cfg: PPOConfig) -> dict:
         "ppo",
         steps,
         actor_engine,
-        evaluate=rl.held_out_evaluation(actor_engine, strategy, tokenizer, eval_rows, rewards, cfg),
+        evaluate=rl.held_out_evaluation(actor_engine, strategy, tokenizer, eval_rows, rewards, cfg, episodes),
         stateful={"rewards": rewards, "kl_controller": kl_ctl, **schedule.stateful(), **actions.stateful},
         extra_engines=models.extra_engines,
         log_extra=models.log_extra,
@@ -373,7 +376,7 @@ def run(cfg: PPOConfig) -> dict:
             # 1. rollout (in the objective's action space) and scores
             actions.begin_step(step)
             rollout, scores, metrics = rl.sample_and_score(
-                actor_engine, strategy, tokenizer, schedule, step, cfg, rewards, actions.logits_processor
+                actor_engine, strategy, tokenizer, schedule, step, cfg, rewards, actions.logits_processor, episodes
             )
 
             # 2-4. log-probs and values of the sampling weights, KL-shaped rewards, GAE
@@ -408,6 +411,8 @@ def run(cfg: PPOConfig) -> dict:
         summary = cadence.finish({"stage": "ppo", "objective": cfg.objective, "train_prompts": len(schedule.prompts)})
     finally:
         rewards.close()
+        if episodes is not None:
+            episodes.close()
     summary["kl_coef"] = kl_ctl.value
     if "eval" in summary:
         summary["eval_reward"] = summary["eval"]["reward"]
