@@ -63,6 +63,26 @@ class Environment(Protocol):
     def step(self, assistant_message: dict) -> StepResult: ...
 
 
+def import_callable(spec: str, key: str = ENV_CLASS_KEY):
+    """The class or function named ``package.module:Name`` (modules next to where the command runs importable,
+    as with ``python -m``); a bad spec, a missing module or name, or a non-callable is a one-line
+    :class:`ConfigError` that starts with ``key``."""
+    module_name, sep, attr = str(spec).strip().rpartition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"{key}: expected package.module:Class, got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"{key}: cannot import module '{module_name}' ({_one_line(exc)})") from None
+    found = getattr(module, attr, None)
+    if found is None or not callable(found):
+        what = "has no attribute" if found is None else "has a non-callable"
+        raise ConfigError(f"{key}: module '{module_name}' {what} '{attr}'")
+    return found
+
+
 def load_environment(
     spec: str, settings: dict | None = None, key: str = ENV_CLASS_KEY, settings_key: str | None = None
 ) -> Environment:
@@ -75,19 +95,7 @@ def load_environment(
     :class:`ConfigError` that starts with ``key`` (``env.class``), so the user knows which line to fix.
     """
     settings = dict(settings or {})
-    module_name, sep, attr = str(spec).strip().rpartition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"{key}: expected package.module:Class, got {spec!r}")
-    if os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"{key}: cannot import module '{module_name}' ({_one_line(exc)})") from None
-    factory = getattr(module, attr, None)
-    if factory is None or not callable(factory):
-        what = "has no attribute" if factory is None else "has a non-callable"
-        raise ConfigError(f"{key}: module '{module_name}' {what} '{attr}'")
+    factory = import_callable(spec, key)
     _check_settings(factory, settings, spec, key, settings_key or key.rpartition(".")[0] or "env")
     try:
         env = factory(**settings)

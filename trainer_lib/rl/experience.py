@@ -439,6 +439,13 @@ def step_token_rewards(rewards, rollout, tokenizer):
     return sum(weight * source.placed(rollout, tokenizer) for weight, source in sources)
 
 
+def close(*held) -> None:
+    """Release what a run's reward sources and episodes hold (a sandbox's workers); None is skipped."""
+    for thing in held:
+        if thing is not None:
+            thing.close()
+
+
 def window_counts(rollout, rows_counted: int = 1) -> dict:
     """The metrics window's ``samples`` and ``tokens`` of a step's rollout; ``rows_counted``: the ranks that
     sampled rows of their own among those the window counts once (a sequence group's, rl/update_passes.py)."""

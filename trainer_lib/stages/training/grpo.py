@@ -341,9 +341,7 @@ def run(cfg: GRPOConfig) -> dict:
         # ---- final evaluation and Hugging Face export
         summary = cadence.finish({"stage": "grpo", "advantage": cfg.advantage, "train_prompts": len(schedule.prompts)})
     finally:
-        rewards.close()
-        if episodes is not None:
-            episodes.close()
+        rl.close(rewards, episodes)
     if "eval" in summary:
         summary["eval_reward"] = summary["eval"]["reward"]
     models.keep_policy_only()

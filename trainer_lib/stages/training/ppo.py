@@ -352,7 +352,7 @@ def run(cfg: PPOConfig) -> dict:
     kl_ctl = KLController(cfg.kl.coef, cfg.kl.target if cfg.kl.adaptive else None, cfg.kl.horizon)
     passes = update_passes(strategy)  # each rank its own micro-batches, or a sequence group's in turn
     objective = objective_for(cfg, strategy, models, passes)
-    actions = objective.actions
+    actions = objective.actions  # the action space: sampling and log-probs (NLPO's masked one)
 
     cadence = Cadence(
         cfg,
@@ -384,8 +384,7 @@ def run(cfg: PPOConfig) -> dict:
             experience = make_experience(models, rollout, scores, kl_ctl.value, cfg, actions, tokenizer)
 
             # 5. policy and value updates over shuffled mini-batches (a2c: one, on the whole step)
-            train_start = time.perf_counter()
-            train_actor = step >= cfg.freeze_actor_steps
+            train_start, train_actor = time.perf_counter(), step >= cfg.freeze_actor_steps
             for micro in schedule.update_micro_batches(step):
                 for part, given in passes.parts(rollout, micro, experience.update_rows()):
                     cadence.window.add_all(mini_batch_update(models, part, given, cfg, objective, train_actor, passes))
@@ -410,9 +409,7 @@ def run(cfg: PPOConfig) -> dict:
         # ---- final evaluation and Hugging Face export (the policy)
         summary = cadence.finish({"stage": "ppo", "objective": cfg.objective, "train_prompts": len(schedule.prompts)})
     finally:
-        rewards.close()
-        if episodes is not None:
-            episodes.close()
+        rl.close(rewards, episodes)
     summary["kl_coef"] = kl_ctl.value
     if "eval" in summary:
         summary["eval_reward"] = summary["eval"]["reward"]
