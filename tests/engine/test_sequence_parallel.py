@@ -245,3 +245,13 @@ def test_sequence_parallel_under_zero3_with_tiled_mlp_and_checkpointing(sft_runs
     ]
     _run("sft", [*sft_runs["argv"], *extra, f"output_dir={out}"], worker_env(sft_runs["tmp"]))
     _follows(sft_runs["one"], out, (("train", "loss"), ("eval", "loss")), rel=1e-5)
+
+
+@pytest.mark.distributed
+@pytest.mark.extended
+def test_four_ranks_replicate_the_two_key_value_heads(sft_runs):
+    """S=4 over a model of 4 query heads and 2 key-value heads: each rank attends with one query head and a
+    replicated key-value head (DeepSpeed's replication), and still follows one process (2.7e-6, 2026-12-04)."""
+    out = sft_runs["tmp"] / "sp4"
+    _run("sft", [*sft_runs["argv"], "parallel.sequence=4", f"output_dir={out}"], worker_env(sft_runs["tmp"]), 4)
+    _follows(sft_runs["one"], out, (("train", "loss"), ("train", "grad_norm"), ("eval", "loss")), rel=1e-5)

@@ -47,7 +47,6 @@ EXCHANGE = "ulysses_exchange"
 def register(model, size: int):
     """Wrap ``model``'s attention function in Ulysses' exchange over sequence groups of ``size`` ranks
     (once per attention function and process) and return DeepSpeed's ``mpu`` for ``deepspeed.initialize``."""
-    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     base = getattr(model, "get_base_model", lambda: model)()
@@ -59,31 +58,46 @@ def register(model, size: int):
         )
     groups = _groups(size)
     if attention not in _WRAPPED:
-        text = base.config.get_text_config()
-        wrapper = UlyssesSPAttentionHF(
-            attn=ALL_ATTENTION_FUNCTIONS[attention],
-            batch_size=1,  # one packed row per micro-batch
-            attn_head_count=text.num_attention_heads,
-            attn_head_size=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
-            kv_head_count=text.num_key_value_heads,
-            num_hidden_layers=text.num_hidden_layers,
-            process_group=groups.get_sequence_parallel_group(),
-            seq_length_is_variable=True,
-        )
-        wrapper.core_attn_implementation = attention
-
-        core = wrapper.attn
-
-        def exchanged(module, query, key, value, attention_mask, *args, **kwargs):
-            if not kwargs.pop(EXCHANGE, False):  # a whole sequence on this rank (an RL rollout, its log-probs)
-                return core(module, query, key, value, attention_mask, *args, **kwargs)
-            # the mask, if any, was built for this rank's chunk; the sequences are read from the
-            # boundaries (or the gathered position ids) at the whole row's length
-            return wrapper(module, query, key, value, None, *args, **kwargs)
-
-        ALL_ATTENTION_FUNCTIONS[attention] = exchanged
+        ALL_ATTENTION_FUNCTIONS[attention] = _exchanging(ALL_ATTENTION_FUNCTIONS[attention], attention, groups)
         _WRAPPED.add(attention)
     return groups
+
+
+def _exchanging(core, name: str, groups):
+    """``core`` (an attention function) behind Ulysses' exchange for the calls that carry :data:`EXCHANGE`. One
+    ``UlyssesSPAttentionHF`` per head layout (query heads, key-value heads, head size: a reference or reward
+    model may differ from the policy), made at its first call; the module's ``num_key_value_groups``, which it
+    rewrites when it replicates key-value heads, is put back after each call, for whole-sequence calls."""
+    from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF
+
+    exchanges: dict[tuple, UlyssesSPAttentionHF] = {}
+
+    def exchanged(module, query, key, value, attention_mask, *args, **kwargs):
+        if not kwargs.pop(EXCHANGE, False):  # a whole sequence on this rank (an RL rollout, its log-probs)
+            return core(module, query, key, value, attention_mask, *args, **kwargs)
+        layout = (query.shape[1], key.shape[1], query.shape[-1])  # before the exchange: every head
+        if layout not in exchanges:
+            exchanges[layout] = UlyssesSPAttentionHF(
+                attn=core,
+                batch_size=1,  # one packed row per micro-batch
+                attn_head_count=layout[0],
+                attn_head_size=layout[2],
+                kv_head_count=layout[1],
+                num_hidden_layers=1,  # (read only by its debugging mode)
+                process_group=groups.get_sequence_parallel_group(),
+                seq_length_is_variable=True,
+            )
+            exchanges[layout].core_attn_implementation = name
+        groups_before = getattr(module, "num_key_value_groups", None)
+        try:
+            # the mask, if any, was built for this rank's chunk; the sequences are read from the
+            # boundaries (or the gathered position ids) at the whole row's length
+            return exchanges[layout](module, query, key, value, None, *args, **kwargs)
+        finally:
+            if groups_before is not None:
+                module.num_key_value_groups = groups_before
+
+    return exchanged
 
 
 class SequenceShards:
