@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
-import psutil
 import pytest
 import torch
 
-from tests.conftest import REPO, repeatable
+from tests.conftest import REPO
+from tests.engine.layout_runs import kill_when_held, metrics, run_stage, series, stage_command, weights
 from tests.paused_cli import worker_env
 from trainer_lib.cli import main
 from trainer_lib.config.sections import ParallelConfig
@@ -47,39 +45,14 @@ ARGS = [
 ]
 
 
-def _command(argv: list[str], nproc: int) -> list[str]:
-    return [sys.executable, "-m", "trainer_lib.cli", "sft", "--nproc", str(nproc), *argv]
-
-
-def _run(argv: list[str], env: dict, nproc: int = 2) -> str:
-    done = subprocess.run(_command(argv, nproc), cwd=REPO, env=env, timeout=300, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return done.stdout + done.stderr
-
-
-def _weights(out) -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(os.path.join(out, "model.safetensors"))
-
-
-def _metrics(out) -> list[dict]:
-    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"), encoding="utf-8")]
-    return [repeatable(r) for r in rows]
-
-
-def _series(out, key: str, split: str = "train") -> list[float]:
-    return [row[key] for row in _metrics(out) if key in row and row["split"] == split]
-
-
 @pytest.fixture(scope="module")
 def runs(tiny_model_dir, chat_jsonl, tmp_path_factory):
     """The same SFT run in one process and with parallel.tensor=2 on two workers."""
     tmp = tmp_path_factory.mktemp("tensor_parallel")
     argv = [f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", *ARGS]
     assert main(["sft", *argv, f"output_dir={tmp / 'one'}"]) == 0
-    log = _run([*argv, "parallel.tensor=2", f"output_dir={tmp / 'tp'}"], worker_env(tmp))
-    pipe_log = _run([*argv, "parallel.pipeline=2", f"output_dir={tmp / 'pp'}"], worker_env(tmp))
+    log = run_stage("sft", [*argv, "parallel.tensor=2", f"output_dir={tmp / 'tp'}"], worker_env(tmp))
+    pipe_log = run_stage("sft", [*argv, "parallel.pipeline=2", f"output_dir={tmp / 'pp'}"], worker_env(tmp))
     return dict(argv=argv, tmp=tmp, one=tmp / "one", tp=tmp / "tp", pp=tmp / "pp", log=log, pipe_log=pipe_log)
 
 
@@ -95,11 +68,11 @@ def test_two_model_parallel_ranks_follow_one_process(runs, run, line):
     """T=2 (each projection split) and P=2 (the two decoder layers on two stages) train as one process does."""
     assert line in runs["log" if run == "tp" else "pipe_log"]
     for key, split in (("loss", "train"), ("grad_norm", "train"), ("loss", "eval")):
-        one, split_run = _series(runs["one"], key, split), _series(runs[run], key, split)
+        one, split_run = series(runs["one"], key, split), series(runs[run], key, split)
         assert len(one) == len(split_run) > 0, key
         assert one == pytest.approx(split_run, rel=1e-5), (key, split)
-    assert _series(runs["one"], "loss")[-1] < _series(runs["one"], "loss")[0]  # it trained
-    one, trained = _weights(runs["one"]), _weights(runs[run])
+    assert series(runs["one"], "loss")[-1] < series(runs["one"], "loss")[0]  # it trained
+    one, trained = weights(runs["one"]), weights(runs[run])
     assert one.keys() == trained.keys()
     for name in one:  # whole tensors, gathered from both ranks' shards or stages
         assert one[name].shape == trained[name].shape, name
@@ -119,24 +92,14 @@ def test_a_killed_model_parallel_run_resumes_bit_exact(runs, run, setting):
     out, ready = tmp / f"killed_{run}", tmp / f"held_{run}"
     argv = [*runs["argv"], setting, f"output_dir={out}"]
     env = worker_env(tmp, HOLD_RANK="1", HOLD_EVENT="mkdir", HOLD_PATTERN=tag_for(4) + "$", HOLD_READY=str(ready))
-    launcher = subprocess.Popen(_command(argv, 2), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 240
-        while not ready.exists():
-            assert launcher.poll() is None and time.monotonic() < deadline, launcher.stdout.read().decode()[-3000:]
-            time.sleep(0.05)
-        for worker in psutil.Process(launcher.pid).children(recursive=True):
-            worker.send_signal(signal.SIGKILL)
-    finally:
-        launcher.kill()
-        launcher.wait()
+    kill_when_held(stage_command("sft", argv), env, ready)
     assert not (out / "summary.json").exists()
     assert (out / "checkpoints" / tag_for(2) / MARKER).exists()
-    log = _run(argv, worker_env(tmp))
+    log = run_stage("sft", argv, worker_env(tmp))
     assert "resuming at step 2" in log
-    reference, resumed = _weights(runs[run]), _weights(out)
+    reference, resumed = weights(runs[run]), weights(out)
     assert all(torch.equal(reference[name], resumed[name]) for name in reference)
-    assert _metrics(out) == _metrics(runs[run])
+    assert metrics(out) == metrics(runs[run])
 
 
 @pytest.mark.distributed
@@ -148,10 +111,12 @@ def test_tensor_and_data_parallel_on_four_ranks(runs):
     one, four = tmp / "one_accumulating", tmp / "four"
     argv = [*runs["argv"], "eval_steps=0", "save_steps=0"]
     assert main(["sft", *argv, "engine.gradient_accumulation_steps=2", f"output_dir={one}"]) == 0
-    log = _run([*argv, "parallel.tensor=2", "engine.zero_stage=2", f"output_dir={four}"], worker_env(tmp), nproc=4)
+    log = run_stage(
+        "sft", [*argv, "parallel.tensor=2", "engine.zero_stage=2", f"output_dir={four}"], worker_env(tmp), nproc=4
+    )
     assert "parallel: tensor 2 x pipeline 1 x data 2 = 4 rank(s)" in log
-    assert _series(one, "loss") == pytest.approx(_series(four, "loss"), rel=1e-5)
-    reference, trained = _weights(one), _weights(four)
+    assert series(one, "loss") == pytest.approx(series(four, "loss"), rel=1e-5)
+    reference, trained = weights(one), weights(four)
     assert all(torch.allclose(reference[name], trained[name], atol=1e-4, rtol=0) for name in reference)
 
 
@@ -166,19 +131,19 @@ def test_tensor_groups_inside_pipeline_stages_on_four_ranks(runs):
     tmp = runs["tmp"]
     out = tmp / "tp_pp"
     argv = [*runs["argv"], "parallel.tensor=2", "parallel.pipeline=2"]
-    log = _run([*argv, f"output_dir={out}"], worker_env(tmp), nproc=4)
+    log = run_stage("sft", [*argv, f"output_dir={out}"], worker_env(tmp), nproc=4)
     assert "parallel: tensor 2 x pipeline 2 x data 1 = 4 rank(s)" in log
     for key, split in (("loss", "train"), ("grad_norm", "train"), ("loss", "eval")):
-        assert _series(runs["one"], key, split) == pytest.approx(_series(out, key, split), rel=1e-5), (key, split)
-    reference, trained = _weights(runs["one"]), _weights(out)
+        assert series(runs["one"], key, split) == pytest.approx(series(out, key, split), rel=1e-5), (key, split)
+    reference, trained = weights(runs["one"]), weights(out)
     assert all(torch.allclose(reference[name], trained[name], atol=1e-4, rtol=0) for name in reference)
     # a rerun from step 4's checkpoint (the later one gone, as if killed before it) ends where this run did
     resumed = tmp / "tp_pp_resumed"
     shutil.copytree(out, resumed)
     shutil.rmtree(resumed / "checkpoints" / tag_for(6))
     (resumed / "summary.json").unlink()
-    assert "resuming at step 4" in _run([*argv, f"output_dir={resumed}"], worker_env(tmp), nproc=4)
-    final = _weights(resumed)
+    assert "resuming at step 4" in run_stage("sft", [*argv, f"output_dir={resumed}"], worker_env(tmp), nproc=4)
+    final = weights(resumed)
     assert all(torch.equal(trained[name], final[name]) for name in trained)
 
 
@@ -203,9 +168,9 @@ def test_a_layout_that_cannot_work_exits_2_in_one_line(tiny_model_dir, chat_json
 
 def test_rl_stages_refuse_model_parallelism(tiny_model_dir, tmp_path, capsys):
     argv = [f"model.path={tiny_model_dir}", f"data.path={tmp_path}/p.jsonl", f"output_dir={tmp_path}/o"]
-    assert main(["ppo", *argv, "reward.functions=[length]", "parallel.tensor=2"]) == 2
+    assert main(["online-dpo", *argv, "reward.functions=[length]", "parallel.tensor=2"]) == 2
     assert "parallel.tensor=2: this stage runs data parallelism only" in capsys.readouterr().err
-    assert main(["grpo", *argv, "reward.functions=[length]", "parallel.tensor=2"]) == 2
+    assert main(["ppo", *argv, "reward.functions=[length]", "parallel.tensor=2"]) == 2
     assert "parallel.tensor=2: this stage takes parallel.sequence besides data parallelism" in capsys.readouterr().err
 
 
@@ -266,10 +231,10 @@ def test_preference_stages_follow_one_process(stage, setting, tiny_model_dir, tm
     keys = ("loss", "rewards/accuracy", "rewards/margins", "logps/chosen", "accuracy", "grad_norm")
     for split in ("train", "eval"):
         for key in keys:
-            one, split_run = _series(tmp_path / "one", key, split), _series(tmp_path / "split", key, split)
+            one, split_run = series(tmp_path / "one", key, split), series(tmp_path / "split", key, split)
             assert one == pytest.approx(split_run, rel=1e-4, abs=1e-6), (key, split)
-    assert len(_series(tmp_path / "one", "loss")) == 4
-    reference, trained = _weights(tmp_path / "one"), _weights(tmp_path / "split")
+    assert len(series(tmp_path / "one", "loss")) == 4
+    reference, trained = weights(tmp_path / "one"), weights(tmp_path / "split")
     assert all(torch.allclose(reference[name], trained[name], atol=1e-4, rtol=0) for name in reference)
 
 
@@ -337,7 +302,7 @@ def test_tensor_parallel_follows_one_process_for_other_families(family, tiny_mod
     tokenizer.save_pretrained(tmp_path / family)
     argv = [f"model.path={tmp_path / family}", f"data.path={chat_jsonl}", *ARGS, "eval_steps=0", "save_steps=0"]
     assert main(["sft", *argv, f"output_dir={tmp_path / 'one'}"]) == 0
-    _run([*argv, "parallel.tensor=2", f"output_dir={tmp_path / 'tp'}"], worker_env(tmp_path))
-    assert _series(tmp_path / "one", "loss") == pytest.approx(_series(tmp_path / "tp", "loss"), rel=1e-5)
-    reference, trained = _weights(tmp_path / "one"), _weights(tmp_path / "tp")
+    run_stage("sft", [*argv, "parallel.tensor=2", f"output_dir={tmp_path / 'tp'}"], worker_env(tmp_path))
+    assert series(tmp_path / "one", "loss") == pytest.approx(series(tmp_path / "tp", "loss"), rel=1e-5)
+    reference, trained = weights(tmp_path / "one"), weights(tmp_path / "tp")
     assert all(torch.allclose(reference[name], trained[name], atol=1e-4, rtol=0) for name in reference)

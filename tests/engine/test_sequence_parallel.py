@@ -13,17 +13,11 @@ in the first decimal. A killed S=2 run resumes bit-exact; layouts Ulysses cannot
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
-import psutil
 import pytest
 import torch
 
-from tests.conftest import REPO, repeatable
+from tests.engine.layout_runs import kill_when_held, metrics, run_stage, series, stage_command, weights
 from tests.paused_cli import worker_env
 from trainer_lib.cli import main
 from trainer_lib.config.sections import ParallelConfig
@@ -36,36 +30,12 @@ SFT = ["batch_size=4", "data.max_length=64", "lr=3e-3", "seed=1", "max_steps=4",
 SFT += ["save_steps=2", "data.eval_fraction=0.2", "report_to=[none]"]
 
 
-def _command(stage: str, argv: list[str], nproc: int = 2) -> list[str]:
-    return [sys.executable, "-m", "trainer_lib.cli", stage, "--nproc", str(nproc), *argv]
-
-
-def _run(stage: str, argv: list[str], env: dict, nproc: int = 2) -> str:
-    done = subprocess.run(_command(stage, argv, nproc), cwd=REPO, env=env, timeout=300, capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return done.stdout + done.stderr
-
-
-def _weights(out) -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(os.path.join(out, "model.safetensors"))
-
-
-def _metrics(out) -> list[dict]:
-    return [repeatable(json.loads(line)) for line in open(os.path.join(out, "metrics.jsonl"), encoding="utf-8")]
-
-
-def _series(out, key: str, split: str = "train") -> list[float]:
-    return [row[key] for row in _metrics(out) if key in row and row["split"] == split]
-
-
 def _follows(one, split_run, keys, rel: float) -> None:
     for split, key in keys:
-        expected, found = _series(one, key, split), _series(split_run, key, split)
+        expected, found = series(one, key, split), series(split_run, key, split)
         assert len(expected) == len(found) > 0, (key, split)
         assert expected == pytest.approx(found, rel=rel, abs=1e-6), (key, split)
-    expected, found = _weights(one), _weights(split_run)
+    expected, found = weights(one), weights(split_run)
     assert expected.keys() == found.keys()
     assert all(torch.allclose(expected[name], found[name], atol=1e-4, rtol=0) for name in expected)
 
@@ -75,7 +45,7 @@ def sft_runs(tiny_model_dir, chat_jsonl, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sequence_parallel")
     argv = [f"model.path={tiny_model_dir}", f"data.path={chat_jsonl}", *SFT]
     assert main(["sft", *argv, f"output_dir={tmp / 'one'}"]) == 0
-    log = _run("sft", [*argv, "parallel.sequence=2", f"output_dir={tmp / 'sp'}"], worker_env(tmp))
+    log = run_stage("sft", [*argv, "parallel.sequence=2", f"output_dir={tmp / 'sp'}"], worker_env(tmp))
     return dict(argv=argv, tmp=tmp, one=tmp / "one", sp=tmp / "sp", log=log)
 
 
@@ -84,7 +54,7 @@ def test_sft_split_over_two_ranks_follows_one_process(sft_runs):
     assert "parallel: tensor 1 x pipeline 1 x sequence 2 x data 1 = 2 rank(s)" in sft_runs["log"]
     keys = (("train", "loss"), ("train", "grad_norm"), ("eval", "loss"))
     _follows(sft_runs["one"], sft_runs["sp"], keys, rel=1e-5)
-    assert _series(sft_runs["one"], "loss")[-1] < _series(sft_runs["one"], "loss")[0]  # it trained
+    assert series(sft_runs["one"], "loss")[-1] < series(sft_runs["one"], "loss")[0]  # it trained
 
 
 @pytest.mark.distributed
@@ -95,25 +65,13 @@ def test_a_killed_sequence_parallel_run_resumes_bit_exact(sft_runs):
     out, ready = tmp / "killed", tmp / "held"
     argv = [*sft_runs["argv"], "parallel.sequence=2", f"output_dir={out}"]
     env = worker_env(tmp, HOLD_RANK="1", HOLD_EVENT="mkdir", HOLD_PATTERN=tag_for(4) + "$", HOLD_READY=str(ready))
-    launcher = subprocess.Popen(
-        _command("sft", argv), cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while not ready.exists():
-            assert launcher.poll() is None and time.monotonic() < deadline, launcher.stdout.read().decode()[-3000:]
-            time.sleep(0.05)
-        for worker in psutil.Process(launcher.pid).children(recursive=True):
-            worker.send_signal(signal.SIGKILL)
-    finally:
-        launcher.kill()
-        launcher.wait()
+    kill_when_held(stage_command("sft", argv), env, ready)
     assert not (out / "summary.json").exists()
     assert (out / "checkpoints" / tag_for(2) / MARKER).exists()
-    assert "resuming at step 2" in _run("sft", argv, worker_env(tmp))
-    reference, resumed = _weights(sft_runs["sp"]), _weights(out)
+    assert "resuming at step 2" in run_stage("sft", argv, worker_env(tmp))
+    reference, resumed = weights(sft_runs["sp"]), weights(out)
     assert all(torch.equal(reference[name], resumed[name]) for name in reference)
-    assert _metrics(out) == _metrics(sft_runs["sp"])
+    assert metrics(out) == metrics(sft_runs["sp"])
 
 
 @pytest.mark.distributed
@@ -132,10 +90,10 @@ def test_dpo_split_over_two_ranks_follows_one_process(reference, tiny_model_dir,
     argv += ["logging_steps=1", "eval_steps=2", "save_steps=0", "data.eval_fraction=0.25", "report_to=[none]"]
     argv += [f"reference={reference}"]
     assert main(["dpo", *argv, f"output_dir={tmp_path / 'one'}"]) == 0
-    _run("dpo", [*argv, "parallel.sequence=2", f"output_dir={tmp_path / 'sp'}"], worker_env(tmp_path))
+    run_stage("dpo", [*argv, "parallel.sequence=2", f"output_dir={tmp_path / 'sp'}"], worker_env(tmp_path))
     keys = [(s, k) for s in ("train", "eval") for k in ("loss", "rewards/accuracy", "rewards/margins", "logps/chosen")]
     _follows(tmp_path / "one", tmp_path / "sp", [*keys, ("train", "grad_norm")], rel=1e-4)
-    assert _series(tmp_path / "one", "loss")[-1] < _series(tmp_path / "one", "loss")[0]
+    assert series(tmp_path / "one", "loss")[-1] < series(tmp_path / "one", "loss")[0]
 
 
 @pytest.mark.distributed
@@ -145,10 +103,10 @@ def test_sequence_and_data_parallel_on_four_ranks(sft_runs):
     data shards' rows (batch_size=2 per rank: four rows per step as the fixture's one process takes)."""
     argv = [a for a in sft_runs["argv"] if not a.startswith("batch_size=")]
     out, env = sft_runs["tmp"] / "sp_dp", worker_env(sft_runs["tmp"])
-    log = _run("sft", [*argv, "batch_size=2", "parallel.sequence=2", f"output_dir={out}"], env, 4)
+    log = run_stage("sft", [*argv, "batch_size=2", "parallel.sequence=2", f"output_dir={out}"], env, 4)
     assert "sequence 2 x data 2 = 4 rank(s)" in log
     one = sft_runs["tmp"] / "one_dp"
-    _run("sft", [*argv, "batch_size=2", f"output_dir={one}"], env, 2)
+    run_stage("sft", [*argv, "batch_size=2", f"output_dir={one}"], env, 2)
     _follows(one, out, (("train", "loss"), ("eval", "loss")), rel=1e-5)
 
 
@@ -222,8 +180,8 @@ def test_rl_split_over_two_ranks_follows_two_data_parallel_ranks(stage, keys, ti
     argv += ["rollout.n=4", "prompts_per_step=4", "rollout.max_new_tokens=16", "batch_size=4", "lr=1e-3"]
     argv += ["logging_steps=1", "data.eval_fraction=0", "seed=1", "max_steps=3", "save_steps=0", "report_to=[none]"]
     env = worker_env(tmp_path)
-    _run(stage, [*argv, f"output_dir={tmp_path / 'dp'}"], env)
-    log = _run(stage, [*argv, "parallel.sequence=2", f"output_dir={tmp_path / 'sp'}"], env)
+    run_stage(stage, [*argv, f"output_dir={tmp_path / 'dp'}"], env)
+    log = run_stage(stage, [*argv, "parallel.sequence=2", f"output_dir={tmp_path / 'sp'}"], env)
     assert "sequence 2 x data 1 = 2 rank(s)" in log
     _follows(tmp_path / "dp", tmp_path / "sp", [("train", k) for k in keys], rel=1e-4)
 
@@ -243,7 +201,7 @@ def test_sequence_parallel_under_zero3_with_tiled_mlp_and_checkpointing(sft_runs
         "engine.tiled_mlp=true",
         "engine.gradient_checkpointing=true",
     ]
-    _run("sft", [*sft_runs["argv"], *extra, f"output_dir={out}"], worker_env(sft_runs["tmp"]))
+    run_stage("sft", [*sft_runs["argv"], *extra, f"output_dir={out}"], worker_env(sft_runs["tmp"]))
     _follows(sft_runs["one"], out, (("train", "loss"), ("eval", "loss")), rel=1e-5)
 
 
@@ -253,5 +211,5 @@ def test_four_ranks_replicate_the_two_key_value_heads(sft_runs):
     """S=4 over a model of 4 query heads and 2 key-value heads: each rank attends with one query head and a
     replicated key-value head (DeepSpeed's replication), and still follows one process (2.7e-6, 2026-12-04)."""
     out = sft_runs["tmp"] / "sp4"
-    _run("sft", [*sft_runs["argv"], "parallel.sequence=4", f"output_dir={out}"], worker_env(sft_runs["tmp"]), 4)
+    run_stage("sft", [*sft_runs["argv"], "parallel.sequence=4", f"output_dir={out}"], worker_env(sft_runs["tmp"]), 4)
     _follows(sft_runs["one"], out, (("train", "loss"), ("train", "grad_norm"), ("eval", "loss")), rel=1e-5)
