@@ -1,0 +1,20 @@
+"""The distillation demo's student (trainer_lib.demo.distill_demo.build_student)."""
+
+from trainer_lib.demo.distill_demo import build_student
+from trainer_lib.demo.tiny_model import build_tiny_llama, train_tokenizer
+
+
+def test_the_student_has_at_most_half_the_teachers_parameters_and_the_teachers_tokenizer(tmp_path):
+    # a teacher of the demo's shape (2 layers of width 128) over a small tokenizer of its own
+    words = [f"def f{i}(x):\n    return x + {i}" for i in range(200)]
+    tokenizer = train_tokenizer(words, vocab_size=300)
+    teacher = build_tiny_llama(tokenizer, num_layers=2, hidden_size=128, num_heads=4, num_kv_heads=2)
+    teacher.save_pretrained(tmp_path / "teacher")
+    tokenizer.save_pretrained(tmp_path / "teacher")
+
+    shapes = build_student(str(tmp_path / "teacher"), str(tmp_path / "student"), seed=1)
+
+    assert shapes["teacher_parameters"] == sum(p.numel() for p in teacher.parameters())
+    assert shapes["student_parameters"] * 2 <= shapes["teacher_parameters"]
+    assert shapes["student_tokenizer"] == shapes["teacher_tokenizer"]
+    assert (tmp_path / "student" / "chat_template.jinja").exists()
