@@ -10,13 +10,14 @@ TORCH  ?= torch==2.13.0
 PYTEST_ARGS ?=
 WORKERS ?= 2
 
-.PHONY: setup browser dashboard triton-env real-model real-dag demo-real lint format test test-all test-fast demo demo-weak demo-style demo-multimodal compile clean help bench lock lock-check image-cpu image-cuda cuda-devel-pypi image-inputs test-images base-image container-engine image-triton image-triton-cpu demo-containers safety-data
+.PHONY: setup browser dashboard triton-env real-model real-dag demo-real lint format test test-all test-fast demo demo-weak demo-style demo-multimodal demo-agent compile clean help bench lock lock-check image-cpu image-cuda cuda-devel-pypi image-inputs test-images base-image container-engine image-triton image-triton-cpu demo-containers safety-data
 
 help:
 	@echo "make demo     set up .venv and run the whole pipeline locally (kfp.local, tiny model)"
 	@echo "make demo-weak  after make demo: the gate turns down a 10-step SFT candidate"
 	@echo "make demo-style  GRPO with the code_style reward raises held-out PEP 8 compliance (SFT -> GRPO)"
 	@echo "make demo-multimodal  GRPO with a CLIP reward raises held-out image-text match (SFT -> GRPO)"
+	@echo "make demo-agent [SEEDS=\"0 1 2\"]  GRPO with a calculator tool raises held-out big-number success (SFT -> GRPO)"
 	@echo "make test     set up .venv, check lint and format (ruff), run the test suite"
 	@echo "make dashboard  after make demo: the web UI over runs/ (posttrain dashboard, docs/dashboard.md)"
 	@echo "make format   let ruff fix what it can and format the tree"
@@ -285,6 +286,16 @@ MULTIMODAL_ARGS ?=
 demo-multimodal: setup
 	@status=0; for s in $(SEEDS); do \
 		$(BIN)/python -m trainer_lib.demo.multimodal --seed $$s --out runs/multimodal/seed-$$s $(MULTIMODAL_ARGS) || status=1; \
+	done; exit $$status
+
+# The agent demo (trainer_lib/demo/agent.py, docs/training.md#agents-and-tools): the tiny model SFT-trained on a
+# careless teacher's calculator transcripts, then GRPO in the calculator environment (env.class=tools);
+# prints held-out success, valid tool-call rate and mean turns (and success with no tools) SFT -> GRPO, and
+# exits 1 unless success rises by >= 0.20. One run per seed under runs/demo-agent/seed-N; a rerun resumes.
+AGENT_ARGS ?=
+demo-agent: setup
+	@status=0; for s in $(SEEDS); do \
+		$(BIN)/python -m trainer_lib.demo.agent --seed $$s --out runs/demo-agent/seed-$$s $(AGENT_ARGS) || status=1; \
 	done; exit $$status
 
 compile: setup

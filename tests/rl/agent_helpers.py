@@ -1,5 +1,6 @@
-"""What the multi-turn rollout and agentic GRPO tests share: a ChatML template that renders tools, scripted
-environments, and a model whose next token is forced by its position."""
+"""What the multi-turn rollout and agentic GRPO tests share: scripted environments, a model whose next token is
+forced by its position, and a tiny model taught to call the calculator (with the agent demo's ChatML template
+that renders tools, :data:`trainer_lib.demo.agent.TOOL_CHATML`)."""
 
 from __future__ import annotations
 
@@ -8,18 +9,7 @@ import json
 import torch
 
 from trainer_lib.agents import Observation, StepResult
-
-#: ChatML with a tools block (a system turn naming them, short to keep the tests' sequences short) and the
-#: Hermes <tool_call> convention.
-TOOL_CHATML = (
-    '{% if tools %}{{ \'<|im_start|>system\nCall a tool with <tool_call>{"name": ..., "arguments": ...}'
-    "</tool_call>. Tools:' }}{% for tool in tools %}{{ ' ' + tool['function']['name'] }}{% endfor %}"
-    "{{ '<|im_end|>\n' }}{% endif %}"
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+from trainer_lib.demo.agent import TOOL_CHATML, calculator_conversation
 
 
 class CountingEnv:
@@ -58,18 +48,6 @@ class ForcedModel(torch.nn.Module):
 
 #: Questions the taught model answers with the calculator, and their solutions.
 CALCULATOR_QUESTIONS = (("What is 2+3?", "2+3", "5"), ("What is 4*6?", "4*6", "24"))
-
-
-def calculator_conversation(question: str, expression: str, answer: str) -> list[dict]:
-    """A question, the assistant's calculator call, the tool's result and the assistant's answer."""
-    arguments = {"name": "calculator", "arguments": {"expression": expression}}
-    call = f"<tool_call>{json.dumps(arguments)}</tool_call>"
-    return [
-        {"role": "user", "content": question},
-        {"role": "assistant", "content": call},
-        {"role": "tool", "content": answer},
-        {"role": "assistant", "content": f"The answer is {answer}."},
-    ]
 
 
 def teach_calculator(base_dir: str, out_dir: str, steps: int = 150) -> str:

@@ -4,7 +4,8 @@ cache across turns (each token forwarded once, greedy output equal to re-prefill
 import pytest
 import torch
 
-from tests.rl.agent_helpers import TOOL_CHATML, CountingEnv, ForcedModel
+from tests.rl.agent_helpers import CountingEnv, ForcedModel
+from trainer_lib.demo.agent import TOOL_CHATML
 from trainer_lib.rl.multi_turn import EnvironmentSuffix, episode_metrics, episode_sums, generate_episodes
 from trainer_lib.rl.rollout import generate, token_logprobs
 
