@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from tests.rl.agent_helpers import AGENT_GRPO, teach_calculator, write_calculator_questions
+from tests.rl.agent_helpers import AGENT_GRPO
 from tests.stages.training.rl_helpers import one_thread, weights
 from trainer_lib.agents import ToolCallCounts
 from trainer_lib.agents.episode import EpisodeResult
@@ -25,16 +25,6 @@ from trainer_lib.rl.rollout import Rollout
 def _one_thread():
     with one_thread():
         yield
-
-
-@pytest.fixture(scope="module")
-def calculator_model(tiny_model_dir, tmp_path_factory):
-    return teach_calculator(tiny_model_dir, tmp_path_factory.mktemp("models") / "calculator")
-
-
-@pytest.fixture(scope="module")
-def questions(tmp_path_factory):
-    return write_calculator_questions(tmp_path_factory.mktemp("rl") / "questions.jsonl")
 
 
 def agent_ppo(model, data, out, *extra: str) -> None:
