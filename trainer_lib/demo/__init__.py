@@ -7,4 +7,7 @@
 * :mod:`~trainer_lib.demo.safety_prompts`: harmful and benign prompts, as pairs, SFT rows and held-out prompts.
 * :mod:`~trainer_lib.demo.demo_data`: the ``posttrain demo-data`` stage.
 * :mod:`~trainer_lib.demo.tiny_model`: a BPE tokenizer and a small random Llama, and ``posttrain tiny-model``.
+* :mod:`~trainer_lib.demo.agent`: ``make demo-agent``, SFT then GRPO with the calculator on big-number questions.
+* :mod:`~trainer_lib.demo.distill_demo`: on-policy distillation against SFT on a teacher's samples, on the demo.
+* (and the multimodal demo's ``multimodal*.py``, docs/multimodal.md)
 """
