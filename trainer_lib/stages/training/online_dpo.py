@@ -37,22 +37,13 @@ from typing import ClassVar
 from trainer_lib.config import opt
 from trainer_lib.config.rl import RLConfig
 from trainer_lib.errors import ConfigError, UserError
-from trainer_lib.stages.training.dpo import LOSSES
+from trainer_lib.stages.training.dpo import LOSSES, METRICS
 
 #: DPO's paired losses (KTO needs unpaired rows, not a judge's pairs)
 PAIRED_LOSSES = tuple(name for name in LOSSES if name != "kto")
 
 #: the per-pair metrics of ``posttrain dpo`` (policy's implicit rewards and log-probs), named as there
-DPO_KEYS = (
-    "loss",
-    "rewards/chosen",
-    "rewards/rejected",
-    "rewards/margins",
-    "rewards/accuracy",
-    "logps/chosen",
-    "logps/rejected",
-    "logps/accuracy",
-)
+DPO_KEYS = METRICS["paired"]
 
 
 @dataclass
