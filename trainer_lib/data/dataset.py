@@ -312,6 +312,13 @@ def _report(stats: dict, data_cfg) -> None:
         )
     if stats["dropped"].get("too_long"):
         lines.append(f"{stats['dropped']['too_long']} rows {longer} dropped")
+    if stats["dropped"].get("duplicate"):
+        lines.append(
+            f"{stats['dropped']['duplicate']} exact duplicate rows dropped "
+            f"(to keep them: posttrain prepare drop_duplicates=false, then train on its output)"
+        )
+    if stats["dropped"].get("empty"):
+        lines.append(f"{stats['dropped']['empty']} rows with an empty text field dropped")
     if stats["dropped"].get("malformed"):
         first = stats["malformed"][0]
         lines.append(f"{stats['dropped']['malformed']} malformed rows dropped (data.bad_rows=drop), the first: {first}")

@@ -253,9 +253,11 @@ def test_filters_are_counted(tmp_path, capsys, tiny_tokenizer):
     assert stats["dropped"] == {"empty": 2, "duplicate": 2, "too_long": 0} and stats["truncated"] == 1
     assert stats["rows"]["train"] == 4 and stats["token_lengths"]["max"] == 6
     assert "data: 1 rows longer than data.max_length=5 tokens are truncated to it when tokenized" in err
+    assert "data: 2 exact duplicate rows dropped (to keep them: posttrain prepare drop_duplicates=false" in err
+    assert "data: 2 rows with an empty text field dropped" in err
 
     # without a model no length filter; the filters can be switched off
-    rc, stdout, _ = run_prepare(
+    rc, stdout, err = run_prepare(
         capsys,
         f"data.path={src}",
         f"output_dir={tmp_path / 'o2'}",
@@ -265,7 +267,7 @@ def test_filters_are_counted(tmp_path, capsys, tiny_tokenizer):
     )
     stats = json.loads(stdout)
     assert stats["dropped"] == {"empty": 0, "duplicate": 0, "too_long": 0} and stats["rows"]["train"] == 8
-    assert stats["token_lengths"] is None
+    assert stats["token_lengths"] is None and "dropped" not in err
 
 
 def test_length_of_conversations_uses_chat_template(tmp_path, capsys, tiny_tokenizer):
