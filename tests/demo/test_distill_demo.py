@@ -1,6 +1,8 @@
-"""The distillation demo's student (trainer_lib.demo.distill_demo.build_student)."""
+"""The distillation demo driver: its student (build_student) and its --student-shape option."""
 
-from trainer_lib.demo.distill_demo import build_student
+import pytest
+
+from trainer_lib.demo.distill_demo import STUDENT_SHAPE, arguments, build_student
 from trainer_lib.demo.tiny_model import build_tiny_llama, train_tokenizer
 
 
@@ -18,3 +20,17 @@ def test_the_student_has_at_most_half_the_teachers_parameters_and_the_teachers_t
     assert shapes["student_parameters"] * 2 <= shapes["teacher_parameters"]
     assert shapes["student_tokenizer"] == shapes["teacher_tokenizer"]
     assert (tmp_path / "student" / "chat_template.jinja").exists()
+
+
+def test_student_shape_option_gives_build_tiny_llamas_keywords():
+    args = arguments(["run", "--out", "out", "--student-shape", "2,64,4,2,192"])
+    assert args.student_shape == {
+        "num_layers": 2,
+        "hidden_size": 64,
+        "num_heads": 4,
+        "num_kv_heads": 2,
+        "intermediate_size": 192,
+    }
+    assert arguments(["run", "--out", "out"]).student_shape == STUDENT_SHAPE
+    with pytest.raises(SystemExit):
+        arguments(["run", "--out", "out", "--student-shape", "2,64"])

@@ -42,19 +42,35 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("demo_run", help="a finished make demo run (runs/demo/posttrain-all-*)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--seed", type=int, default=0, help="the student's init, its SFT, both arms and sampling")
-    parser.add_argument("--steps", type=int, default=100, help="optimizer steps of each arm")
-    parser.add_argument("--prompts-per-step", type=int, default=8, help="prompts per step of each arm")
-    parser.add_argument("--n", type=int, default=4, help="sequences per prompt per step (arm A's rollout.n)")
+    # 32 prompts x 1 sample a step: arm A's per-token divergence needs no group of samples per prompt, and more
+    # prompts a step steady its updates; arm B's data is the same either way (16 samples a prompt at 100 steps)
+    parser.add_argument("--steps", type=int, default=50, help="optimizer steps of each arm")
+    parser.add_argument("--prompts-per-step", type=int, default=32, help="prompts per step of each arm")
+    parser.add_argument("--n", type=int, default=1, help="sequences per prompt per step (arm A's rollout.n)")
     parser.add_argument("--lr", type=float, default=1e-4, help="learning rate of both arms (constant)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature of student and teacher")
     parser.add_argument("--max-new-tokens", type=int, default=48, help="longest sampled completion (the demo's)")
     parser.add_argument("--beta", type=float, default=1.0, help="distill's beta: 1 reverse KL, 0 forward KL")
     parser.add_argument("--lmbda", type=float, default=1.0, help="distill's lmbda (1: on-policy only)")
     parser.add_argument("--student", default="", help="an SFT-trained student from an earlier run: skips step 1")
+    parser.add_argument(
+        "--student-shape",
+        type=shape_argument,
+        default=",".join(str(v) for v in STUDENT_SHAPE.values()),
+        help="the student's layers,width,heads,kv_heads,mlp (default: %(default)s, 0.48 of the teacher)",
+    )
     parser.add_argument("--student-steps", type=int, default=0, help="the student's SFT steps (0: the demo's)")
     # at the demo's 1e-3 the half-size student ended at eval loss 0.55 and task pass 0.01 (seed 0); at 3e-3, 0.09
     parser.add_argument("--student-lr", type=float, default=3e-3, help="the student SFT learning rate (0: the demo's)")
     return parser.parse_args(argv)
+
+
+def shape_argument(text: str) -> dict:
+    """``layers,width,heads,kv_heads,mlp`` as build_tiny_llama's keyword arguments."""
+    values = [int(v) for v in text.split(",")]
+    if len(values) != len(STUDENT_SHAPE):
+        raise argparse.ArgumentTypeError(f"expected {len(STUDENT_SHAPE)} integers, got {text!r}")
+    return dict(zip(STUDENT_SHAPE, values))
 
 
 def parameter_count(model) -> int:
@@ -220,7 +236,7 @@ def run(args: argparse.Namespace) -> dict:
     times, seed = {}, f"seed={args.seed}"
 
     # 1. the student, SFT-trained as the demo's SFT stage trains the teacher's ancestor
-    shapes = build_student(teacher, os.path.join(out, "student_init"), args.seed)
+    shapes = build_student(teacher, os.path.join(out, "student_init"), args.seed, args.student_shape)
     if shapes["student_parameters"] * 2 > shapes["teacher_parameters"]:
         sys.exit(f"distill demo: the student is more than half the teacher: {shapes}")
     student = os.path.join(out, "student")
@@ -250,7 +266,7 @@ def run(args: argparse.Namespace) -> dict:
         "demo_run": os.path.abspath(args.demo_run),
         "teacher": teacher,
         **shapes,
-        "student_shape": STUDENT_SHAPE,
+        "student_shape": args.student_shape,
         "settings": {k: v for k, v in vars(args).items() if k not in ("demo_run", "out")},
         "student_sft": {
             "steps": args.student_steps or sft["max_steps"],
