@@ -36,7 +36,7 @@ def test_the_teacher_guesses_or_calls_and_sometimes_misnames_the_argument():
     assert all(len(m) == 2 and m[1]["content"].startswith("I think it is ") for m in guesses)
     assert all(m[1]["content"] != "I think it is 5535." for m in guesses)  # a guess is always wrong
     calls = [teacher_conversation(item, 0.0, 1.0, rng) for _ in range(3)]
-    assert all('"expr": "123 * 45"' in m[1]["content"] and m[3]["content"] == "The answer is 5535." for m in calls)
+    assert all('"expr": "123 * 45"' in m[1]["content"] and m[3]["content"] == "123 * 45 = 5535." for m in calls)
     assert '"expression": ' in teacher_conversation(item, 0.0, 0.0, rng)[1]["content"]
 
 
@@ -49,6 +49,23 @@ def test_write_data_counts_the_habits(tmp_path):
     assert data["guesses"] == sum(len(r["messages"]) == 2 for r in sft) > 0
     heldout = [json.loads(line) for line in open(data["heldout.jsonl"])]
     assert len(heldout) == 6 and all(r["prompt"][0]["role"] == "user" and r["solution"] for r in heldout)
+
+
+def test_the_template_shows_a_result_as_the_answer_shows_it():
+    """The copies the tiny model must learn have the same marker before source and target: ``"`` before the
+    expression in the question and in the call, ``= `` before the result in the tool turn and in the answer."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from trainer_lib.demo.agent import TOOL_CHATML, calculator_conversation
+
+    question = make_questions(1, 3, seed=0)[0]
+    assert f'"{question["expression"]}"' in question["question"]
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"x": 0}, unk_token="x")))
+    tokenizer.chat_template = TOOL_CHATML
+    text = tokenizer.apply_chat_template(calculator_conversation("What is 12 + 3?", "12 + 3", "15"), tokenize=False)
+    assert '{"expression": "12 + 3"}' in text
+    assert "<|im_start|>tool\n= 15<|im_end|>\n<|im_start|>assistant\n12 + 3 = 15.<|im_end|>" in text
 
 
 def test_answer_only_scores_the_first_reply():

@@ -5,11 +5,12 @@ its tool.
 
 Offline and deterministic, from one seed:
 
-1. Arithmetic questions on numbers too large for a tiny model to compute (``What is 4821 * 37?``, operands
+1. Arithmetic questions on numbers too large for a tiny model to compute (``What is "482 * 37"?``, operands
    of ``--digits`` digits), in three disjoint sets: SFT transcripts, GRPO prompts, held-out questions.
 2. The SFT transcripts come from a careless teacher: in ``--guess`` of them it answers at once with a wrong
    number instead of calling the calculator, and in ``--malformed`` of its calls it names the argument
-   wrongly (``expr``), which the environment refuses. SFT learns the habits along with the format.
+   wrongly (``expr``), which the environment refuses; a good call ends ``706 + 657 = 1363.``. SFT learns the
+   habits along with the format, and so answers at once (greedily) before GRPO.
 3. The tiny model (what ``posttrain tiny-model`` builds, its BPE trained on the transcripts) with
    :data:`TOOL_CHATML`, a ChatML template that renders tools; ``posttrain sft`` on the transcripts.
 4. ``posttrain grpo`` from the SFT model with ``env.class=tools env.tools=calculator``: each episode is the
@@ -36,23 +37,29 @@ import sys
 import time
 
 #: ChatML with a tools block (a system turn naming them, short to keep sequences short) and the Hermes
-#: ``<tool_call>`` convention.
+#: ``<tool_call>`` convention. A tool's result is shown as ``= 1363``, as a calculator's display reads, and the
+#: teacher answers ``706 + 657 = 1363.``: the ``= `` before both lets the tiny model find the number to copy.
 TOOL_CHATML = (
     '{% if tools %}{{ \'<|im_start|>system\nCall a tool with <tool_call>{"name": ..., "arguments": ...}'
     "</tool_call>. Tools:' }}{% for tool in tools %}{{ ' ' + tool['function']['name'] }}{% endfor %}"
     "{{ '<|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + ('= ' if message['role'] == 'tool' else '') + message['content']"
+    " + '<|im_end|>' + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 #: The operations asked about.
 OPERATORS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
-#: How a question is asked; ``{e}`` is the expression.
-PHRASINGS = ("What is {e}?", "Compute {e}.", "Calculate {e}, please.", "How much is {e}?")
-#: SFT's settings. Unpacked rows and a constant rate: with the defaults (packed rows, cosine decay) the tiny
-#: model had not learned to copy the calculator's result into its answer after 800-1,200 steps (1 and 0 of 20
-#: training transcripts), against 9 of 20 after 1,000 steps so; which of the two mattered was not isolated.
+#: How a question is asked; ``{e}`` is the expression, quoted as the calculator call quotes it (``"706 + 657"``),
+#: so that the tiny model finds the digits to copy by the same ``"`` before them.
+PHRASINGS = ('What is "{e}"?', 'Compute "{e}".', 'Calculate "{e}", please.', 'How much is "{e}"?')
+#: SFT's settings. What SFT must teach is copying: the question's expression into the call, the calculator's
+#: result into the answer. With 4 heads (2 key-value), lr 3e-3, 600 transcripts and answers ``The answer is N.``
+#: no held-out result was copied after 1,000 steps. In an SFT-only probe (half the teacher guessing) 8 heads and
+#: lr 1e-3 copied 29 of 30 held-out results after 750 steps with the ``= `` marker, 0 of 30 without it; quoting
+#: the expression then raised the copies from 5 of 40 (1,600 steps) to 18 of 40 (1,200 steps). Unpacked rows and
+#: a constant rate had helped before (9 of 20 training transcripts against 1 and 0 of 20).
 SFT = [
     "batch_size=16",
     "data.packing=false",
@@ -68,7 +75,7 @@ GRPO = [
     "env.max_total_tokens=192",
     "rollout.n=8",
     "rollout.max_new_tokens=40",
-    "rollout.temperature=1.0",
+    "rollout.temperature=0.7",  # at 1.0 the sampled copies of digits were too often wrong to earn a reward
     "lr_scheduler=constant",
     "beta=0.04",
     "data.eval_fraction=0",
@@ -81,14 +88,14 @@ MAX_TURNS, MAX_NEW_TOKENS, MAX_TOTAL_TOKENS = 3, 40, 192
 
 def calculator_conversation(question: str, expression: str, answer: str, argument: str = "expression") -> list[dict]:
     """A question, the assistant's calculator call (its argument named ``argument``), the tool's result and the
-    assistant's answer."""
+    assistant's answer, which restates the expression (``706 + 657 = 1363.``)."""
     arguments = {"name": "calculator", "arguments": {argument: expression}}
     call = f"<tool_call>{json.dumps(arguments)}</tool_call>"
     return [
         {"role": "user", "content": question},
         {"role": "assistant", "content": call},
         {"role": "tool", "content": answer},
-        {"role": "assistant", "content": f"The answer is {answer}."},
+        {"role": "assistant", "content": f"{expression} = {answer}."},
     ]
 
 
@@ -156,10 +163,10 @@ def write_data(out: str, args: argparse.Namespace) -> dict:
     return {**files, **habits}
 
 
-def make_tool_model(out: str, texts: list[str], vocab: int, layers: int, hidden: int, seed: int) -> str:
+def make_tool_model(out: str, texts: list[str], vocab: int, layers: int, hidden: int, heads: int, seed: int) -> str:
     """What ``posttrain tiny-model`` builds, with one digit per token (as Llama 3 and Qwen split numbers: a
     number is then the same tokens after a space, a quote or a newline, so copying it into a call is a
-    token-for-token copy) and :data:`TOOL_CHATML`."""
+    token-for-token copy), ``heads`` attention heads (as many key-value heads) and :data:`TOOL_CHATML`."""
     from tokenizers import pre_tokenizers
 
     from trainer_lib.demo.tiny_model import build_tiny_llama, train_tokenizer
@@ -169,7 +176,10 @@ def make_tool_model(out: str, texts: list[str], vocab: int, layers: int, hidden:
         [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
     )
     tokenizer.chat_template = TOOL_CHATML
-    build_tiny_llama(tokenizer, num_layers=layers, hidden_size=hidden, seed=seed).save_pretrained(out)
+    model = build_tiny_llama(
+        tokenizer, num_layers=layers, hidden_size=hidden, num_heads=heads, num_kv_heads=heads, seed=seed
+    )
+    model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
 
@@ -266,7 +276,8 @@ def run(args: argparse.Namespace) -> dict:
     paths = {name: os.path.join(out, name) for name in ("base", "sft", "grpo")}
     if not os.path.isfile(os.path.join(paths["base"], "config.json")):
         began = time.time()
-        make_tool_model(paths["base"], read_corpus(data["corpus.txt"]), args.vocab, args.layers, args.hidden, seed)
+        texts = read_corpus(data["corpus.txt"])
+        make_tool_model(paths["base"], texts, args.vocab, args.layers, args.hidden, args.heads, seed)
         timings["tiny-model"] = time.time() - began
     sft = [f"seed={seed}", f"model.path={paths['base']}", f"data.path={data['sft.jsonl']}", *SFT]
     sft += [f"lr={args.sft_lr}", f"max_steps={args.sft_steps}", "logging_steps=20"]
@@ -292,6 +303,7 @@ def run(args: argparse.Namespace) -> dict:
         "models": models,
         "data": {"sft": args.sft_rows, "grpo": args.rl_rows, "heldout": args.heldout_rows, "digits": args.digits},
         "teacher": {"guesses": data["guesses"], "malformed_calls": data["malformed_calls"]},
+        "model": {"layers": args.layers, "hidden": args.hidden, "heads": args.heads},
         "settings": {
             "sft_steps": args.sft_steps,
             "sft_lr": args.sft_lr,
@@ -324,19 +336,20 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0, help="Seed of the questions, the model and every stage.")
     parser.add_argument("--out", default="runs/demo-agent/seed-0", help="Where everything goes (a rerun resumes).")
     parser.add_argument("--digits", type=int, default=3, help="Digits of the operands.")
-    parser.add_argument("--sft-rows", type=int, default=600, help="Teacher transcripts for SFT.")
+    parser.add_argument("--sft-rows", type=int, default=4000, help="Teacher transcripts for SFT.")
     parser.add_argument("--rl-rows", type=int, default=400, help="GRPO's questions.")
     parser.add_argument("--heldout-rows", type=int, default=200, help="Held-out questions.")
-    parser.add_argument("--guess", type=float, default=0.5, help="Share of transcripts where the teacher guesses.")
+    parser.add_argument("--guess", type=float, default=0.7, help="Share of transcripts where the teacher guesses.")
     parser.add_argument("--malformed", type=float, default=0.2, help="Share of the teacher's calls misnamed.")
     parser.add_argument("--vocab", type=int, default=512, help="The tiny model's BPE vocabulary.")
     parser.add_argument("--layers", type=int, default=2, help="The tiny model's layers.")
     parser.add_argument("--hidden", type=int, default=128, help="The tiny model's hidden size.")
-    parser.add_argument("--sft-steps", type=int, default=1000, help="SFT optimizer steps.")
-    parser.add_argument("--sft-lr", type=float, default=3e-3, help="SFT learning rate.")
+    parser.add_argument("--heads", type=int, default=8, help="The tiny model's attention (and key-value) heads.")
+    parser.add_argument("--sft-steps", type=int, default=2400, help="SFT optimizer steps.")
+    parser.add_argument("--sft-lr", type=float, default=1e-3, help="SFT learning rate.")
     parser.add_argument("--rl-steps", type=int, default=60, help="GRPO steps.")
     parser.add_argument("--prompts-per-step", type=int, default=4, help="GRPO questions per step (8 episodes each).")
-    parser.add_argument("--rl-lr", type=float, default=1e-3, help="GRPO learning rate.")
+    parser.add_argument("--rl-lr", type=float, default=3e-4, help="GRPO learning rate.")
     parser.add_argument("--min-gain", type=float, default=0.20, help="Least rise of held-out success over SFT.")
     args = parser.parse_args(argv)
     for name in ("guess", "malformed"):
