@@ -98,8 +98,10 @@ def test_the_demo_runs_end_to_end_and_a_rerun_skips_what_is_done(tmp_path, capsy
     shrunk += ["--sft-steps", "2", "--rl-steps", "1", "--prompts-per-step", "2", "--min-gain", "-1"]
     assert main(shrunk) == 0
     report = json.loads((out / "report.json").read_text())
-    assert set(report["models"]) == {"sft", "grpo"} and set(report["models"]["sft"]) == {"tools", "no_tools"}
+    assert set(report["models"]) == {"sft", "grpo", "grpo_no_tools"}
+    assert set(report["models"]["grpo_no_tools"]) == {"tools", "no_tools"} and "gain_without_tools" in report
+    assert (out / "grpo_no_tools" / "model.safetensors").is_file()
     assert "| grpo |" in (out / "report.md").read_text()
     capsys.readouterr()
     assert main(shrunk) == 0
-    assert capsys.readouterr().out.count("done before, skipped") == 2
+    assert capsys.readouterr().out.count("done before, skipped") == 3

@@ -16,7 +16,10 @@ Offline and deterministic, from one seed:
 4. ``posttrain grpo`` from the SFT model with ``env.class=tools env.tools=calculator``: each episode is the
    question, the model's tool calls and their results, and its final answer, which ``accuracy_reward``
    checks against the question's solution.
-5. SFT and GRPO play one greedy episode per held-out question (:func:`trainer_lib.eval.agent_episodes.
+5. The ablation, GRPO with the tools off: the same GRPO run from the same SFT model but single-turn, no tool
+   offered, its first reply scored by ``accuracy_reward`` (``reward.functions``): what GRPO gains without
+   the calculator.
+6. SFT and both GRPO models play one greedy episode per held-out question (:func:`trainer_lib.eval.agent_episodes.
    play_episodes`, as ``posttrain evaluate env.path=...`` does): the success rate, the valid tool-call rate
    and the mean turns; and with no tools offered (:class:`AnswerOnly`), where the first reply is the answer.
 
@@ -82,6 +85,10 @@ GRPO = [
     "save_steps=10",
     "logging_steps=5",
 ]
+#: The ablation: GRPO's settings without the environment; the prompt's answer scored as the episode's is.
+GRPO_NO_TOOLS = [s for s in GRPO if not s.startswith("env.")] + ["reward.functions=accuracy_reward"]
+#: The models compared: the label, and the GRPO run's settings (None: the SFT model).
+ARMS = {"sft": None, "grpo": GRPO, "grpo_no_tools": GRPO_NO_TOOLS}
 #: The held-out episodes' limits (GRPO's).
 MAX_TURNS, MAX_NEW_TOKENS, MAX_TOTAL_TOKENS = 3, 40, 192
 
@@ -235,7 +242,7 @@ def stage(name: str, out: str, settings: list[str]) -> float:
     """``posttrain <name> settings... output_dir=out`` in a subprocess logged to ``out.log`` (appended, so a
     resumed run keeps the first attempt's log), skipped when ``out`` holds a finished model; its seconds."""
     if os.path.isfile(os.path.join(out, "model.safetensors")):
-        print(f"agent demo: {name}: done before, skipped", flush=True)
+        print(f"agent demo: {os.path.basename(out)}: done before, skipped", flush=True)
         return 0.0
     started = time.time()
     with open(out + ".log", "a", encoding="utf-8") as log:
@@ -244,7 +251,7 @@ def stage(name: str, out: str, settings: list[str]) -> float:
         if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode != 0:
             sys.exit(f"agent demo: posttrain {name} failed; see {out}.log")
     seconds = time.time() - started
-    print(f"agent demo: {name}: {seconds:.0f} s", flush=True)
+    print(f"agent demo: {os.path.basename(out)}: {seconds:.0f} s", flush=True)
     return seconds
 
 
@@ -273,7 +280,7 @@ def run(args: argparse.Namespace) -> dict:
     os.makedirs(out, exist_ok=True)
     started = time.time()
     data = cached(os.path.join(out, "data.json"), lambda: write_data(out, args))
-    paths = {name: os.path.join(out, name) for name in ("base", "sft", "grpo")}
+    paths = {name: os.path.join(out, name) for name in ("base", *ARMS)}
     if not os.path.isfile(os.path.join(paths["base"], "config.json")):
         began = time.time()
         texts = read_corpus(data["corpus.txt"])
@@ -282,13 +289,15 @@ def run(args: argparse.Namespace) -> dict:
     sft = [f"seed={seed}", f"model.path={paths['base']}", f"data.path={data['sft.jsonl']}", *SFT]
     sft += [f"lr={args.sft_lr}", f"max_steps={args.sft_steps}", "logging_steps=20"]
     timings["sft"] = stage("sft", paths["sft"], sft)
-    rl = [f"seed={seed}", f"model.path={paths['sft']}", f"data.path={data['prompts.jsonl']}", *GRPO]
+    rl = [f"seed={seed}", f"model.path={paths['sft']}", f"data.path={data['prompts.jsonl']}"]
     rl += [f"prompts_per_step={args.prompts_per_step}", f"batch_size={args.prompts_per_step * 8}"]
     rl += [f"lr={args.rl_lr}", f"max_steps={args.rl_steps}"]
-    timings["grpo"] = stage("grpo", paths["grpo"], rl)
+    for label, settings in ARMS.items():
+        if settings is not None:
+            timings[label] = stage("grpo", paths[label], rl + settings)
     began = time.time()
     models = {}
-    for label in ("sft", "grpo"):
+    for label in ARMS:
         models[label] = {
             mode: cached(
                 os.path.join(out, f"eval-{label}-{mode}.json"),
@@ -363,8 +372,11 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = arguments(argv)
     result = run(args)
-    sft, grpo = (result["models"][k]["tools"]["agent_success_rate"] for k in ("sft", "grpo"))
+    models = result["models"]
+    sft, grpo = (models[k]["tools"]["agent_success_rate"] for k in ("sft", "grpo"))
     result["gain"] = grpo - sft
+    off = models["grpo_no_tools"]["no_tools"]["agent_success_rate"] - models["sft"]["no_tools"]["agent_success_rate"]
+    result["gain_without_tools"] = off
     result["passed"] = result["gain"] >= args.min_gain
     text = table(result)
     heldout, seconds = result["data"]["heldout"], result["seconds"]["total"]
@@ -372,7 +384,10 @@ def main(argv: list[str] | None = None) -> int:
         f"held-out questions (seed {args.seed}, {heldout} questions, {args.digits}-digit operands, {seconds:.0f} s)"
     )
     verdict = "holds" if result["passed"] else "does NOT hold"
-    footer = f"GRPO - SFT success = {result['gain']:+.2f}: the goal (>= {args.min_gain:+.2f}) {verdict}"
+    footer = (
+        f"GRPO - SFT success = {result['gain']:+.2f}: the goal (>= {args.min_gain:+.2f}) {verdict}; "
+        f"GRPO with the tools off - SFT, both without tools = {off:+.2f}"
+    )
     with open(os.path.join(args.out, "report.json"), "w", encoding="utf-8") as fh:
         json.dump(result, fh, indent=1)
     with open(os.path.join(args.out, "report.md"), "w", encoding="utf-8") as fh:
