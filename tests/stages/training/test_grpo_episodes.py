@@ -163,3 +163,72 @@ def test_a_bad_environment_fails_before_any_model_loads(questions, tmp_path):
     cfg = load_config(GRPOConfig, None, [*base, "env.class=tools", "env.tools=calculator", "env.checker=my:fn"])
     with pytest.raises(Exception, match="my:fn: cannot import module 'my'"):
         build_episodes(cfg)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        ("lora.r=4", "lora.alpha=8"),
+        ("multi_adapter=true", "lora.r=4", "lora.alpha=8"),
+        ("buffer.mode=uniform", "buffer.dynamic_sampling=true"),
+    ],
+    ids=["lora", "multi_adapter", "dynamic_sampling"],
+)
+def test_episodes_train_under_lora_multi_adapter_and_dynamic_sampling(calculator_model, questions, tmp_path, extra):
+    """What single-turn GRPO offers works on episodes too: LoRA (the reference is the adapters off),
+    multi_adapter (one base for every role), a live prompt pool with DAPO's dynamic sampling (groups whose
+    episodes all earned the same reward are dropped and refilled). Each run plays multi-turn episodes with
+    tool calls and changes the weights. (``--nproc 2``: the test below.)"""
+    out = tmp_path / "grpo"
+    agent_grpo(calculator_model, questions, out, "max_steps=2", "save_steps=0", *extra)
+    train = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(r["episode/turns"] > 1 and r["episode/env_tokens"] > 0 for r in train)  # the environment answered
+    assert sum(r["episode/tool_calls"] for r in train) > 0
+    if "buffer.dynamic_sampling=true" in extra:
+        assert all("dynamic_sampling/dropped_groups" in r for r in train)
+    trained, start = weights(out), weights(calculator_model)
+    assert not any("lora" in k for k in trained)  # adapters merged into the saved policy
+    assert any(not torch.equal(trained[k], start[k]) for k in start)
+
+
+@pytest.mark.distributed
+@pytest.mark.extended
+def test_episodes_train_on_two_ranks(calculator_model, questions, tmp_path):
+    """--nproc 2: each rank plays its share of the step's episodes (one prompt's group each) and the update
+    averages over both; the logged episode statistics are the whole step's."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, clean_env
+
+    out = tmp_path / "grpo"
+    args = [f"model.path={calculator_model}", f"data.path={questions}", f"output_dir={out}", *AGENT_GRPO]
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "trainer_lib.cli",
+            "grpo",
+            "--nproc",
+            "2",
+            *args,
+            "logging_steps=1",
+            "max_steps=2",
+            "save_steps=2",
+        ],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    train = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["split"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert all(r["episode/turns"] > 1 and r["episode/env_tokens"] > 0 for r in train)
+    marker = json.loads((out / "checkpoints" / "step-00000002" / "COMPLETE").read_text())
+    assert marker["world_size"] == 2  # two ranks trained (and both ranks' loop states were saved)
+    assert all((out / "checkpoints" / "step-00000002" / f"loop_state_rank{r}.json").is_file() for r in (0, 1))
+    trained, start = weights(out), weights(calculator_model)
+    assert any(not torch.equal(trained[k], start[k]) for k in start)
