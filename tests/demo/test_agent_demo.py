@@ -102,6 +102,10 @@ def test_the_demo_runs_end_to_end_and_a_rerun_skips_what_is_done(tmp_path, capsy
     assert set(report["models"]["grpo_no_tools"]) == {"tools", "no_tools"} and "gain_without_tools" in report
     assert (out / "grpo_no_tools" / "model.safetensors").is_file()
     assert "| grpo |" in (out / "report.md").read_text()
+    first = report["seconds"]
+    assert first["sft"] > 0 and first["total"] >= first["sft"] + first["grpo"]
     capsys.readouterr()
     assert main(shrunk) == 0
     assert capsys.readouterr().out.count("done before, skipped") == 3
+    again = json.loads((out / "report.json").read_text())["seconds"]
+    assert again == first  # the rerun did nothing, and reports the first run's times

@@ -278,7 +278,6 @@ def run(args: argparse.Namespace) -> dict:
     hf_logging.set_verbosity_error()
     out, seed, timings = args.out, args.seed, {}
     os.makedirs(out, exist_ok=True)
-    started = time.time()
     data = cached(os.path.join(out, "data.json"), lambda: write_data(out, args))
     paths = {name: os.path.join(out, name) for name in ("base", *ARMS)}
     if not os.path.isfile(os.path.join(paths["base"], "config.json")):
@@ -306,7 +305,6 @@ def run(args: argparse.Namespace) -> dict:
             for mode in ("tools", "no_tools")
         }
     timings["evaluate"] = time.time() - began
-    timings["total"] = time.time() - started
     return {
         "seed": seed,
         "models": models,
@@ -319,8 +317,23 @@ def run(args: argparse.Namespace) -> dict:
             "rl_steps": args.rl_steps,
             "rl_lr": args.rl_lr,
         },
-        "seconds": {key: round(value, 1) for key, value in timings.items()},
+        "seconds": add_seconds(out, timings),
     }
+
+
+def add_seconds(out: str, timings: dict) -> dict:
+    """Each step's seconds over every run in ``out`` (``OUT/seconds.json``): this run's for the steps that did
+    work, the earlier runs' for those it skipped, and their sum as ``total``."""
+    path = os.path.join(out, "seconds.json")
+    seconds = {}
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as fh:
+            seconds = json.load(fh)
+    seconds.update({key: round(value, 1) for key, value in timings.items() if value >= 1})
+    seconds["total"] = round(sum(value for key, value in seconds.items() if key != "total"), 1)
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(seconds, fh, indent=1)
+    return seconds
 
 
 def table(result: dict) -> str:
