@@ -30,8 +30,9 @@ def policy(tiny_model_dir):
 
 
 def chatml_suffix(content: str, closed: bool = True) -> str:
-    """The environment's tool message as ChatML writes it after an assistant turn's <|im_end|>."""
-    return ("" if closed else "<|im_end|>") + f"\n<|im_start|>tool\n{content}<|im_end|>\n<|im_start|>assistant\n"
+    """The environment's tool message as TOOL_CHATML writes it after an assistant turn's <|im_end|> (a tool's
+    result after ``= ``, as a calculator's display shows it)."""
+    return ("" if closed else "<|im_end|>") + f"\n<|im_start|>tool\n= {content}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def spans(rollout, row: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:

