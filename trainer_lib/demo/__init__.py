@@ -10,5 +10,6 @@
 * :mod:`~trainer_lib.demo.agent`: ``make demo-agent``, SFT then GRPO with the calculator on big-number questions.
 * :mod:`~trainer_lib.demo.distill_demo`: on-policy distillation against SFT on a teacher's samples, on the demo.
 * :mod:`~trainer_lib.demo.online_dpo_demo`: online DPO against offline DPO on the demo's safety prompts.
+* :mod:`~trainer_lib.demo.stage_runs`: what those three drivers share: a ``posttrain`` stage in a subprocess.
 * (and the multimodal demo's ``multimodal*.py``, docs/multimodal.md)
 """

@@ -35,9 +35,10 @@ import json
 import operator
 import os
 import random
-import subprocess
 import sys
 import time
+
+from trainer_lib.demo.stage_runs import posttrain
 
 #: ChatML with a tools block (a system turn naming them, short to keep sequences short) and the Hermes
 #: ``<tool_call>`` convention. A tool's result is shown as ``= 1363``, as a calculator's display reads, and the
@@ -239,20 +240,12 @@ def evaluate(model_dir: str, heldout: str, tools: bool, seed: int) -> dict:
 
 
 def stage(name: str, out: str, settings: list[str]) -> float:
-    """``posttrain <name> settings... output_dir=out`` in a subprocess logged to ``out.log`` (appended, so a
-    resumed run keeps the first attempt's log), skipped when ``out`` holds a finished model; its seconds."""
+    """``posttrain <name>`` into ``out`` (:func:`~trainer_lib.demo.stage_runs.posttrain`), skipped when ``out``
+    holds a finished model; its seconds."""
     if os.path.isfile(os.path.join(out, "model.safetensors")):
         print(f"agent demo: {os.path.basename(out)}: done before, skipped", flush=True)
         return 0.0
-    started = time.time()
-    with open(out + ".log", "a", encoding="utf-8") as log:
-        command = [sys.executable, "-m", "trainer_lib.cli", name, *settings, f"output_dir={out}"]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}  # tiny ops; everything is local
-        if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode != 0:
-            sys.exit(f"agent demo: posttrain {name} failed; see {out}.log")
-    seconds = time.time() - started
-    print(f"agent demo: {os.path.basename(out)}: {seconds:.0f} s", flush=True)
-    return seconds
+    return posttrain(name, out, settings, "agent demo")
 
 
 def cached(path: str, compute) -> dict:

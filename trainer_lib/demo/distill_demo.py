@@ -25,12 +25,12 @@ in a subprocess logged to ``OUT/<name>.log``.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
-import subprocess
 import sys
 import time
+
+from trainer_lib.demo.stage_runs import demo_stages, posttrain
 
 #: the student's shape: the demo's teacher is 2 layers of width 128 (623k parameters); this is 2 layers of
 #: width 96 with a narrower MLP, about 0.48 of it.
@@ -130,25 +130,8 @@ def teacher_samples(teacher_dir: str, prompts_path: str, out_path: str, n: int, 
 
 
 def stage(name: str, label: str, out: str, settings: list[str]) -> float:
-    """``posttrain <name> settings...`` in a subprocess logged to ``out/../<label>.log``; its seconds."""
-    started = time.time()
-    log_path = os.path.join(os.path.dirname(out), f"{label}.log")
-    with open(log_path, "w", encoding="utf-8") as log:
-        command = [sys.executable, "-m", "trainer_lib.cli", name, *settings, f"output_dir={out}"]
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "HF_HUB_OFFLINE": "1"}
-        if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode != 0:
-            sys.exit(f"distill demo: posttrain {name} ({label}) failed; see {log_path}")
-    seconds = time.time() - started
-    print(f"distill demo: {label}: {seconds:.0f} s", flush=True)
-    return seconds
-
-
-def demo_models(run: str) -> dict[str, str]:
-    """The demo's trained models by the stage each recorded in its summary.json."""
-    models = {}
-    for summary in sorted(glob.glob(os.path.join(run, "train*", "output_model", "summary.json"))):
-        models[json.load(open(summary, encoding="utf-8"))["stage"]] = os.path.dirname(summary)
-    return models
+    """``posttrain <name>`` into ``out``, logged to ``out/../<label>.log``; its seconds."""
+    return posttrain(name, out, settings, "distill demo", label)
 
 
 def student_sft(out: str, student: str, sft: dict, args: argparse.Namespace) -> float:
@@ -229,8 +212,8 @@ def evaluate_all(out: str, labels: dict[str, str], demo: str, seed: str) -> floa
 
 def run(args: argparse.Namespace) -> dict:
     out, demo = os.path.abspath(args.out), os.path.join(args.demo_run, "bootstrap", "demo")
-    models = demo_models(args.demo_run)
-    teacher, sft = models["grpo"], json.load(open(os.path.join(models["sft"], "lineage.json")))["stages"][-1]["config"]
+    stages = demo_stages(args.demo_run)
+    teacher, sft = stages["grpo"]["dir"], stages["sft"]
     prompts = os.path.join(demo, "rl_prompts.jsonl")
     os.makedirs(out, exist_ok=True)
     times, seed = {}, f"seed={args.seed}"

@@ -28,15 +28,14 @@ a subprocess logged to ``OUT/<name>.log``.
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import random
 import re
-import subprocess
 import sys
-import time
 from collections import Counter
+
+from trainer_lib.demo.stage_runs import demo_stages, posttrain
 
 #: online DPO's judge, as ``reward.functions`` names it
 JUDGE = "trainer_lib.demo.online_dpo_demo:reference_overlap"
@@ -146,30 +145,8 @@ def reference_overlap(prompts: list, completions: list, preferred: list, dispref
 
 
 def stage(name: str, out: str, settings: list[str]) -> float:
-    """``posttrain <name> settings...`` in a subprocess logged to ``out.log``; its seconds."""
-    started = time.time()
-    log_path = f"{out}.log"
-    with open(log_path, "w", encoding="utf-8") as log:
-        command = [sys.executable, "-m", "trainer_lib.cli", name, *settings, f"output_dir={out}"]
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "HF_HUB_OFFLINE": "1"}
-        if subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env).returncode != 0:
-            sys.exit(f"online DPO demo: posttrain {name} failed; see {log_path}")
-    seconds = time.time() - started
-    print(f"online DPO demo: {os.path.basename(out)}: {seconds:.0f} s", flush=True)
-    return seconds
-
-
-def demo_configs(run: str) -> dict[str, dict]:
-    """The config each of the demo's train tasks recorded, by stage, with its output folder as ``dir``."""
-    configs = {}
-    for summary in sorted(glob.glob(os.path.join(run, "train*", "output_model", "summary.json"))):
-        folder = os.path.dirname(summary)
-        lineage = json.load(open(os.path.join(folder, "lineage.json"), encoding="utf-8"))
-        configs[json.load(open(summary, encoding="utf-8"))["stage"]] = {
-            **lineage["stages"][-1]["config"],
-            "dir": folder,
-        }
-    return configs
+    """``posttrain <name>`` into ``out``, logged to ``out.log``; its seconds."""
+    return posttrain(name, out, settings, "online DPO demo")
 
 
 def trained(cfg: dict, *keys: str) -> list[str]:
@@ -224,7 +201,7 @@ def benign_answer_words(eval_dir: str, label: str) -> float:
 def run(args: argparse.Namespace) -> dict:
     out, demo = os.path.abspath(args.out), os.path.join(os.path.abspath(args.demo_run), "bootstrap", "demo")
     os.makedirs(out, exist_ok=True)
-    demo_cfg, times = demo_configs(args.demo_run), {}
+    demo_cfg, times = demo_stages(args.demo_run), {}
     data = build_data(demo, out, args)
     models = train_models(out, data, demo_cfg, args, times)
     times["evaluate"] = evaluate(out, models, demo, args.seed)
