@@ -197,33 +197,12 @@ def test_episodes_train_under_lora_multi_adapter_and_dynamic_sampling(calculator
 def test_episodes_train_on_two_ranks(calculator_model, questions, tmp_path):
     """--nproc 2: each rank plays its share of the step's episodes (one prompt's group each) and the update
     averages over both; the logged episode statistics are the whole step's."""
-    import subprocess
-    import sys
-
-    from tests.conftest import REPO, clean_env
+    from tests.conftest import clean_env
+    from tests.engine.layout_runs import run_stage
 
     out = tmp_path / "grpo"
     args = [f"model.path={calculator_model}", f"data.path={questions}", f"output_dir={out}", *AGENT_GRPO]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "trainer_lib.cli",
-            "grpo",
-            "--nproc",
-            "2",
-            *args,
-            "logging_steps=1",
-            "max_steps=2",
-            "save_steps=2",
-        ],
-        cwd=REPO,
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_stage("grpo", [*args, "logging_steps=1", "max_steps=2", "save_steps=2"], clean_env())
     train = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["split"] == "train"]
     assert [r["step"] for r in train] == [1, 2]
     assert all(r["episode/turns"] > 1 and r["episode/env_tokens"] > 0 for r in train)
