@@ -36,6 +36,8 @@ import sys
 from collections import Counter
 
 from trainer_lib.demo.stage_runs import demo_stages, posttrain
+from trainer_lib.eval.humaneval import read_jsonl
+from trainer_lib.eval.report_files import write_jsonl
 
 #: online DPO's judge, as ``reward.functions`` names it
 JUDGE = "trainer_lib.demo.online_dpo_demo:reference_overlap"
@@ -64,17 +66,6 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # --------------------------------------------------------------------------- data
-
-
-def read_jsonl(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh]
-
-
-def write_jsonl(path: str, rows: list[dict]) -> str:
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.writelines(json.dumps(row) + "\n" for row in rows)
-    return path
 
 
 def sft_rows(demo: str, k: int, seed: int) -> tuple[list[dict], list[str]]:
@@ -108,12 +99,16 @@ def build_data(demo: str, out: str, args: argparse.Namespace) -> dict:
     os.makedirs(folder, exist_ok=True)
     sft, refused = sft_rows(demo, args.sft_refusals, args.seed)
     train, held_out = (read_jsonl(os.path.join(demo, name)) for name in ("preferences.jsonl", "preferences_eval.jsonl"))
+    written = {"sft": sft, "safety_prompts": safety_prompts(train), "safety_prompts_eval": safety_prompts(held_out)}
+    paths = {name: os.path.join(folder, f"{name}.jsonl") for name in written}
+    for name, rows in written.items():
+        write_jsonl(paths[name], rows)
     return {
-        "sft": write_jsonl(os.path.join(folder, "sft.jsonl"), sft),
+        "sft": paths["sft"],
         "refused_in_sft": refused,
         "preferences": os.path.join(demo, "preferences.jsonl"),
-        "prompts": write_jsonl(os.path.join(folder, "safety_prompts.jsonl"), safety_prompts(train)),
-        "prompts_eval": write_jsonl(os.path.join(folder, "safety_prompts_eval.jsonl"), safety_prompts(held_out)),
+        "prompts": paths["safety_prompts"],
+        "prompts_eval": paths["safety_prompts_eval"],
     }
 
 
