@@ -182,3 +182,17 @@ def test_a_logits_processor_masks_every_step_of_every_row(policy):
     assert all(banned not in row for row in out.tokens)
     assert widths[0] == ids.shape and all(shape[0] == ids.shape[0] for shape in widths)
     assert [shape[1] for shape in widths] == list(range(ids.shape[1], ids.shape[1] + len(widths)))
+
+
+def test_a_greedy_rollout_is_the_same_through_either_engine(policy):
+    """rollout.generate's own loop and its model.generate path give the same Rollout at temperature 0."""
+    model, tokenizer, ids, _ = policy
+    prompts = [row[row != tokenizer.pad_token_id].tolist() for row in ids]
+    stop = [tokenizer.decode(run(policy, temperature=0.0, eos_ids=[]).tokens[2][:3])[1:3]]
+    ours, theirs = (
+        generate(model, tokenizer, prompts, n=2, max_new_tokens=10, temperature=0.0, stop=stop, use_generate=use)
+        for use in (False, True)
+    )
+    assert ours.completions == theirs.completions and ours.finished == theirs.finished
+    assert torch.equal(ours.response_ids, theirs.response_ids) and torch.equal(ours.prompt_ids, theirs.prompt_ids)
+    assert any(ours.finished) and not all(ours.finished)

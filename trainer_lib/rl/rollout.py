@@ -3,14 +3,16 @@
 This module is the seam for a faster engine (vLLM, SGLang): the RL stages only call
 :func:`generate` (prompt token ids in, a :class:`Rollout` out) and :func:`token_logprobs`.
 
-Generation uses the model's own ``generate`` with a KV cache on left-padded batches, with
-every sampling setting passed explicitly (a checkpoint's ``generation_config.json`` cannot
-switch on a top-k or repetition penalty behind our back), and a fixed seed per call, so a
-resumed run samples exactly what the interrupted one would have. The ``n`` samples of a prompt share
-its KV cache: every prompt but its last token goes through the model once, and the cache is repeated
-for its ``n`` rows (``n - 1`` of every ``n`` prompt forwards saved; the samples are those of ``n``
-separate prefills up to float rounding). Under ZeRO-3 pass
-``synced_gpus=True``: DeepSpeed's hooks then fetch each layer's weights for each forward (no rank
+Text policies decode with our own loop (:mod:`trainer_lib.rl.decode`): one prefill, one forward per new
+token on a KV cache, finished rows dropped from the batch, a sampler that needs one random number per row.
+Every sampling setting is passed explicitly (a checkpoint's ``generation_config.json`` cannot switch on a
+top-k or repetition penalty behind our back), and a fixed seed per call, so a resumed run samples exactly what
+the interrupted one would have. The ``n`` samples of a prompt share its KV cache: every prompt but its last
+token goes through the model once, and the cache is repeated for its ``n`` rows (``n - 1`` of every ``n``
+prompt forwards saved; the samples are those of ``n`` separate prefills up to float rounding).
+
+A vision-language policy (images) and ZeRO-3 use the model's own ``generate`` on left-padded batches. Under
+ZeRO-3 pass ``synced_gpus=True``: DeepSpeed's hooks then fetch each layer's weights for each forward (no rank
 holds the whole model), which is a collective, so a rank whose rows are all done keeps stepping
 until every rank's are (transformers' ``synced_gpus``).
 
@@ -37,6 +39,8 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+
+from trainer_lib.rl.decode import shared_prompt_cache
 
 
 @dataclass
@@ -122,7 +126,7 @@ def eos_token_ids(model, tokenizer) -> list[int]:
 
 
 def _generation_config(
-    eos_ids: list[int], pad_id: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int
+    eos_ids: list[int], pad_id: int, *, max_new_tokens: int, temperature: float, top_p: float, top_k: int
 ):
     from transformers import GenerationConfig
 
@@ -247,26 +251,6 @@ def cut_completion(
     return _cut(tokenizer, list(ids), list(stop), eos_ids)
 
 
-def shared_prompt_cache(model, ids: torch.Tensor, mask: torch.Tensor, n: int):
-    """The KV cache of left-padded prompts ``ids`` (one row per prompt) up to their last token, computed once
-    and repeated for the ``n`` samples of each prompt: ``generate`` given it and the prompts repeated ``n``
-    times runs only their last token. Positions as ``generate`` numbers left-padded rows."""
-    from transformers import DynamicCache
-
-    cache = DynamicCache(config=model.config)
-    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
-    model(
-        input_ids=ids[:, :-1],
-        attention_mask=mask[:, :-1],
-        position_ids=positions[:, :-1],
-        cache=cache,
-        use_cache=True,
-        logits_to_keep=1,
-    )
-    cache.batch_repeat_interleave(n)
-    return cache
-
-
 def pad_rows(rows: list[list[int]], value: int, left: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ids, mask)`` of token rows padded with ``value`` to the longest, on the left or the right."""
     width = max((len(r) for r in rows), default=0)
@@ -299,28 +283,32 @@ def generate(
     logits_processor=None,
     pixel_values: list | None = None,
     record_logprobs: bool = False,
+    use_generate: bool = False,
 ) -> Rollout:
-    """``n`` samples for each prompt (token ids), ``batch_size`` sequences per ``generate`` call.
+    """``n`` samples for each prompt (token ids), ``batch_size`` sequences per decode call.
 
+    Text policies decode with :func:`trainer_lib.rl.decode.decode` (finished rows leave the batch); a
+    vision-language policy and ``synced_gpus`` use the model's ``generate``.
     ``temperature=0`` is greedy decoding. Sampling draws from a generator seeded with ``seed``
     (the global RNG is left as it was). ``stats`` holds ``generate_time`` and ``tokens_per_s``.
     ``synced_gpus``: every rank calls this with the same number of chunks (see the module's docs).
     ``logits_processor``: ``(prompt ids, prompt attention mask) -> transformers.LogitsProcessor``,
-    called for each ``generate`` call (a chunk of left-padded prompts); transformers applies the
-    processor to the raw next-token logits before temperature, top-k and top-p (NLPO's action mask).
+    called for each chunk of left-padded prompts and applied to the raw next-token logits before
+    temperature, top-k and top-p (NLPO's action mask).
     ``pixel_values``: a vision-language policy's images, one ``(images, 3, H, W)`` tensor (or None) per prompt.
     ``record_logprobs``: the Rollout's ``logprobs`` hold each response token's log-prob under the distribution
-    it was sampled from (:class:`SampledLogprobs`; :func:`trainer_lib.losses.truncated_importance_weights`).
+    it was sampled from (:func:`trainer_lib.rl.decode.sample_tokens`, :class:`SampledLogprobs` under
+    ``generate``; :func:`trainer_lib.losses.truncated_importance_weights`).
+    ``use_generate``: the model's ``generate`` for a text policy too (benchmarks and parity checks).
     """
     device = next(model.parameters()).device
     eos_ids = eos_token_ids(model, tokenizer)
-    config = _generation_config(eos_ids, tokenizer.pad_token_id, max_new_tokens, temperature, top_p, top_k)
-    image_token = getattr(model.config, "image_token_id", None)
-    if image_token is not None:  # a vision-language policy never writes an image token (it has no pixels for it)
-        config.suppress_tokens = [image_token]
     expanded = [list(p) for p in prompt_ids for _ in range(n)]
     pixels = None if pixel_values is None else [p for p in pixel_values for _ in range(n)]
     pad = tokenizer.pad_token_id
+    text_policy = getattr(model.config, "image_token_id", None) is None
+    own_loop = not (use_generate or synced_gpus) and pixels is None and text_policy
+    settings = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k}
     responses, texts, finished, sampled = [], [], [], []
     was_training = model.training
     model.eval()
@@ -330,48 +318,96 @@ def generate(
     # nor with images), when a chunk holds whole groups
     share = n > 1 and batch_size >= n and not synced_gpus and pixels is None
     step = batch_size - batch_size % n if share else batch_size
+    generator = torch.Generator(device=device).manual_seed(seed)
+    common = {
+        "settings": settings,
+        "eos_ids": eos_ids,
+        "stop": list(stop),
+        "n": n if share else 1,  # rows come in groups of n equal prompts that share a prefill
+        "logits_processor": logits_processor,
+    }
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         for chunk_start in range(0, len(expanded), step):
-            chunk = expanded[chunk_start : chunk_start + step]
-            ids, mask = pad_rows(chunk, pad, left=True)
-            shared = {}
-            if share and ids.shape[1] > 1:
-                shared["cache"] = shared_prompt_cache(model, ids[::n].to(device), mask[::n].to(device), n)
-            criteria = _stopping_criteria(tokenizer, list(stop), ids.shape[1])
-            recorder = SampledLogprobs(temperature) if record_logprobs else None
-            out = model.generate(
-                **_images(None if pixels is None else pixels[chunk_start : chunk_start + batch_size], device),
-                **shared,
-                input_ids=ids.to(device),
-                attention_mask=mask.to(device),
-                generation_config=config,
-                stopping_criteria=criteria,
-                logits_processor=_processor_list(logits_processor, ids.to(device), mask.to(device), recorder),
-                synced_gpus=synced_gpus,
-            )
-            new = out[:, ids.shape[1] :]
-            chunk_logprobs = recorder.columns(new) if recorder is not None else None
-            for i, row in enumerate(new.tolist()):
+            ids, mask = (t.to(device) for t in pad_rows(expanded[chunk_start : chunk_start + step], pad, left=True))
+            if own_loop:
+                rows, chunk_logprobs = _decode_chunk(model, tokenizer, ids, mask, generator=generator, **common)
+            else:
+                chunk_pixels = None if pixels is None else pixels[chunk_start : chunk_start + step]
+                rows, chunk_logprobs = _generate_chunk(
+                    model, tokenizer, ids, mask, synced_gpus, chunk_pixels, record_logprobs, **common
+                )
+            for i, row in enumerate(rows):
                 response, text, done = _cut(tokenizer, row, list(stop), eos_ids)
-                if chunk_logprobs is not None:
-                    sampled.append(chunk_logprobs[i, : len(response)])
+                if record_logprobs:
+                    sampled.append(torch.as_tensor(chunk_logprobs[i][: len(response)], dtype=torch.float32))
                 responses.append(response)
                 texts.append(text)
                 finished.append(done)
     elapsed = time.perf_counter() - start
     model.train(was_training)
-    prompt_tensor, prompt_mask = pad_rows(expanded, pad, left=True)
+    logprobs = torch.nn.utils.rnn.pad_sequence(sampled, batch_first=True) if record_logprobs else None
+    return _assemble(expanded, responses, texts, finished, pad, elapsed, pixels, logprobs)
+
+
+def _assemble(prompts, responses, texts, finished, pad: int, elapsed: float, pixels, logprobs) -> Rollout:
+    """The Rollout of the prompts (one per row) and their cut responses, with its timing stats."""
+    prompt_tensor, prompt_mask = pad_rows(prompts, pad, left=True)
     response_tensor, response_mask = pad_rows(responses, pad, left=False)
     tokens = int(response_mask.sum())
     stats = {"generate_time": elapsed, "generated_tokens": tokens, "tokens_per_s": tokens / max(elapsed, 1e-9)}
     images = _images(pixels)
     if images:
         images["image_counts"] = [0 if p is None else p.shape[0] for p in pixels]
-    logprobs = torch.nn.utils.rnn.pad_sequence(sampled, batch_first=True) if record_logprobs else None
     return Rollout(
         prompt_tensor, prompt_mask, response_tensor, response_mask, texts, finished, stats, **images, logprobs=logprobs
     )
+
+
+def _decode_chunk(model, tokenizer, ids, mask, *, settings, eos_ids, stop, n, generator, logits_processor):
+    """One chunk through our own decode loop: (each row's new tokens, their sampled log-probs)."""
+    from trainer_lib.rl.decode import StopStrings, decode
+
+    decoded = decode(
+        model,
+        ids,
+        mask,
+        **settings,
+        eos_ids=eos_ids,
+        pad_id=tokenizer.pad_token_id,
+        n=n,
+        stop=StopStrings(tokenizer, stop) if stop else None,
+        generator=generator,
+        logits_processor=logits_processor,
+    )
+    return decoded.tokens, decoded.logprobs
+
+
+def _generate_chunk(
+    model, tokenizer, ids, mask, synced_gpus, pixels, record_logprobs, *, settings, eos_ids, stop, n, logits_processor
+):
+    """One chunk through the model's ``generate`` (the global RNG seeded by the caller): (each row's new
+    tokens, their sampled log-probs or None)."""
+    config = _generation_config(eos_ids, tokenizer.pad_token_id, **settings)
+    image_token = getattr(model.config, "image_token_id", None)
+    if image_token is not None:  # a vision-language policy never writes an image token (it has no pixels for it)
+        config.suppress_tokens = [image_token]
+    shared = {}
+    if n > 1 and ids.shape[1] > 1:
+        shared["cache"] = shared_prompt_cache(model, ids[::n], mask[::n], n)
+    recorder = SampledLogprobs(settings["temperature"]) if record_logprobs else None
+    out = model.generate(
+        **_images(pixels, ids.device),
+        **shared,
+        input_ids=ids,
+        attention_mask=mask,
+        generation_config=config,
+        stopping_criteria=_stopping_criteria(tokenizer, stop, ids.shape[1]),
+        logits_processor=_processor_list(logits_processor, ids, mask, recorder),
+        synced_gpus=synced_gpus,
+    )
+    new = out[:, ids.shape[1] :]
+    return new.tolist(), recorder.columns(new) if recorder is not None else None
 
 
 class SplitRows:
