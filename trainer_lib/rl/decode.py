@@ -186,12 +186,14 @@ def decode(
     Args:
         n: rows come in groups of ``n`` equal prompts, which share one prefill.
         stop: ends a row once its generated text holds a stop string.
-        generator: the sampler's random numbers (``temperature > 0``); the global RNG is not touched.
+        generator: the sampler's random numbers (``temperature > 0``; None: one seeded with 0); the global RNG
+            is not touched.
         logits_processor: ``(prompt ids, prompt mask) -> LogitsProcessor``, applied to the raw float logits of
             every step, before temperature (NLPO's action mask). It sees every row of the chunk with the ids so
             far (``pad_id`` after a row's end, as under ``generate``), so rows are not dropped then.
         compact_every: drop finished rows from the batch every this many steps (0: never).
     """
+    generator = generator if generator is not None else torch.Generator(device=ids.device).manual_seed(0)
     processor = None if logits_processor is None else logits_processor(ids, mask)
     if processor is not None:
         compact_every = 0
