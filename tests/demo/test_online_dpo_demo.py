@@ -51,3 +51,19 @@ def test_sft_rows_add_refusals_of_training_pairs_only(tmp_path):
         "preferred": REFUSAL,
         "dispreferred": COMPLIANCE,
     }
+
+
+def test_online_settings_sample_24_prompts_a_step_and_add_the_overlong_penalty_only_when_asked():
+    from trainer_lib.demo.online_dpo_demo import JUDGE, arguments, online_settings
+
+    data, dpo_cfg = {"prompts": "p.jsonl", "prompts_eval": "e.jsonl"}, {"batch_size": 8}
+    plain = online_settings(data, dpo_cfg, arguments(["run", "--out", "o"]), 400)
+    assert f"reward.functions={JUDGE}" in plain and "prompts_per_step=24" in plain and "batch_size=8" in plain
+    assert not [s for s in plain if s.startswith(("reward.weights", "reward.length_free_tokens"))]
+    args = arguments(
+        ["run", "--out", "o", "--overlong-penalty", "0.5", "--max-new-tokens", "72", "--prompts-per-step", "0"]
+    )
+    penalized = online_settings(data, dpo_cfg, args, 400)
+    assert f"reward.functions=[{JUDGE},length_penalty]" in penalized and "reward.weights=[1,0.5]" in penalized
+    # length_penalty reaches -1 at max_new_tokens from 71 free tokens: only a sample at the limit loses
+    assert "reward.length_free_tokens=71" in penalized and "prompts_per_step=8" in penalized

@@ -14,7 +14,9 @@ therefore builds a starting policy and uses another judge:
 2. **Offline DPO**, ``posttrain dpo`` from that SFT model on the demo's preference pairs at the demo DPO
    stage's settings (steps, learning rate, beta, ``rpo_alpha``, batch size).
 3. **Online DPO**, ``posttrain online-dpo`` from the same SFT model on the prompts of the demo's safety pairs,
-   as many optimizer steps and pairs per step as offline DPO. The judge (:func:`reference_overlap`, a reward
+   as many optimizer steps as offline DPO, ``--prompts-per-step`` 24: about two prompts in three tie, so it
+   trains about as many pairs as offline DPO's 8 a step (at 8 prompts a step the goal was met on one seed of
+   three, docs/results.md). The judge (:func:`reference_overlap`, a reward
    function) scores each sample by how much more its words resemble the pair's preferred answer than its
    dispreferred one: the same two answers offline DPO trains on, used as references instead of as targets.
 4. ``posttrain evaluate`` of SFT, offline and online DPO as the demo evaluates: harmlessness and
@@ -57,10 +59,22 @@ def arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--min-reward-gap", type=float, default=0.3, help="online DPO's min_reward_gap: closer best and worst tie"
     )
-    parser.add_argument("--beta", type=float, default=0.1, help="online DPO's beta")
+    parser.add_argument("--beta", type=float, default=0.1, help="online DPO's beta (IPO: tau)")
+    parser.add_argument("--loss", default="sigmoid", help="online DPO's loss: sigmoid (DPO), ipo (online IPO), ...")
+    parser.add_argument(
+        "--prompts-per-step", type=int, default=24, help="prompts sampled a step (0: offline DPO's pairs a step)"
+    )
     parser.add_argument("--n", type=int, default=8, help="online DPO's samples per prompt (rollout.n)")
     parser.add_argument("--temperature", type=float, default=1.0, help="online DPO's sampling temperature")
+    parser.add_argument("--top-k", type=int, default=0, help="online DPO samples among the k likeliest tokens (0: all)")
     parser.add_argument("--max-new-tokens", type=int, default=48, help="online DPO's longest sample")
+    parser.add_argument(
+        "--overlong-penalty",
+        type=float,
+        default=0.0,
+        help="weight of length_penalty in the judge, -1 for a sample cut at --max-new-tokens (0: off)",
+    )
+    parser.add_argument("--judge", default=JUDGE, help="online DPO's judge, a reward function (module:function)")
     parser.add_argument("--sft", default="", help="an SFT model from an earlier run of this seed: skips step 1")
     return parser.parse_args(argv)
 
@@ -149,6 +163,22 @@ def trained(cfg: dict, *keys: str) -> list[str]:
     return [f"{key}={cfg[key]}" for key in keys]
 
 
+def online_settings(data: dict, dpo_cfg: dict, args: argparse.Namespace, steps: int) -> list[str]:
+    """``posttrain online-dpo``'s settings (model and seed aside): the judge, the sampling, the DPO loss."""
+    settings = [f"data.path={data['prompts']}", f"data.eval_path={data['prompts_eval']}"]
+    if args.overlong_penalty:  # DAPO's overlong punishment, all of it on the last token: a cut sample loses
+        settings += [f"reward.functions=[{args.judge},length_penalty]", f"reward.weights=[1,{args.overlong_penalty}]"]
+        settings += [f"reward.length_free_tokens={args.max_new_tokens - 1}"]
+    else:
+        settings += [f"reward.functions={args.judge}"]
+    prompts = args.prompts_per_step or dpo_cfg["batch_size"]
+    settings += [f"prompts_per_step={prompts}", f"batch_size={dpo_cfg['batch_size']}"]
+    settings += [f"rollout.n={args.n}", f"rollout.temperature={args.temperature}", f"rollout.top_k={args.top_k}"]
+    settings += [f"rollout.max_new_tokens={args.max_new_tokens}", f"lr={args.lr}", f"rpo_alpha={args.rpo_alpha}"]
+    settings += [f"min_reward_gap={args.min_reward_gap}", f"beta={args.beta}", f"loss={args.loss}"]
+    return [*settings, f"max_steps={steps}", "eval_steps=100", "save_steps=0"]
+
+
 def train_models(out: str, data: dict, demo_cfg: dict, args: argparse.Namespace, times: dict) -> dict[str, str]:
     """Steps 1 to 3: SFT, offline and online DPO; the model folders by label."""
     seed, sft_cfg, dpo_cfg = f"seed={args.seed}", demo_cfg["sft"], demo_cfg["dpo"]
@@ -162,17 +192,7 @@ def train_models(out: str, data: dict, demo_cfg: dict, args: argparse.Namespace,
     settings += [f"data.path={data['preferences']}", f"max_steps={steps}", "save_steps=0"]
     times["offline_dpo"] = stage("dpo", offline, [*settings, f"model.path={sft}", seed])
     online = os.path.join(out, "online_dpo")
-    settings = [f"data.path={data['prompts']}", f"data.eval_path={data['prompts_eval']}", f"reward.functions={JUDGE}"]
-    settings += [f"prompts_per_step={dpo_cfg['batch_size']}", f"batch_size={dpo_cfg['batch_size']}"]
-    settings += [f"rollout.n={args.n}", f"rollout.temperature={args.temperature}"]
-    settings += [f"rollout.max_new_tokens={args.max_new_tokens}", f"lr={args.lr}", f"rpo_alpha={args.rpo_alpha}"]
-    settings += [
-        f"min_reward_gap={args.min_reward_gap}",
-        f"beta={args.beta}",
-        f"max_steps={steps}",
-        "eval_steps=100",
-        "save_steps=0",
-    ]
+    settings = online_settings(data, dpo_cfg, args, steps)
     times["online_dpo"] = stage("online-dpo", online, [*settings, f"model.path={sft}", seed])
     return {"sft": sft, "offline_dpo": offline, "online_dpo": online}
 
