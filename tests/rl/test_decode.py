@@ -53,6 +53,25 @@ def test_greedy_decoding_is_token_identical_to_model_generate(policy):
         assert len(tokens) == 16 or tokens[-1] == tokenizer.eos_token_id
 
 
+def test_a_sliding_window_model_decodes_as_generate_does(policy):
+    """Mistral with a window of 8 tokens, shorter than every row: transformers' own mask, not ours."""
+    from transformers import MistralConfig, MistralForCausalLM
+
+    _, tokenizer, ids, mask = policy
+    shape = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4}
+    config = MistralConfig(vocab_size=300, num_key_value_heads=2, sliding_window=8, **shape)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = MistralForCausalLM(config).eval()
+    settings = {"max_new_tokens": 12, "eos_ids": [], "pad_id": tokenizer.pad_token_id, "temperature": 0.0}
+    ours = decode(model, ids, mask, **settings).tokens
+    with torch.no_grad():
+        theirs = model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=0, eos_token_id=None
+        )[:, ids.shape[1] :].tolist()
+    assert ours == theirs
+
+
 def ragged_eos(policy, temperature: float) -> list[int]:
     """End tokens that make the rows end at different steps: tokens rows 0-2 draw at steps 2, 5 and 8 (seed 5;
     the random tiny model repeats one token per row greedily, so there rows end after 1 or 12 tokens)."""

@@ -100,7 +100,9 @@ class LiveRows:
         self.model, self.attention = model, mask
         self.rows = torch.arange(ids.shape[0], device=ids.device)
         self.positions = mask.sum(1) - 1  # of each row's last prompt token
-        self.boolean_mask = getattr(model.config, "_attn_implementation", None) == "sdpa"
+        # our 4-D mask under SDPA; a sliding-window model keeps transformers' own (it masks per layer)
+        sdpa = getattr(model.config, "_attn_implementation", None) == "sdpa"
+        self.boolean_mask = sdpa and getattr(model.config, "sliding_window", None) is None
         if n > 1 and ids.shape[1] > 1:  # every prompt but its last token once, then the last token per row
             self.cache = shared_prompt_cache(model, ids[::n], mask[::n], n)
             self.logits = self._step(ids[:, -1])
