@@ -23,7 +23,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = os.path.join(ROOT, ".cache", "real-model", "smollm2-135m-instruct")
-DATA = "/work/shared/data/gsm8k_train.jsonl"
+DATA = os.path.join(ROOT, "..", "shared", "data", "gsm8k_train.jsonl")
 
 
 def gsm8k_prompt_ids(tokenizer, count: int) -> list[list[int]]:
