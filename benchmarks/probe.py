@@ -5,7 +5,8 @@ Imports only torch and transformers, so it runs in ``.venv-bench`` as well as in
 * trained tokens: non-padding tokens of every forward of the Llama body that builds a graph
   (training mode, grad enabled), counted by a forward pre-hook on every ``LlamaModel``;
   reference-model and rollout forwards (no grad) are not counted;
-* generated tokens: tokens ``generate`` returns after the prompt, padding excluded;
+* generated tokens: tokens ``generate`` returns after the prompt, padding excluded (our decode loop's
+  tokens alike);
 * step ends: the caller calls :meth:`Probe.step_end` (our ``Cadence.after_step``, TRL's
   ``TrainerCallback.on_step_end``); the first ``warmup`` steps are left out of the timing;
 * peak memory: peak RSS of this process (CPU) or ``torch.cuda.max_memory_allocated`` (CUDA);
@@ -153,6 +154,25 @@ class Probe:
             return out
 
         transformers.LlamaForCausalLM.generate = counted_generate
+        self._count_own_decode()
+
+    def _count_own_decode(self) -> None:
+        """Our rollouts decode with trainer_lib.rl.decode.decode, not ``generate``: count its new tokens alike
+        (eos included, nothing after it). Absent in ``.venv-bench``, where only TRL runs."""
+        try:
+            from trainer_lib.rl import decode as own
+        except ImportError:
+            return
+        probe, decode = self, own.decode
+
+        @functools.wraps(decode)
+        def counted_decode(*args, **kwargs):
+            out = decode(*args, **kwargs)
+            probe.generated_tokens += sum(len(row) for row in out.tokens)
+            probe.generate_rows += len(out.tokens)
+            return out
+
+        own.decode = counted_decode
 
     def step_end(self) -> None:
         if self.device == "cuda":
