@@ -182,6 +182,7 @@ def decode(
     generator: torch.Generator | None = None,
     logits_processor=None,
     compact_every: int = 1,
+    synced: bool = False,
 ) -> Decoded:
     """Decode left-padded prompts ``ids`` / ``mask`` (on the model's device) until every row has ended.
 
@@ -194,6 +195,9 @@ def decode(
             every step, before temperature (NLPO's action mask). It sees every row of the chunk with the ids so
             far (``pad_id`` after a row's end, as under ``generate``), so rows are not dropped then.
         compact_every: drop finished rows from the batch every this many steps (0: never).
+        synced: a collective decode (a model partitioned with ZeRO-3 across ranks, whose every forward gathers
+            parameters from all ranks): every step, the ranks agree whether any row anywhere still decodes, and a
+            rank whose rows have all ended keeps running forwards (outputs discarded) until then.
     """
     generator = generator if generator is not None else torch.Generator(device=ids.device).manual_seed(0)
     processor = None if logits_processor is None else logits_processor(ids, mask)
@@ -225,14 +229,24 @@ def decode(
             checked = [row for row in rows if going[row]]
             for row, hit in zip(checked, stop.hits([tokens[row] for row in checked]) if checked else []):
                 going[row] = not hit
-        if not any(going):
+        if not (_going_anywhere(any(going), ids.device) if synced else any(going)):
             break
         feed = torch.tensor(feed, dtype=ids.dtype, device=ids.device)
         if processor is not None:
             history[:, step] = feed
-        if compact_every and (step + 1) % compact_every == 0 and not all(going[row] for row in rows):
+        ended = not all(going[row] for row in rows)
+        if compact_every and (step + 1) % compact_every == 0 and ended and any(going):
             index = torch.tensor([j for j, row in enumerate(rows) if going[row]], device=ids.device)
             live.keep(index)
             feed = feed[index]
         live.advance(feed)
     return Decoded(tokens, logprobs)
+
+
+def _going_anywhere(going_here: bool, device) -> bool:
+    """Whether a row of any rank still decodes (one all-reduce, every rank each step)."""
+    import torch.distributed as dist
+
+    flag = torch.tensor([1.0 if going_here else 0.0], device=device)
+    dist.all_reduce(flag)
+    return bool(flag.item())

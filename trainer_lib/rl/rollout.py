@@ -11,10 +11,10 @@ the interrupted one would have. The ``n`` samples of a prompt share its KV cache
 token goes through the model once, and the cache is repeated for its ``n`` rows (``n - 1`` of every ``n``
 prompt forwards saved; the samples are those of ``n`` separate prefills up to float rounding).
 
-A vision-language policy (images) and ZeRO-3 use the model's own ``generate`` on left-padded batches. Under
-ZeRO-3 pass ``synced_gpus=True``: DeepSpeed's hooks then fetch each layer's weights for each forward (no rank
-holds the whole model), which is a collective, so a rank whose rows are all done keeps stepping
-until every rank's are (transformers' ``synced_gpus``).
+A vision-language policy (images) uses the model's own ``generate`` on left-padded batches. Under ZeRO-3 pass
+``synced_gpus=True``: DeepSpeed's hooks then fetch each layer's weights for each forward (no rank holds the
+whole model), which is a collective, so a rank whose rows are all done keeps stepping until every rank's are
+(our decode loop's ``synced``, as transformers' ``synced_gpus`` does).
 
 Layout of a :class:`Rollout` of ``N`` sequences (``n`` consecutive ones per prompt)::
 
@@ -288,7 +288,7 @@ def generate(
     """``n`` samples for each prompt (token ids), ``batch_size`` sequences per decode call.
 
     Text policies decode with :func:`trainer_lib.rl.decode.decode` (finished rows leave the batch); a
-    vision-language policy and ``synced_gpus`` use the model's ``generate``.
+    vision-language policy uses the model's ``generate``; ``synced_gpus`` runs the same loop in step across ranks.
     ``temperature=0`` is greedy decoding. Sampling draws from a generator seeded with ``seed``
     (the global RNG is left as it was). ``stats`` holds ``generate_time`` and ``tokens_per_s``.
     ``synced_gpus``: every rank calls this with the same number of chunks (see the module's docs).
@@ -307,7 +307,7 @@ def generate(
     pixels = None if pixel_values is None else [p for p in pixel_values for _ in range(n)]
     pad = tokenizer.pad_token_id
     text_policy = getattr(model.config, "image_token_id", None) is None
-    own_loop = not (use_generate or synced_gpus) and pixels is None and text_policy
+    own_loop = not use_generate and pixels is None and text_policy
     settings = {"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p, "top_k": top_k}
     responses, texts, finished, sampled = [], [], [], []
     was_training = model.training
@@ -331,7 +331,9 @@ def generate(
         for chunk_start in range(0, len(expanded), step):
             ids, mask = (t.to(device) for t in pad_rows(expanded[chunk_start : chunk_start + step], pad, left=True))
             if own_loop:
-                rows, chunk_logprobs = _decode_chunk(model, tokenizer, ids, mask, generator=generator, **common)
+                rows, chunk_logprobs = _decode_chunk(
+                    model, tokenizer, ids, mask, generator=generator, synced=synced_gpus, **common
+                )
             else:
                 chunk_pixels = None if pixels is None else pixels[chunk_start : chunk_start + step]
                 rows, chunk_logprobs = _generate_chunk(
@@ -364,7 +366,7 @@ def _assemble(prompts, responses, texts, finished, pad: int, elapsed: float, pix
     )
 
 
-def _decode_chunk(model, tokenizer, ids, mask, *, settings, eos_ids, stop, n, generator, logits_processor):
+def _decode_chunk(model, tokenizer, ids, mask, *, settings, eos_ids, stop, n, generator, synced, logits_processor):
     """One chunk through our own decode loop: (each row's new tokens, their sampled log-probs)."""
     from trainer_lib.rl.decode import StopStrings, decode
 
@@ -379,6 +381,7 @@ def _decode_chunk(model, tokenizer, ids, mask, *, settings, eos_ids, stop, n, ge
         stop=StopStrings(tokenizer, stop) if stop else None,
         generator=generator,
         logits_processor=logits_processor,
+        synced=synced,
     )
     return decoded.tokens, decoded.logprobs
 
