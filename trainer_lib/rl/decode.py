@@ -16,7 +16,8 @@ lot in length), its multinomial sampler draws one random number per vocabulary e
   takes a kernel that is 1.6x slower per step on CPU for a one-token query.
 
 The caller (:func:`trainer_lib.rl.rollout.generate`) cuts each row at its eos / stop string and builds the
-Rollout; vision-language policies and ZeRO-3's ``synced_gpus`` stay on ``model.generate``.
+Rollout; vision-language policies stay on ``model.generate``. Under ZeRO-3 (``synced``) every rank steps until
+no rank has a row left, as transformers' ``synced_gpus`` does.
 """
 
 from __future__ import annotations
@@ -148,7 +149,7 @@ class LiveRows:
 
 class StopStrings:
     """Which rows' *generated* text contains a stop string, looking at their last few tokens only (every token
-    decodes to at least one character), as ``rollout``'s stopping criterion for ``generate`` does."""
+    decodes to at least one character); ``rollout``'s stopping criterion for ``generate`` calls it too."""
 
     def __init__(self, tokenizer, stop: list[str]):
         self.tokenizer, self.stop = tokenizer, list(stop)

@@ -151,19 +151,20 @@ def _generation_config(
 
 def _stopping_criteria(tokenizer, stop: list[str], prompt_width: int):
     """Stop a row once its *generated* text contains a stop string (transformers' own
-    ``stop_strings`` also match text that starts in the prompt)."""
+    ``stop_strings`` also match text that starts in the prompt): our decode loop's :class:`StopStrings`."""
     from transformers import StoppingCriteria, StoppingCriteriaList
+
+    from trainer_lib.rl.decode import StopStrings
 
     if not stop:
         return None
-    window = max(len(s) for s in stop) + 3  # every token decodes to >= 1 character
+    strings = StopStrings(tokenizer, stop)
 
-    class StopStrings(StoppingCriteria):
+    class StopStringCriterion(StoppingCriteria):
         def __call__(self, input_ids, scores, **kwargs):
-            tails = tokenizer.batch_decode(input_ids[:, prompt_width:][:, -window:].tolist())
-            return torch.tensor([any(s in text for s in stop) for text in tails], device=input_ids.device)
+            return torch.tensor(strings.hits(input_ids[:, prompt_width:].tolist()), device=input_ids.device)
 
-    return StoppingCriteriaList([StopStrings()])
+    return StoppingCriteriaList([StopStringCriterion()])
 
 
 class SampledLogprobs:
