@@ -1,14 +1,18 @@
 """The search itself, on fake_stage.py (a trial in well under a second): trials in parallel, a failed
 trial recorded with its reason, pruning, the results, and a search killed with SIGKILL that a rerun
-finishes without an orphan process."""
+finishes without an orphan process (also when it dies between a trial's start and the reaper's knowing
+it)."""
 
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import yaml
 
+from tests.conftest import REPO
 from tests.runner.tune.tune_helpers import run_tune, search_file, start_tune
 
 
@@ -99,8 +103,9 @@ def test_a_search_killed_by_sigkill_leaves_no_process_and_a_rerun_finishes_it(tm
         search.wait()
     interrupted = running()
     finished = [d.name for d in sorted(trials.iterdir()) if (d / "summary.json").exists()]
-    # the reaper kills the trials' process groups, their children too
-    wait_for(lambda: not marked_processes(tmp_path), 10, "the trials' processes to end")
+    # the reaper kills the trials' process groups, their children too (a trial that got away would leave
+    # fake_stage's child sleeping 300 s); the bound is for a loaded machine, not for the reaper's speed
+    wait_for(lambda: not marked_processes(tmp_path), 60, "the trials' processes to end")
 
     done = run_tune(path, env={"FAKE_STAGE_STEP_S": "0.02"})
     assert done.returncode == 0, done.stderr[-2000:]
@@ -117,6 +122,27 @@ def test_a_search_killed_by_sigkill_leaves_no_process_and_a_rerun_finishes_it(tm
     for name in finished:
         assert starts(tmp_path, int(name)) == 1, f"finished trial {name} ran again"
     assert not marked_processes(tmp_path)
+
+
+def test_a_search_that_dies_before_the_reaper_has_a_trial_leaves_it_unrun(tmp_path):
+    """The window between a trial's start and the reaper's knowing its group, where the search above can
+    be killed: here the search dies in it for sure (``on_start`` exits), and the trial never runs its
+    command, as it waits for a go-ahead that only comes after ``on_start``."""
+    ran = tmp_path / "ran"
+    trial = f"open({str(ran)!r}, 'w')"
+    script = "\n".join(
+        [
+            "import os, sys",
+            "from trainer_lib.runner.tune.trial_process import TrialProcess",
+            f"command = [sys.executable, '-c', {trial!r}]",
+            f"TrialProcess(command, {str(tmp_path / 'trial')!r}, marker={str(tmp_path / 'config.yaml')!r},"
+            " on_start=lambda pgid: os._exit(9))",
+        ]
+    )
+    search = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert search.returncode == 9, search.stderr[-2000:]
+    wait_for(lambda: not marked_processes(tmp_path), 60, "the held trial to end")
+    assert not ran.exists()
 
 
 def test_trial_timeout_fails_the_trial_with_its_reason(tmp_path):

@@ -221,7 +221,9 @@ class TrialRunner:
             fh.write(config_text(cfg))
         for key, value in {"output_dir": trial_dir, "config": config_path, "seed": seed}.items():
             trial.set_user_attr(key, value)
-        process = TrialProcess([*self.command, "--config", config_path], trial_dir, marker=config_path)
+        process = TrialProcess(
+            [*self.command, "--config", config_path], trial_dir, marker=config_path, on_start=self.reaper.add
+        )
         last = None if getattr(cfg, "num_epochs", 0) else cfg.max_steps
         outcome = self.watch(trial, process, lambda step, record: self.report(trial, step, record, last))
         if tune.evaluate and outcome.stopped_at is None and outcome.returncode == 0:
@@ -229,8 +231,8 @@ class TrialRunner:
         return self.value(trial, trial_dir, outcome)
 
     def watch(self, trial, process: TrialProcess, on_eval) -> Outcome:
-        """Follow one of the trial's processes to its end, killable by a stopping search meanwhile."""
-        self.reaper.add(process.pgid)
+        """Follow one of the trial's processes to its end, killable by a stopping search meanwhile (the
+        reaper has its group: ``on_start``, before the process ran its command)."""
         with self.lock:
             self.live[trial.number] = process
         try:
@@ -245,7 +247,9 @@ class TrialRunner:
         a process of its own carrying the trial's mark (``marker``), as the stage's process did."""
         metric = self.search.tune.objective.metric
         config_path = write_evaluate_config(self.search.tune, trial_dir)
-        process = TrialProcess(evaluate_command(config_path), os.path.dirname(config_path), marker=marker)
+        process = TrialProcess(
+            evaluate_command(config_path), os.path.dirname(config_path), marker=marker, on_start=self.reaper.add
+        )
         outcome = self.watch(trial, process, lambda step, record: False)
         if outcome.timed_out or outcome.returncode != 0:
             self.fail(trial, f"evaluate: {outcome.reason}")

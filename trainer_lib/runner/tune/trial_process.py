@@ -5,19 +5,26 @@
 
 The process starts a session (a process group) of its own, so that stopping it stops everything it
 started; :class:`~trainer_lib.runner.tune.trial_reaper.TrialReaper` kills that group when the search
-dies. Every process of the trial carries ``POSTTRAIN_TUNE_TRIAL=<its config file>`` in its environment,
-by which a resumed search finds what a dead one left (:func:`kill_leftover`). Its stdout and stderr go
-to ``trial.log`` in its output directory. Its eval records are read from its ``metrics.jsonl`` as the
-stage writes them (one flushed JSON line per record, :mod:`trainer_lib.loop.tracking`).
+dies. A trial given ``on_start`` (the search's: ``reaper.add``) is held before its command runs until
+``on_start(pgid)`` has returned: a search that dies between starting the process and the reaper's
+knowing its group (SIGKILL in that window) leaves a held process, which sees the go-ahead pipe close
+and exits without running the command. Every process of the trial carries
+``POSTTRAIN_TUNE_TRIAL=<its config file>`` in its environment, by which a resumed search finds what a
+dead one left (:func:`kill_leftover`). Its stdout and stderr go to ``trial.log`` in its output
+directory. Its eval records are read from its ``metrics.jsonl`` as the stage writes them (one flushed
+JSON line per record, :mod:`trainer_lib.loop.tracking`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +34,21 @@ from trainer_lib.engine.process_group import own_group_env
 LOG_FILE = "trial.log"
 METRICS_FILE = "metrics.jsonl"
 MARKER_ENV = "POSTTRAIN_TUNE_TRIAL"
+
+#: What a held trial runs first (``python -I -S -c HOLD FD COMMAND...``): it waits for a byte on the pipe
+#: FD, then becomes COMMAND (same pid, same group); end-of-file (the search died first) ends it unrun.
+HOLD = """import os, sys
+fd = int(sys.argv[1])
+go = os.read(fd, 1)
+os.close(fd)
+if not go:
+    os._exit(75)
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as exc:
+    print(f"error: cannot run {sys.argv[2]}: {exc}", file=sys.stderr, flush=True)
+    os._exit(127)
+"""
 
 
 @dataclass(frozen=True)
@@ -38,23 +60,58 @@ class Outcome:
 
 
 class TrialProcess:
-    def __init__(self, command: list[str], output_dir: str, marker: str, log_to_file: bool = True):
+    def __init__(
+        self,
+        command: list[str],
+        output_dir: str,
+        marker: str,
+        log_to_file: bool = True,
+        on_start: Callable[[int], None] | None = None,
+    ):
         os.makedirs(output_dir, exist_ok=True)
         self.output_dir = output_dir
         self.log_path = os.path.join(output_dir, LOG_FILE)
         self.metrics_path = os.path.join(output_dir, METRICS_FILE)
         self._offset = 0
-        # log_to_file=False: the trial prints to this process's stdout (a Katib trial's pod log)
-        with open(self.log_path, "ab") if log_to_file else contextlib.nullcontext() as log:
-            self.proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT if log_to_file else None,
-                start_new_session=True,
-                env={**own_group_env(), "POSTTRAIN_NO_PROGRESS": "1", MARKER_ENV: marker},
-            )
+        hold = go = None
+        if on_start is not None:
+            if shutil.which(command[0]) is None:  # as Popen would say it, not as a held trial's failure
+                raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), command[0])
+            hold, go = os.pipe()
+            command = [sys.executable, "-I", "-S", "-c", HOLD, str(hold), *command]
+        try:
+            # log_to_file=False: the trial prints to this process's stdout (a Katib trial's pod log)
+            with open(self.log_path, "ab") if log_to_file else contextlib.nullcontext() as log:
+                self.proc = subprocess.Popen(
+                    command,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT if log_to_file else None,
+                    start_new_session=True,
+                    env={**own_group_env(), "POSTTRAIN_NO_PROGRESS": "1", MARKER_ENV: marker},
+                    pass_fds=() if hold is None else (hold,),
+                )
+        except BaseException:
+            if go is not None:
+                os.close(go)
+            raise
+        finally:
+            if hold is not None:
+                os.close(hold)
         self.pgid = self.proc.pid  # a new session's leader: its pid is the group's id
+        if go is not None:
+            try:
+                on_start(self.pgid)
+            except BaseException:
+                os.close(go)  # the held process reads end-of-file and exits unrun
+                self.proc.wait()
+                raise
+            try:
+                os.write(go, b"g")
+            except OSError:  # it is gone already (killed): follow() sees its end
+                pass
+            finally:
+                os.close(go)
 
     def new_records(self) -> list[dict]:
         """The records ``metrics.jsonl`` gained since the last call (whole lines only)."""
