@@ -168,16 +168,40 @@ def test_evaluate_component_logs_metrics_and_returns_gate(setup, tmp_path):
     assert json.loads((tmp_path / "res" / "metrics.json").read_text())["gate"]["passed"] is False
 
 
+def test_tasks_samples_adds_the_pass_rate_over_sampled_answers(setup, tmp_path, capsys):
+    out = tmp_path / "eval"
+    extra = [
+        "humaneval.enabled=false",
+        "tasks.samples=3",
+        "tasks.temperature=1.0",
+        "gate.rules=task_sampled_pass_rate>=0",
+    ]
+    assert main(_args(setup, out, *extra)) == 0
+    result = json.loads((out / "metrics.json").read_text())
+    assert result["data"]["tasks"]["samples"] == 3 and result["data"]["tasks"]["temperature"] == 1.0
+    assert result["gate"]["rules"][0]["rule"] == "task_sampled_pass_rate>=0"
+    for label in ("base", "tuned"):
+        greedy = [json.loads(line) for line in (out / "per_problem" / f"{label}_tasks.jsonl").read_text().splitlines()]
+        path = out / "per_problem" / f"{label}_tasks_sampled.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        assert [r["task_id"] for r in rows] == [t["task_id"] for t in greedy for _ in range(3)]
+        rate = result["models"][label]["task_sampled_pass_rate"]
+        assert rate == pytest.approx(sum(r["passed"] for r in rows) / 9)
+        # sampled at temperature 1, a random tiny model does not repeat one answer for every task
+        assert any(len({r["completion"] for r in rows[i : i + 3]}) > 1 for i in range(0, 9, 3)), rows
+
+
 @pytest.mark.parametrize(
     "override, message",
     [
+        ("tasks.samples=2 tasks.temperature=0", "tasks.temperature"),
         ("gate.rules=task_pass_rate=>0.2", "gate.rules[0]"),
         ("gate.rules=humaneval_pass@10>=0.1", "gate.rules[0]"),
         ("candidate=dpo", "candidate"),
     ],
 )
 def test_evaluate_config_errors_name_the_key(setup, tmp_path, capsys, override, message):
-    assert main(_args(setup, tmp_path / "x", override)) == 2
+    assert main(_args(setup, tmp_path / "x", *override.split())) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and message in err
     assert not (tmp_path / "x").exists()

@@ -26,7 +26,8 @@
     metrics.json    {"models": {label: {metric: value}}, "candidate", "baseline", "gate", "judge", ...}
     report.html     self-contained: metrics table and chart, gate, training curves, samples
     summary.md      the verdict and the metrics table in Markdown
-    per_problem/    <label>_humaneval.jsonl, <label>_tasks.jsonl, <label>_safety.jsonl, <label>_math.jsonl,
+    per_problem/    <label>_humaneval.jsonl, <label>_tasks.jsonl (and <label>_tasks_sampled.jsonl with
+                    tasks.samples), <label>_safety.jsonl, <label>_math.jsonl,
                     <label>_agent.jsonl (env.path: each episode's whole transcript, turns, reward, done reason)
 
 ``--nproc N`` gives each rank whole batches of prompts and gives the one-process numbers exactly;
@@ -85,6 +86,12 @@ class TasksConfig:
     max_new_tokens: int = opt(128, "Most tokens generated per task.")
     timeout: float = opt(3.0, "Seconds per task in the sandbox.")
     chat: ChatMode = opt("auto", CHAT_HELP)
+    samples: int = opt(
+        0,
+        "Besides the greedy answer, sample N answers per task at tasks.temperature: task_sampled_pass_rate is "
+        "the share of them that pass (pass@1 when sampling). 0: greedy only.",
+    )
+    temperature: float = opt(1.0, "Sampling temperature of the tasks.samples answers.")
 
 
 @dataclass
@@ -233,7 +240,9 @@ class EvaluateConfig:
             raise ConfigError(
                 f"safety.default_kind: expected harmful, benign or empty, got {self.safety.default_kind!r}"
             )
-        check_non_negative(self, "tasks.limit", "safety.limit", "math.limit", "sandbox_workers")
+        check_non_negative(self, "tasks.limit", "tasks.samples", "safety.limit", "math.limit", "sandbox_workers")
+        if self.tasks.samples and self.tasks.temperature <= 0:
+            raise ConfigError(f"tasks.temperature: expected > 0 with tasks.samples, got {self.tasks.temperature}")
         check_positive(
             self, "tasks.max_new_tokens", "safety.max_new_tokens", "batch_size", "humaneval.timeout", "tasks.timeout"
         )
@@ -341,7 +350,9 @@ def computed_metrics(cfg: EvaluateConfig) -> list[str]:
     """The metric names these settings produce for every model (the gate may only use these)."""
     names, code_tasks = [], bool(cfg.tasks.path or cfg.data_dir)
     if code_tasks:
-        names += ["task_pass_rate", "task_test_pass_fraction"]
+        names += ["task_pass_rate", "task_test_pass_fraction"] + (
+            ["task_sampled_pass_rate"] if cfg.tasks.samples else []
+        )
     if cfg.humaneval.enabled:
         names += [f"humaneval_pass@{k}" for k in cfg.humaneval.k if k <= cfg.humaneval.n]
     if cfg.math.path:  # trainer_lib/eval/math_problems.py
@@ -467,6 +478,8 @@ class EvalSets:
             }
         if self.tasks:
             data["tasks"] = {"path": self.tasks_path, "count": len(self.tasks), "chat": cfg.tasks.chat}
+            if cfg.tasks.samples:
+                data["tasks"] |= {"samples": cfg.tasks.samples, "temperature": cfg.tasks.temperature}
         if self.safety:
             data["safety"] = {
                 "path": self.safety_path,
@@ -560,6 +573,7 @@ class Answers:
     image_match: list[str]
     user_turns: list[str]  # the sets whose plain prompts this model was asked in a user turn
     agent: list[dict] = dataclasses.field(default_factory=list)  # one episode's row per env.path row
+    tasks_sampled: list[str] = dataclasses.field(default_factory=list)  # tasks.samples per task, task by task
 
 
 def agent_episodes(engine, sets: EvalSets, cfg: EvaluateConfig, strategy) -> list[dict]:
@@ -594,11 +608,15 @@ def generate_answers(open_engine, sets: EvalSets, cfg: EvaluateConfig, strategy)
             asked, in_turn = as_asked(prompts, section.chat, engine.tokenizer, f"{name}.chat")
             texts[name] = generate_texts(engine, asked, cfg, strategy, section.max_new_tokens)
             turns += [name] if in_turn else []
+            if name == "tasks" and cfg.tasks.samples:  # the same prompts, sampled
+                sampled = {"n": cfg.tasks.samples, "temperature": cfg.tasks.temperature}
+                texts["tasks_sampled"] = generate_texts(engine, asked, cfg, strategy, section.max_new_tokens, **sampled)
         image_match = generate_texts(
             engine, [r["prompt"] for r in sets.image_match], cfg, strategy, cfg.image_match.max_new_tokens
         )
         agent = agent_episodes(engine, sets, cfg, strategy)
-        return Answers(humaneval, texts["tasks"], texts["safety"], texts["math"], image_match, turns, agent)
+        sets_texts = texts["tasks"], texts["safety"], texts["math"]
+        return Answers(humaneval, *sets_texts, image_match, turns, agent, texts.get("tasks_sampled", []))
     finally:
         engine.close()
 
@@ -723,6 +741,11 @@ def score_answers(answers: Answers, sets: EvalSets, judge, sandbox, cfg: Evaluat
         for row, count in zip(per_problem["tasks"], violations):
             row["style_violations"] = count
         metrics.update(task_metrics | style)
+    if answers.tasks_sampled:  # tasks.samples answers per task: the pass rate over all of them
+        n = len(answers.tasks_sampled) // len(sets.tasks)
+        rows = [task for task in sets.tasks for _ in range(n)]
+        sampled, per_problem["tasks_sampled"] = score_tasks(rows, answers.tasks_sampled, sandbox, cfg.tasks.timeout)
+        metrics["task_sampled_pass_rate"] = sampled["task_pass_rate"]
     if sets.safety:
         safety_metrics, per_problem["safety"] = score_safety(sets.safety, answers.safety, judge)
         metrics.update(safety_metrics)
