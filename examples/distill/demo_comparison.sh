@@ -11,10 +11,11 @@
 #
 #   examples/distill/demo_comparison.sh DEMO_RUN [OUT=runs/distill-demo/seed-SEED] [SEED=0] [--lr 1e-4 ...]
 #
-# Words after SEED go to the driver (python -m trainer_lib.demo.distill_demo --help): --steps (50), --lr,
+# Words after SEED go to the driver (python -m trainer_lib.demo.distill_demo --help): --steps (100), --lr,
 # --n (1), --prompts-per-step (32), --temperature, --beta, --lmbda, --student DIR, --student-shape,
-# --student-steps, --student-lr. Exits 1 when arm A's pass rate is under arm B's + 0.05. One torch thread
-# unless OMP_NUM_THREADS says otherwise (the tiny model's ops are too small to split on 2 busy cores).
+# --student-steps, --student-lr, --samples (8). Exits 1 when arm A's pass rate over the sampled answers
+# is under arm B's + 0.05. One torch thread unless OMP_NUM_THREADS says otherwise (the tiny model's ops
+# are too small to split on 2 busy cores).
 set -euo pipefail
 BIN=${BIN:-.venv/bin}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}

@@ -34,3 +34,19 @@ def test_student_shape_option_gives_build_tiny_llamas_keywords():
     assert arguments(["run", "--out", "out"]).student_shape == STUDENT_SHAPE
     with pytest.raises(SystemExit):
         arguments(["run", "--out", "out", "--student-shape", "2,64"])
+
+
+def test_the_table_shows_greedy_and_sampled_pass_rates_and_both_leads():
+    from trainer_lib.demo.distill_demo import table
+
+    report = {
+        "settings": {"samples": 8},
+        "task_pass_rate": {"student": 0.4, "distill": 0.58, "sft_on_teacher": 0.55},
+        "task_sampled_pass_rate": {"student": 0.29, "distill": 0.37, "sft_on_teacher": 0.30},
+        "greedy_gain": 0.03,
+        "gain": 0.07,
+    }
+    lines = table(report).splitlines()
+    assert "8 sampled answers a task" in lines[0]
+    assert lines[3] == "| distill | 0.580 | 0.370 |"
+    assert lines[-1] == "| distill - sft_on_teacher | +0.030 | +0.070 |"
