@@ -140,33 +140,20 @@ class EnvironmentSuffix:
 
 
 class TokenSampler:
-    """Next tokens as ``generate`` draws them (temperature, top-k, top-p, then ``torch.multinomial`` from the
-    global generator; greedy at temperature 0), with each drawn token's log-prob under
-    ``log_softmax(logits / temperature)``, as :class:`~trainer_lib.rl.rollout.SampledLogprobs` records it."""
+    """Next tokens as the rollouts' decode loop draws them (:func:`trainer_lib.rl.decode.sample_tokens`:
+    temperature, top-k, top-p, one uniform number per row from the global generator; greedy at temperature
+    0), with each drawn token's log-prob under ``log_softmax(logits / temperature)``, as
+    :class:`~trainer_lib.rl.rollout.SampledLogprobs` records it."""
 
     def __init__(self, temperature: float, top_p: float, top_k: int):
-        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
-
-        self.temperature = temperature
-        self.warpers = LogitsProcessorList()
-        if temperature > 0:
-            if temperature != 1.0:
-                self.warpers.append(TemperatureLogitsWarper(temperature))
-            if top_k:
-                self.warpers.append(TopKLogitsWarper(top_k))
-            if top_p < 1.0:
-                self.warpers.append(TopPLogitsWarper(top_p))
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
 
     def __call__(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``(tokens (B,), their log-probs (B,))`` from next-token logits ``(B, V)``."""
-        logits = logits.float()
-        logprobs = torch.log_softmax(logits / (self.temperature if self.temperature > 0 else 1.0), dim=-1)
-        if self.temperature > 0:
-            probs = torch.softmax(self.warpers(None, logits), dim=-1)
-            tokens = torch.multinomial(probs, num_samples=1).squeeze(1)
-        else:
-            tokens = logits.argmax(-1)
-        return tokens, logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        from trainer_lib.rl.decode import sample_tokens
+
+        uniform = torch.rand(logits.shape[0], device=logits.device) if self.temperature > 0 else None
+        return sample_tokens(logits, uniform, self.temperature, self.top_k, self.top_p)
 
 
 class LiveCache:
