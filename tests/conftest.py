@@ -107,6 +107,17 @@ CHAT_ROWS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def single_thread():
+    """torch on one thread for a whole test module, its module fixtures included (a module asks for it with
+    ``pytestmark = pytest.mark.usefixtures("single_thread")``): a tiny model's ops are too small to split,
+    and on a busy 2-core machine a second thread's spin-waits make them several times slower."""
+    from tests.stages.training.rl_helpers import one_thread
+
+    with one_thread():
+        yield
+
+
 @pytest.fixture(scope="session")
 def chat_jsonl(tmp_path_factory) -> str:
     """A small conversational SFT dataset (JSONL of messages), repeated so a model can fit it."""

@@ -20,6 +20,8 @@ from trainer_lib.stages.training.grpo import GRPOConfig
 from trainer_lib.stages.training.ppo import PPOConfig
 from trainer_lib.stages.training.sft import SFTConfig
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 TRL = os.path.join(REPO, "tests", "data", "foreign", "trl")
 #: their file -> (the posttrain command, the local file in the format of the hub dataset it names, max_steps)
 RUNS = {
@@ -38,12 +40,6 @@ def _mapping(err: str) -> dict[str, str]:
     """``their key -> what it became`` from the ``config:`` lines on stderr."""
     lines = [line[len("config: ") :] for line in err.splitlines() if line.startswith("config: ")]
     return dict(line.split(" -> ", 1) for line in lines if " -> " in line)
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
 
 
 @pytest.fixture(scope="module")

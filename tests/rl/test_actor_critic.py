@@ -3,15 +3,11 @@
 import pytest
 import torch
 
-from tests.stages.training.rl_helpers import LENGTH_REWARD, one_thread, write_reward_adapter
+from tests.stages.training.rl_helpers import LENGTH_REWARD, write_reward_adapter
 from trainer_lib.config import load_config
 from trainer_lib.rl.actor_critic import SeparateModels, SharedBaseModels, build_models
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

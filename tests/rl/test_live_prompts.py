@@ -9,14 +9,10 @@ import pytest
 import torch
 
 from tests.conftest import repeatable
-from tests.stages.training.rl_helpers import LENGTH_REWARD, mean_sampled_reward, one_thread, weights, write_prompts
+from tests.stages.training.rl_helpers import LENGTH_REWARD, mean_sampled_reward, weights, write_prompts
 from trainer_lib.cli import main
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def _run(stage, model, data, out, *extra):

@@ -9,15 +9,9 @@ from trainer_lib.demo.agent import TOOL_CHATML
 from trainer_lib.rl.multi_turn import EnvironmentSuffix, episode_metrics, episode_sums, generate_episodes
 from trainer_lib.rl.rollout import generate, token_logprobs
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 ROWS = [{"prompt": "Say hello."}, {"prompt": "What is two plus two? Name a color."}]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    from tests.stages.training.rl_helpers import one_thread
-
-    with one_thread():
-        yield
 
 
 @pytest.fixture(scope="module")

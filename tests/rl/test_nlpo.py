@@ -11,13 +11,7 @@ from trainer_lib.errors import ConfigError
 from trainer_lib.rl.nlpo import MaskedActions, MaskingPolicy, top_p_set
 from trainer_lib.rl.rollout import generate, token_logprobs
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    from tests.stages.training.rl_helpers import one_thread
-
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def test_top_p_set_by_hand():

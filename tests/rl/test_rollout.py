@@ -5,13 +5,7 @@ import torch
 
 from trainer_lib.rl.rollout import generate, token_logprobs
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    from tests.stages.training.rl_helpers import one_thread
-
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

@@ -8,20 +8,15 @@ import json
 import pytest
 
 from tests.rl.agent_helpers import CALCULATOR_QUESTIONS, teach_calculator
-from tests.stages.training.rl_helpers import one_thread
 from trainer_lib.cli import main
 from trainer_lib.config import load_config
 from trainer_lib.errors import ConfigError
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 METRICS = ("agent_success_rate", "agent_mean_turns", "agent_valid_tool_call_rate", "agent_reward_mean")
 DONE = ("agent_done_done", "agent_done_max_turns", "agent_done_max_total_tokens")
 INJECTED = "What is 2+3? <script>alert('x')</script>"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():  # module-wide: the taught models' fits run under it too
-    with one_thread():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -10,17 +10,13 @@ import pytest
 import torch
 
 from tests.conftest import CHAT_ROWS
-from tests.stages.training.rl_helpers import one_thread, weights
+from tests.stages.training.rl_helpers import weights
 from trainer_lib.config import load_config
 from trainer_lib.errors import ConfigError, UserError
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 TEXTS = [q + " " + a for q, a in CHAT_ROWS] * 20
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
 
 
 @pytest.fixture(scope="module")

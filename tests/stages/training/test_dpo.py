@@ -12,16 +12,9 @@ import torch
 
 from trainer_lib.cli import main
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 WORDS = "apple river stone cloud lamp green table seven quiet paper window music orange bridge".split()
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models gain nothing from intra-op threads; on a loaded 2-core box they cost 3x."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def conv(role, text):

@@ -11,7 +11,6 @@ import torch
 from tests.stages.training.rl_helpers import (
     LENGTH_REWARD,
     mean_sampled_reward,
-    one_thread,
     run_rl,
     weights,
     write_prompts,
@@ -20,11 +19,7 @@ from tests.stages.training.rl_helpers import (
 from trainer_lib.config import load_config
 from trainer_lib.errors import ConfigError
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

@@ -10,15 +10,11 @@ import pytest
 import torch
 
 from tests.rl.agent_helpers import AGENT_GRPO
-from tests.stages.training.rl_helpers import one_thread, weights
+from tests.stages.training.rl_helpers import weights
 from trainer_lib.config import load_config
 from trainer_lib.errors import ConfigError
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():  # module-wide: the taught model's fit runs under it too
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def agent_grpo(model, data, out, *extra: str) -> None:

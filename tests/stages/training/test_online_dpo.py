@@ -12,7 +12,6 @@ import torch
 from tests.stages.training.rl_helpers import (
     LENGTH_REWARD,
     mean_sampled_reward,
-    one_thread,
     run_rl,
     weights,
     write_prompts,
@@ -21,6 +20,8 @@ from trainer_lib.config import load_config
 from trainer_lib.errors import ConfigError
 from trainer_lib.stages.training.online_dpo import OnlineDPOConfig, pick_pairs
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 #: even prompt rows all score 0.5 (every completion ties); odd rows score a hash of the text (no ties)
 TIE_REWARD = """
 import zlib
@@ -28,12 +29,6 @@ import zlib
 def reward(prompts, completions, row, **kwargs):
     return [0.5 if r % 2 == 0 else zlib.crc32(c[0]["content"].encode()) / 2**32 for r, c in zip(row, completions)]
 """
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
 
 
 @pytest.fixture(scope="module")

@@ -9,18 +9,13 @@ import torch
 
 from tests.stages.training.rl_helpers import (
     mean_sampled_reward,
-    one_thread,
     run_rl,
     weights,
     write_prompts,
     write_reward_adapter,
 )
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

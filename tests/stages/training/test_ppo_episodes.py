@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.rl.agent_helpers import AGENT_GRPO
-from tests.stages.training.rl_helpers import one_thread, weights
+from tests.stages.training.rl_helpers import weights
 from trainer_lib.agents import ToolCallCounts
 from trainer_lib.agents.episode import EpisodeResult
 from trainer_lib.config import load_config
@@ -20,11 +20,7 @@ from trainer_lib.rl.environments import TurnRewards
 from trainer_lib.rl.multi_turn import Trajectory
 from trainer_lib.rl.rollout import Rollout
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def agent_ppo(model, data, out, *extra: str) -> None:

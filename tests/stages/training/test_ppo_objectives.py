@@ -11,7 +11,6 @@ import torch
 from tests.conftest import repeatable
 from tests.stages.training.rl_helpers import (
     mean_sampled_reward,
-    one_thread,
     run_rl,
     weights,
     write_prompts,
@@ -20,11 +19,7 @@ from trainer_lib.config.loader import load_config
 from trainer_lib.errors import ConfigError
 from trainer_lib.stages.training.ppo import PPOConfig
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    with one_thread():
-        yield
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")
