@@ -159,3 +159,19 @@ def test_a_local_causal_lm_judges_and_its_unparseable_verdicts_get_the_default(t
     verdicts = local.generate([render(DEFAULT_RUBRIC, "Say hello.", "Hello!", 1, 10)])
     assert len(verdicts) == 1 and isinstance(verdicts[0], str)
     assert local.model_name == tiny_model_dir
+
+
+def test_a_judge_that_never_gives_a_score_line_is_warned_about_once(capsys):
+    judge = LLMJudge(Scripted({"": "I can help with that."}), min_score=1, max_score=10, default=0.0)
+    prompts, completions = [f"q{i}" for i in range(8)], [f"a{i}" for i in range(8)]
+    assert judge(prompts[:4], completions[:4]) == [0.0] * 4  # a batch under 8 verdicts: no warning yet
+    assert capsys.readouterr().err == ""
+    judge(prompts, [c + "!" for c in completions])
+    err = capsys.readouterr().err
+    assert "none of 8 verdicts" in err and "no_score x8" in err and "default reward 0.0" in err
+    judge(prompts, [c + "?" for c in completions])
+    assert capsys.readouterr().err == ""  # once per judge
+
+    parsed = LLMJudge(Scripted({"a0": "Fine.\nScore: 6", "": "It depends."}), min_score=1, max_score=10)
+    parsed(prompts, completions)  # one of the eight parses: no warning
+    assert capsys.readouterr().err == ""

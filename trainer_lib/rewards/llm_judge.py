@@ -33,6 +33,7 @@ import json
 import os
 import re
 import sqlite3
+import sys
 import threading
 
 from trainer_lib.data.formats import generated_text
@@ -62,6 +63,8 @@ MAX_CHARS = 8192
 FAILURES = ("empty", "too_long", "no_score", "several_scores", "out_of_range", "in_code_block", "quoted")
 #: The counts logged each step; ``failures``: completions given the default (no answer, or no parse).
 STEP_COUNTS = ("requests", "cache_hits", "failures", "request_failures", "parse_failures")
+#: A batch of at least this many fresh verdicts none of which parses prints a warning (once per judge).
+WARN_AFTER = 8
 
 
 def render(rubric: str, prompt: str, completion: str, min_score: int, max_score: int) -> str:
@@ -196,6 +199,7 @@ class LLMJudge:
         self.max_chars = max_chars
         self.counts: collections.Counter = collections.Counter()
         self._reported: collections.Counter = collections.Counter()
+        self._warned = False
         self.__name__ = "llm_judge"  # the reward's metric name (rewards/llm_judge)
 
     def scores(self, prompts: list[str], completions: list[str]) -> list[int | None]:
@@ -227,6 +231,7 @@ class LLMJudge:
             # kept once a little past max_chars: still fails as too_long when read back
             self.cache.put({k: a[: self.max_chars + 1] for k, a in answers.items() if k in judge_prompts and a})
         out: list[int | None] = []
+        reasons: collections.Counter = collections.Counter()
         for key, prompt, completion in zip(keys, prompts, completions):
             if answers[key] is None:
                 self.counts["failures"] += 1
@@ -238,8 +243,26 @@ class LLMJudge:
                 self.counts["failures"] += 1
                 self.counts["parse_failures"] += 1
                 self.counts[f"parse_failures/{why}"] += 1
+                reasons[why] += key in judge_prompts
             out.append(score)
+        self.warn_if_unparsed(len(judge_prompts), reasons)
         return out
+
+    def warn_if_unparsed(self, fresh: int, reasons: collections.Counter) -> None:
+        """One warning on stderr the first time a batch of at least :data:`WARN_AFTER` fresh verdicts has not
+        one that parses: a judge that cannot follow the rubric (a small model, a rubric without the score
+        line) otherwise shows only as ``judge/parse_failures`` while every completion gets the default."""
+        if self._warned or fresh < WARN_AFTER or sum(reasons.values()) < fresh:
+            return
+        self._warned = True
+        why = ", ".join(f"{reason} x{count}" for reason, count in reasons.most_common())
+        print(
+            f"llm judge: none of {fresh} verdicts ended in a line 'Score: N' with N from {self.min_score} to "
+            f"{self.max_score} ({why}); each such completion gets the default reward {self.default}. The judge "
+            f"may be too small to follow the rubric; judge/parse_failures counts them every step.",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def step_counts(self) -> dict[str, float]:
         """:data:`STEP_COUNTS` since the last call, as ``judge/<name>`` (a step's, when called once a step)."""
