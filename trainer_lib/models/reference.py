@@ -15,6 +15,7 @@ Batches are laid out by :mod:`trainer_lib.data.preference_batches` (``2B`` rows,
 from __future__ import annotations
 
 import io
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -124,20 +125,44 @@ class PrecomputedReference:
         return SequenceLogps(rows[:, 0].float(), rows[:, 1].float(), rows[:, 2], rows[:, 3])
 
 
+#: Seconds between two progress lines of :func:`compute_reference_tables` (a large set takes an hour on a CPU).
+PROGRESS_EVERY_S = 60.0
+
+
+class Progress:
+    """A line on rank 0 every :data:`PROGRESS_EVERY_S` seconds: ``done/total`` batches of one split."""
+
+    def __init__(self, strategy, name: str, total: int, started: float):
+        self.strategy, self.name, self.total, self.started = strategy, name, total, started
+        self.done, self.said = 0, time.time()
+
+    def advance(self) -> None:
+        self.done += 1
+        if time.time() - self.said >= PROGRESS_EVERY_S:
+            self.said = time.time()
+            elapsed = self.said - self.started
+            self.strategy.print(f"reference log-probs: {self.name}: {self.done}/{self.total} batches, {elapsed:.0f} s")
+
+
 def compute_reference_tables(reference, sets: dict, strategy, batch_size: int) -> dict:
     """``{split: (N, 4) float64}`` from a live reference over every example of every split in
-    ``sets`` (objects with ``examples`` and ``collate``); ranks take shards, then sum."""
+    ``sets`` (objects with ``examples`` and ``collate``); ranks take shards, then sum. Rank 0 says how far
+    its own share is (:class:`Progress`)."""
     import torch
 
-    tables = {}
+    tables, started = {}, time.time()
     for name, split in sets.items():
         count = len(split.examples)
         groups = [list(range(i, min(i + batch_size, count))) for i in range(0, count, batch_size)]
+        share = -(-len(groups) // strategy.data_world_size)
+        strategy.print(f"reference log-probs: {name}: {count} examples, {share} batches of {batch_size} on this rank")
+        progress = Progress(strategy, name, share, started)
 
-        def rows(group: list[int], name=name, split=split, count=count) -> dict:
+        def rows(group: list[int], name=name, split=split, count=count, progress=progress) -> dict:
             table = torch.zeros(count, 4, dtype=torch.float64)  # this group's rows; others stay 0
             logps = reference(name, group, split.collate([split.examples[i] for i in group]))
             table[group] = logps.stacked().double().cpu()
+            progress.advance()
             return {"table": table}
 
         zeros = {"table": torch.zeros(count, 4, dtype=torch.float64)}

@@ -163,6 +163,17 @@ def test_precomputed_reference_gives_same_curve_and_is_reused(setup, tmp_path):
     assert [r["step"] for r in _records(pre)] == [1, 2, 3, 4, 5, 6]
 
 
+def test_precomputing_the_reference_says_how_far_it_is(setup, tmp_path, capsys, monkeypatch):
+    from trainer_lib.models import reference
+
+    monkeypatch.setattr(reference, "PROGRESS_EVERY_S", 0.0)  # a line after every batch
+    _dpo(setup, tmp_path / "pre", "max_steps=1", "reference=precomputed", f"reference_logps_path={tmp_path / 'c'}")
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("reference log-probs: train")]
+    total = int(lines[0].split(" batches of ")[0].rsplit(" ", 1)[1])
+    assert total > 1 and lines[0].startswith("reference log-probs: train: ") and "examples" in lines[0]
+    assert [line.split(": ")[2].split(" ")[0] for line in lines[1:]] == [f"{i}/{total}" for i in range(1, total + 1)]
+
+
 def test_lora_adapter_reference_keeps_one_copy_of_base_weights(setup, tmp_path, monkeypatch):
     from trainer_lib.models import load
     from trainer_lib.models.reference import AdapterReference
