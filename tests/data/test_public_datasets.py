@@ -253,6 +253,23 @@ def test_eval_by_task_id_holds_out_mbpp_validation_tasks_for_evaluate(tmp_path, 
     assert evaluated[0]["tests"][0].endswith("assert (max_height(root)) == 2")
 
 
+def test_evaluate_reads_mbpps_own_rows_as_prepare_turns_them_into_tasks(tmp_path, capsys):
+    from trainer_lib import cli
+    from trainer_lib.eval.tasks import load_tasks
+
+    tasks = [{**MBPP_ROW, "task_id": task_id, "text": f"Task {task_id}."} for task_id in (511, 600)]
+    path = write_jsonl(tmp_path / "mbpp.jsonl", tasks)
+    assert cli.main(["prepare", f"data.path={path}", "data.eval_fraction=0", f"output_dir={tmp_path / 'p'}"]) == 0
+    capsys.readouterr()
+    raw, prepared = load_tasks(path), load_tasks(str(tmp_path / "p" / "train"))
+    assert [(t["task_id"], t["prompt"], t["tests"]) for t in raw] == [
+        (t["task_id"], t["prompt"], t["tests"]) for t in sorted(prepared, key=lambda t: t["task_id"])
+    ]
+    broken = write_jsonl(tmp_path / "broken.jsonl", [{**MBPP_ROW, "test_list": []}])
+    with pytest.raises(DataError, match=f"{broken}:1: field 'test_list'"):
+        load_tasks(broken)
+
+
 def test_eval_by_errors(tmp_path):
     path = write_jsonl(tmp_path / "d.jsonl", [{"prompt": "p", "completion": " c", "task_id": "x"}])
     with pytest.raises(ConfigError, match="data.eval_by: expected shuffle, hash or COLUMN:RANGES"):

@@ -1,5 +1,6 @@
-"""Execution pass rate on held-out code tasks (the demo's ``code_tasks_eval.jsonl``, or any rows with
-a ``prompt`` and a list of assert statements in ``tests``).
+"""Execution pass rate on held-out code tasks (the demo's ``code_tasks_eval.jsonl``, any rows with a
+``prompt`` and a list of assert statements in ``tests``, or MBPP's own rows: ``text``, ``code``,
+``test_list``, asked and tested as ``posttrain prepare`` turns them into training rows).
 
 A completion's code is taken exactly as the ``code_execution`` reward takes it (the first fenced
 block, else the whole text) and runs with the tests in the same sandbox, so the number the RL
@@ -20,10 +21,13 @@ from trainer_lib.sandbox import Program
 def load_tasks(path: str, limit: int = 0) -> list[dict]:
     """Rows ``{"task_id", "prompt", "tests"}`` from any dataset source (local, a URL, hub)."""
     from trainer_lib.data.formats import is_conversational
+    from trainer_lib.data.public_datasets import mbpp_row
     from trainer_lib.data.sources import iter_source
 
     rows = []
     for location, row in iter_source(path, key="tasks.path"):
+        if "prompt" not in row and source_format(row, location) == "mbpp":
+            row = mbpp_row(row, location)
         prompt, tests = row.get("prompt"), row.get("tests")
         if not (isinstance(prompt, str) and prompt.strip()) and not is_conversational(prompt):
             raise DataError(location, "prompt", "a non-empty string or a list of messages", prompt)
@@ -35,6 +39,17 @@ def load_tasks(path: str, limit: int = 0) -> list[dict]:
     if not rows:
         raise UserError(f"tasks.path: {path}: no tasks")
     return rows
+
+
+def source_format(row, location: str) -> str | None:
+    """The row's format as training data detects it (:func:`trainer_lib.data.formats.detect_format`), None
+    when it is none: such a row fails below on its missing ``prompt``."""
+    from trainer_lib.data.formats import detect_format
+
+    try:
+        return detect_format(row, location)
+    except DataError:
+        return None
 
 
 def task_program(completion: str, tests: list[str]) -> Program:
