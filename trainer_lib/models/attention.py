@@ -10,6 +10,11 @@ setups without the flash-attn package) this implementation, registered with tran
 (cost sum n_i^2). Anything else (padded batches, generation with a cache, sliding windows) goes to
 transformers' own sdpa unchanged, so it is a drop-in for ``sdpa`` everywhere.
 
+Shared prefixes. A row of rollouts holds each prompt once and then its completions (``prefix_groups``, from
+:func:`trainer_lib.models.lm_head.shared_prefix_inputs`): :func:`shared_prefix_sdpa` lets every completion
+attend to its prompt and to itself, never to a sibling, so each completion's states are those of its whole
+sequence while the prompt's are computed once for the group (the same states, to float rounding, tested).
+
 Sequence boundaries, once per forward. The per-sequence loop slices with Python ints, and reading a
 tensor on a GPU is a device-to-host sync, so the boundaries (the row's cumulative sequence lengths
 ``[0, n_1, n_1 + n_2, ..., N]``) are read once per forward, not once per layer. They come from
@@ -34,6 +39,9 @@ from __future__ import annotations
 import functools
 
 NAME = "posttrain_sdpa"
+#: The keyword (passed through the model's forward to every attention call) of a row of shared prefixes:
+#: :func:`shared_prefix_sdpa`'s ``groups``, built by :func:`trainer_lib.models.lm_head.shared_prefix_inputs`.
+PREFIX_GROUPS = "prefix_groups"
 
 
 def sequence_bounds(position_ids) -> list[int]:
@@ -75,6 +83,16 @@ def packed_sdpa(
 
     position_ids, cu_seq_lens = kwargs.get("position_ids"), kwargs.get("cu_seq_lens_q")
     n = query.shape[2]
+    groups = kwargs.get(PREFIX_GROUPS)
+    if groups is not None:  # shared_prefix_inputs builds such a row only for models without sliding windows
+        if (
+            attention_mask is not None
+            or query.shape[0] != 1
+            or key.shape[2] != n
+            or getattr(module, "sliding_window", None)
+        ):
+            raise ValueError(f"{PREFIX_GROUPS}: expected one packed row, no mask, no sliding window, no cache")
+        return shared_prefix_sdpa(query, key, value, groups, dropout, scaling), None
     packed = (
         attention_mask is None
         and (position_ids is not None or cu_seq_lens is not None)
@@ -107,6 +125,38 @@ def packed_sdpa(
         dim=2,
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+def shared_prefix_sdpa(query, key, value, groups, dropout: float = 0.0, scaling=None):
+    """Attention over a row of prefix groups (``[1, heads, n, d]`` in, ``[1, n, heads, d]`` out).
+
+    ``groups``: ``(a, b, branches)`` each, where ``[a, b)`` is a prefix and every ``[s, e)`` of ``branches``
+    a sequence that continues it (several rollouts of one prompt): the prefix attends causally to itself, a
+    branch to the whole prefix and causally to itself, never to another branch. So each branch's states are
+    those of its own whole sequence, while the prefix is computed once for all of them."""
+    import torch
+    import torch.nn.functional as F
+
+    grouped = key.shape[1] != query.shape[1]
+    parts = [None] * query.shape[2]
+
+    def attend(q_span, k_spans, mask):
+        q = query[:, :, q_span[0] : q_span[1]]
+        k = torch.cat([key[:, :, a:b] for a, b in k_spans], dim=2)
+        v = torch.cat([value[:, :, a:b] for a, b in k_spans], dim=2)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=mask is None, scale=scaling, enable_gqa=grouped
+        )
+
+    for a, b, branches in groups:
+        parts[a] = attend((a, b), [(a, b)], None)
+        for s, e in branches:  # a branch's query t sees the prefix and its own tokens up to t
+            length = e - s
+            mask = torch.ones(length, b - a + length, dtype=torch.bool, device=query.device)
+            mask[:, b - a :] = torch.ones(length, length, dtype=torch.bool, device=query.device).tril()
+            parts[s] = attend((s, e), [(a, b), (s, e)], mask)
+    out = torch.cat([part for part in parts if part is not None], dim=2)
+    return out.transpose(1, 2).contiguous()
 
 
 def _mask(*args, attention_mask=None, local_size=None, **kwargs):

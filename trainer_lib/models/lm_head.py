@@ -66,19 +66,118 @@ def head_weight(model) -> torch.Tensor | None:
     return None if reason else base.get_output_embeddings().weight
 
 
-def final_hidden(model, inputs: dict) -> torch.Tensor:
+def final_hidden(model, inputs: dict, share_prefixes: bool = False) -> torch.Tensor:
     """``(B, T, H)`` final hidden states (after the last norm), with the head applied to one position only.
 
     A padded batch runs padding-free: its rows' real tokens as one row, each sequence attending to itself
     only (as ``data.packing``'s rows, ``models/attention.py``), at their own positions; the states are put
     back in place, zeros at padding. The same states as the padded forward (to float rounding, tested),
-    without the work on padding: a rollout's left-padded prompts are as wide as its longest."""
-    flat = padding_free_inputs(model, inputs)
+    without the work on padding: a rollout's left-padded prompts are as wide as its longest.
+    ``share_prefixes``: rows that begin alike (the completions of one prompt) run their common beginning
+    once (:func:`shared_prefix_inputs`), where that saves tokens."""
+    shared = shared_prefix_inputs(model, inputs) if share_prefixes else None
+    flat = shared or padding_free_inputs(model, inputs)
     if flat is None:
         return model(**inputs, use_cache=False, output_hidden_states=-1, logits_to_keep=1).hidden_states[-1]
-    keep, packed = flat
+    keep, packed, order = flat if shared else (*flat, None)
     hidden = model(**packed, use_cache=False, output_hidden_states=-1, logits_to_keep=1).hidden_states[-1][0]
+    if order is not None:  # the packed row's states in the rows' token order (a prefix's state once per row)
+        hidden = hidden[order]
     return hidden.new_zeros(*keep.shape, hidden.shape[-1]).masked_scatter(keep.unsqueeze(-1), hidden)
+
+
+#: The least common beginning two rows must share to run it once, in tokens; and the least share of a batch's
+#: tokens that sharing must save to be used (else the batch runs padding-free, each row whole).
+MIN_SHARED_PREFIX, MIN_SAVED = 16, 0.1
+
+
+def prefix_groups(rows: list[list[tuple[int, int]]]) -> list[tuple[int, list[int]]]:
+    """``(prefix length, member rows)`` over consecutive ``rows`` (each its real tokens as ``(id, position)``):
+    a row joins the group before it when it shares at least :data:`MIN_SHARED_PREFIX` tokens with the group's
+    first row and the group saves no fewer tokens with it than without it; a row alone has its whole length.
+    Every member keeps at least one token of its own after the prefix."""
+    groups: list[tuple[int, list[int]]] = []
+    for index, row in enumerate(rows):
+        if groups:
+            length, members = groups[-1]
+            first = rows[members[0]]
+            common = next((t for t, (x, y) in enumerate(zip(first, row)) if x != y), min(len(first), len(row)))
+            shared = min(common, len(row) - 1, len(first) - 1, length)
+            count = len(members)
+            if shared >= MIN_SHARED_PREFIX and count * shared >= (count - 1) * length:
+                groups[-1] = (shared, [*members, index])
+                continue
+        groups.append((len(row), [index]))
+    return groups
+
+
+def windowed(model) -> bool:
+    """Whether an attention layer of ``model`` may have a sliding window (shared prefixes do not keep one): the
+    config names a window for layers not all ``full_attention`` (Mistral's), or a layer holds one."""
+    config = getattr(model, "config", None)
+    layer_types = getattr(config, "layer_types", None) or ()
+    if getattr(config, "sliding_window", None) and not (layer_types and set(layer_types) == {"full_attention"}):
+        return True
+    return any(getattr(module, "sliding_window", None) for module in model.modules())
+
+
+def shared_prefix_inputs(model, inputs: dict) -> tuple[torch.Tensor, dict, torch.Tensor] | None:
+    """``(real-token mask (B, T), one-row inputs, order)`` where the batch's rows, in any order, share
+    beginnings (:func:`prefix_groups` over the rows sorted): the row holds each group's common prefix once,
+    then each member's remainder, attended by :func:`trainer_lib.models.attention.shared_prefix_sdpa`;
+    ``order`` picks, for every real token of the batch in row order, its state's place in the packed row.
+    None where it does not apply (the model's attention is not ``posttrain_sdpa``, it has sliding windows,
+    or :func:`padding_free_inputs` would not apply) or saves under :data:`MIN_SAVED` of the tokens."""
+    from trainer_lib.models.attention import NAME, PREFIX_GROUPS
+
+    base = _unwrapped(model)
+    if getattr(getattr(base, "config", None), "_attn_implementation", None) != NAME or windowed(base):
+        return None
+    if padding_free_inputs(model, inputs) is None:
+        return None
+    keep = inputs["attention_mask"].bool()
+    positions = inputs.get("position_ids")
+    if positions is None:
+        positions = torch.arange(keep.shape[1], device=keep.device).expand_as(keep)
+    ids_rows, position_rows = inputs["input_ids"].tolist(), positions.tolist()
+    rows = [
+        [(i, p) for i, p, k in zip(ids, pos, kept) if k]
+        for ids, pos, kept in zip(ids_rows, position_rows, keep.tolist())
+    ]
+    # rows that begin alike side by side (an update's micro-batch holds a shuffle of the rollouts)
+    ranked = sorted(range(len(rows)), key=rows.__getitem__)
+    groups = [(length, [ranked[m] for m in members]) for length, members in prefix_groups([rows[i] for i in ranked])]
+    total = sum(len(row) for row in rows)
+    # each group: its prefix once, then every member's remainder (a row alone: the prefix is all of it)
+    packed_length = sum(length + sum(len(rows[m]) - length for m in members) for length, members in groups)
+    if packed_length > (1 - MIN_SAVED) * total:
+        return None
+    tokens, spans, order = [], [], [0] * total
+    starts = [0]
+    for row in rows[:-1]:
+        starts.append(starts[-1] + len(row))
+    for length, members in groups:
+        a = len(tokens)
+        tokens += rows[members[0]][:length]
+        branches = []
+        for member in members if len(members) > 1 else ():
+            s = len(tokens)
+            tokens += rows[member][length:]
+            branches.append((s, len(tokens)))
+            base = starts[member]
+            order[base : base + length] = range(a, a + length)
+            order[base + length : base + len(rows[member])] = range(s, len(tokens))
+        if len(members) == 1:
+            base = starts[members[0]]
+            order[base : base + length] = range(a, a + length)
+        spans.append((a, a + length, branches))
+    device = keep.device
+    packed = {
+        "input_ids": torch.tensor([[t for t, _ in tokens]], device=device),
+        "position_ids": torch.tensor([[p for _, p in tokens]], device=device),
+        PREFIX_GROUPS: spans,
+    }
+    return keep, packed, torch.tensor(order, device=device)
 
 
 def padding_free_inputs(model, inputs: dict) -> tuple[torch.Tensor, dict] | None:
@@ -177,7 +276,7 @@ def scored_logprobs(
         return None
     width = targets.shape[1]
     keep = mask.bool()
-    hidden = final_hidden(model, inputs)[:, -width - 1 : -1][keep]
+    hidden = final_hidden(model, inputs, share_prefixes=True)[:, -width - 1 : -1][keep]
     logprobs, entropy = chunked_logprobs(hidden, weight, targets[keep], temperature, with_entropy)
     full = torch.zeros(targets.shape, dtype=torch.float32, device=hidden.device)
     spread = full.masked_scatter(keep, logprobs)
@@ -193,4 +292,4 @@ def response_states(model, inputs: dict, width: int, keep: torch.Tensor) -> tupl
     weight = head_weight(model)
     if weight is None:
         return model(**inputs, use_cache=False, logits_to_keep=width + 1).logits[:, :-1][keep], None
-    return final_hidden(model, inputs)[:, -width - 1 : -1][keep], weight
+    return final_hidden(model, inputs, share_prefixes=True)[:, -width - 1 : -1][keep], weight
