@@ -3,27 +3,15 @@ row's states and gradients are those of the padded forward of the whole batch.""
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
 
+from tests.models.test_attention import SMALL, tiny
 from trainer_lib.models import lm_head
 from trainer_lib.models.attention import NAME, register
 
-SMALL = dict(
-    vocab_size=97,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-)
 
-
-def tiny(attention: str):
+def tiny_llama(attention: str):
     register()
-    torch.manual_seed(0)
-    config = AutoConfig.for_model("llama", **SMALL)
-    return AutoModelForCausalLM.from_config(config, attn_implementation=attention).eval()
+    return tiny("llama", attention)
 
 
 def rollout_batch(prompts: list[int], completions: list[int], group: int) -> dict:
@@ -62,7 +50,7 @@ def test_prefix_groups_join_rows_that_begin_alike_and_keep_a_token_of_their_own(
 
 @pytest.mark.parametrize("group, shuffled", [(1, False), (4, False), (4, True)])
 def test_shared_prefix_states_and_gradients_equal_the_padded_forward(group, shuffled):
-    model = tiny(NAME)
+    model = tiny_llama(NAME)
     prompts, completions = [30, 24, 41], [9, 12, 5, 7, 3, 11, 8, 10, 6, 4, 12, 2][: 3 * group]
     inputs = rollout_batch(prompts, completions, group)
     if shuffled:  # an update's micro-batch: the rollouts in a shuffled order
@@ -98,13 +86,13 @@ def test_shared_prefix_states_and_gradients_equal_the_padded_forward(group, shuf
 
 
 def test_no_sharing_where_the_attention_is_not_ours():
-    model = tiny("sdpa")
+    model = tiny_llama("sdpa")
     inputs = rollout_batch([30, 24], [9, 12, 5, 7, 3, 11, 8, 10], 4)
     assert lm_head.shared_prefix_inputs(model, inputs) is None
 
 
 def test_gradient_checkpointing_keeps_the_shared_states():
-    model = tiny(NAME).train()
+    model = tiny_llama(NAME).train()
     inputs = rollout_batch([30, 24], [9, 12, 5, 7, 3, 11, 8, 10], 4)
     keep = inputs["attention_mask"].bool()
     plain = lm_head.final_hidden(model, inputs)
@@ -117,7 +105,5 @@ def test_gradient_checkpointing_keeps_the_shared_states():
 
 def test_no_sharing_for_a_model_with_a_sliding_window():
     register()
-    torch.manual_seed(0)
-    config = AutoConfig.for_model("mistral", **SMALL, sliding_window=16)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=NAME).eval()
+    model = tiny("mistral", NAME, sliding_window=16)
     assert lm_head.shared_prefix_inputs(model, rollout_batch([30, 24], [9, 12, 5, 7, 3, 11, 8, 10], 4)) is None

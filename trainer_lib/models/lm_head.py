@@ -160,16 +160,13 @@ def shared_prefix_inputs(model, inputs: dict) -> tuple[torch.Tensor, dict, torch
         a = len(tokens)
         tokens += rows[members[0]][:length]
         branches = []
-        for member in members if len(members) > 1 else ():
-            s = len(tokens)
-            tokens += rows[member][length:]
-            branches.append((s, len(tokens)))
-            base = starts[member]
+        for member in members:  # a row alone has no remainder: its branch would be empty, and is left out
+            base, rest = starts[member], rows[member][length:]
             order[base : base + length] = range(a, a + length)
-            order[base + length : base + len(rows[member])] = range(s, len(tokens))
-        if len(members) == 1:
-            base = starts[members[0]]
-            order[base : base + length] = range(a, a + length)
+            if rest:
+                order[base + length : base + len(rows[member])] = range(len(tokens), len(tokens) + len(rest))
+                branches.append((len(tokens), len(tokens) + len(rest)))
+                tokens += rest
         spans.append((a, a + length, branches))
     device = keep.device
     packed = {
